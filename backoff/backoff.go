@@ -1,0 +1,227 @@
+// Package backoff computes when a deferred recipient is tried again and when
+// it is given up. It is pure: callers pass attempt counts, times and a uniform
+// random sample, so every schedule is reproducible in tests. Nothing here
+// reads the clock, sleeps or keeps state.
+//
+// # Schedule
+//
+// Next picks the delay from the reason for the last deferral:
+//
+//   - A retry hint from the server ("try again in 10 minutes") wins for any
+//     kind. It is clamped to [HintMin, HintMax] and jittered upwards only,
+//     so we never come back earlier than the server asked.
+//   - Greylisting gets a short track: the first retry lands just after the
+//     destination's learned greylist delay (+10%, at most +1m, clamped to
+//     [HintMin, HintMax]) or, if unknown, at GreylistFirst (5m30s, which
+//     clears postgrey's default --delay=300). The second is GreylistSecond
+//     (10m). Jitter is upward only. From the third greylisting deferral on,
+//     the general schedule applies, floored at the greylist delays.
+//   - Everything else follows the general schedule Initial·Factor^n with
+//     n = Attempt-1, capped at Max, then jittered by ±Jitter. With the
+//     defaults: 5m, 10m, 20m, 40m, 1h, 1h, ... Greylisting tries count as
+//     attempts, so after two quick greylist retries a generic deferral at
+//     attempt 3 continues at 20m, as if the quick tries had been generic.
+//   - A rate-limited deferral is one step further along the general
+//     schedule (n = Attempt, so at least Initial·Factor before jitter): the
+//     server told us to slow down, so a generic hiccup's first retry is too
+//     eager. Destination-wide slowdown is Throttle's job (throttle.go).
+//
+// Messages expire Lifetime (default 120h) after arrival.
+//
+// # Deviation from RFC 5321
+//
+// RFC 5321 §4.5.4.1 says "the retry interval SHOULD be at least 30 minutes;
+// however, more sophisticated and variable strategies will be beneficial when
+// the SMTP client can determine the reason for non-delivery". We can: the
+// classifier tells greylisting and rate limiting apart from other 4xx
+// replies, so the greylist track retries after 5m30s and 10m, and the generic
+// track starts at 5m. That is in line with Postfix, whose first retry comes
+// 5-10 minutes after a deferral whatever its reason (minimal_backoff_time and
+// queue_run_delay are both 300s), while our give-up follows the RFC's "at
+// least 4-5 days" (§4.5.4.1; Postfix's maximal_queue_lifetime is also 5d).
+// Our 1h cap is tighter than the RFC's "one every two or three hours" and
+// Postfix's 4000s; it is configurable, as the RFC requires ("The parameters
+// to the retry algorithm MUST be configurable").
+package backoff
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Policy holds the retry parameters. Every field is configurable (config
+// keys retry.*); the zero value is invalid, start from DefaultPolicy.
+type Policy struct {
+	Initial        time.Duration // retry.initial_interval: first generic retry
+	Factor         float64       // retry.factor: growth per attempt
+	Max            time.Duration // retry.max_interval: cap per delay, before jitter
+	Jitter         float64       // retry.jitter: ±fraction on generic delays, upward fraction otherwise
+	GreylistFirst  time.Duration // retry.greylist_first_retry: first retry after greylisting
+	GreylistSecond time.Duration // retry.greylist_second_retry: second quick retry
+	HintMin        time.Duration // retry.hint_min: lower clamp for server hints and learned delays
+	HintMax        time.Duration // retry.hint_max: upper clamp for server hints and learned delays
+	Lifetime       time.Duration // retry.lifetime: give up this long after arrival
+}
+
+// DefaultPolicy returns the documented defaults.
+func DefaultPolicy() Policy {
+	return Policy{
+		Initial:        5 * time.Minute,
+		Factor:         2,
+		Max:            time.Hour,
+		Jitter:         0.1,
+		GreylistFirst:  5*time.Minute + 30*time.Second, // postgrey --delay=300 plus margin
+		GreylistSecond: 10 * time.Minute,
+		HintMin:        time.Minute,
+		HintMax:        4 * time.Hour,
+		Lifetime:       120 * time.Hour, // RFC 5321 §4.5.4.1: "at least 4-5 days"
+	}
+}
+
+// Validate reports every invalid parameter, joined into one error.
+func (p Policy) Validate() error {
+	var errs []error
+	positive := func(key string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("backoff: %s must be positive, got %v", key, d))
+		}
+	}
+	positive("retry.initial_interval", p.Initial)
+	positive("retry.max_interval", p.Max)
+	positive("retry.greylist_first_retry", p.GreylistFirst)
+	positive("retry.greylist_second_retry", p.GreylistSecond)
+	positive("retry.hint_min", p.HintMin)
+	positive("retry.hint_max", p.HintMax)
+	positive("retry.lifetime", p.Lifetime)
+	if p.Initial > p.Max {
+		errs = append(errs, fmt.Errorf("backoff: retry.initial_interval %v exceeds retry.max_interval %v", p.Initial, p.Max))
+	}
+	if p.HintMin > p.HintMax {
+		errs = append(errs, fmt.Errorf("backoff: retry.hint_min %v exceeds retry.hint_max %v", p.HintMin, p.HintMax))
+	}
+	if !(p.Factor >= 1) || math.IsInf(p.Factor, 0) { // !(>=) also rejects NaN
+		errs = append(errs, fmt.Errorf("backoff: retry.factor must be finite and >= 1, got %v", p.Factor))
+	}
+	if !(p.Jitter >= 0 && p.Jitter < 1) {
+		errs = append(errs, fmt.Errorf("backoff: retry.jitter must be in [0, 1), got %v", p.Jitter))
+	}
+	return errors.Join(errs...)
+}
+
+// Kind says what the last deferral was.
+type Kind int
+
+// Deferral kinds, as decided by the classifier.
+const (
+	Generic     Kind = iota // any other temporary failure
+	Greylisted              // the reply looked like greylisting
+	RateLimited             // the destination asked us to slow down
+)
+
+// Input describes the deferral just recorded.
+type Input struct {
+	Kind          Kind
+	Attempt       int           // attempts so far, including the one that just failed (>= 1)
+	GreylistTries int           // consecutive greylisting deferrals so far, including this one
+	LearnedDelay  time.Duration // destination's learned greylist delay, 0 if unknown
+	Hint          time.Duration // retry hint parsed from the server reply, 0 if none
+}
+
+// Next returns the delay before the next attempt. rnd is a uniform sample in
+// [0,1) supplied by the caller; values outside are clamped into it. Attempt
+// and GreylistTries below 1 count as 1.
+func (p Policy) Next(in Input, rnd float64) time.Duration {
+	rnd = clampRnd(rnd)
+	attempt := max(in.Attempt, 1)
+	if in.Hint > 0 {
+		return p.up(clampDur(in.Hint, p.HintMin, p.HintMax), rnd)
+	}
+	switch in.Kind {
+	case Greylisted:
+		return p.greylisted(attempt, max(in.GreylistTries, 1), in.LearnedDelay, rnd)
+	case RateLimited:
+		return p.spread(p.general(float64(attempt)), rnd)
+	default:
+		return p.spread(p.general(float64(attempt-1)), rnd)
+	}
+}
+
+// greylisted handles Kind == Greylisted without a server hint.
+func (p Policy) greylisted(attempt, tries int, learned time.Duration, rnd float64) time.Duration {
+	switch {
+	case tries == 1 && learned > 0:
+		// Margin: +10% of the learned delay, at most one minute, so that
+		// clock skew and the receiver's own rounding do not bite us.
+		d := learned + min(learned/10, time.Minute)
+		return p.up(clampDur(d, p.HintMin, p.HintMax), rnd)
+	case tries == 1:
+		return p.up(p.GreylistFirst, rnd)
+	case tries == 2:
+		return p.up(p.GreylistSecond, rnd)
+	}
+	// Still greylisted after the quick track: general schedule, but never
+	// sooner than the quick retries that already failed to pass.
+	n := max(attempt, tries) - 1
+	return max(p.spread(p.general(float64(n)), rnd), p.GreylistFirst, p.GreylistSecond)
+}
+
+// general returns Initial·Factor^n capped at Max. It computes in float64 and
+// converts once (maddy #678 truncated the factor instead); overflow, Inf and
+// NaN all yield Max.
+func (p Policy) general(n float64) time.Duration {
+	f := float64(p.Initial) * math.Pow(p.Factor, n)
+	if math.IsNaN(f) || f >= float64(p.Max) {
+		return p.Max
+	}
+	return max(time.Duration(f), 0)
+}
+
+// spread applies symmetric jitter: d·(1 + Jitter·(2·rnd − 1)).
+func (p Policy) spread(d time.Duration, rnd float64) time.Duration {
+	return toDuration(float64(d) * (1 + p.Jitter*(2*rnd-1)))
+}
+
+// up applies upward-only jitter, d·(1 + Jitter·rnd), for delays we must not
+// undercut (server hints, greylist windows).
+func (p Policy) up(d time.Duration, rnd float64) time.Duration {
+	return toDuration(float64(d) * (1 + p.Jitter*rnd))
+}
+
+// Deadline returns the time after which a message that arrived at arrival is
+// given up (and bounced with a 4.4.7 DSN).
+func (p Policy) Deadline(arrival time.Time) time.Time {
+	return arrival.Add(p.Lifetime)
+}
+
+// Expired reports whether now is at or past the message's deadline.
+func (p Policy) Expired(arrival, now time.Time) bool {
+	return !now.Before(p.Deadline(arrival))
+}
+
+// toDuration rounds f to a Duration, saturating instead of overflowing and
+// never returning a negative value.
+func toDuration(f float64) time.Duration {
+	switch {
+	case math.IsNaN(f) || f <= 0:
+		return 0
+	case f >= math.MaxInt64:
+		return math.MaxInt64
+	}
+	return time.Duration(math.Round(f))
+}
+
+func clampDur(d, lo, hi time.Duration) time.Duration {
+	return min(max(d, lo), hi)
+}
+
+func clampRnd(r float64) float64 {
+	switch {
+	case math.IsNaN(r) || r < 0:
+		return 0
+	case r >= 1:
+		return math.Nextafter(1, 0)
+	}
+	return r
+}

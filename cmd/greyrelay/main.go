@@ -1,0 +1,107 @@
+// Command greyrelay is the relay's single binary. This file only parses the
+// command line and hands over to the subcommand; serve.go wires the packages
+// together. No business logic lives here.
+//
+//	greyrelay [serve] [-config FILE]     run the relay (the default subcommand)
+//	greyrelay config check -config FILE  validate a configuration (exit 2 if bad)
+//	greyrelay config default             print the complete default configuration
+//	greyrelay user add NAME              read a password on stdin, print a users-file line
+//	greyrelay queue list|show|retry|hold|release|delete|bounce …
+//	greyrelay destinations               what greyrelay learned about destinations
+//	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
+//	greyrelay health                     exit 0 when the running relay is healthy
+//	greyrelay version
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+)
+
+// exitError carries the process exit status out of a subcommand.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func main() {
+	err := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	if err == nil {
+		return
+	}
+	if !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "greyrelay:", err)
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		os.Exit(ee.code)
+	}
+	os.Exit(1)
+}
+
+// run dispatches a subcommand. Streams are passed in so that commands can be
+// tested without a process.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 || len(args[0]) > 0 && args[0][0] == '-' {
+		return serve(args, stderr)
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(rest, stderr)
+	case "config":
+		return configCmd(rest, stdout, stderr)
+	case "user":
+		return userCmd(rest, stdin, stdout)
+	case "queue":
+		return queueCmd(rest, stdout, stderr)
+	case "destinations":
+		return destinationsCmd(rest, stdout, stderr)
+	case "health":
+		return healthCmd(rest, stdout, stderr)
+	case "probe":
+		return probeCmd(rest, stdout, stderr)
+	case "version":
+		fmt.Fprintln(stdout, "greyrelay", version())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	return &exitError{2, fmt.Errorf("unknown command %q\n%s", cmd, usage)}
+}
+
+const usage = `usage:
+  greyrelay [serve] [-config FILE]      run the relay (no file: the embedded default, loopback only)
+  greyrelay config check -config FILE   validate a configuration
+  greyrelay config default              print the complete default configuration
+  greyrelay user add NAME [-sender ADDR,...]   read a password on stdin, print a users-file line
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
+  greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
+  greyrelay destinations [-json]
+  greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN
+  greyrelay health [-config FILE]
+  greyrelay version
+`
+
+// version reports the module version and VCS revision the binary was built from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	for _, s := range bi.Settings {
+		if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+			v += " " + s.Value[:12]
+		}
+	}
+	return v
+}

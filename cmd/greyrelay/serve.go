@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/delivery"
+	"github.com/greyrelay/greyrelay/relay/metrics"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/smtpd"
+)
+
+// serve runs the relay until SIGTERM or SIGINT.
+func serve(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration file (default: the embedded default)")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg.Log)
+	if err != nil {
+		return &exitError{2, err}
+	}
+	defer log.Sync()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return runRelay(ctx, cfg, log)
+}
+
+func newLogger(c config.Log) (*zap.Logger, error) {
+	zc := zap.NewProductionConfig()
+	zc.Encoding = c.Format
+	zc.Sampling = nil // a delivery log must not drop lines
+	zc.EncoderConfig.TimeKey = "time"
+	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	if c.Format == "console" {
+		zc.EncoderConfig.EncodeLevel = zapcore.CapitalLevelEncoder
+	}
+	lvl, err := zapcore.ParseLevel(c.Level)
+	if err != nil {
+		return nil, err
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	return zc.Build()
+}
+
+// relayParts is everything runRelay starts, kept together so that the
+// shutdown order is written once.
+type relayParts struct {
+	queue  *queue.Queue
+	smtp   *smtpd.Server
+	engine *delivery.Engine
+	admin  *admin.Server
+}
+
+func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
+	var ready atomic.Bool
+	q, err := queue.Open(cfg.Queue.Path, queue.Options{
+		LockTimeout: cfg.Queue.LockTimeout,
+		OnQuarantine: func(bucket string, key []byte, err error) {
+			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
+	}
+	defer q.Close()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m := metrics.New(reg)
+
+	p := relayParts{queue: q}
+	if p.engine, err = newEngine(cfg, q, log, m); err != nil {
+		return err
+	}
+	if p.smtp, err = newSMTP(cfg, q, log, m); err != nil {
+		return err
+	}
+	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
+		Logger: log, Now: time.Now, Probe: probeFunc(cfg),
+		Ready: func() error {
+			if !ready.Load() {
+				return errors.New("starting")
+			}
+			return nil
+		}})
+	if err != nil {
+		return err
+	}
+	return p.run(ctx, cfg, log, &ready)
+}
+
+func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger, ready *atomic.Bool) error {
+	if cfg.Admin.Address != "" {
+		if err := p.admin.Start(); err != nil {
+			return fmt.Errorf("admin: %w", err)
+		}
+	}
+	engineCtx, stopEngine := context.WithCancel(context.Background())
+	engineDone := make(chan error, 1)
+	go func() { engineDone <- p.engine.Run(engineCtx) }()
+	if err := p.smtp.Start(); err != nil {
+		stopEngine()
+		<-engineDone
+		return err
+	}
+	ready.Store(true)
+	log.Info("greyrelay started", zap.String("version", version()), zap.String("hostname", cfg.Hostname),
+		zap.Stringers("smtp", p.smtp.Addrs()), zap.String("admin", cfg.Admin.Address), zap.String("queue", cfg.Queue.Path))
+	select {
+	case <-ctx.Done():
+	case err := <-engineDone:
+		log.Error("delivery engine stopped", zap.Error(err))
+	}
+	ready.Store(false)
+	log.Info("shutting down")
+	// Intake first: sessions finish (or are refused) before the queue closes,
+	// so no client ever reads a 250 for a message we did not commit.
+	shutCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.smtp.Shutdown(shutCtx); err != nil {
+		log.Warn("smtp shutdown", zap.Error(err))
+	}
+	stopEngine()
+	<-engineDone
+	if cfg.Admin.Address != "" {
+		p.admin.Shutdown(shutCtx)
+	}
+	return nil
+}
+
+func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics) (*smtpd.Server, error) {
+	var users *smtpd.Users
+	if cfg.UsersFile != "" {
+		u, err := smtpd.LoadUsers(cfg.UsersFile)
+		if err != nil {
+			return nil, fmt.Errorf("users_file: %w", err)
+		}
+		users = u
+	}
+	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now})
+}
+
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics) (*delivery.Engine, error) {
+	cl, err := classifier.New(cfg.Retry.Rules)
+	if err != nil {
+		return nil, err
+	}
+	router, err := newRouter(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d4, d6, err := dialers(cfg.Delivery)
+	if err != nil {
+		return nil, err
+	}
+	return delivery.New(delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
+		Dialer4: d4, Dialer6: d6, TLSConfig: &tls.Config{}, Logger: log, Metrics: m,
+		Now: time.Now, Rand: rand.Float64})
+}
+
+func newRouter(cfg *config.Config) (*mx.Router, error) {
+	server := cfg.Delivery.Resolver
+	if server == "" {
+		s, err := mx.SystemServer("/etc/resolv.conf")
+		if err != nil {
+			return nil, fmt.Errorf("delivery.resolver is empty and /etc/resolv.conf has no nameserver: %w", err)
+		}
+		server = s
+	}
+	return &mx.Router{
+		Resolver: mx.NewDNS(server, 10*time.Second), Routes: cfg.Delivery.Routes,
+		Smarthost: cfg.Delivery.Smarthost.Address, Port: cfg.Delivery.Port,
+		AllowPrivate: cfg.Delivery.AllowPrivateDestinations,
+		IPv4:         true, IPv6: cfg.Delivery.SourceIPv6 != "",
+		Shuffle:      rand.Shuffle,
+	}, nil
+}
+
+// dialers pins the source addresses. An address that cannot be bound fails
+// startup: sending from another address would restart every receiver's
+// greylisting clock, so we never fall back silently.
+func dialers(d config.Delivery) (v4, v6 smtpclient.Dialer, err error) {
+	v4dial := &net.Dialer{Timeout: d.ConnectTimeout}
+	if d.SourceIPv4 != "" {
+		if v4dial.LocalAddr, err = bindable(d.SourceIPv4); err != nil {
+			return nil, nil, fmt.Errorf("delivery.source_ipv4: %w", err)
+		}
+	}
+	if d.SourceIPv6 == "" {
+		return v4dial, nil, nil
+	}
+	v6dial := &net.Dialer{Timeout: d.ConnectTimeout}
+	if v6dial.LocalAddr, err = bindable(d.SourceIPv6); err != nil {
+		return nil, nil, fmt.Errorf("delivery.source_ipv6: %w", err)
+	}
+	return v4dial, v6dial, nil
+}
+
+func bindable(ip string) (*net.TCPAddr, error) {
+	addr := &net.TCPAddr{IP: net.ParseIP(ip)}
+	l, err := net.ListenTCP("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s is not bindable on this host: %w", ip, err)
+	}
+	l.Close()
+	return addr, nil
+}
+

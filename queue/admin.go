@@ -1,0 +1,211 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Operator actions. Each is one write transaction over the selected
+// recipients and returns how many recipients it changed. Selecting by ID
+// fails with ErrNotFound if the message does not exist. Selecting by domain
+// or All walks the recipient bucket (O(queue)); that is acceptable for rare
+// operator actions and keeps the data model free of secondary indexes.
+
+func (s Selector) validate() error {
+	n := 0
+	if s.ID != 0 {
+		n++
+	}
+	if s.Domain != "" {
+		n++
+	}
+	if s.All {
+		n++
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: selector needs exactly one of ID, Domain, All", ErrInvalid)
+	}
+	return nil
+}
+
+// selectRcpts decodes every recipient matched by sel (any status).
+// Undecodable ones are returned as problems.
+func selectRcpts(tx *bolt.Tx, sel Selector) ([]Recipient, []problem) {
+	var out []Recipient
+	var ps []problem
+	c := tx.Bucket(bRcpts).Cursor()
+	var prefix []byte
+	k, v := c.First()
+	if sel.ID != 0 {
+		prefix = idKey(sel.ID)
+		k, v = c.Seek(prefix)
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		key, ok := parseRcptKey(k)
+		if !ok {
+			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")})
+			continue
+		}
+		r, err := decodeRecipient(key, v)
+		if err != nil {
+			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+			continue
+		}
+		if sel.Domain == "" || strings.EqualFold(r.Domain, sel.Domain) {
+			out = append(out, r)
+		}
+	}
+	return out, ps
+}
+
+// modify runs fn on every recipient sel matches, in one transaction.
+// after, if not nil, runs last in the same transaction.
+func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bool, error), after func(w *wtx) error) (int, error) {
+	if err := sel.validate(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := q.update(func(w *wtx) error {
+		n = 0
+		rs, ps := selectRcpts(w.tx, sel)
+		for _, p := range ps {
+			if err := w.fix(p); err != nil {
+				return err
+			}
+		}
+		if sel.ID != 0 && w.b(bMsgs).Get(idKey(sel.ID)) == nil {
+			return fmt.Errorf("message %s: %w", sel.ID, ErrNotFound)
+		}
+		for _, r := range rs {
+			changed, err := fn(w, r)
+			if err != nil {
+				return err
+			}
+			if changed {
+				n++
+			}
+		}
+		if after != nil {
+			return after(w)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("queue: %s: %w", op, err)
+	}
+	return n, nil
+}
+
+// Retry makes the selected Queued and Deferred recipients due at now.
+func (q *Queue) Retry(sel Selector, now time.Time) (int, error) {
+	return q.modify("retry", sel, func(w *wtx, r Recipient) (bool, error) {
+		if r.Status != Queued && r.Status != Deferred {
+			return false, nil
+		}
+		before := r
+		r.NextAttempt = now
+		return true, w.putRcpt(&before, &r)
+	}, nil)
+}
+
+// Hold takes the selected Queued, Deferred and Active recipients out of the
+// due index. An attempt already in flight still records its outcome through
+// Apply; a non-final outcome leaves the recipient Held.
+func (q *Queue) Hold(sel Selector) (int, error) {
+	return q.modify("hold", sel, func(w *wtx, r Recipient) (bool, error) {
+		if !indexed(r.Status) {
+			return false, nil
+		}
+		before := r
+		r.Status = Held
+		return true, w.putRcpt(&before, &r)
+	}, nil)
+}
+
+// Release makes the selected Held recipients due at now (Queued if never
+// attempted, else Deferred).
+func (q *Queue) Release(sel Selector, now time.Time) (int, error) {
+	return q.modify("release", sel, func(w *wtx, r Recipient) (bool, error) {
+		if r.Status != Held {
+			return false, nil
+		}
+		before := r
+		r.Status, r.NextAttempt = Deferred, now
+		if r.Attempts == 0 {
+			r.Status = Queued
+		}
+		return true, w.putRcpt(&before, &r)
+	}, nil)
+}
+
+// Delete removes the selected recipients of any status, without DSNs. By ID
+// or All, whole messages go (record, body, every recipient). By Domain, only
+// that domain's recipients go, and a message goes with them once no live
+// recipient is left. It returns the number of recipients removed.
+func (q *Queue) Delete(sel Selector) (int, error) {
+	touched := map[ID]bool{}
+	del := func(w *wtx, r Recipient) (bool, error) {
+		touched[r.Key.ID] = true
+		return true, w.deleteRcpt(&r)
+	}
+	after := func(w *wtx) error {
+		switch {
+		case sel.ID != 0:
+			return w.deleteMessage(sel.ID, nil)
+		case sel.All: // also messages whose recipients were all quarantined
+			var ids []ID
+			c := w.b(bMsgs).Cursor()
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
+				if len(k) == 8 {
+					ids = append(ids, ID(binary.BigEndian.Uint64(k)))
+				}
+			}
+			for _, id := range ids {
+				if err := w.deleteMessage(id, nil); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		for id := range touched {
+			if err := w.finishIfDone(id); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return q.modify("delete", sel, del, after)
+}
+
+// Select returns the selected recipients that are not final, e.g. for a
+// bounce-now the caller performs through Apply. History is not filled.
+func (q *Queue) Select(sel Selector) ([]Recipient, error) {
+	if err := sel.validate(); err != nil {
+		return nil, err
+	}
+	var out []Recipient
+	var ps []problem
+	err := q.view(func(tx *bolt.Tx) error {
+		if sel.ID != 0 && tx.Bucket(bMsgs).Get(idKey(sel.ID)) == nil {
+			return fmt.Errorf("message %s: %w", sel.ID, ErrNotFound)
+		}
+		var rs []Recipient
+		rs, ps = selectRcpts(tx, sel)
+		for _, r := range rs {
+			if !r.Status.Final() {
+				out = append(out, r)
+			}
+		}
+		return nil
+	})
+	q.fixup(ps)
+	if err != nil {
+		return nil, fmt.Errorf("queue: select: %w", err)
+	}
+	return out, nil
+}

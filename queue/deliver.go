@@ -1,0 +1,377 @@
+package queue
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// History outcomes written by the queue itself; finished attempts carry the
+// resulting Status.
+const (
+	outcomeInProgress  = "in-progress"
+	outcomeInterrupted = "interrupted"
+)
+
+// History is capped at the first historyFirst and the last historyLast
+// attempts: the first ones show how a problem started, the last ones what is
+// happening now; the middle of a 5-day greylisting saga adds nothing.
+const (
+	historyFirst = 3
+	historyLast  = 20
+)
+
+// Message returns the envelope of message id, without recipients.
+func (q *Queue) Message(id ID) (Message, error) {
+	var m Message
+	var ps []problem
+	err := q.view(func(tx *bolt.Tx) error {
+		var err error
+		m, err = getMessage(tx, id, &ps)
+		return err
+	})
+	q.fixup(ps)
+	return m, err
+}
+
+func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
+	v := tx.Bucket(bMsgs).Get(idKey(id))
+	if v == nil {
+		return Message{}, fmt.Errorf("queue: message %s: %w", id, ErrNotFound)
+	}
+	m, err := decodeMessage(id, v)
+	if err != nil {
+		*ps = append(*ps, problem{corruptRecord, bMsgs, idKey(id), err})
+		return Message{}, fmt.Errorf("queue: message %s: %w", id, err)
+	}
+	return m, nil
+}
+
+// Show returns message id with all its recipients, including their history.
+func (q *Queue) Show(id ID) (Message, error) {
+	var m Message
+	var ps []problem
+	err := q.view(func(tx *bolt.Tx) error {
+		var err error
+		if m, err = getMessage(tx, id, &ps); err != nil {
+			return err
+		}
+		prefix := idKey(id)
+		hist := tx.Bucket(bHist)
+		c := tx.Bucket(bRcpts).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			key, _ := parseRcptKey(k)
+			r, err := decodeRecipient(key, v)
+			if err != nil {
+				ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+				continue
+			}
+			if hv := hist.Get(k); hv != nil {
+				if r.History, err = decodeHistory(hv); err != nil {
+					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(k), err})
+				}
+			}
+			m.Recipients = append(m.Recipients, r)
+		}
+		return nil
+	})
+	q.fixup(ps)
+	return m, err
+}
+
+// Body returns a copy of the stored body of message id.
+func (q *Queue) Body(id ID) ([]byte, error) {
+	var body []byte
+	err := q.view(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bBodies).Get(idKey(id))
+		if v == nil {
+			return fmt.Errorf("queue: body %s: %w", id, ErrNotFound)
+		}
+		body = bytes.Clone(v) // v points into the mmap, valid only inside the tx
+		return nil
+	})
+	return body, err
+}
+
+// NextDue returns the time of the earliest due entry, skipping the leases of
+// Active recipients; ok is false when nothing is waiting. A result in the
+// past means work is due now.
+func (q *Queue) NextDue() (t time.Time, ok bool, err error) {
+	err = q.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bDue).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(v) == 1 && v[0] == flagActive {
+				continue
+			}
+			if dt, _, good := parseDueKey(k); good {
+				t, ok = dt, true
+				return nil
+			}
+		}
+		return nil
+	})
+	return t, ok, err
+}
+
+// Due returns up to limit recipients (limit <= 0: no limit) whose
+// NextAttempt is at or before now, in index order (earliest first). It seeks
+// the due index and stops at now, so its cost is proportional to the work it
+// returns, not to the queue size. Active leases are skipped; entries that do
+// not match their recipient (held, final, missing) are skipped and repaired.
+// History is not filled.
+func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
+	var out []Recipient
+	var ps []problem
+	end := timeKey(now)
+	err := q.view(func(tx *bolt.Tx) error {
+		rcpts, msgs := tx.Bucket(bRcpts), tx.Bucket(bMsgs)
+		c := tx.Bucket(bDue).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(k) >= 8 && bytes.Compare(k[:8], end) > 0 {
+				break
+			}
+			if len(v) == 1 && v[0] == flagActive {
+				continue
+			}
+			r, p := dueRecipient(rcpts, msgs, k)
+			if p != nil {
+				ps = append(ps, *p)
+				continue
+			}
+			out = append(out, r)
+			if limit > 0 && len(out) >= limit {
+				break
+			}
+		}
+		return nil
+	})
+	q.fixup(ps)
+	return out, err
+}
+
+// dueRecipient loads and checks the recipient a due entry points at.
+func dueRecipient(rcpts, msgs *bolt.Bucket, dk []byte) (Recipient, *problem) {
+	stale := &problem{staleDue, bDue, bytes.Clone(dk), nil}
+	_, key, ok := parseDueKey(dk)
+	if !ok {
+		return Recipient{}, stale
+	}
+	rk := rcptKey(key)
+	v := rcpts.Get(rk)
+	if v == nil {
+		return Recipient{}, stale
+	}
+	r, err := decodeRecipient(key, v)
+	if err != nil {
+		return Recipient{}, &problem{corruptRecord, bRcpts, rk, err}
+	}
+	if !bytes.Equal(expectedDueKey(&r), dk) || r.Status == Active {
+		return Recipient{}, stale
+	}
+	if msgs.Get(idKey(key.ID)) == nil {
+		return Recipient{}, &problem{orphanRcpt, bRcpts, rk, errMissing("message record")}
+	}
+	return r, nil
+}
+
+// Begin records an attempt before it is made (mox): for every key the
+// recipient becomes Active, Attempts is incremented, FirstAttempt (if unset)
+// and LastAttempt are set to s.Time, the route (SourceIP, MXHost, MXAddr) is
+// stored, an "in-progress" Attempt is appended to the history, and the due
+// entry moves to s.LeaseUntil (NextAttempt = LeaseUntil while Active). All
+// keys change in one transaction, or none: a missing key fails with
+// ErrNotFound, a recipient that is not Queued or Deferred with ErrState.
+func (q *Queue) Begin(s Start) error {
+	if len(s.Keys) == 0 || s.Time.IsZero() || s.LeaseUntil.IsZero() {
+		return fmt.Errorf("%w: Begin needs keys, a start time and a lease", ErrInvalid)
+	}
+	err := q.update(func(w *wtx) error {
+		for _, k := range s.Keys {
+			if err := w.begin(k, &s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("queue: begin: %w", err)
+	}
+	return nil
+}
+
+func (w *wtx) begin(k Key, s *Start) error {
+	r, ok := w.getRcpt(k)
+	if !ok {
+		return fmt.Errorf("recipient %s: %w", k, ErrNotFound)
+	}
+	if r.Status != Queued && r.Status != Deferred {
+		return fmt.Errorf("recipient %s is %s: %w", k, r.Status, ErrState)
+	}
+	before := r
+	r.Status = Active
+	r.Attempts++
+	r.LastAttempt = s.Time
+	if r.FirstAttempt.IsZero() {
+		r.FirstAttempt = s.Time
+	}
+	r.SourceIP, r.MXHost, r.MXAddr = s.SourceIP, s.MXHost, s.MXAddr
+	r.NextAttempt = s.LeaseUntil
+	if err := w.putRcpt(&before, &r); err != nil {
+		return err
+	}
+	return w.editHistory(k, func(h []Attempt) []Attempt {
+		return append(h, Attempt{Start: s.Time, SourceIP: s.SourceIP, MXHost: s.MXHost,
+			MXAddr: s.MXAddr, Outcome: outcomeInProgress})
+	})
+}
+
+// inProgress returns the index of the last in-progress attempt, or -1.
+func inProgress(h []Attempt) int {
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i].Outcome == outcomeInProgress {
+			return i
+		}
+	}
+	return -1
+}
+
+// editHistory loads the history of k, lets fn change it, caps and stores it.
+// An undecodable history is quarantined and restarted empty.
+func (w *wtx) editHistory(k Key, fn func([]Attempt) []Attempt) error {
+	hb, rk := w.b(bHist), rcptKey(k)
+	var h []Attempt
+	if v := hb.Get(rk); v != nil {
+		var err error
+		if h, err = decodeHistory(v); err != nil {
+			w.move(bHist, rk, err)
+			h = nil
+		}
+	}
+	h = fn(h)
+	if len(h) > historyFirst+historyLast {
+		h = append(h[:historyFirst:historyFirst], h[len(h)-historyLast:]...)
+	}
+	return hb.Put(rk, encodeHistory(h))
+}
+
+// Apply records attempt outcomes, enqueues DSNs and stores destination
+// state in ONE transaction, so a failed recipient and its bounce commit
+// together or not at all. Final recipients leave the due index; Deferred and
+// Queued ones are due at Result.NextAttempt (zero: Result.End). A recipient
+// the operator held meanwhile stays Held unless the result is final. Results
+// for recipients that no longer exist (deleted by the operator) or are
+// already final are ignored. A message whose recipients are all final is
+// deleted with its body. Apply returns the IDs of the enqueued DSNs.
+func (q *Queue) Apply(u Update) ([]ID, error) {
+	if err := validateUpdate(&u); err != nil {
+		return nil, err
+	}
+	var ids []ID
+	err := q.update(func(w *wtx) error {
+		ids = ids[:0]
+		touched := map[ID]bool{}
+		for i := range u.Results {
+			done, err := w.apply(&u.Results[i])
+			if err != nil {
+				return err
+			}
+			touched[u.Results[i].Key.ID] = touched[u.Results[i].Key.ID] || done
+		}
+		for i := range u.DSNs {
+			id, err := w.insertMessage(&u.DSNs[i])
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		for i := range u.Destinations {
+			if err := w.putDestination(&u.Destinations[i]); err != nil {
+				return err
+			}
+		}
+		for id, done := range touched {
+			if done {
+				if err := w.finishIfDone(id); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: apply: %w", err)
+	}
+	return ids, nil
+}
+
+func validateUpdate(u *Update) error {
+	for _, r := range u.Results {
+		switch r.Status {
+		case Deferred, Delivered, Relayed, Failed, Queued:
+		default:
+			return fmt.Errorf("%w: result status %q for %s", ErrInvalid, r.Status, r.Key)
+		}
+	}
+	for i := range u.DSNs {
+		if err := validateNew(&u.DSNs[i]); err != nil {
+			return err
+		}
+	}
+	for _, d := range u.Destinations {
+		if strings.TrimSpace(d.Domain) == "" {
+			return fmt.Errorf("%w: destination without domain", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// apply stores one result; it reports whether the recipient became final.
+func (w *wtx) apply(res *Result) (bool, error) {
+	r, ok := w.getRcpt(res.Key)
+	if !ok || r.Status.Final() {
+		return false, nil
+	}
+	before := r
+	if r.Status != Held || res.Status.Final() {
+		r.Status = res.Status
+	}
+	r.Reason, r.Reply = res.Reason, res.Reply
+	r.FirstGreylisted, r.GreylistTries, r.DelayWarnings = res.FirstGreylisted, res.GreylistTries, res.DelayWarnings
+	setIf(&r.SourceIP, res.SourceIP)
+	setIf(&r.MXHost, res.MXHost)
+	setIf(&r.MXAddr, res.MXAddr)
+	switch {
+	case r.Status.Final():
+		r.NextAttempt = time.Time{}
+	case !res.NextAttempt.IsZero():
+		r.NextAttempt = res.NextAttempt
+	default:
+		r.NextAttempt = res.End
+	}
+	if err := w.putRcpt(&before, &r); err != nil {
+		return false, err
+	}
+	err := w.editHistory(res.Key, func(h []Attempt) []Attempt {
+		i := inProgress(h)
+		if i < 0 { // an outcome without Begin, e.g. the operator's bounce-now
+			h = append(h, Attempt{Start: res.End, SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr})
+			i = len(h) - 1
+		}
+		a := &h[i]
+		a.End, a.Stage, a.Outcome, a.Reason, a.Reply = res.End, res.Stage, string(res.Status), res.Reason, res.Reply
+		setIf(&a.SourceIP, res.SourceIP)
+		setIf(&a.MXHost, res.MXHost)
+		setIf(&a.MXAddr, res.MXAddr)
+		return h
+	})
+	return r.Status.Final(), err
+}
+
+func setIf(dst *string, v string) {
+	if v != "" {
+		*dst = v
+	}
+}

@@ -1,0 +1,365 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// DefaultLockTimeout is used when Options.LockTimeout is zero.
+const DefaultLockTimeout = 2 * time.Second
+
+// Group commit limits: one transaction takes at most this many messages or
+// body bytes, so a burst cannot build an unbounded transaction.
+const (
+	maxBatchMsgs  = 512
+	maxBatchBytes = 64 << 20
+)
+
+// Queue is the durable store. All methods are safe for concurrent use.
+//
+// Writers: Enqueue and EnqueueBatch go through one writer goroutine that
+// group-commits whatever is waiting into one transaction (one fsync for many
+// messages; no timers, batching comes only from callers already waiting).
+// Begin, Apply, Recover and the operator actions call db.Update directly;
+// bbolt serialises them with the writer. db.Batch is never used: it may run a
+// function twice, and our functions allocate IDs and report to callers.
+type Queue struct {
+	db     *bolt.DB
+	path   string
+	opt    Options
+	reqs   chan request // unbuffered: a send succeeds only while the writer listens
+	done   chan struct{}
+	wg     sync.WaitGroup
+	wake   chan struct{}
+	closed atomic.Bool
+	once   sync.Once
+
+	mu     sync.Mutex
+	counts counts
+}
+
+type request struct {
+	ms    []NewMessage
+	reply chan response // buffered 1: the writer never blocks on it
+}
+
+type response struct {
+	ids []ID
+	err error
+}
+
+// Open opens the queue database at path, creating the parent directory
+// (0700) and the file (0600) if needed. It fails with an error matching
+// ErrLocked when another process holds the file longer than LockTimeout.
+//
+// Open scans every record once: it fills the Stats counters and quarantines
+// records that do not decode (reported through Options.OnQuarantine), so the
+// rest of the queue keeps working. Call Recover afterwards.
+func Open(path string, opt Options) (*Queue, error) {
+	if opt.LockTimeout <= 0 {
+		opt.LockTimeout = DefaultLockTimeout
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	_, statErr := os.Stat(path)
+	created := errors.Is(statErr, fs.ErrNotExist)
+	// Never NoSync (pitfall F11): every commit is fsync'd before it returns.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:      opt.LockTimeout,
+		FreelistType: bolt.FreelistMapType,
+	})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, opt.LockTimeout)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("queue: open %s: %w", path, err)
+	}
+	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request),
+		done: make(chan struct{}), wake: make(chan struct{}, 1), counts: newCounts()}
+	if err := q.init(created, dir); err != nil {
+		db.Close()
+		return nil, err
+	}
+	q.wg.Add(1)
+	go q.writer()
+	return q, nil
+}
+
+func (q *Queue) init(created bool, dir string) error {
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("queue: init %s: %w", q.path, err)
+	}
+	if created {
+		// The new file's directory entry must be durable too (F11: a crash
+		// right after first initialisation must not lose the file).
+		if err := syncDir(dir); err != nil {
+			return fmt.Errorf("queue: %w", err)
+		}
+	}
+	return q.scan()
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Close stops the writer goroutine and closes the database. Enqueue calls
+// still waiting fail with ErrClosed; a batch already being committed finishes
+// first and its callers get its real result.
+func (q *Queue) Close() error {
+	err := ErrClosed
+	q.once.Do(func() {
+		q.closed.Store(true)
+		close(q.done)
+		q.wg.Wait()
+		err = q.db.Close()
+	})
+	return err
+}
+
+// Wake returns a channel that receives (coalesced, capacity 1) after a
+// change that may have created earlier due work: Enqueue, Apply with deferred
+// recipients or DSNs, Recover, Retry and Release.
+func (q *Queue) Wake() <-chan struct{} { return q.wake }
+
+func (q *Queue) signal() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+// DBSize returns the size of the database file in bytes (0 if unknown).
+// bbolt files never shrink; freed pages are reused.
+func (q *Queue) DBSize() int64 {
+	fi, err := os.Stat(q.path)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// Enqueue stores m and returns its ID only after the transaction holding it
+// has been committed and fsync'd. Concurrent callers share one commit.
+func (q *Queue) Enqueue(m NewMessage) (ID, error) {
+	ids, err := q.EnqueueBatch([]NewMessage{m})
+	if err != nil {
+		return 0, err
+	}
+	return ids[0], nil
+}
+
+// EnqueueBatch stores all of ms in one transaction, all or nothing.
+func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
+	if len(ms) == 0 {
+		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
+	}
+	for i := range ms {
+		if err := validateNew(&ms[i]); err != nil {
+			return nil, err
+		}
+	}
+	if q.closed.Load() {
+		return nil, ErrClosed
+	}
+	r := request{ms: ms, reply: make(chan response, 1)}
+	select {
+	case q.reqs <- r:
+	case <-q.done:
+		return nil, ErrClosed
+	}
+	res := <-r.reply
+	return res.ids, res.err
+}
+
+func validateNew(m *NewMessage) error {
+	if len(m.To) == 0 {
+		return fmt.Errorf("%w: message without recipients", ErrInvalid)
+	}
+	if len(m.To) > 1<<20 {
+		return fmt.Errorf("%w: too many recipients", ErrInvalid)
+	}
+	for _, r := range m.To {
+		if r.Addr == "" || r.Domain == "" {
+			return fmt.Errorf("%w: recipient without address or domain", ErrInvalid)
+		}
+	}
+	return nil
+}
+
+// writer is the group-commit loop: take one request, drain whatever else is
+// already waiting, commit once, answer everyone.
+func (q *Queue) writer() {
+	defer q.wg.Done()
+	for {
+		select {
+		case r := <-q.reqs:
+			q.commit(q.gather(r))
+		case <-q.done:
+			return
+		}
+	}
+}
+
+func (q *Queue) gather(first request) []request {
+	batch := []request{first}
+	n, size := 0, 0
+	for _, m := range first.ms {
+		n, size = n+1, size+len(m.Body)
+	}
+	for n < maxBatchMsgs && size < maxBatchBytes {
+		select {
+		case r := <-q.reqs:
+			batch = append(batch, r)
+			for _, m := range r.ms {
+				n, size = n+1, size+len(m.Body)
+			}
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+func (q *Queue) commit(batch []request) {
+	ids := make([][]ID, len(batch))
+	err := q.update(func(w *wtx) error {
+		for i, r := range batch {
+			ids[i] = ids[i][:0]
+			for j := range r.ms {
+				id, err := w.insertMessage(&r.ms[j])
+				if err != nil {
+					return err
+				}
+				ids[i] = append(ids[i], id)
+			}
+		}
+		return nil
+	})
+	for i, r := range batch {
+		if err != nil {
+			r.reply <- response{err: fmt.Errorf("queue: enqueue: %w", err)}
+		} else {
+			r.reply <- response{ids: ids[i]}
+		}
+	}
+}
+
+// insertMessage writes one new message: record, body, and one Queued
+// recipient record (with its due entry) per recipient.
+func (w *wtx) insertMessage(m *NewMessage) (ID, error) {
+	seq, err := w.b(bMsgs).NextSequence()
+	if err != nil {
+		return 0, err
+	}
+	id := ID(seq)
+	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: int64(len(m.Body)),
+		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
+		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN}
+	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
+		return 0, err
+	}
+	body := m.Body
+	if body == nil {
+		body = []byte{} // bbolt stores nil as an empty value, but be explicit
+	}
+	if err := w.b(bBodies).Put(idKey(id), body); err != nil {
+		return 0, err
+	}
+	w.delta.msgs++
+	next := m.NextAttempt
+	if next.IsZero() {
+		next = m.Arrival
+	}
+	for i, to := range m.To {
+		r := Recipient{Key: Key{id, i}, Addr: to.Addr, Domain: to.Domain, Notify: to.Notify,
+			ORCPT: to.ORCPT, Status: Queued, NextAttempt: next}
+		if err := w.putRcpt(nil, &r); err != nil {
+			return 0, err
+		}
+	}
+	return id, nil
+}
+
+// update runs fn in one write transaction. After a successful commit it
+// applies the counter delta, reports quarantined records and signals Wake.
+func (q *Queue) update(fn func(w *wtx) error) error {
+	var w *wtx
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		w = &wtx{tx: tx, delta: newCounts()}
+		return fn(w)
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+			return ErrClosed
+		}
+		return err
+	}
+	q.mu.Lock()
+	q.counts.add(w.delta)
+	q.mu.Unlock()
+	q.report(w.quar)
+	if w.wake {
+		q.signal()
+	}
+	return nil
+}
+
+// view runs fn in a read transaction. Keep fn short: long read
+// transactions stop bbolt from reusing freed pages (F11).
+func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
+	err := q.db.View(fn)
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return ErrClosed
+	}
+	return err
+}
+
+func (q *Queue) report(qs []quarantined) {
+	if q.opt.OnQuarantine == nil {
+		return
+	}
+	for _, x := range qs {
+		q.opt.OnQuarantine(x.bucket, x.key, x.err)
+	}
+}
+
+// fixup repairs problems found by readers. Errors are ignored: the problem
+// stays and the next reader finds it again.
+func (q *Queue) fixup(ps []problem) {
+	if len(ps) == 0 {
+		return
+	}
+	_ = q.update(func(w *wtx) error {
+		for _, p := range ps {
+			if err := w.fix(p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

@@ -1,0 +1,157 @@
+package queue
+
+import (
+	"bytes"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// scan runs once in Open. It decodes every record once (no bodies), fills
+// the Stats counters and collects problems, which are then repaired in one
+// write transaction: undecodable records are quarantined, messages without a
+// body and recipients without a message go to quarantine as well, and
+// malformed due entries are dropped. It is O(records); at 1,000,000
+// recipients it costs about a second (see BenchmarkOpenScan) and bounded
+// memory (only problems are kept).
+func (q *Queue) scan() error {
+	c := newCounts()
+	var ps []problem
+	err := q.db.View(func(tx *bolt.Tx) error {
+		ps = append(ps, scanMessages(tx, &c)...)
+		ps = append(ps, scanRcpts(tx, &c)...)
+		ps = append(ps, scanValidate(tx, bHist)...)
+		ps = append(ps, scanValidate(tx, bDests)...)
+		ps = append(ps, scanDue(tx)...)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	q.counts = c
+	q.fixup(ps)
+	return nil
+}
+
+func scanMessages(tx *bolt.Tx, c *counts) []problem {
+	var ps []problem
+	bodies := tx.Bucket(bBodies)
+	cur := tx.Bucket(bMsgs).Cursor()
+	for k, v := cur.First(); k != nil; k, v = cur.Next() {
+		if err := validate(bMsgs, k, v); err != nil {
+			ps = append(ps, problem{corruptRecord, bMsgs, bytes.Clone(k), err})
+			continue
+		}
+		c.msgs++
+		if bodies.Get(k) == nil {
+			ps = append(ps, problem{missingBody, bMsgs, bytes.Clone(k),
+				errMissing("message body")})
+		}
+	}
+	return ps
+}
+
+func scanRcpts(tx *bolt.Tx, c *counts) []problem {
+	var ps []problem
+	msgs := tx.Bucket(bMsgs)
+	var lastID ID
+	lastOK := false
+	cur := tx.Bucket(bRcpts).Cursor()
+	for k, v := cur.First(); k != nil; k, v = cur.Next() {
+		key, ok := parseRcptKey(k)
+		if !ok {
+			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")})
+			continue
+		}
+		r, err := decodeRecipient(key, v)
+		if err != nil {
+			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+			continue
+		}
+		if key.ID != lastID || !lastOK {
+			lastID, lastOK = key.ID, msgs.Get(idKey(key.ID)) != nil
+		}
+		c.rcpt(&r, +1)
+		if !lastOK {
+			ps = append(ps, problem{orphanRcpt, bRcpts, bytes.Clone(k), errMissing("message record")})
+		}
+	}
+	return ps
+}
+
+func scanValidate(tx *bolt.Tx, bucket []byte) []problem {
+	var ps []problem
+	cur := tx.Bucket(bucket).Cursor()
+	for k, v := cur.First(); k != nil; k, v = cur.Next() {
+		if err := validate(bucket, k, v); err != nil {
+			ps = append(ps, problem{corruptRecord, bucket, bytes.Clone(k), err})
+		}
+	}
+	return ps
+}
+
+func scanDue(tx *bolt.Tx) []problem {
+	var ps []problem
+	cur := tx.Bucket(bDue).Cursor()
+	for k, v := cur.First(); k != nil; k, v = cur.Next() {
+		if len(k) != dueKeyLen || len(v) != 1 || (v[0] != flagDue && v[0] != flagActive) {
+			ps = append(ps, problem{staleDue, bDue, bytes.Clone(k), nil})
+		}
+	}
+	return ps
+}
+
+// Recover is called once at startup, before any delivery: every Active
+// recipient (an attempt was in flight when the process stopped) becomes
+// Deferred and due at now, and its in-progress history entry is marked
+// "interrupted". The message may or may not have reached the destination, so
+// this can cause a duplicate delivery; it can never lose one (mox semantics,
+// test D3). It walks the due index (Active recipients keep their entry at the
+// lease), not the recipient bucket, and returns how many it recovered.
+func (q *Queue) Recover(now time.Time) (int, error) {
+	n := 0
+	err := q.update(func(w *wtx) error {
+		n = 0
+		var keys [][]byte
+		cur := w.b(bDue).Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			if len(v) == 1 && v[0] == flagActive {
+				keys = append(keys, bytes.Clone(k))
+			}
+		}
+		for _, dk := range keys {
+			ok, err := w.recoverOne(dk, now)
+			if err != nil {
+				return err
+			}
+			if ok {
+				n++
+			}
+		}
+		return nil
+	})
+	return n, err
+}
+
+func (w *wtx) recoverOne(dk []byte, now time.Time) (bool, error) {
+	_, k, ok := parseDueKey(dk)
+	if !ok {
+		return false, w.b(bDue).Delete(dk)
+	}
+	r, found := w.getRcpt(k)
+	if !found || r.Status != Active || !bytes.Equal(expectedDueKey(&r), dk) {
+		return false, w.fix(problem{staleDue, bDue, dk, nil})
+	}
+	before := r
+	r.Status, r.NextAttempt = Deferred, now
+	if err := w.putRcpt(&before, &r); err != nil {
+		return false, err
+	}
+	return true, w.editHistory(k, func(h []Attempt) []Attempt {
+		if i := inProgress(h); i >= 0 {
+			h[i].Outcome = outcomeInterrupted
+			h[i].Reason = "attempt interrupted by a restart; outcome unknown"
+		}
+		return h
+	})
+}

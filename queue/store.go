@@ -1,0 +1,365 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Buckets. Keys are big-endian so that bbolt's byte order is numeric order:
+//
+//	msgs       id(8)                      → message record
+//	bodies     id(8)                      → raw body, written once
+//	rcpts      id(8)|rcpt(4)              → recipient record
+//	hist       id(8)|rcpt(4)              → attempt history of that recipient
+//	due        nanos(8)|id(8)|rcpt(4)     → flag byte: 'd' due, 'a' active lease
+//	dests      lower(domain)              → destination record
+//	quarantine <bucket>/key               → raw bytes that failed to decode
+//
+// Invariant: a recipient has exactly one due entry, at NextAttempt, iff its
+// status is Queued, Deferred or Active (flag 'a'). Held and final recipients
+// have none. Readers verify each entry against its record and drop stale ones.
+var (
+	bMsgs       = []byte("msgs")
+	bBodies     = []byte("bodies")
+	bRcpts      = []byte("rcpts")
+	bHist       = []byte("hist")
+	bDue        = []byte("due")
+	bDests      = []byte("dests")
+	bQuarantine = []byte("quarantine")
+	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine}
+)
+
+const (
+	flagDue    = 'd'
+	flagActive = 'a'
+	rcptKeyLen = 12
+	dueKeyLen  = 20
+)
+
+func idKey(id ID) []byte { return binary.BigEndian.AppendUint64(nil, uint64(id)) }
+
+func rcptKey(k Key) []byte {
+	return binary.BigEndian.AppendUint32(idKey(k.ID), uint32(k.Rcpt))
+}
+
+func parseRcptKey(b []byte) (Key, bool) {
+	if len(b) != rcptKeyLen {
+		return Key{}, false
+	}
+	return Key{ID(binary.BigEndian.Uint64(b)), int(binary.BigEndian.Uint32(b[8:]))}, true
+}
+
+// timeKey is t as 8 sortable bytes: Unix nanoseconds clamped to [0, MaxInt64].
+func timeKey(t time.Time) []byte {
+	var n int64
+	switch {
+	case t.IsZero() || t.Before(time.Unix(0, 0)):
+		n = 0
+	case t.After(time.Unix(0, math.MaxInt64)):
+		n = math.MaxInt64
+	default:
+		n = t.UnixNano()
+	}
+	return binary.BigEndian.AppendUint64(nil, uint64(n))
+}
+
+func dueKey(t time.Time, k Key) []byte { return append(timeKey(t), rcptKey(k)...) }
+
+func parseDueKey(b []byte) (time.Time, Key, bool) {
+	if len(b) != dueKeyLen {
+		return time.Time{}, Key{}, false
+	}
+	k, _ := parseRcptKey(b[8:])
+	return time.Unix(0, int64(binary.BigEndian.Uint64(b))), k, true
+}
+
+// indexed reports whether a recipient in state s has a due entry.
+func indexed(s Status) bool { return s == Queued || s == Deferred || s == Active }
+
+// expectedDueKey is the due entry r must have, or nil.
+func expectedDueKey(r *Recipient) []byte {
+	if !indexed(r.Status) {
+		return nil
+	}
+	return dueKey(r.NextAttempt, r.Key)
+}
+
+func dueFlag(r *Recipient) byte {
+	if r.Status == Active {
+		return flagActive
+	}
+	return flagDue
+}
+
+func errMissing(what string) error { return fmt.Errorf("%w: missing %s", errCorrupt, what) }
+
+// quarantined is one record moved to the quarantine bucket.
+type quarantined struct {
+	bucket string
+	key    []byte
+	err    error
+}
+
+// wtx wraps a write transaction. It keeps the due index and the counter delta
+// in step with every recipient change, and remembers quarantined records so
+// they are reported after the commit.
+type wtx struct {
+	tx    *bolt.Tx
+	delta counts
+	quar  []quarantined
+	wake  bool // the change may create earlier due work
+}
+
+func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }
+
+// getRcpt loads a recipient. A record that fails to decode is quarantined and
+// reported as missing, so one bad record cannot block an operation.
+func (w *wtx) getRcpt(k Key) (Recipient, bool) {
+	v := w.b(bRcpts).Get(rcptKey(k))
+	if v == nil {
+		return Recipient{}, false
+	}
+	r, err := decodeRecipient(k, v)
+	if err != nil {
+		w.quarantineRcpt(k, err)
+		return Recipient{}, false
+	}
+	return r, true
+}
+
+// putRcpt stores after, replacing before (nil for a new recipient), and moves
+// the due entry and the counters accordingly.
+func (w *wtx) putRcpt(before, after *Recipient) error {
+	due := w.b(bDue)
+	if before != nil {
+		w.delta.rcpt(before, -1)
+		if k := expectedDueKey(before); k != nil {
+			if err := due.Delete(k); err != nil {
+				return err
+			}
+		}
+	}
+	if err := w.b(bRcpts).Put(rcptKey(after.Key), encodeRecipient(after)); err != nil {
+		return err
+	}
+	w.delta.rcpt(after, +1)
+	if k := expectedDueKey(after); k != nil {
+		if after.Status != Active {
+			w.wake = true
+		}
+		return due.Put(k, []byte{dueFlag(after)})
+	}
+	return nil
+}
+
+// deleteRcpt removes a recipient, its due entry and its history.
+func (w *wtx) deleteRcpt(r *Recipient) error {
+	w.delta.rcpt(r, -1)
+	if k := expectedDueKey(r); k != nil {
+		if err := w.b(bDue).Delete(k); err != nil {
+			return err
+		}
+	}
+	k := rcptKey(r.Key)
+	if err := w.b(bHist).Delete(k); err != nil {
+		return err
+	}
+	return w.b(bRcpts).Delete(k)
+}
+
+// rcptsOf returns the keys and raw values of all recipients of id.
+// Values are copied: the caller may modify the bucket afterwards.
+func (w *wtx) rcptsOf(id ID) (keys []Key, vals [][]byte) {
+	prefix := idKey(id)
+	c := w.b(bRcpts).Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		if key, ok := parseRcptKey(k); ok {
+			keys = append(keys, key)
+			vals = append(vals, bytes.Clone(v))
+		}
+	}
+	return keys, vals
+}
+
+// finishIfDone deletes message id (record, body, recipients, histories) when
+// none of its recipients is live any more. Bodies are never rewritten; this
+// is the only place besides Delete that removes one.
+func (w *wtx) finishIfDone(id ID) error {
+	keys, vals := w.rcptsOf(id)
+	var rs []Recipient
+	for i, k := range keys {
+		r, err := decodeRecipient(k, vals[i])
+		if err != nil {
+			w.quarantineRcpt(k, err)
+			continue
+		}
+		if !r.Status.Final() {
+			return nil
+		}
+		rs = append(rs, r)
+	}
+	return w.deleteMessage(id, rs)
+}
+
+// deleteMessage removes message id with the already decoded recipients rs.
+func (w *wtx) deleteMessage(id ID, rs []Recipient) error {
+	for i := range rs {
+		if err := w.deleteRcpt(&rs[i]); err != nil {
+			return err
+		}
+	}
+	if w.b(bMsgs).Get(idKey(id)) != nil {
+		w.delta.msgs--
+	}
+	if err := w.b(bBodies).Delete(idKey(id)); err != nil {
+		return err
+	}
+	return w.b(bMsgs).Delete(idKey(id))
+}
+
+// move copies bucket[key] into the quarantine bucket and deletes it.
+func (w *wtx) move(bucket []byte, key []byte, err error) {
+	src := w.b(bucket)
+	v := src.Get(key)
+	if v == nil {
+		return
+	}
+	qb, qerr := w.b(bQuarantine).CreateBucketIfNotExists(bucket)
+	if qerr == nil {
+		qerr = qb.Put(bytes.Clone(key), bytes.Clone(v))
+	}
+	if qerr == nil {
+		qerr = src.Delete(key)
+	}
+	if qerr != nil {
+		err = fmt.Errorf("%w (and quarantine failed: %v)", err, qerr)
+	}
+	w.quar = append(w.quar, quarantined{string(bucket), bytes.Clone(key), err})
+}
+
+// quarantineRcpt moves one recipient (and its history) to quarantine. If
+// the record still decodes (an orphan), its due entry and counts go too.
+func (w *wtx) quarantineRcpt(k Key, err error) {
+	if v := w.b(bRcpts).Get(rcptKey(k)); v != nil {
+		if r, derr := decodeRecipient(k, v); derr == nil {
+			w.delta.rcpt(&r, -1)
+			if dk := expectedDueKey(&r); dk != nil {
+				_ = w.b(bDue).Delete(dk) // a failed delete leaves a stale entry; readers drop it
+			}
+		}
+	}
+	w.move(bRcpts, rcptKey(k), err)
+	w.move(bHist, rcptKey(k), err)
+}
+
+// quarantineMessage moves a whole message (record, body, recipients) to
+// quarantine: without a readable envelope or body it cannot be delivered.
+func (w *wtx) quarantineMessage(id ID, err error) {
+	if v := w.b(bMsgs).Get(idKey(id)); v != nil {
+		if _, derr := decodeMessage(id, v); derr == nil {
+			w.delta.msgs--
+		}
+	}
+	keys, _ := w.rcptsOf(id)
+	for _, k := range keys {
+		w.quarantineRcpt(k, fmt.Errorf("message %s quarantined: %w", id, err))
+	}
+	w.move(bMsgs, idKey(id), err)
+	w.move(bBodies, idKey(id), err)
+}
+
+// problem is something a reader found but could not fix in its read-only
+// transaction; Queue.fixup repairs it in a write transaction afterwards.
+type problem struct {
+	kind   problemKind
+	bucket []byte
+	key    []byte
+	err    error
+}
+
+type problemKind int
+
+const (
+	corruptRecord problemKind = iota // value fails to decode
+	staleDue                         // due entry that does not match its recipient
+	orphanRcpt                       // recipient whose message record is gone
+	missingBody                      // message record without a body
+)
+
+// fix re-checks p inside the write transaction (another writer may have
+// repaired it meanwhile) and repairs it.
+func (w *wtx) fix(p problem) error {
+	v := w.b(p.bucket).Get(p.key)
+	if v == nil {
+		return nil
+	}
+	switch p.kind {
+	case staleDue:
+		_, k, ok := parseDueKey(p.key)
+		if ok {
+			if rv := w.b(bRcpts).Get(rcptKey(k)); rv != nil {
+				r, err := decodeRecipient(k, rv)
+				if err == nil && bytes.Equal(expectedDueKey(&r), p.key) {
+					return w.b(bDue).Put(p.key, []byte{dueFlag(&r)}) // right key, maybe wrong flag
+				}
+			}
+		}
+		return w.b(bDue).Delete(p.key)
+	case orphanRcpt:
+		if k, ok := parseRcptKey(p.key); ok && w.b(bMsgs).Get(idKey(k.ID)) == nil {
+			w.quarantineRcpt(k, p.err)
+		}
+	case missingBody:
+		if w.b(bBodies).Get(p.key) == nil {
+			w.quarantineMessage(ID(binary.BigEndian.Uint64(p.key)), p.err)
+		}
+	case corruptRecord:
+		w.fixCorrupt(p, v)
+	}
+	return nil
+}
+
+func (w *wtx) fixCorrupt(p problem, v []byte) {
+	if validate(p.bucket, p.key, v) == nil {
+		return
+	}
+	switch {
+	case bytes.Equal(p.bucket, bMsgs) && len(p.key) == 8:
+		w.quarantineMessage(ID(binary.BigEndian.Uint64(p.key)), p.err)
+	case bytes.Equal(p.bucket, bRcpts):
+		if k, ok := parseRcptKey(p.key); ok {
+			w.quarantineRcpt(k, p.err)
+			return
+		}
+		w.move(p.bucket, p.key, p.err)
+	default:
+		w.move(p.bucket, p.key, p.err)
+	}
+}
+
+// validate decodes v as a record of bucket.
+func validate(bucket, key, v []byte) error {
+	var err error
+	switch {
+	case bytes.Equal(bucket, bMsgs):
+		if len(key) != 8 {
+			return fmt.Errorf("%w: bad message key", errCorrupt)
+		}
+		_, err = decodeMessage(0, v)
+	case bytes.Equal(bucket, bRcpts):
+		if _, ok := parseRcptKey(key); !ok {
+			return fmt.Errorf("%w: bad recipient key", errCorrupt)
+		}
+		_, err = decodeRecipient(Key{}, v)
+	case bytes.Equal(bucket, bHist):
+		_, err = decodeHistory(v)
+	case bytes.Equal(bucket, bDests):
+		_, err = decodeDestination(v)
+	}
+	return err
+}

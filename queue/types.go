@@ -1,0 +1,239 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// ID identifies a queued message. IDs come from a bbolt bucket sequence, so
+// they increase monotonically and are never reused within one database.
+type ID uint64
+
+// String returns the ID as 16 lower-case hex digits, the form used in logs,
+// Received headers and the admin API.
+func (id ID) String() string { return fmt.Sprintf("%016x", uint64(id)) }
+
+// ParseID parses the form produced by ID.String (1 to 16 hex digits).
+func ParseID(s string) (ID, error) {
+	if s == "" || len(s) > 16 {
+		return 0, fmt.Errorf("queue: invalid message id %q", s)
+	}
+	n, err := strconv.ParseUint(s, 16, 64)
+	if err != nil {
+		return 0, fmt.Errorf("queue: invalid message id %q", s)
+	}
+	return ID(n), nil
+}
+
+// Key identifies one recipient of one message: Rcpt is the index of the
+// recipient in NewMessage.To.
+type Key struct {
+	ID   ID
+	Rcpt int
+}
+
+// String returns "id/n", e.g. "000000000000002a/0".
+func (k Key) String() string { return k.ID.String() + "/" + strconv.Itoa(k.Rcpt) }
+
+// Status is the delivery state of one recipient.
+type Status string
+
+// Recipient states. Queued, Deferred, Active and Held are live; Delivered,
+// Relayed and Failed are final.
+const (
+	Queued    Status = "queued"    // accepted, not yet attempted
+	Deferred  Status = "deferred"  // attempted, will be retried at NextAttempt
+	Active    Status = "active"    // an attempt is in progress (see Begin)
+	Held      Status = "held"      // held by the operator; never due until released
+	Delivered Status = "delivered" // final: accepted by the destination's final MTA
+	Relayed   Status = "relayed"   // final: accepted by a host that will relay further
+	Failed    Status = "failed"    // final: permanently failed or expired
+)
+
+// Final reports whether s is a terminal state: nothing more will be attempted.
+func (s Status) Final() bool { return s == Delivered || s == Relayed || s == Failed }
+
+// valid reports whether s is one of the known states.
+func (s Status) valid() bool {
+	switch s {
+	case Queued, Deferred, Active, Held, Delivered, Relayed, Failed:
+		return true
+	}
+	return false
+}
+
+// Errors returned by the queue. Inspect them with errors.Is.
+var (
+	// ErrLocked is returned by Open when another process holds the database
+	// file lock for longer than Options.LockTimeout.
+	ErrLocked = errors.New("queue is locked by another greyrelay")
+	// ErrNotFound is returned when a message or recipient does not exist.
+	ErrNotFound = errors.New("queue: not found")
+	// ErrClosed is returned by calls made after, or pending during, Close.
+	ErrClosed = errors.New("queue: closed")
+	// ErrInvalid is returned for arguments the queue refuses to store.
+	ErrInvalid = errors.New("queue: invalid argument")
+	// ErrState is returned by Begin when a recipient is not in a state that
+	// allows the operation (for example already Active, Held or final).
+	ErrState = errors.New("queue: recipient not in a state for this operation")
+)
+
+// Options configure Open.
+type Options struct {
+	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's
+	// own zero would wait forever (pitfall F11).
+	LockTimeout time.Duration
+	// OnQuarantine, if set, is called (outside any transaction) each time a
+	// record that cannot be decoded is moved to the quarantine bucket.
+	OnQuarantine func(bucket string, key []byte, err error)
+}
+
+// NewRecipient is one envelope recipient of a NewMessage.
+type NewRecipient struct {
+	Addr, Domain string
+	Notify       string // RFC 3461 §4.1 NOTIFY: "", "NEVER" or a comma list of SUCCESS,FAILURE,DELAY
+	ORCPT        string // RFC 3461 §4.2 ORCPT, raw "rfc822;a@b"
+}
+
+// NewMessage is a message to enqueue.
+type NewMessage struct {
+	From        string // "" is the null sender <>
+	To          []NewRecipient
+	Body        []byte // full message as stored (Received header prepended), CRLF lines
+	Arrival     time.Time
+	ClientAddr  string
+	AuthUser    string
+	Helo        string
+	RET, EnvID  string // RFC 3461 §4.3, §4.4
+	SMTPUTF8    bool
+	EightBit    bool
+	DSN         bool      // the message is itself a DSN; no DSN is ever made for it
+	NextAttempt time.Time // zero means Arrival
+}
+
+// Reply is an SMTP reply as the queue stores it.
+type Reply struct {
+	Code     int
+	Enhanced string
+	Text     string
+}
+
+// Attempt is one delivery attempt in a recipient's history.
+type Attempt struct {
+	Start, End                      time.Time
+	SourceIP, MXHost, MXAddr, Stage string
+	Outcome                         string // "in-progress", "interrupted" or the resulting Status
+	Reason                          string
+	Reply                           Reply
+}
+
+// Recipient is the stored state of one recipient.
+type Recipient struct {
+	Key                         Key
+	Addr, Domain, Notify, ORCPT string
+	Status                      Status
+	Reason                      string // last outcome, as set by the caller
+	Reply                       Reply  // last reply
+	Attempts                    int
+	NextAttempt                 time.Time // due time; while Active, the lease end
+	FirstAttempt, LastAttempt   time.Time
+	FirstGreylisted             time.Time
+	GreylistTries               int
+	SourceIP, MXHost, MXAddr    string    // sticky: where the last attempt went
+	DelayWarnings               int       // delay DSNs sent so far
+	History                     []Attempt // only filled by Show; first 3 + last 20 attempts
+}
+
+// Message is the stored envelope of a message.
+type Message struct {
+	ID                                     ID
+	From                                   string
+	Arrival                                time.Time
+	Size                                   int64
+	ClientAddr, AuthUser, Helo, RET, EnvID string
+	SMTPUTF8, EightBit, DSN                bool
+	Recipients                             []Recipient // filled by Show only
+}
+
+// Start describes an attempt about to be made for one or more recipients.
+type Start struct {
+	Keys                     []Key
+	Time                     time.Time
+	SourceIP, MXHost, MXAddr string
+	LeaseUntil               time.Time
+}
+
+// Result is the outcome of an attempt for one recipient.
+type Result struct {
+	Key         Key
+	Status      Status // Deferred, Delivered, Relayed, Failed or Queued
+	Reason      string
+	Reply       Reply
+	Stage       string
+	End         time.Time
+	NextAttempt time.Time // for Deferred/Queued; zero means End
+	// New values to store; the caller computes them.
+	FirstGreylisted time.Time
+	GreylistTries   int
+	DelayWarnings   int
+	// Optional overrides of the sticky route; empty keeps the stored value.
+	SourceIP, MXHost, MXAddr string
+}
+
+// Update is applied atomically by Apply.
+type Update struct {
+	Results      []Result
+	DSNs         []NewMessage
+	Destinations []Destination
+}
+
+// Selector picks recipients for operator actions: by message ID, by
+// destination domain, or all. Exactly one must be set.
+type Selector struct {
+	ID     ID
+	Domain string
+	All    bool
+}
+
+// Filter selects rows for List. Zero fields do not filter.
+type Filter struct {
+	Status        Status
+	Reason        string    // exact match
+	Domain        string    // case-insensitive exact match
+	Sender        string    // case-insensitive exact match; "<>" selects the null sender
+	ArrivedBefore time.Time // messages that arrived strictly before
+	Offset, Limit int       // Limit <= 0: no limit
+}
+
+// Row is one recipient with its message envelope (without Recipients).
+type Row struct {
+	Message   Message
+	Recipient Recipient
+}
+
+// Stats summarises the queue; see Queue.Stats for how it is kept.
+type Stats struct {
+	ByStatus   map[Status]int
+	ByReason   map[string]int
+	Oldest     time.Time
+	Messages   int
+	Recipients int
+}
+
+// Destination is what the relay has learned about one destination domain.
+// The queue stores it; the caller computes it.
+type Destination struct {
+	Domain         string
+	Greylists      bool
+	GreylistSeen   int
+	GreylistPassed int
+	LearnedDelay   time.Duration
+	LastGreylisted time.Time
+	ThrottleLevel  int
+	ThrottledUntil time.Time
+	DeadHosts      map[string]time.Time // MX host or address → skip until
+	LastReply      Reply
+	Updated        time.Time
+}

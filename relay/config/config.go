@@ -1,0 +1,260 @@
+// Package config loads, overlays and validates greyrelay's configuration.
+//
+// The defaults are not written in Go: they are configs/default.yaml, the
+// commented file embedded in the binary. Load decodes that file first and
+// then the operator's file on top of it, so every key is optional and every
+// default is documented in one place. Decoding is strict: an unknown key is
+// an error that names it. Environment variables (GREYRELAY_…) override
+// scalar keys last, and *_file keys read secrets from files, the way Docker
+// and Kubernetes hand them out.
+//
+// Validation refuses what would make the relay unsafe or unbounded: an
+// open trusted network (0.0.0.0/0, ::/0), a limit of 0 (go-smtp reads 0 as
+// "unlimited"), a submission listener without TLS material, unreadable files.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/greyrelay/greyrelay/classifier"
+)
+
+// Listener modes.
+const (
+	ModeSMTP        = "smtp"
+	ModeSubmission  = "submission"
+	ModeSubmissions = "submissions"
+)
+
+// Config is the whole configuration. Field names mirror the YAML keys.
+type Config struct {
+	Hostname        string     `yaml:"hostname"`
+	Listeners       []Listener `yaml:"listeners"`
+	TrustedNetworks []string   `yaml:"trusted_networks"`
+	UsersFile       string     `yaml:"users_file"`
+	Limits          Limits     `yaml:"limits"`
+	BareCR          string     `yaml:"bare_cr"`
+	Queue           Queue      `yaml:"queue"`
+	Admin           Admin      `yaml:"admin"`
+	Log             Log        `yaml:"log"`
+	Delivery        Delivery   `yaml:"delivery"`
+	Retry           Retry      `yaml:"retry"`
+	DSN             DSN        `yaml:"dsn"`
+	Probe           Probe      `yaml:"probe"`
+}
+
+// Listener is one SMTP listening socket.
+type Listener struct {
+	Address            string `yaml:"address"`
+	Mode               string `yaml:"mode"`
+	TLSCert            string `yaml:"tls_cert"`
+	TLSKey             string `yaml:"tls_key"`
+	AllowPlaintextAuth bool   `yaml:"allow_plaintext_auth"`
+}
+
+// Limits bounds what one client or all clients together may use.
+type Limits struct {
+	MaxMessageBytes      int64         `yaml:"max_message_bytes"`
+	MaxRecipients        int           `yaml:"max_recipients"`
+	MaxConnections       int           `yaml:"max_connections"`
+	MaxConnectionsPerIP  int           `yaml:"max_connections_per_ip"`
+	CommandTimeout       time.Duration `yaml:"command_timeout"`
+	MinDataRate          int           `yaml:"min_data_rate"`
+	SessionLifetime      time.Duration `yaml:"session_lifetime"`
+	MaxJunkCommands      int           `yaml:"max_junk_commands"`
+	MaxReceivedHeaders   int           `yaml:"max_received_headers"`
+	MaxAuthFailures      int           `yaml:"max_auth_failures"`
+	MaxAuthFailuresPerIP int           `yaml:"max_auth_failures_per_ip"`
+}
+
+// Queue configures the persistent queue.
+type Queue struct {
+	Path        string        `yaml:"path"`
+	LockTimeout time.Duration `yaml:"lock_timeout"`
+}
+
+// Admin configures the admin HTTP server.
+type Admin struct {
+	Address   string `yaml:"address"`
+	Token     string `yaml:"token"`
+	TokenFile string `yaml:"token_file"`
+}
+
+// Log configures zap.
+type Log struct {
+	Format string `yaml:"format"`
+	Level  string `yaml:"level"`
+}
+
+// Delivery configures the outbound side.
+type Delivery struct {
+	SourceIPv4                  string            `yaml:"source_ipv4"`
+	SourceIPv6                  string            `yaml:"source_ipv6"`
+	Port                        int               `yaml:"port"`
+	Resolver                    string            `yaml:"resolver"`
+	AllowPrivateDestinations    bool              `yaml:"allow_private_destinations"`
+	TLS                         string            `yaml:"tls"`
+	MaxConnections              int               `yaml:"max_connections"`
+	MaxPerDestination           int               `yaml:"max_per_destination"`
+	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
+	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`
+	ConnectTimeout              time.Duration     `yaml:"connect_timeout"`
+	GreetingTimeout             time.Duration     `yaml:"greeting_timeout"`
+	CommandTimeout              time.Duration     `yaml:"command_timeout"`
+	DataTimeout                 time.Duration     `yaml:"data_timeout"`
+	Smarthost                   Smarthost         `yaml:"smarthost"`
+	Routes                      map[string]string `yaml:"routes"`
+}
+
+// Smarthost is the single next hop for all mail, when Address is set.
+type Smarthost struct {
+	Address      string `yaml:"address"`
+	Username     string `yaml:"username"`
+	Password     string `yaml:"password"`
+	PasswordFile string `yaml:"password_file"`
+	TLS          string `yaml:"tls"`
+}
+
+// Retry configures the backoff policy and the classifier's extra rules.
+type Retry struct {
+	InitialInterval     time.Duration     `yaml:"initial_interval"`
+	MaxInterval         time.Duration     `yaml:"max_interval"`
+	Factor              float64           `yaml:"factor"`
+	Jitter              float64           `yaml:"jitter"`
+	GreylistFirstRetry  time.Duration     `yaml:"greylist_first_retry"`
+	GreylistSecondRetry time.Duration     `yaml:"greylist_second_retry"`
+	HintMin             time.Duration     `yaml:"hint_min"`
+	HintMax             time.Duration     `yaml:"hint_max"`
+	Lifetime            time.Duration     `yaml:"lifetime"`
+	DelayWarnings       []time.Duration   `yaml:"delay_warnings"`
+	Rules               []classifier.Rule `yaml:"rules"`
+}
+
+// DSN configures delivery status notifications.
+type DSN struct {
+	MaxReturnedBytes    int `yaml:"max_returned_bytes"`
+	MaxPerSenderPerHour int `yaml:"max_per_sender_per_hour"`
+}
+
+// Probe configures `greyrelay probe`.
+type Probe struct {
+	Sender string   `yaml:"sender"`
+	DNSBL  []string `yaml:"dnsbl"`
+}
+
+// Source is everything Load reads. Keeping the inputs explicit lets tests
+// load a configuration without touching the process environment.
+type Source struct {
+	Default  []byte                       // the embedded configs/default.yaml
+	File     []byte                       // the operator's file; nil for none
+	FileName string                       // for error messages
+	Getenv   func(string) (string, bool)  // os.LookupEnv, or nil for none
+	ReadFile func(string) ([]byte, error) // os.ReadFile, for *_file keys
+	Hostname func() (string, error)       // os.Hostname
+}
+
+// Load builds the effective configuration: defaults, then the file, then
+// the environment, then secrets from files. It does not validate; call
+// Validate (config check does both).
+func Load(src Source) (*Config, error) {
+	var c Config
+	if err := decodeStrict(src.Default, &c); err != nil {
+		return nil, fmt.Errorf("embedded default: %w", err)
+	}
+	if len(bytes.TrimSpace(src.File)) > 0 {
+		// A file that sets listeners replaces the default list rather than
+		// merging index by index: yaml decodes into a fresh slice.
+		if err := decodeStrict(src.File, &c); err != nil {
+			return nil, fmt.Errorf("%s: %w", src.FileName, err)
+		}
+	}
+	if src.Getenv != nil {
+		if err := applyEnv(&c, src.Getenv); err != nil {
+			return nil, err
+		}
+	}
+	if err := readSecrets(&c, src.ReadFile); err != nil {
+		return nil, err
+	}
+	if c.Hostname == "" && src.Hostname != nil {
+		h, err := src.Hostname()
+		if err != nil {
+			return nil, fmt.Errorf("hostname: %w", err)
+		}
+		c.Hostname = h
+	}
+	return &c, nil
+}
+
+// LoadFile is Load with the process's environment and files: what
+// `greyrelay serve` and `config check` use. An empty path means no file.
+func LoadFile(def []byte, path string) (*Config, error) {
+	src := Source{Default: def, FileName: path, Getenv: os.LookupEnv,
+		ReadFile: os.ReadFile, Hostname: os.Hostname}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		src.File = b
+	}
+	return Load(src)
+}
+
+func decodeStrict(b []byte, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	err := dec.Decode(c)
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	if err != nil {
+		return errors.New(friendlyYAMLError(err.Error()))
+	}
+	return nil
+}
+
+// friendlyYAMLError turns yaml's "field x not found in type config.Limits"
+// into "unknown key x", which is what an operator needs to read.
+func friendlyYAMLError(s string) string {
+	s = strings.TrimPrefix(s, "yaml: ")
+	if i := strings.Index(s, "field "); i >= 0 && strings.Contains(s, " not found in type ") {
+		rest := s[i+len("field "):]
+		key := rest[:strings.Index(rest, " not found")]
+		return s[:i] + "unknown key " + key
+	}
+	return s
+}
+
+func readSecrets(c *Config, read func(string) ([]byte, error)) error {
+	if read == nil {
+		read = os.ReadFile
+	}
+	pairs := []struct {
+		file string
+		dst  *string
+		key  string
+	}{
+		{c.Admin.TokenFile, &c.Admin.Token, "admin.token_file"},
+		{c.Delivery.Smarthost.PasswordFile, &c.Delivery.Smarthost.Password, "delivery.smarthost.password_file"},
+	}
+	for _, p := range pairs {
+		if p.file == "" {
+			continue
+		}
+		b, err := read(p.file)
+		if err != nil {
+			return fmt.Errorf("%s: %w", p.key, err)
+		}
+		*p.dst = strings.TrimRight(string(b), "\r\n")
+	}
+	return nil
+}

@@ -1,0 +1,193 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+
+	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/classifier"
+)
+
+// Validate reports every problem in c at once, each naming its key, so an
+// operator fixes a file in one pass. It reads the files the configuration
+// names (to prove they are readable) but opens no sockets.
+func (c *Config) Validate() error {
+	var v validator
+	v.check(c.Hostname != "", "hostname: empty and the system hostname is unknown")
+	v.listeners(c.Listeners)
+	v.trusted(c.TrustedNetworks)
+	v.readable("users_file", c.UsersFile)
+	v.limits(c.Limits)
+	v.oneOf("bare_cr", c.BareCR, "normalize", "reject")
+	v.check(c.Queue.Path != "", "queue.path: empty")
+	v.positive("queue.lock_timeout", int64(c.Queue.LockTimeout))
+	v.admin(c.Admin)
+	v.oneOf("log.format", c.Log.Format, "console", "json")
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.delivery(c.Delivery)
+	v.retry(c.Retry)
+	v.positive("dsn.max_returned_bytes", int64(c.DSN.MaxReturnedBytes))
+	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
+	return errors.Join(v.errs...)
+}
+
+type validator struct{ errs []error }
+
+func (v *validator) check(ok bool, format string, args ...any) {
+	if !ok {
+		v.errs = append(v.errs, fmt.Errorf(format, args...))
+	}
+}
+
+func (v *validator) positive(key string, n int64) {
+	v.check(n > 0, "%s: must be greater than 0 (0 would mean unlimited or never)", key)
+}
+
+func (v *validator) oneOf(key, val string, allowed ...string) {
+	for _, a := range allowed {
+		if val == a {
+			return
+		}
+	}
+	v.check(false, "%s: %q is not one of %v", key, val, allowed)
+}
+
+func (v *validator) readable(key, path string) {
+	if path == "" {
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		v.check(false, "%s: %v", key, err)
+		return
+	}
+	f.Close()
+}
+
+func (v *validator) hostPort(key, addr string) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		v.check(false, "%s: %v", key, err)
+		return
+	}
+	n, err := strconv.Atoi(port)
+	v.check(err == nil && n > 0 && n < 65536, "%s: bad port %q", key, port)
+}
+
+func (v *validator) listeners(ls []Listener) {
+	v.check(len(ls) > 0, "listeners: at least one is needed")
+	for i, l := range ls {
+		key := fmt.Sprintf("listeners[%d]", i)
+		v.hostPort(key+".address", l.Address)
+		v.oneOf(key+".mode", l.Mode, ModeSMTP, ModeSubmission, ModeSubmissions)
+		if l.Mode == ModeSubmission || l.Mode == ModeSubmissions {
+			v.check(l.TLSCert != "" && l.TLSKey != "", "%s: mode %s needs tls_cert and tls_key", key, l.Mode)
+		}
+		v.check((l.TLSCert == "") == (l.TLSKey == ""), "%s: tls_cert and tls_key go together", key)
+		v.readable(key+".tls_cert", l.TLSCert)
+		v.readable(key+".tls_key", l.TLSKey)
+	}
+}
+
+// trusted refuses networks that would make greyrelay an open relay. Behind
+// Docker's NAT every client looks like the bridge gateway, so the container
+// configuration trusts nothing at all (pitfall F10).
+func (v *validator) trusted(nets []string) {
+	for _, s := range nets {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			v.check(false, "trusted_networks: %q: %v", s, err)
+			continue
+		}
+		v.check(p.Bits() > 0, "trusted_networks: %s would trust every address on the Internet (an open relay)", s)
+	}
+}
+
+func (v *validator) limits(l Limits) {
+	v.positive("limits.max_message_bytes", l.MaxMessageBytes)
+	v.positive("limits.max_recipients", int64(l.MaxRecipients))
+	v.positive("limits.max_connections", int64(l.MaxConnections))
+	v.positive("limits.max_connections_per_ip", int64(l.MaxConnectionsPerIP))
+	v.positive("limits.command_timeout", int64(l.CommandTimeout))
+	v.positive("limits.min_data_rate", int64(l.MinDataRate))
+	v.positive("limits.session_lifetime", int64(l.SessionLifetime))
+	v.positive("limits.max_junk_commands", int64(l.MaxJunkCommands))
+	v.positive("limits.max_received_headers", int64(l.MaxReceivedHeaders))
+	v.positive("limits.max_auth_failures", int64(l.MaxAuthFailures))
+	v.positive("limits.max_auth_failures_per_ip", int64(l.MaxAuthFailuresPerIP))
+}
+
+func (v *validator) admin(a Admin) {
+	if a.Address == "" {
+		return
+	}
+	v.hostPort("admin.address", a.Address)
+	host, _, _ := net.SplitHostPort(a.Address)
+	ip, err := netip.ParseAddr(host)
+	loopback := err == nil && ip.IsLoopback() || host == "localhost"
+	v.check(loopback || a.Token != "", "admin.address: %s is not loopback, so admin.token (or admin.token_file) is required", a.Address)
+	v.readable("admin.token_file", a.TokenFile)
+}
+
+var tlsModes = []string{"none", "may", "encrypt", "verify"}
+
+func (v *validator) delivery(d Delivery) {
+	v.sourceIP("delivery.source_ipv4", d.SourceIPv4, true)
+	v.sourceIP("delivery.source_ipv6", d.SourceIPv6, false)
+	v.check(d.Port > 0 && d.Port < 65536, "delivery.port: %d is not a port", d.Port)
+	if d.Resolver != "" {
+		v.hostPort("delivery.resolver", d.Resolver)
+	}
+	v.oneOf("delivery.tls", d.TLS, tlsModes...)
+	v.positive("delivery.max_connections", int64(d.MaxConnections))
+	v.positive("delivery.max_per_destination", int64(d.MaxPerDestination))
+	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))
+	v.positive("delivery.max_recipients_per_transaction", int64(d.MaxRecipientsPerTransaction))
+	v.positive("delivery.connect_timeout", int64(d.ConnectTimeout))
+	v.positive("delivery.greeting_timeout", int64(d.GreetingTimeout))
+	v.positive("delivery.command_timeout", int64(d.CommandTimeout))
+	v.positive("delivery.data_timeout", int64(d.DataTimeout))
+	s := d.Smarthost
+	if s.Address != "" {
+		v.hostPort("delivery.smarthost.address", s.Address)
+	}
+	v.oneOf("delivery.smarthost.tls", s.TLS, tlsModes...)
+	v.check(s.Username == "" || s.Password != "", "delivery.smarthost: username without password")
+	v.readable("delivery.smarthost.password_file", s.PasswordFile)
+	for dom, hop := range d.Routes {
+		v.hostPort("delivery.routes."+dom, hop)
+	}
+}
+
+func (v *validator) sourceIP(key, s string, want4 bool) {
+	if s == "" {
+		return
+	}
+	ip, err := netip.ParseAddr(s)
+	v.check(err == nil && ip.Is4() == want4, "%s: %q is not an IPv%s address", key, s, map[bool]string{true: "4", false: "6"}[want4])
+}
+
+func (v *validator) retry(r Retry) {
+	if err := r.Policy().Validate(); err != nil {
+		v.check(false, "retry: %v", err)
+	}
+	for _, w := range r.DelayWarnings {
+		v.check(w > 0 && w < r.Lifetime, "retry.delay_warnings: %v must be between 0 and retry.lifetime", w)
+	}
+	if _, err := classifier.New(r.Rules); err != nil {
+		v.check(false, "retry.rules: %v", err)
+	}
+}
+
+// Policy converts the retry keys into the backoff package's policy.
+func (r Retry) Policy() backoff.Policy {
+	return backoff.Policy{
+		Initial: r.InitialInterval, Factor: r.Factor, Max: r.MaxInterval, Jitter: r.Jitter,
+		GreylistFirst: r.GreylistFirstRetry, GreylistSecond: r.GreylistSecondRetry,
+		HintMin: r.HintMin, HintMax: r.HintMax, Lifetime: r.Lifetime,
+	}
+}
