@@ -15,6 +15,8 @@
 //     *TLSError, timeouts, refused or dropped connections. A connection that
 //     drops mid-dialogue (EOF, reset) counts as a connect problem: the host or
 //     the path failed, not the message (Exim calls these host errors).
+//   - Explain (explain.go) turns a reason and status code into advice for
+//     operators: what it means, who is at fault, what to do.
 //
 // The package is pure: no I/O, no clock, no package-level state.
 package classifier
@@ -137,6 +139,7 @@ type DNSError struct {
 	Err    error // underlying cause; may be nil
 }
 
+// Error implements error.
 func (e *DNSError) Error() string {
 	what := "lookup failed"
 	switch e.Kind {
@@ -162,6 +165,7 @@ func (e *DNSError) Unwrap() error { return e.Err }
 // verification, so that the stage is unambiguous whatever the cause.
 type TLSError struct{ Err error }
 
+// Error implements error.
 func (e *TLSError) Error() string { return fmt.Sprintf("tls: %v", e.Err) }
 
 // Unwrap returns the underlying cause.
@@ -198,43 +202,23 @@ func (v Verdict) Status() string {
 	return fmt.Sprintf("%d.%s", class, reasonStatus(v.Reason, v.Outcome))
 }
 
-// reasonStatus maps a reason to the subject.detail of RFC 3463.
+// reasonStatus maps a reason to an RFC 3463 subject.detail, for verdicts
+// whose reply carried no enhanced code and for local failures.
 func reasonStatus(r Reason, o Outcome) string {
-	switch r {
-	case Greylisted:
-		return "7.1"
-	case RateLimited:
-		return "4.5"
-	case MailboxFull:
-		return "2.2"
-	case ServerConfig:
-		return "3.5"
-	case ServerError:
-		return "3.0"
-	case Policy:
-		return "7.0"
-	case NoSuchUser:
-		return "1.1"
-	case DNS:
-		if o == Failed {
-			return "1.2"
-		}
-		return "4.3"
-	case Connect:
-		return "4.1"
-	case TLS:
-		return "7.5"
-	case Timeout:
-		return "4.2"
-	case MessageTooBig:
-		return "3.4"
-	case Protocol:
-		return "5.0"
+	if r == DNS && o == Failed {
+		return "1.2" // bad destination system address
 	}
-	return "0.0"
+	s, ok := map[Reason]string{Greylisted: "7.1", RateLimited: "4.5", MailboxFull: "2.2", ServerConfig: "3.5",
+		ServerError: "3.0", Policy: "7.0", NoSuchUser: "1.1", DNS: "4.3", Connect: "4.1", TLS: "7.5",
+		Timeout: "4.2", MessageTooBig: "3.4", Protocol: "5.0"}[r]
+	if !ok {
+		return "0.0"
+	}
+	return s
 }
 
-// Classifier holds the compiled rule table. It is safe for concurrent use.
+// Classifier holds the compiled rule table. Build it with New; it is safe
+// for concurrent use.
 type Classifier struct {
 	rules  []rule
 	hintRE *regexp.Regexp
@@ -276,7 +260,7 @@ func (c *Classifier) Classify(stage Stage, err error) Verdict {
 		// attempt or MX may succeed (Postfix treats TLS failures as soft too).
 		v := local(stage, TLS, Deferred, "", err.Error())
 		if r, ok := asReply(err); ok {
-			v.Code, v.Enhanced, v.Text = r.Code, r.Enhanced, sanitize(r.Text)
+			v.Code, v.Enhanced, v.Text = r.Code, normEnhanced(r.Enhanced), sanitize(r.Text)
 		}
 		return v
 	}
@@ -342,15 +326,15 @@ func local(stage Stage, r Reason, o Outcome, enhanced, text string) Verdict {
 
 // classifyReply applies the code rules and the rule table to a reply.
 func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
-	v := Verdict{Stage: stage, Code: r.Code, Enhanced: r.Enhanced, Text: sanitize(r.Text)}
+	v := Verdict{Stage: stage, Code: r.Code, Enhanced: normEnhanced(r.Enhanced), Text: sanitize(r.Text)}
 	code := r.Code
 	if code < 400 || code > 599 {
 		// Not a failure code: the peer or our client misbehaved. Retry.
 		v.Reason = Protocol
 		return v
 	}
-	// RFC 5321 §4.5.3.1.10: 552 on RCPT ("too much mail data") was used for
-	// "too many recipients"; clients treat it as the temporary 452.
+	// RFC 5321 §4.5.3.1.10: RFC 821 listed "too many recipients" as 552;
+	// the correct code is 452, and clients SHOULD treat 552 at RCPT as such.
 	if code == 552 && stage == StageRCPT {
 		code = 452
 	}
@@ -359,7 +343,7 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 	}
 	v.Reason = Unknown
 	for _, rl := range c.rules {
-		if rl.match(code, r.Enhanced, v.Text) {
+		if rl.match(code, v.Enhanced, v.Text) {
 			v.Reason = rl.reason
 			break
 		}
@@ -381,10 +365,8 @@ func asReply(err error) (Reply, bool) {
 		return *r, true
 	case errors.As(err, &se):
 		rep := buildReply(se.Code, se.Message)
-		if c := se.EnhancedCode; c[0] > 0 {
-			if s := fmt.Sprintf("%d.%d.%d", c[0], c[1], c[2]); validEnhanced(s) {
-				rep.Enhanced = s
-			}
+		if s := normEnhanced(fmtEnhanced(se.EnhancedCode)); s != "" {
+			rep.Enhanced = s
 		}
 		return rep, true
 	case errors.As(err, &tp):

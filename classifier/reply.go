@@ -110,7 +110,14 @@ func parseEnhanced(s string) ([3]int, bool) {
 
 func fmtEnhanced(e [3]int) string { return fmt.Sprintf("%d.%d.%d", e[0], e[1], e[2]) }
 
-func validEnhanced(s string) bool { _, ok := parseEnhanced(s); return ok }
+// normEnhanced returns s in canonical form ("4.07.1" is "4.7.1"), or "" if
+// it is not a valid enhanced status code.
+func normEnhanced(s string) string {
+	if e, ok := parseEnhanced(s); ok {
+		return fmtEnhanced(e)
+	}
+	return ""
+}
 
 // flatten makes text safe for one log or DSN line: invalid UTF-8 and control
 // characters (CR, LF, NUL, ...) become spaces, and runs of space collapse.
@@ -169,5 +176,5 @@ func (c *Classifier) hint(text string) time.Duration {
 			secs = n
 		}
 	}
-	return min(time.Duration(min(secs, int64(maxHint/time.Second)))*time.Second, maxHint)
+	return time.Duration(min(secs, int64(maxHint/time.Second))) * time.Second
 }

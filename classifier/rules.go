@@ -14,7 +14,8 @@ import (
 // Operators add rules through the configuration (retry.rules).
 type Rule struct {
 	// Pattern is a case-insensitive regular expression (RE2) searched in the
-	// reply text, its lines joined by spaces; "" matches any text.
+	// sanitized reply text (lines joined by spaces, at most 512 bytes); ""
+	// matches any text.
 	Pattern string `yaml:"pattern"`
 	// Code is 0 (any), a class digit (4 or 5), a two-digit prefix (50 is
 	// 500-509) or a full code such as 421.
@@ -35,7 +36,7 @@ func DefaultRules() []Rule {
 		// Specific texts, whatever the code.
 		{Pattern: `local error in processing|temporary (server|system|local) (error|failure|problem)|internal (server )?error|server error|queue file write error|insufficient system (storage|resources)`, Reason: ServerError},
 		{Pattern: `mailbox (is )?full|quota|storage allocation|out of storage`, Reason: MailboxFull},
-		{Pattern: `rate[ -]limit|at a rate|unusual rate|too many|throttl|slow down|limit exceeded|exceeded the (rate|limit)`, Reason: RateLimited},
+		{Pattern: `rate[ -]limit|at a rate|unusual rate|too many (connections|recipients|messages|mails|requests|sessions|concurrent)|throttl|slow down|limit exceeded|exceeded the (rate|limit)`, Reason: RateLimited},
 		{Pattern: `(message|mail) (size|is too (big|large))|too (big|large)|size (limit|exceeds)|exceeds .*size`, Reason: MessageTooBig},
 		{Pattern: `time(d)?[ -]?out`, Reason: Timeout},
 		{Pattern: `\b(start)?tls\b|encryption|certificate`, Reason: TLS},
@@ -45,9 +46,9 @@ func DefaultRules() []Rule {
 		{Enhanced: "x.4.5", Reason: RateLimited},  // mail system congestion
 		// Greylisting: postgrey, rspamd, greylistd, milter-greylist, sqlgrey,
 		// Microsoft "server busy", postscreen's "service currently unavailable".
-		{Code: 4, Pattern: `gr[ae]y-?list|try (again )?later|please retry|retry later|temporarily (deferred|rejected)|come back (later|in)|not yet authori[sz]ed|server busy|service currently unavailable`, Reason: Greylisted},
+		{Code: 4, Pattern: `gr[ae]y-?list|try (again )?later|try again in|please retry|retry later|temporarily (deferred|rejected)|come back (later|in)|not yet authori[sz]ed|server busy|service currently unavailable`, Reason: Greylisted},
 		{Code: 4, Enhanced: "4.7.500", Reason: Greylisted},
-		{Pattern: `user unknown|unknown (user|recipient|local part|mailbox)|no such (user|mailbox|recipient|account)|does not exist|doesn't exist|recipient address rejected: access denied|invalid (recipient|mailbox)`, Reason: NoSuchUser},
+		{Pattern: `user unknown|unknown (user|recipient|local part|mailbox)|no such (user|mailbox|recipient|account)|does not exist|doesn't exist|recipient (address rejected: access denied|not found)|invalid (recipient|mailbox)`, Reason: NoSuchUser},
 		// Enhanced codes (RFC 3463 and its registry).
 		{Enhanced: "x.1.10", Reason: DNS}, // recipient domain has a null MX (RFC 7505)
 		{Enhanced: "x.1.7", Reason: Policy},

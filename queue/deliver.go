@@ -184,6 +184,9 @@ func dueRecipient(rcpts, msgs *bolt.Bucket, dk []byte) (Recipient, *problem) {
 // entry moves to s.LeaseUntil (NextAttempt = LeaseUntil while Active). All
 // keys change in one transaction, or none: a missing key fails with
 // ErrNotFound, a recipient that is not Queued or Deferred with ErrState.
+// Due and NextDue never return an Active recipient, even after its lease has
+// passed (the attempt may still be running); only Apply, Hold or Recover end
+// the Active state.
 func (q *Queue) Begin(s Start) error {
 	if len(s.Keys) == 0 || s.Time.IsZero() || s.LeaseUntil.IsZero() {
 		return fmt.Errorf("%w: Begin needs keys, a start time and a lease", ErrInvalid)

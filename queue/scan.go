@@ -11,18 +11,19 @@ import (
 // the Stats counters and collects problems, which are then repaired in one
 // write transaction: undecodable records are quarantined, messages without a
 // body and recipients without a message go to quarantine as well, and
-// malformed due entries are dropped. It is O(records); at 1,000,000
-// recipients it costs about a second (see BenchmarkOpenScan) and bounded
+// malformed due entries are dropped. It is O(records), about 0.15 s per
+// 100,000 messages on a small VM (BenchmarkOpenScan100k), with bounded
 // memory (only problems are kept).
 func (q *Queue) scan() error {
 	c := newCounts()
 	var ps []problem
 	err := q.db.View(func(tx *bolt.Tx) error {
 		ps = append(ps, scanMessages(tx, &c)...)
-		ps = append(ps, scanRcpts(tx, &c)...)
+		rps := scanRcpts(tx, &c)
+		ps = append(ps, rps...)
 		ps = append(ps, scanValidate(tx, bHist)...)
 		ps = append(ps, scanValidate(tx, bDests)...)
-		ps = append(ps, scanDue(tx)...)
+		ps = append(ps, scanDue(tx, rps)...)
 		return nil
 	})
 	if err != nil {
@@ -90,11 +91,21 @@ func scanValidate(tx *bolt.Tx, bucket []byte) []problem {
 	return ps
 }
 
-func scanDue(tx *bolt.Tx) []problem {
+// scanDue finds malformed due entries and those of recipients that are
+// about to be quarantined (an undecodable record cannot tell where its entry
+// is, so the index is searched; this only happens when there is corruption).
+func scanDue(tx *bolt.Tx, bad []problem) []problem {
 	var ps []problem
+	gone := map[string]bool{}
+	for _, p := range bad {
+		if p.kind == corruptRecord {
+			gone[string(p.key)] = true
+		}
+	}
 	cur := tx.Bucket(bDue).Cursor()
 	for k, v := cur.First(); k != nil; k, v = cur.Next() {
-		if len(k) != dueKeyLen || len(v) != 1 || (v[0] != flagDue && v[0] != flagActive) {
+		if len(k) != dueKeyLen || len(v) != 1 || (v[0] != flagDue && v[0] != flagActive) ||
+			(len(gone) > 0 && gone[string(k[8:])]) {
 			ps = append(ps, problem{staleDue, bDue, bytes.Clone(k), nil})
 		}
 	}

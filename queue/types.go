@@ -85,8 +85,11 @@ type Options struct {
 	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's
 	// own zero would wait forever (pitfall F11).
 	LockTimeout time.Duration
-	// OnQuarantine, if set, is called (outside any transaction) each time a
-	// record that cannot be decoded is moved to the quarantine bucket.
+	// OnQuarantine, if set, is called (outside any transaction, from the
+	// goroutine that found it, possibly inside Open) each time a record that
+	// cannot be decoded, or cannot be delivered because its message record
+	// or body is missing, is moved to the quarantine bucket. It must not call
+	// back into the Queue.
 	OnQuarantine func(bucket string, key []byte, err error)
 }
 

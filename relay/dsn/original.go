@@ -51,7 +51,7 @@ func returnedPart(r Report) (*part, string) {
 }
 
 // fullPart returns the whole original as message/rfc822, or message/global
-// for an SMTPUTF8 message (RFC 6533 §6.5).
+// for an SMTPUTF8 message (RFC 6532 §3.7; RFC 6533 §4 uses it for returns).
 func fullPart(hdr, rest []byte, utf8 bool) *part {
 	body := append(append([]byte{}, hdr...), "\r\n"...)
 	for _, l := range splitLines(rest) {

@@ -1,0 +1,109 @@
+package classifier
+
+import (
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestParseReply(t *testing.T) {
+	cases := []struct {
+		in   string
+		want Reply
+	}{
+		{"451 4.7.1 Greylisted", Reply{451, "4.7.1", "Greylisted"}},
+		{"451 4.7.1 Greylisted\r\n", Reply{451, "4.7.1", "Greylisted"}},
+		{"450-4.2.1 first\r\n450-4.2.1 second\r\n450 4.2.1 third", Reply{450, "4.2.1", "first\nsecond\nthird"}},
+		{"550-5.1.1 a\n550 b", Reply{550, "5.1.1", "a\nb"}},
+		{"421", Reply{421, "", ""}},
+		{"421-", Reply{421, "", ""}},
+		{"421 ", Reply{421, "", ""}},
+		{"554 Transaction failed", Reply{554, "", "Transaction failed"}},
+		{"451 4.07.001 odd but valid", Reply{451, "4.7.1", "odd but valid"}},
+		{"451 4.7 not an enhanced code", Reply{451, "", "4.7 not an enhanced code"}},
+		{"451 6.7.1 not a class", Reply{451, "", "6.7.1 not a class"}},
+		{"451 4.7.1", Reply{451, "4.7.1", ""}},
+		{"451 4.7.1 tab\there\x00nul", Reply{451, "4.7.1", "tab here nul"}},
+		{"450 4.7.1 bad \xff utf8", Reply{450, "4.7.1", "bad \uFFFD utf8"}},
+		{"999 odd code", Reply{999, "", "odd code"}},
+	}
+	for _, tc := range cases {
+		got, err := ParseReply(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("ParseReply(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseReply_Malformed(t *testing.T) {
+	for _, in := range []string{"", "\r\n", "45", "4510 x", "abc def", "hello world", "ESMTP ready", " 451 x", "45a x"} {
+		r, err := ParseReply(in)
+		if err == nil {
+			t.Errorf("ParseReply(%q) = %+v, want error", in, r)
+		}
+		if r.Code != 0 || strings.ContainsAny(r.Text, "\r\n\x00") {
+			t.Errorf("ParseReply(%q) on error returned %+v", in, r)
+		}
+	}
+}
+
+func TestReply_Error(t *testing.T) {
+	cases := map[string]Reply{
+		"451 4.7.1 Try again later": {451, "4.7.1", "Try again later"},
+		"550 No such user":          {550, "", "No such user"},
+		"421":                       {421, "", ""},
+		"450 4.2.1 one two":         {450, "4.2.1", "one\ntwo"},
+		"451 a b":                   {451, "", "a\r\nb\x00"},
+	}
+	for want, r := range cases {
+		if got := r.Error(); got != want {
+			t.Errorf("%+v.Error() = %q, want %q", r, got, want)
+		}
+	}
+}
+
+func TestSanitize(t *testing.T) {
+	long := strings.Repeat("é", 400) // 800 bytes
+	cases := map[string]string{
+		"a\r\nb":          "a b",
+		"a\x00b\tc":       "a b c",
+		"  lots   of \n ": "lots of",
+		"\xffbad":         "\uFFFDbad",
+		"x\u0085y":        "x y",
+	}
+	for in, want := range cases {
+		if got := sanitize(in); got != want {
+			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
+		}
+	}
+	got := sanitize(long)
+	if len(got) > maxText || !utf8.ValidString(got) || len(got) < maxText-utf8.UTFMax {
+		t.Errorf("sanitize(long) = %d bytes, valid %v", len(got), utf8.ValidString(got))
+	}
+}
+
+func TestHint(t *testing.T) {
+	c := newClassifier(t)
+	cases := map[string]string{
+		"try again in 5 minutes":                              "5m0s",
+		"please retry after 300 seconds":                      "5m0s",
+		"retry in 1 hour":                                     "1h0m0s",
+		"Greylisted for 60s":                                  "1m0s",
+		"come back in 00:04:59":                               "4m59s",
+		"Please wait 10 min.":                                 "10m0s",
+		"try again in 2 hrs":                                  "2h0m0s",
+		"TRY AGAIN IN 30 SECONDS":                             "30s",
+		"Greylisted, see http://postgrey.schweikert.ch/help/": "0s",
+		"try again later":                                     "0s",
+		"sent 5 messages in 60 minutes":                       "1h0m0s",
+		"in 2 messages":                                       "0s",
+		"in 0 seconds":                                        "0s",
+		"retry in 48 hours":                                   "24h0m0s",
+		"retry in 99:99:99":                                   "24h0m0s",
+	}
+	for in, want := range cases {
+		if got := c.hint(in).String(); got != want {
+			t.Errorf("hint(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

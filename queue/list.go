@@ -1,0 +1,127 @@
+package queue
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// List returns one row per recipient matching f, in key order (message ID,
+// then recipient index), skipping f.Offset matches and returning at most
+// f.Limit (<= 0: all); total is the number of matches. It walks the
+// recipient bucket with one cursor in one short read transaction, decoding
+// each record with the reflection-free codec and each message envelope once
+// (recipients of a message are adjacent). History is not filled.
+func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
+	var ps []problem
+	err = q.view(func(tx *bolt.Tx) error {
+		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
+		c := tx.Bucket(bRcpts).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if p := l.visit(k, v); p != nil {
+				ps = append(ps, *p)
+			}
+		}
+		rows, total = l.rows, l.total
+		return nil
+	})
+	q.fixup(ps)
+	if err != nil {
+		return nil, 0, fmt.Errorf("queue: list: %w", err)
+	}
+	return rows, total, nil
+}
+
+type lister struct {
+	f     Filter
+	msgs  *bolt.Bucket
+	id    ID
+	msg   Message
+	msgOK bool // msg is loaded for id and passes the message filters
+	seen  bool
+	rows  []Row
+	total int
+}
+
+func (l *lister) visit(k, v []byte) *problem {
+	key, ok := parseRcptKey(k)
+	if !ok {
+		return &problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")}
+	}
+	if !l.seen || key.ID != l.id {
+		l.seen, l.id = true, key.ID
+		l.msgOK = l.loadMessage(key.ID)
+	}
+	if !l.msgOK {
+		return nil
+	}
+	r, err := decodeRecipient(key, v)
+	if err != nil {
+		return &problem{corruptRecord, bRcpts, bytes.Clone(k), err}
+	}
+	f := &l.f
+	if (f.Status != "" && r.Status != f.Status) || (f.Reason != "" && r.Reason != f.Reason) ||
+		(f.Domain != "" && !strings.EqualFold(r.Domain, f.Domain)) {
+		return nil
+	}
+	l.total++
+	if l.total > f.Offset && (f.Limit <= 0 || len(l.rows) < f.Limit) {
+		l.rows = append(l.rows, Row{Message: l.msg, Recipient: r})
+	}
+	return nil
+}
+
+// loadMessage decodes message id and applies the message-level filters.
+// Recipients of a missing or undecodable message are not listed (Open has
+// quarantined such records already).
+func (l *lister) loadMessage(id ID) bool {
+	v := l.msgs.Get(idKey(id))
+	if v == nil {
+		return false
+	}
+	m, err := decodeMessage(id, v)
+	if err != nil {
+		return false
+	}
+	l.msg = m
+	f := &l.f
+	if f.Sender != "" {
+		if f.Sender == "<>" {
+			if m.From != "" {
+				return false
+			}
+		} else if !strings.EqualFold(m.From, f.Sender) {
+			return false
+		}
+	}
+	return f.ArrivedBefore.IsZero() || m.Arrival.Before(f.ArrivedBefore)
+}
+
+// Stats returns counts by status, by reason (live recipients with a
+// non-empty Reason), of messages and recipients, and the arrival time of the
+// oldest queued message. The counts come from memory: Open computes them
+// with one scan and every commit adds its delta (see counts), so Stats costs
+// the same at 1,000,000 recipients as at 10. Oldest reads the first message
+// record: IDs are assigned in enqueue order, so that is the message enqueued
+// first (Arrival is as the caller passed it).
+func (q *Queue) Stats() (Stats, error) {
+	q.mu.Lock()
+	s := q.counts.stats()
+	q.mu.Unlock()
+	err := q.view(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bMsgs).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if m, err := decodeMessage(0, v); err == nil {
+				s.Oldest = m.Arrival
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("queue: stats: %w", err)
+	}
+	return s, nil
+}
