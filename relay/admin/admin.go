@@ -1,0 +1,286 @@
+// Package admin is greyrelay's operator surface: a small HTTP server on
+// admin.address and the CLI commands that talk to it.
+//
+// Design notes:
+//
+//   - The queue file is locked by the running daemon, so the CLI never opens
+//     it. `greyrelay queue …`, `greyrelay destinations` and `greyrelay health`
+//     are thin HTTP clients of the JSON API below (mox and KumoMTA do the
+//     same); the API is the one place that reads and changes the queue on an
+//     operator's behalf.
+//   - Handlers do constant work per returned row: filtering, counting and
+//     paging happen inside the queue, so listing or retrying 100,000
+//     recipients costs what the queue costs (see BenchmarkList100k).
+//   - The server is private by default (127.0.0.1:8025). A non-loopback
+//     address requires admin.token; when a token is set every endpoint but
+//     /healthz requires "Authorization: Bearer TOKEN", compared in constant
+//     time. /healthz stays open so that a container runtime can probe
+//     liveness without the secret.
+//   - Queue gauges are computed at scrape time from queue.Stats (kept in
+//     memory by the queue, no scan), so they are never stale and cost
+//     nothing between scrapes.
+//   - Nothing global: an own http.ServeMux, the Registry passed in, the clock
+//     injected as Options.Now.
+//
+// Routes (JSON unless noted; errors are {"error": "..."} with 400 for a bad
+// filter or selector, 401 for a missing or wrong token, 404 for an unknown
+// id, 409 for a state conflict, 503 when a feature is not available):
+//
+//	GET  /                    HTML status page (refreshes every 10 s)
+//	GET  /healthz             "ok": the process serves HTTP (no token needed)
+//	GET  /readyz              "ok", or 503 with the reason: queue open, listeners up
+//	GET  /metrics             Prometheus exposition of Options.Registry
+//	GET  /api/stats           queue counters: by status, by reason, oldest, sizes
+//	GET  /api/queue           recipients; filters status, reason, domain, sender,
+//	                          older_than (Go duration: arrived before now-D);
+//	                          paging offset, limit (default 100, at most 10000)
+//	GET  /api/queue/{id}      one message, every recipient with its attempts and
+//	                          an explanation of its last reply
+//	POST /api/queue/{id}/{action}           action on one message
+//	POST /api/queue/{action}?domain=D|all=1 action on a domain or on everything
+//	                          action: retry, hold, release, delete, bounce;
+//	                          answers {"action", "recipients": n}
+//	GET  /api/destinations    what was learned per destination domain:
+//	                          greylisting and its learned delay, throttling, dead hosts
+//	GET  /api/destinations/{domain}         the same shape, with one destination
+//	                          (404 when nothing was learned about it)
+//	GET  /api/probe?target=X  only when Options.Probe is set: its result as JSON
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"html/template"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// Engine is the part of the delivery engine the admin API needs; it is
+// implemented by relay/delivery.Engine.
+type Engine interface {
+	// Bounce fails the selected live recipients now, generating DSNs as
+	// expiry would, and returns how many it failed.
+	Bounce(sel queue.Selector, now time.Time) (int, error)
+	// Kick asks the scheduler to look for due work now.
+	Kick()
+}
+
+// Options configure New. Config and Queue are required.
+type Options struct {
+	Config   *config.Config
+	Queue    *queue.Queue
+	Engine   Engine               // nil: bounce answers 503
+	Ready    func() error         // nil: always ready
+	Registry *prometheus.Registry // nil: a private registry with only the queue gauges
+	Logger   *zap.Logger          // nil: no logging
+	Now      func() time.Time     // nil: time.Now
+	// Probe, when set, is exposed as GET /api/probe?target=X.
+	Probe func(ctx context.Context, target string) (any, error)
+}
+
+// Server is the admin HTTP server.
+type Server struct {
+	opt     Options
+	log     *zap.Logger
+	token   [sha256.Size]byte // hash of the token; valid only when hasTok
+	hasTok  bool
+	handler http.Handler
+	page    *template.Template
+
+	mu  sync.Mutex
+	srv *http.Server
+	ln  net.Listener
+}
+
+// Server timeouts. Reads are small (no request bodies); writes are bounded
+// by the largest page (limit 10000) or a probe.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second
+	writeTimeout      = 90 * time.Second
+	idleTimeout       = 2 * time.Minute
+	maxHeaderBytes    = 64 << 10
+)
+
+// New builds the server and registers the queue gauges on Options.Registry.
+// It refuses a non-loopback admin.address without a token, even if the
+// configuration was not validated.
+func New(opt Options) (*Server, error) {
+	if opt.Config == nil || opt.Queue == nil {
+		return nil, errors.New("admin: Config and Queue are required")
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Logger == nil {
+		opt.Logger = zap.NewNop()
+	}
+	if opt.Registry == nil {
+		opt.Registry = prometheus.NewRegistry()
+	}
+	a := opt.Config.Admin
+	if a.Address != "" && !isLoopback(a.Address) && a.Token == "" {
+		return nil, fmt.Errorf("admin: %s is not a loopback address, so admin.token is required", a.Address)
+	}
+	page, err := template.New("status").Parse(statusHTML)
+	if err != nil {
+		return nil, fmt.Errorf("admin: status page: %w", err)
+	}
+	if err := opt.Registry.Register(newQueueCollector(opt.Queue, opt.Now)); err != nil {
+		return nil, fmt.Errorf("admin: register queue gauges: %w", err)
+	}
+	s := &Server{opt: opt, log: opt.Logger.Named("admin"), page: page}
+	if a.Token != "" {
+		s.token, s.hasTok = sha256.Sum256([]byte(a.Token)), true
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// isLoopback reports whether a host:port names a loopback address, using
+// the same rule as config validation.
+func isLoopback(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { writeText(w, http.StatusOK, "ok") })
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opt.Registry, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError, ErrorLog: zap.NewStdLog(s.log)}))
+	mux.HandleFunc("GET /{$}", s.statusPage)
+	mux.HandleFunc("GET /api/stats", s.stats)
+	mux.HandleFunc("GET /api/queue", s.list)
+	mux.HandleFunc("GET /api/queue/{id}", s.show)
+	mux.HandleFunc("POST /api/queue/{id}/{action}", s.actionOne)
+	mux.HandleFunc("POST /api/queue/{action}", s.actionMany)
+	mux.HandleFunc("GET /api/destinations", s.destinations)
+	mux.HandleFunc("GET /api/destinations/{domain}", s.destination)
+	if s.opt.Probe != nil {
+		mux.HandleFunc("GET /api/probe", s.probe)
+	}
+	return s.auth(mux)
+}
+
+// auth requires the bearer token on everything except /healthz.
+func (s *Server) auth(next http.Handler) http.Handler {
+	if !s.hasTok {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" || s.tokenOK(r.Header.Get("Authorization")) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="greyrelay"`)
+		writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
+	})
+}
+
+// tokenOK compares hashes so that neither the content nor the length of
+// the token leaks through timing.
+func (s *Server) tokenOK(header string) bool {
+	got, ok := strings.CutPrefix(header, "Bearer ")
+	if !ok {
+		return false
+	}
+	h := sha256.Sum256([]byte(strings.TrimSpace(got)))
+	return subtle.ConstantTimeCompare(h[:], s.token[:]) == 1
+}
+
+// Handler returns the server's handler, for tests and for embedding.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Start listens on admin.address and serves in the background. It fails
+// when the address is empty (the admin server is disabled) or in use.
+func (s *Server) Start() error {
+	addr := s.opt.Config.Admin.Address
+	if addr == "" {
+		return errors.New("admin: admin.address is empty (admin server disabled)")
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("admin: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          zap.NewStdLog(s.log),
+	}
+	s.mu.Lock()
+	s.srv, s.ln = srv, ln
+	s.mu.Unlock()
+	s.log.Info("admin server listening", zap.String("address", ln.Addr().String()))
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("admin server stopped", zap.Error(err))
+		}
+	}()
+	return nil
+}
+
+// Addr returns the listening address, or nil before Start.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
+}
+
+// Shutdown stops accepting connections and waits for requests in flight
+// until ctx ends. It is a no-op before Start.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	srv := s.srv
+	s.mu.Unlock()
+	if srv == nil {
+		return nil
+	}
+	return srv.Shutdown(ctx)
+}
+
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	if s.opt.Ready != nil {
+		if err := s.opt.Ready(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, "not ready: "+err.Error())
+			return
+		}
+	}
+	writeText(w, http.StatusOK, "ok")
+}
+
+func writeText(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	fmt.Fprintln(w, msg)
+}

@@ -1,0 +1,513 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+func keys(l listJSON) []string {
+	var out []string
+	for _, r := range l.Rows {
+		out = append(out, r.Key)
+	}
+	return out
+}
+
+func TestListFiltersAndPaging(t *testing.T) {
+	f := newFixture(t)
+	k := func(id queue.ID, n int) string { return queue.Key{ID: id, Rcpt: n}.String() }
+	all := []string{k(f.m1, 0), k(f.m1, 1), k(f.m2, 0), k(f.m3, 0), k(f.m4, 0)}
+	tests := []struct {
+		query string
+		want  []string
+		total int
+	}{
+		{"", all, 5},
+		{"status=deferred", []string{k(f.m1, 0), k(f.m1, 1), k(f.m2, 0)}, 3},
+		{"status=held", []string{k(f.m4, 0)}, 1},
+		{"reason=greylisted", []string{k(f.m1, 0), k(f.m1, 1), k(f.m4, 0)}, 3},
+		{"reason=rate-limited", []string{k(f.m2, 0)}, 1},
+		{"domain=GREYLIST.test", []string{k(f.m1, 0), k(f.m1, 1), k(f.m4, 0)}, 3},
+		{"sender=%3C%3E", []string{k(f.m2, 0)}, 1},
+		{"sender=alice@example.org", []string{k(f.m1, 0), k(f.m1, 1), k(f.m3, 0)}, 3},
+		{"older_than=1h", []string{k(f.m1, 0), k(f.m1, 1), k(f.m2, 0)}, 3},
+		{"status=deferred&domain=slow.test", []string{k(f.m2, 0)}, 1},
+		{"limit=2&offset=1", all[1:3], 5},
+		{"offset=4", all[4:], 5},
+		{"offset=9", nil, 5},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			var l listJSON
+			f.getJSON(t, "GET", "/api/queue?"+tt.query, http.StatusOK, &l)
+			if got := keys(l); !slices.Equal(got, tt.want) || l.Total != tt.total {
+				t.Errorf("got %v total %d, want %v total %d", got, l.Total, tt.want, tt.total)
+			}
+		})
+	}
+}
+
+func TestListRowFields(t *testing.T) {
+	f := newFixture(t)
+	var l listJSON
+	f.getJSON(t, "GET", "/api/queue?reason=greylisted&limit=1", http.StatusOK, &l)
+	if len(l.Rows) != 1 {
+		t.Fatalf("rows %v", l.Rows)
+	}
+	r := l.Rows[0]
+	want := rowJSON{ID: f.m1.String(), Key: f.m1.String() + "/0", Status: "deferred", Reason: "greylisted",
+		Attempts: 1, SourceIP: "192.0.2.10", MXHost: "mx.peer.test", MXAddr: "198.51.100.7",
+		Sender: "alice@example.org", Recipient: "bob@greylist.test", Domain: "greylist.test",
+		Arrival: t0, AgeSeconds: 7200}
+	got := r
+	got.NextAttempt, got.LastAttempt, got.LastReply = nil, nil, nil
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("row\n got %+v\nwant %+v", got, want)
+	}
+	if r.NextAttempt == nil || !r.NextAttempt.Equal(testNow.Add(4*time.Minute)) {
+		t.Errorf("next_attempt %v", r.NextAttempt)
+	}
+	if r.LastReply == nil || r.LastReply.Code != 451 || r.LastReply.Enhanced != "4.7.1" {
+		t.Errorf("last_reply %+v", r.LastReply)
+	}
+	if !l.Now.Equal(testNow) || l.Limit != 1 {
+		t.Errorf("now %v limit %d", l.Now, l.Limit)
+	}
+}
+
+func TestListRejectsBadFilters(t *testing.T) {
+	f := newFixture(t)
+	for _, q := range []string{"status=bogus", "older_than=soon", "older_than=-1h", "limit=0",
+		"limit=10001", "offset=-1", "offset=x"} {
+		var e errorJSON
+		f.getJSON(t, "GET", "/api/queue?"+q, http.StatusBadRequest, &e)
+		if e.Error == "" {
+			t.Errorf("%s: no error message", q)
+		}
+	}
+}
+
+func TestShowExplainsLastReply(t *testing.T) {
+	f := newFixture(t)
+	var m messageJSON
+	f.getJSON(t, "GET", "/api/queue/"+f.m1.String(), http.StatusOK, &m)
+	if m.ID != f.m1.String() || len(m.Recipients) != 2 || m.Sender != "alice@example.org" {
+		t.Fatalf("message %+v", m)
+	}
+	r := m.Recipients[1]
+	if r.Recipient != "carol@greylist.test" || len(r.History) != 1 {
+		t.Fatalf("recipient %+v", r)
+	}
+	a := r.History[0]
+	if a.Outcome != "deferred" || a.Reply == nil || a.Reply.Code != 451 || a.MXHost != "mx.peer.test" || a.End == nil {
+		t.Errorf("attempt %+v", a)
+	}
+	if r.Explanation == nil || !strings.Contains(r.Explanation.Meaning, "greylist") || r.Explanation.Fault == "" {
+		t.Errorf("explanation %+v", r.Explanation)
+	}
+
+	var q3 messageJSON // never attempted: nothing to explain
+	f.getJSON(t, "GET", "/api/queue/"+f.m3.String(), http.StatusOK, &q3)
+	if q3.Recipients[0].Explanation != nil || len(q3.Recipients[0].History) != 0 {
+		t.Errorf("queued recipient %+v", q3.Recipients[0])
+	}
+	f.getJSON(t, "GET", "/api/queue/ffffff", http.StatusNotFound, nil)
+	f.getJSON(t, "GET", "/api/queue/not-hex", http.StatusBadRequest, nil)
+	f.getJSON(t, "GET", "/api/queue/0", http.StatusBadRequest, nil)
+}
+
+func TestActions(t *testing.T) {
+	type check func(t *testing.T, f *fixture)
+	status := func(id queue.ID, want ...queue.Status) check {
+		return func(t *testing.T, f *fixture) {
+			m, err := f.q.Show(id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []queue.Status
+			for _, r := range m.Recipients {
+				got = append(got, r.Status)
+			}
+			if !slices.Equal(got, want) {
+				t.Errorf("message %s: statuses %v, want %v", id, got, want)
+			}
+		}
+	}
+	tests := []struct {
+		name  string
+		path  func(f *fixture) string
+		code  int
+		n     int
+		check check
+	}{
+		{"hold one", func(f *fixture) string { return "/api/queue/" + f.m1.String() + "/hold" }, 200, 2,
+			func(t *testing.T, f *fixture) { status(f.m1, queue.Held, queue.Held)(t, f) }},
+		{"release domain", func(f *fixture) string { return "/api/queue/release?domain=greylist.test" }, 200, 1,
+			func(t *testing.T, f *fixture) { status(f.m4, queue.Deferred)(t, f) }},
+		{"retry all", func(f *fixture) string { return "/api/queue/retry?all=1" }, 200, 4,
+			func(t *testing.T, f *fixture) {
+				m, _ := f.q.Show(f.m2)
+				if !m.Recipients[0].NextAttempt.Equal(testNow) {
+					t.Errorf("next attempt %v, want now", m.Recipients[0].NextAttempt)
+				}
+				if f.engine.kicks != 1 {
+					t.Errorf("kicks %d, want 1", f.engine.kicks)
+				}
+			}},
+		{"retry domain", func(f *fixture) string { return "/api/queue/retry?domain=slow.test" }, 200, 1, nil},
+		{"delete one", func(f *fixture) string { return "/api/queue/" + f.m3.String() + "/delete" }, 200, 1,
+			func(t *testing.T, f *fixture) {
+				if _, err := f.q.Show(f.m3); !errors.Is(err, queue.ErrNotFound) {
+					t.Errorf("after delete: %v", err)
+				}
+			}},
+		{"bounce one", func(f *fixture) string { return "/api/queue/" + f.m2.String() + "/bounce" }, 200, 1,
+			func(t *testing.T, f *fixture) {
+				if want := []queue.Selector{{ID: f.m2}}; !slices.Equal(f.engine.bounce, want) {
+					t.Errorf("engine got %v, want %v", f.engine.bounce, want)
+				}
+			}},
+		{"bounce domain", func(f *fixture) string { return "/api/queue/bounce?domain=greylist.test" }, 200, 3, nil},
+		{"unknown id", func(f *fixture) string { return "/api/queue/abcdef/retry" }, 404, 0, nil},
+		{"bad id", func(f *fixture) string { return "/api/queue/xyz/retry" }, 400, 0, nil},
+		{"unknown action", func(f *fixture) string { return "/api/queue/" + f.m1.String() + "/expedite" }, 404, 0, nil},
+		{"no selector", func(f *fixture) string { return "/api/queue/retry" }, 400, 0, nil},
+		{"two selectors", func(f *fixture) string { return "/api/queue/delete?all=1&domain=x.test" }, 400, 0,
+			func(t *testing.T, f *fixture) {
+				if st, _ := f.q.Stats(); st.Recipients != 5 {
+					t.Errorf("recipients %d after a refused delete", st.Recipients)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t)
+			var res actionJSON
+			var out any = &res
+			if tt.code != 200 {
+				out = nil
+			}
+			f.getJSON(t, "POST", tt.path(f), tt.code, out)
+			if tt.code == 200 && res.Recipients != tt.n {
+				t.Errorf("recipients %d, want %d", res.Recipients, tt.n)
+			}
+			if tt.check != nil {
+				tt.check(t, f)
+			}
+		})
+	}
+}
+
+func TestBounceWithoutEngine(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.Engine = nil })
+	f.getJSON(t, "POST", "/api/queue/"+f.m1.String()+"/bounce", http.StatusServiceUnavailable, nil)
+	f.getJSON(t, "POST", "/api/queue/"+f.m1.String()+"/retry", http.StatusOK, nil) // no Kick needed
+}
+
+func TestActionsNeedPOST(t *testing.T) {
+	f := newFixture(t)
+	if rec := f.do(t, "GET", "/api/queue/"+f.m1.String()+"/delete"); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("GET delete: %d", rec.Code)
+	}
+	if _, err := f.q.Show(f.m1); err != nil {
+		t.Errorf("message gone after a GET: %v", err)
+	}
+}
+
+func TestStatsAndDestinations(t *testing.T) {
+	f := newFixture(t)
+	var st statsJSON
+	f.getJSON(t, "GET", "/api/stats", http.StatusOK, &st)
+	if st.Messages != 4 || st.Recipients != 5 || st.ByStatus["deferred"] != 3 || st.ByStatus["held"] != 1 ||
+		st.ByReason["greylisted"] != 3 || st.OldestAgeSeconds != 7200 || st.DBBytes <= 0 {
+		t.Errorf("stats %+v", st)
+	}
+	var ds destinationsJSON
+	f.getJSON(t, "GET", "/api/destinations", http.StatusOK, &ds)
+	if len(ds.Destinations) != 3 {
+		t.Fatalf("destinations %+v", ds)
+	}
+	g := ds.Destinations[0]
+	if g.Domain != "greylist.test" || !g.Greylists || g.LearnedDelaySeconds != 300 || g.GreylistSeen != 3 {
+		t.Errorf("greylist.test %+v", g)
+	}
+	var one destinationsJSON
+	f.getJSON(t, "GET", "/api/destinations/SLOW.test", http.StatusOK, &one)
+	if len(one.Destinations) != 1 || one.Destinations[0].ThrottleLevel != 2 ||
+		len(one.Destinations[0].DeadHosts) != 1 || one.Destinations[0].DeadHosts[0].Host != "mx1.slow.test" {
+		t.Errorf("slow.test %+v", one)
+	}
+	f.getJSON(t, "GET", "/api/destinations/unknown.test", http.StatusNotFound, nil)
+}
+
+func TestTokenRequired(t *testing.T) {
+	const token = "s3cret-token"
+	f := newFixture(t, func(o *Options) { o.Config.Admin.Token = token })
+	paths := []string{"/", "/readyz", "/metrics", "/api/stats", "/api/queue", "/api/queue/" + "1",
+		"/api/destinations", "/nonexistent"}
+	for _, p := range paths {
+		for _, auth := range []string{"", "Bearer wrong", "Bearer " + token + "x", "Basic " + token, token} {
+			if rec := f.do(t, "GET", p, "Authorization", auth); rec.Code != http.StatusUnauthorized {
+				t.Errorf("GET %s with %q: %d, want 401", p, auth, rec.Code)
+			} else if rec.Header().Get("WWW-Authenticate") == "" {
+				t.Errorf("GET %s: 401 without WWW-Authenticate", p)
+			}
+		}
+		if rec := f.do(t, "GET", p, "Authorization", "Bearer "+token); rec.Code == http.StatusUnauthorized {
+			t.Errorf("GET %s with the token: 401", p)
+		}
+	}
+	if rec := f.do(t, "POST", "/api/queue/delete?all=1", "Authorization", "Bearer nope"); rec.Code != http.StatusUnauthorized {
+		t.Errorf("POST delete: %d", rec.Code)
+	}
+	if st, _ := f.q.Stats(); st.Recipients != 5 {
+		t.Errorf("unauthorised delete changed the queue: %d recipients", st.Recipients)
+	}
+	if rec := f.do(t, "GET", "/healthz"); rec.Code != http.StatusOK {
+		t.Errorf("/healthz without token: %d", rec.Code)
+	}
+}
+
+func TestNewRefusesOpenAddressWithoutToken(t *testing.T) {
+	f := newFixture(t) // a queue to pass
+	for _, tt := range []struct {
+		addr, token string
+		ok          bool
+	}{
+		{"127.0.0.1:8025", "", true},
+		{"[::1]:8025", "", true},
+		{"localhost:8025", "", true},
+		{"0.0.0.0:8025", "", false},
+		{":8025", "", false},
+		{"192.0.2.1:8025", "", false},
+		{"0.0.0.0:8025", "t", true},
+	} {
+		_, err := New(Options{Config: &config.Config{Admin: config.Admin{Address: tt.addr, Token: tt.token}}, Queue: f.q})
+		if (err == nil) != tt.ok {
+			t.Errorf("%s token %q: err %v, want ok=%v", tt.addr, tt.token, err, tt.ok)
+		}
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	notReady := errors.New("listeners not up")
+	f := newFixture(t, func(o *Options) { o.Ready = func() error { return notReady } })
+	if rec := f.do(t, "GET", "/readyz"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "listeners not up") {
+		t.Errorf("readyz: %d %q", rec.Code, rec.Body)
+	}
+	g := newFixture(t, func(o *Options) { o.Ready = func() error { return nil } })
+	if rec := g.do(t, "GET", "/readyz"); rec.Code != http.StatusOK {
+		t.Errorf("readyz: %d", rec.Code)
+	}
+}
+
+func TestMetricsExposeQueueGauges(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	other := prometheus.NewCounter(prometheus.CounterOpts{Name: "greyrelay_test_total", Help: "x"})
+	reg.MustRegister(other)
+	f := newFixture(t, func(o *Options) { o.Registry = reg })
+	rec := f.do(t, "GET", "/metrics", "Accept", "text/plain")
+	if rec.Code != http.StatusOK {
+		t.Fatalf("metrics: %d %s", rec.Code, rec.Body)
+	}
+	parser := expfmt.NewTextParser(model.LegacyValidation)
+	fams, err := parser.TextToMetricFamilies(rec.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := func(name, label, value string) float64 {
+		t.Helper()
+		fam := fams[name]
+		if fam == nil {
+			t.Fatalf("no family %s", name)
+		}
+		for _, m := range fam.Metric {
+			if label == "" || hasLabel(m, label, value) {
+				return m.GetGauge().GetValue()
+			}
+		}
+		t.Fatalf("%s{%s=%q} missing", name, label, value)
+		return 0
+	}
+	checks := []struct {
+		name, label, value string
+		want               float64
+	}{
+		{"greyrelay_queue_recipients", "status", "deferred", 3},
+		{"greyrelay_queue_recipients", "status", "held", 1},
+		{"greyrelay_queue_recipients", "status", "queued", 1},
+		{"greyrelay_queue_recipients", "status", "delivered", 0},
+		{"greyrelay_queue_recipients_by_reason", "reason", "greylisted", 3},
+		{"greyrelay_queue_recipients_by_reason", "reason", "rate-limited", 1},
+		{"greyrelay_queue_recipients_by_reason", "reason", "mailbox-full", 0},
+		{"greyrelay_queue_messages", "", "", 4},
+		{"greyrelay_queue_oldest_age_seconds", "", "", 7200},
+	}
+	for _, c := range checks {
+		if got := gauge(c.name, c.label, c.value); got != c.want {
+			t.Errorf("%s{%s=%q} = %v, want %v", c.name, c.label, c.value, got, c.want)
+		}
+	}
+	if got := gauge("greyrelay_queue_db_bytes", "", ""); got <= 0 {
+		t.Errorf("db bytes %v", got)
+	}
+	if fams["greyrelay_test_total"] == nil {
+		t.Error("metrics of the given registry are missing")
+	}
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.Label {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+func TestStatusPage(t *testing.T) {
+	f := newFixture(t)
+	rec := f.do(t, "GET", "/")
+	if rec.Code != http.StatusOK || !strings.HasPrefix(rec.Header().Get("Content-Type"), "text/html") {
+		t.Fatalf("status page: %d %s", rec.Code, rec.Header())
+	}
+	body := rec.Body.String()
+	for _, want := range []string{
+		`<meta http-equiv="refresh" content="10">`,
+		"relay.test",
+		"greylisted", "rate-limited", // reasons
+		"greylist.test", "5m", "slow.test", "mx1.slow.test", // destinations, learned delay, dead host
+		f.m1.String() + "/0",                              // oldest message
+		"451 4.7.1 Greylisted &lt;script&gt;",             // reply, escaped
+		"Nothing to fix: greyrelay retries from the same", // explanation (classifier.Explain)
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"quiet.test", "<script", "src=", "<link", "\x1b"} {
+		if strings.Contains(body, bad) {
+			t.Errorf("status page contains %q", bad)
+		}
+	}
+	if f.do(t, "GET", "/other").Code != http.StatusNotFound {
+		t.Error("/other should be 404")
+	}
+}
+
+func TestStatusPageEmptyQueue(t *testing.T) {
+	f := newFixture(t)
+	if _, err := f.q.Delete(queue.Selector{All: true}); err != nil {
+		t.Fatal(err)
+	}
+	rec := f.do(t, "GET", "/")
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "The queue is empty.") {
+		t.Errorf("empty status page: %d", rec.Code)
+	}
+}
+
+func TestProbeHook(t *testing.T) {
+	f := newFixture(t)
+	f.getJSON(t, "GET", "/api/probe?target=x.test", http.StatusNotFound, nil)
+	g := newFixture(t, func(o *Options) {
+		o.Probe = func(_ context.Context, target string) (any, error) {
+			if target == "broken.test" {
+				return nil, errors.New("no MX")
+			}
+			return map[string]string{"target": target, "verdict": "ok"}, nil
+		}
+	})
+	var res map[string]string
+	g.getJSON(t, "GET", "/api/probe?target=x.test", http.StatusOK, &res)
+	if res["target"] != "x.test" {
+		t.Errorf("probe %v", res)
+	}
+	g.getJSON(t, "GET", "/api/probe", http.StatusBadRequest, nil)
+	g.getJSON(t, "GET", "/api/probe?target=broken.test", http.StatusBadGateway, nil)
+}
+
+func TestStartServesAndShutsDown(t *testing.T) {
+	f := newFixture(t)
+	if f.srv.Addr() != nil {
+		t.Error("Addr before Start")
+	}
+	if err := f.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + f.srv.Addr().String()
+	if code, body := httpGet(t, base+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
+		t.Errorf("healthz %d %q", code, body)
+	}
+	c := &Client{Base: base}
+	var out strings.Builder
+	if err := RunHealth(c, &out); err != nil || strings.TrimSpace(out.String()) != "ok" {
+		t.Errorf("health: %v %q", err, out.String())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := RunHealth(c, &out); err == nil || !strings.Contains(err.Error(), "not reachable") {
+		t.Errorf("health after shutdown: %v", err)
+	}
+}
+
+func FuzzParseFilter(f *testing.F) {
+	for _, s := range []string{"", "status=deferred&limit=5", "older_than=1h&offset=3", "limit=%00", "older_than=9999999999h"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		q, err := url.ParseQuery(raw)
+		if err != nil {
+			return
+		}
+		flt, err := parseFilter(q, testNow)
+		if err != nil {
+			return
+		}
+		if flt.Limit < 1 || flt.Limit > maxLimit || flt.Offset < 0 || flt.ArrivedBefore.After(testNow) {
+			t.Errorf("%q: accepted %+v", raw, flt)
+		}
+	})
+}
+
+// BenchmarkList100k lists one page of a filtered queue of 100,000
+// recipients through the handler; the queue does the filtering.
+func BenchmarkList100k(b *testing.B) {
+	f := newFixture(b)
+	const n, batch = 100_000, 500
+	for i := 0; i < n; i += batch {
+		ms := make([]queue.NewMessage, batch)
+		for j := range ms {
+			dom := fmt.Sprintf("d%d.test", (i+j)%100)
+			ms[j] = queue.NewMessage{From: "bulk@example.org", Body: []byte("x\r\n"), Arrival: t0,
+				To: []queue.NewRecipient{{Addr: "u@" + dom, Domain: dom}}}
+		}
+		if _, err := f.q.EnqueueBatch(ms); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		rec := f.do(b, "GET", "/api/queue?domain=d7.test&status=queued&offset=500&limit=100")
+		if rec.Code != http.StatusOK {
+			b.Fatal(rec.Code)
+		}
+	}
+}

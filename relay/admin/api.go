@@ -1,0 +1,271 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Paging bounds for GET /api/queue: a page is rendered in one response, so
+// it is capped; the total is always reported.
+const (
+	defaultLimit = 100
+	maxLimit     = 10000
+)
+
+// badRequest marks errors caused by the request (HTTP 400).
+type badRequest struct{ msg string }
+
+func (e *badRequest) Error() string { return e.msg }
+
+func badf(format string, a ...any) error { return &badRequest{fmt.Sprintf(format, a...)} }
+
+// statusOf maps an error to an HTTP status: the request's fault, the
+// queue's typed errors, or 500.
+func statusOf(err error) int {
+	var br *badRequest
+	switch {
+	case errors.As(err, &br), errors.Is(err, queue.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, queue.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, queue.ErrState):
+		return http.StatusConflict
+	case errors.Is(err, queue.ErrClosed):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false) // served as JSON with nosniff; keeps replies readable
+	_ = enc.Encode(v)        // the client went away; nothing to do
+}
+
+func writeError(w http.ResponseWriter, code int, err error) {
+	writeJSON(w, code, errorJSON{Error: err.Error()})
+}
+
+// fail answers an error and logs the ones that are not the client's fault.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	code := statusOf(err)
+	if code >= 500 {
+		s.log.Error("admin request failed", zap.String("path", r.URL.Path), zap.Error(err))
+	}
+	writeError(w, code, err)
+}
+
+// parseFilter reads the list filters of GET /api/queue.
+func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
+	f := queue.Filter{Status: queue.Status(q.Get("status")), Reason: q.Get("reason"),
+		Domain: q.Get("domain"), Sender: q.Get("sender"), Limit: defaultLimit}
+	if f.Status != "" && !slices.Contains(statuses(), f.Status) {
+		return f, badf("unknown status %q (want queued, deferred, active, held, delivered, relayed or failed)", f.Status)
+	}
+	if s := q.Get("older_than"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d < 0 {
+			return f, badf("older_than: %q is not a duration like 30m or 2h", s)
+		}
+		f.ArrivedBefore = now.Add(-d)
+	}
+	var err error
+	if f.Offset, err = intParam(q, "offset", 0, 0, 1<<31-1); err != nil {
+		return f, err
+	}
+	if f.Limit, err = intParam(q, "limit", defaultLimit, 1, maxLimit); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
+	s := q.Get(name)
+	if s == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		return 0, badf("%s: %q is not a number from %d to %d", name, s, lo, hi)
+	}
+	return n, nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	now := s.opt.Now()
+	f, err := parseFilter(r.URL.Query(), now)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	rows, total, err := s.opt.Queue.List(f)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := listJSON{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]rowJSON, len(rows))}
+	for i := range rows {
+		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func parseID(s string) (queue.ID, error) {
+	id, err := queue.ParseID(s)
+	if err != nil || id == 0 {
+		return 0, badf("%q is not a queue id (hex, as shown by queue list)", s)
+	}
+	return id, nil
+}
+
+func (s *Server) show(w http.ResponseWriter, r *http.Request) {
+	id, err := parseID(r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	m, err := s.opt.Queue.Show(id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, messageOf(&m, s.opt.Now()))
+}
+
+func (s *Server) actionOne(w http.ResponseWriter, r *http.Request) {
+	id, err := parseID(r.PathValue("id"))
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	s.act(w, r, r.PathValue("action"), queue.Selector{ID: id})
+}
+
+// actionMany handles POST /api/queue/{action}?domain=D or ?all=1. Exactly
+// one of them is required, so that a forgotten parameter never acts on the
+// whole queue.
+func (s *Server) actionMany(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	dom, all := strings.TrimSpace(q.Get("domain")), q.Get("all")
+	var sel queue.Selector
+	switch {
+	case dom != "" && all == "":
+		sel.Domain = dom
+	case dom == "" && (all == "1" || all == "true"):
+		sel.All = true
+	default:
+		s.fail(w, r, badf("give exactly one of domain=D or all=1"))
+		return
+	}
+	s.act(w, r, r.PathValue("action"), sel)
+}
+
+func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel queue.Selector) {
+	now := s.opt.Now()
+	var n int
+	var err error
+	switch action {
+	case "retry":
+		n, err = s.opt.Queue.Retry(sel, now)
+	case "hold":
+		n, err = s.opt.Queue.Hold(sel)
+	case "release":
+		n, err = s.opt.Queue.Release(sel, now)
+	case "delete":
+		n, err = s.opt.Queue.Delete(sel)
+	case "bounce":
+		if s.opt.Engine == nil {
+			writeError(w, http.StatusServiceUnavailable, errors.New("bounce is not available: no delivery engine"))
+			return
+		}
+		n, err = s.opt.Engine.Bounce(sel, now)
+	default:
+		writeError(w, http.StatusNotFound, fmt.Errorf("unknown action %q (want retry, hold, release, delete or bounce)", action))
+		return
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if s.opt.Engine != nil && (action == "retry" || action == "release") && n > 0 {
+		s.opt.Engine.Kick()
+	}
+	s.log.Info("queue action", zap.String("action", action), zap.String("selector", selString(sel)),
+		zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
+	writeJSON(w, http.StatusOK, actionJSON{Action: action, Recipients: n})
+}
+
+func selString(sel queue.Selector) string {
+	switch {
+	case sel.ID != 0:
+		return "id " + sel.ID.String()
+	case sel.Domain != "":
+		return "domain " + sel.Domain
+	}
+	return "all"
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
+	st, err := s.opt.Queue.Stats()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statsOf(st, s.opt.Queue.DBSize(), s.opt.Now()))
+}
+
+func (s *Server) destinations(w http.ResponseWriter, r *http.Request) {
+	ds, err := s.opt.Queue.Destinations()
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	out := destinationsJSON{Now: s.opt.Now(), Destinations: make([]destinationJSON, len(ds))}
+	for i := range ds {
+		out.Destinations[i] = destinationOf(&ds[i])
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) destination(w http.ResponseWriter, r *http.Request) {
+	dom := r.PathValue("domain")
+	d, ok, err := s.opt.Queue.Destination(dom)
+	if err == nil && !ok {
+		err = fmt.Errorf("nothing learned about %q yet: %w", dom, queue.ErrNotFound)
+	}
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, destinationsJSON{Now: s.opt.Now(), Destinations: []destinationJSON{destinationOf(&d)}})
+}
+
+func (s *Server) probe(w http.ResponseWriter, r *http.Request) {
+	target := strings.TrimSpace(r.URL.Query().Get("target"))
+	if target == "" {
+		s.fail(w, r, badf("target is required (an address or a domain)"))
+		return
+	}
+	res, err := s.opt.Probe(r.Context(), target)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}

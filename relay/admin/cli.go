@@ -1,0 +1,333 @@
+package admin
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// The CLI commands print aligned tables by default and the API's JSON with
+// -json. Relative times ("in 4m", "12m ago") use the server's clock from
+// the answer, so they are right even if the two clocks disagree. Every
+// value that came from a remote server is passed through cell, which
+// removes control characters before they reach the terminal.
+
+const queueUsage = `usage:
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-offset N] [-limit N] [-json]
+  greyrelay queue show [-json] ID
+  greyrelay queue retry|hold|release|delete|bounce [-json] ID | -domain D | -all
+statuses: queued, deferred, active, held, delivered, relayed, failed
+`
+
+// RunQueue runs `greyrelay queue …`; args are the arguments after "queue".
+func RunQueue(args []string, c *Client, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return fmt.Errorf("queue: missing subcommand\n%s", queueUsage)
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "list":
+		return queueList(rest, c, stdout, stderr)
+	case "show":
+		return queueShow(rest, c, stdout, stderr)
+	case "retry", "hold", "release", "delete", "bounce":
+		return queueAction(cmd, rest, c, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, queueUsage)
+		return nil
+	default:
+		return fmt.Errorf("queue: unknown subcommand %q\n%s", cmd, queueUsage)
+	}
+}
+
+// parseArgs parses flags that may come before or after positional
+// arguments ("show ID -json" and "show -json ID") and returns the
+// positional ones.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+func queueList(args []string, c *Client, stdout, stderr io.Writer) error {
+	fs := newFlags("queue list", stderr)
+	q := url.Values{}
+	for _, name := range []string{"status", "reason", "domain", "sender"} {
+		fs.Func(name, "only recipients with this "+name, func(v string) error { q.Set(name, v); return nil })
+	}
+	older := fs.Duration("older-than", 0, "only messages that arrived at least this long ago (e.g. 2h)")
+	offset := fs.Int("offset", 0, "skip this many matching recipients")
+	limit := fs.Int("limit", defaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", maxLimit))
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("queue list: unexpected argument %q\n%s", pos[0], queueUsage)
+	}
+	if *older > 0 {
+		q.Set("older_than", older.String())
+	}
+	q.Set("offset", strconv.Itoa(*offset))
+	q.Set("limit", strconv.Itoa(*limit))
+	var l listJSON
+	body, err := c.getJSON(http.MethodGet, "/api/queue", q, &l)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	return printList(stdout, &l)
+}
+
+func printList(out io.Writer, l *listJSON) error {
+	if len(l.Rows) == 0 {
+		_, err := fmt.Fprintf(out, "no recipients match (%d in total)\n", l.Total)
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "QUEUE ID\tSTATUS\tREASON\tATT\tNEXT\tAGE\tSENDER\tRECIPIENT\tSOURCE IP\tMX\tLAST REPLY")
+	for _, r := range l.Rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, cell(r.Status, 0),
+			cell(r.Reason, 0), r.Attempts, nextOf(&r, l.Now), humanDuration(l.Now.Sub(r.Arrival)),
+			cell(sender(r.Sender), 60), cell(r.Recipient, 60), cell(r.SourceIP, 0), cell(r.MXHost, 40),
+			cell(replyText(r.LastReply), 70))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	first, last := l.Offset+1, l.Offset+len(l.Rows)
+	fmt.Fprintf(out, "recipients %d-%d of %d", first, last, l.Total)
+	if last < l.Total {
+		fmt.Fprintf(out, " (next page: -offset %d)", last)
+	}
+	_, err := fmt.Fprintln(out)
+	return err
+}
+
+func relPtr(t *time.Time, now time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return relTime(*t, now)
+}
+
+func nextOf(r *rowJSON, now time.Time) string {
+	var t time.Time
+	if r.NextAttempt != nil {
+		t = *r.NextAttempt
+	}
+	return nextText(r.Status, t, now)
+}
+
+func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
+	fs := newFlags("queue show", stderr)
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fmt.Errorf("queue show: want exactly one queue id\n%s", queueUsage)
+	}
+	id, _, _ := strings.Cut(pos[0], "/") // accept the id/n form queue list prints
+	var m messageJSON
+	body, err := c.getJSON(http.MethodGet, "/api/queue/"+url.PathEscape(id), nil, &m)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	return printMessage(stdout, &m)
+}
+
+func printMessage(out io.Writer, m *messageJSON) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "message\t%s\n", m.ID)
+	fmt.Fprintf(tw, "sender\t%s\n", cell(sender(m.Sender), 0))
+	fmt.Fprintf(tw, "arrived\t%s (%s)\n", m.Arrival.UTC().Format(time.RFC3339), relTime(m.Arrival, m.Now))
+	fmt.Fprintf(tw, "size\t%s\n", humanBytes(m.Size))
+	client := cell(m.ClientAddr, 0) + " helo " + cell(m.Helo, 80)
+	if m.AuthUser != "" {
+		client += " auth " + cell(m.AuthUser, 0)
+	}
+	fmt.Fprintf(tw, "client\t%s\n", client)
+	if m.DSN {
+		fmt.Fprintf(tw, "dsn\tthis message is a delivery status notification\n")
+	}
+	for i := range m.Recipients {
+		printRecipient(tw, &m.Recipients[i], m.Now)
+	}
+	return tw.Flush()
+}
+
+func printRecipient(tw *tabwriter.Writer, r *recipientJSON, now time.Time) {
+	fmt.Fprintf(tw, "\nrecipient %d\t%s\n", r.Rcpt, cell(r.Recipient, 0))
+	status := cell(r.Status, 0)
+	if r.Reason != "" {
+		status += " (" + cell(r.Reason, 0) + ")"
+	}
+	fmt.Fprintf(tw, "  status\t%s\n", status)
+	fmt.Fprintf(tw, "  attempts\t%d, last %s, next %s\n", r.Attempts, relPtr(r.LastAttempt, now), nextOf(&r.rowJSON, now))
+	if r.SourceIP != "" || r.MXHost != "" {
+		fmt.Fprintf(tw, "  route\tfrom %s to %s [%s]\n", cell(r.SourceIP, 0), cell(r.MXHost, 0), cell(r.MXAddr, 0))
+	}
+	if r.FirstGreylisted != nil {
+		fmt.Fprintf(tw, "  greylisted\tfirst %s, %d tries\n", relTime(*r.FirstGreylisted, now), r.GreylistTries)
+	}
+	if r.LastReply != nil {
+		fmt.Fprintf(tw, "  last reply\t%s\n", cell(replyText(r.LastReply), 0))
+	}
+	if e := r.Explanation; e != nil {
+		fmt.Fprintf(tw, "  meaning\t%s\n  usually at fault\t%s\n  what to do\t%s\n", e.Meaning, e.Fault, e.Action)
+	}
+	if len(r.History) == 0 {
+		return
+	}
+	fmt.Fprintf(tw, "  attempts:\n")
+	fmt.Fprintf(tw, "    START\tTOOK\tSOURCE IP\tMX\tSTAGE\tOUTCOME\tREASON\tREPLY\n")
+	for _, a := range r.History {
+		took := "-"
+		if a.End != nil {
+			took = humanDuration(a.End.Sub(a.Start))
+		}
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Start.UTC().Format(time.RFC3339), took,
+			cell(a.SourceIP, 0), cell(a.MXHost, 40), cell(a.Stage, 0), cell(a.Outcome, 0), cell(a.Reason, 0),
+			cell(replyText(a.Reply), 70))
+	}
+}
+
+func queueAction(action string, args []string, c *Client, stdout, stderr io.Writer) error {
+	fs := newFlags("queue "+action, stderr)
+	domain := fs.String("domain", "", "act on every recipient at this destination domain")
+	all := fs.Bool("all", false, "act on the whole queue")
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	var path string
+	q := url.Values{}
+	switch {
+	case len(pos) == 1 && *domain == "" && !*all:
+		id, _, _ := strings.Cut(pos[0], "/")
+		path = "/api/queue/" + url.PathEscape(id) + "/" + action
+	case len(pos) == 0 && *domain != "" && !*all:
+		path = "/api/queue/" + action
+		q.Set("domain", *domain)
+	case len(pos) == 0 && *domain == "" && *all:
+		path = "/api/queue/" + action
+		q.Set("all", "1")
+	default:
+		return fmt.Errorf("queue %s: give exactly one of ID, -domain D or -all\n%s", action, queueUsage)
+	}
+	var res actionJSON
+	body, err := c.getJSON(http.MethodPost, path, q, &res)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
+	return err
+}
+
+// RunDestinations runs `greyrelay destinations [-json] [DOMAIN]`: what the
+// relay learned per destination (greylisting, throttling, dead hosts).
+func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
+	fs := newFlags("destinations", stderr)
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	path := "/api/destinations"
+	switch len(pos) {
+	case 0:
+	case 1:
+		path += "/" + url.PathEscape(pos[0])
+	default:
+		return errors.New("usage: greyrelay destinations [-json] [DOMAIN]")
+	}
+	var d destinationsJSON
+	body, err := c.getJSON(http.MethodGet, path, nil, &d)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	return printDestinations(stdout, &d)
+}
+
+func printDestinations(out io.Writer, d *destinationsJSON) error {
+	if len(d.Destinations) == 0 {
+		_, err := fmt.Fprintln(out, "nothing learned about any destination yet")
+		return err
+	}
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "DOMAIN\tGREYLISTS\tLEARNED DELAY\tGREYLISTED/PASSED\tTHROTTLE\tTHROTTLED FOR\tDEAD HOSTS\tUPDATED\tLAST REPLY")
+	for _, x := range d.Destinations {
+		grey, delay, throttled := "no", "-", "-"
+		if x.Greylists {
+			grey = "yes"
+		}
+		if x.LearnedDelaySeconds > 0 {
+			delay = humanDuration(time.Duration(x.LearnedDelaySeconds * float64(time.Second)))
+		}
+		if x.ThrottledUntil != nil && x.ThrottledUntil.After(d.Now) {
+			throttled = humanDuration(x.ThrottledUntil.Sub(d.Now))
+		}
+		var dead []string
+		for _, h := range x.DeadHosts {
+			dead = append(dead, fmt.Sprintf("%s (%s)", h.Host, relTime(h.Until, d.Now)))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", cell(x.Domain, 60), grey, delay,
+			x.GreylistSeen, x.GreylistPassed, x.ThrottleLevel, throttled, cell(strings.Join(dead, ", "), 80),
+			relPtr(x.Updated, d.Now), cell(replyText(x.LastReply), 70))
+	}
+	return tw.Flush()
+}
+
+// RunHealth runs `greyrelay health`: nil (exit 0) when GET /readyz answers
+// 200 within a few seconds, an error (exit 1) otherwise. It is meant for
+// container health checks (Docker HEALTHCHECK, Kubernetes exec probes).
+func RunHealth(c *Client, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), healthTimeout)
+	defer cancel()
+	body, err := c.call(ctx, http.MethodGet, "/readyz", nil)
+	if err != nil {
+		return fmt.Errorf("not healthy: %w", err)
+	}
+	_, err = fmt.Fprintln(stdout, strings.TrimSpace(string(body)))
+	return err
+}

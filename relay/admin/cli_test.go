@@ -1,0 +1,305 @@
+package admin
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"net"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// cliFixture serves a fixture over real loopback HTTP for the CLI.
+func cliFixture(t *testing.T, opts ...options) (*fixture, *Client) {
+	f := newFixture(t, opts...)
+	ts := httptest.NewServer(f.srv.Handler())
+	t.Cleanup(ts.Close)
+	return f, &Client{Base: ts.URL, HTTP: ts.Client()}
+}
+
+func runQueue(c *Client, args ...string) (string, error) {
+	var out, errOut strings.Builder
+	err := RunQueue(args, c, &out, &errOut)
+	return out.String(), err
+}
+
+func TestCLIQueueListTable(t *testing.T) {
+	f, c := cliFixture(t)
+	out, err := runQueue(c, "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 7 { // header, 5 rows, footer
+		t.Fatalf("want 7 lines, got:\n%s", out)
+	}
+	for _, want := range []string{"QUEUE ID", "STATUS", "REASON", "NEXT", "SOURCE IP", "MX", "LAST REPLY"} {
+		if !strings.Contains(lines[0], want) {
+			t.Errorf("header lacks %q: %s", want, lines[0])
+		}
+	}
+	row := lines[1]
+	for _, want := range []string{f.m1.String() + "/0", "deferred", "greylisted", "in 4m", "2h",
+		"alice@example.org", "bob@greylist.test", "192.0.2.10", "mx.peer.test", "451 4.7.1 Greylisted"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("row lacks %q: %s", want, row)
+		}
+	}
+	if !strings.Contains(lines[3], "<>") || !strings.Contains(lines[3], "rate-limited") {
+		t.Errorf("null-sender row: %s", lines[3])
+	}
+	if !strings.Contains(lines[4], " due ") || strings.Contains(lines[5], "in 4m") {
+		t.Errorf("next attempt of a queued and a held recipient:\n%s\n%s", lines[4], lines[5])
+	}
+	if strings.Contains(out, "\x1b") {
+		t.Error("a control character from a reply reached the terminal")
+	}
+	if lines[6] != "recipients 1-5 of 5" {
+		t.Errorf("footer %q", lines[6])
+	}
+}
+
+func TestCLIQueueListFiltersAndJSON(t *testing.T) {
+	f, c := cliFixture(t)
+	out, err := runQueue(c, "list", "-status", "deferred", "-domain", "greylist.test", "-json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l listJSON
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if l.Total != 2 || l.Rows[0].ID != f.m1.String() {
+		t.Errorf("list %+v", l)
+	}
+	out, err = runQueue(c, "list", "-older-than", "1h", "-limit", "2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "recipients 1-2 of 3 (next page: -offset 2)") {
+		t.Errorf("paging footer:\n%s", out)
+	}
+	out, err = runQueue(c, "list", "-reason", "mailbox-full")
+	if err != nil || !strings.Contains(out, "no recipients match") {
+		t.Errorf("empty list: %v %q", err, out)
+	}
+}
+
+func TestCLIQueueShow(t *testing.T) {
+	f, c := cliFixture(t)
+	out, err := runQueue(c, "show", f.m1.String()+"/1") // the id/n form list prints
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"message", f.m1.String(), "alice@example.org", "recipient 1", "carol@greylist.test",
+		"deferred (greylisted)", "from 192.0.2.10 to mx.peer.test [198.51.100.7]", "meaning", "what to do",
+		"START", "451 4.7.1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("show lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = runQueue(c, "show", f.m2.String(), "-json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m messageJSON
+	if err := json.Unmarshal([]byte(out), &m); err != nil || m.Sender != "" || len(m.Recipients) != 1 {
+		t.Errorf("show -json: %v %+v", err, m)
+	}
+	if _, err := runQueue(c, "show", "abcdef"); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("unknown id: %v", err)
+	}
+}
+
+func TestCLIQueueActions(t *testing.T) {
+	f, c := cliFixture(t, func(o *Options) { o.Engine = nil })
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"retry", "-domain", "greylist.test"}, "retry: 2 recipient(s) changed"},
+		{[]string{"hold", f.m2.String()}, "hold: 1 recipient(s) changed"},
+		{[]string{"release", "-all"}, "release: 2 recipient(s) changed"},
+		{[]string{"delete", "-json", f.m3.String()}, `"recipients": 1`},
+	}
+	for _, tt := range tests {
+		out, err := runQueue(c, tt.args...)
+		if err != nil || !strings.Contains(out, tt.want) {
+			t.Errorf("%v: %v %q, want %q", tt.args, err, out, tt.want)
+		}
+	}
+	if _, err := runQueue(c, "bounce", f.m1.String()); err == nil || !strings.Contains(err.Error(), "not available") {
+		t.Errorf("bounce without engine: %v", err)
+	}
+}
+
+func TestCLIUsageErrors(t *testing.T) {
+	_, c := cliFixture(t)
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"retry"},
+		{"retry", "-all", "-domain", "x.test"},
+		{"delete", "1", "-all"},
+		{"show"},
+		{"list", "extra"},
+		{"list", "-status", "bogus"}, // refused by the server: 400
+		{"list", "-limit", "0"},
+	} {
+		if _, err := runQueue(c, args...); err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+	if _, err := runQueue(c, "list", "-h"); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: %v", err)
+	}
+	if out, err := runQueue(c, "help"); err != nil || !strings.Contains(out, "usage:") {
+		t.Errorf("help: %v %q", err, out)
+	}
+}
+
+func TestCLIDestinations(t *testing.T) {
+	_, c := cliFixture(t)
+	var out strings.Builder
+	if err := RunDestinations(nil, c, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	for _, want := range []string{"DOMAIN", "LEARNED DELAY", "greylist.test", "yes", "5m", "3/1",
+		"slow.test", "10m", "mx1.slow.test (in 30m)", "quiet.test"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("destinations lack %q:\n%s", want, s)
+		}
+	}
+	out.Reset()
+	if err := RunDestinations([]string{"-json", "slow.test"}, c, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	var d destinationsJSON
+	if err := json.Unmarshal([]byte(out.String()), &d); err != nil || len(d.Destinations) != 1 || d.Destinations[0].ThrottleLevel != 2 {
+		t.Errorf("-json: %v %s", err, out.String())
+	}
+}
+
+func TestCLIToken(t *testing.T) {
+	_, c := cliFixture(t, func(o *Options) { o.Config.Admin.Token = "tok" })
+	if _, err := runQueue(c, "list"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("without token: %v", err)
+	}
+	c.Token = "tok"
+	if _, err := runQueue(c, "list"); err != nil {
+		t.Errorf("with token: %v", err)
+	}
+	var out strings.Builder
+	if err := RunHealth(c, &out); err != nil {
+		t.Errorf("health with token: %v", err)
+	}
+}
+
+func TestCLIHealthNotReady(t *testing.T) {
+	_, c := cliFixture(t, func(o *Options) { o.Ready = func() error { return errors.New("queue closed") } })
+	var out strings.Builder
+	if err := RunHealth(c, &out); err == nil || !strings.Contains(err.Error(), "queue closed") {
+		t.Errorf("health: %v", err)
+	}
+}
+
+func TestCLIUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	c := NewClient(&config.Config{Admin: config.Admin{Address: addr}})
+	want := "greyrelay is not reachable at http://" + addr + ": "
+	var out strings.Builder
+	errs := []error{
+		RunQueue([]string{"list"}, c, &out, &out),
+		RunQueue([]string{"retry", "-all"}, c, &out, &out),
+		RunDestinations(nil, c, &out, &out),
+		RunHealth(c, &out),
+	}
+	for i, err := range errs {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("call %d: %v, want %q", i, err, want)
+		}
+	}
+}
+
+func TestNewClient(t *testing.T) {
+	tests := []struct{ addr, base string }{
+		{"127.0.0.1:8025", "http://127.0.0.1:8025"},
+		{"[::1]:8025", "http://[::1]:8025"},
+		{"localhost:9000", "http://localhost:9000"},
+		{"0.0.0.0:9000", "http://127.0.0.1:9000"},
+		{"[::]:9000", "http://[::1]:9000"},
+		{":9000", "http://127.0.0.1:9000"},
+		{"", ""},
+	}
+	for _, tt := range tests {
+		c := NewClient(&config.Config{Admin: config.Admin{Address: tt.addr, Token: "t"}})
+		if c.Base != tt.base || c.Token != "t" || c.HTTP == nil || c.HTTP.Timeout == 0 {
+			t.Errorf("%q: %+v, want base %q", tt.addr, c, tt.base)
+		}
+	}
+	c := NewClient(&config.Config{})
+	if err := RunHealth(c, &strings.Builder{}); err == nil || !strings.Contains(err.Error(), "disabled") {
+		t.Errorf("disabled admin: %v", err)
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for _, tt := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "0s"}, {500 * time.Millisecond, "0s"}, {45 * time.Second, "45s"}, {250 * time.Second, "4m10s"},
+		{2*time.Hour + 13*time.Minute + 5*time.Second, "2h13m"}, {2*time.Hour + 5*time.Second, "2h"},
+		{76 * time.Hour, "3d4h"}, {-90 * time.Second, "1m30s"},
+	} {
+		if got := humanDuration(tt.d); got != tt.want {
+			t.Errorf("humanDuration(%v) = %q, want %q", tt.d, got, tt.want)
+		}
+	}
+	now := testNow
+	for _, tt := range []struct {
+		t    time.Time
+		want string
+	}{
+		{time.Time{}, "-"}, {now, "now"}, {now.Add(4 * time.Minute), "in 4m"}, {now.Add(-3 * time.Hour), "3h ago"},
+	} {
+		if got := relTime(tt.t, now); got != tt.want {
+			t.Errorf("relTime(%v) = %q, want %q", tt.t, got, tt.want)
+		}
+	}
+	for _, tt := range []struct {
+		status string
+		t      time.Time
+		want   string
+	}{
+		{"deferred", now.Add(time.Minute), "in 1m"}, {"queued", now.Add(-time.Hour), "due"},
+		{"held", now.Add(time.Minute), "-"}, {"active", now.Add(time.Minute), "running"},
+		{"failed", now, "-"}, {"deferred", time.Time{}, "-"},
+	} {
+		if got := nextText(tt.status, tt.t, now); got != tt.want {
+			t.Errorf("nextText(%s, %v) = %q, want %q", tt.status, tt.t, got, tt.want)
+		}
+	}
+	if got := cell("a\tb\x1b[31mc\nd", 0); got != "a b [31mc d" {
+		t.Errorf("cell = %q", got)
+	}
+	if got := cell("abcdef", 3); got != "abc…" {
+		t.Errorf("cell cut = %q", got)
+	}
+	if got := cell("", 0); got != "-" {
+		t.Errorf("cell empty = %q", got)
+	}
+	if got := humanBytes(3 << 20); got != "3.0 MiB" {
+		t.Errorf("humanBytes = %q", got)
+	}
+}

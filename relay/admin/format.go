@@ -1,0 +1,131 @@
+package admin
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Human-readable forms shared by the status page and the CLI tables.
+
+// humanDuration renders |d| with its two largest units, rounded down to
+// seconds: "45s", "4m10s", "2h13m", "3d4h", "2h" (for 2h0m5s).
+func humanDuration(d time.Duration) string {
+	if d < 0 {
+		d = -d
+	}
+	n := [4]int64{int64(d / (24 * time.Hour)), int64(d % (24 * time.Hour) / time.Hour),
+		int64(d % time.Hour / time.Minute), int64(d % time.Minute / time.Second)}
+	units := [4]string{"d", "h", "m", "s"}
+	for i := range n {
+		if n[i] == 0 {
+			continue
+		}
+		out := strconv.FormatInt(n[i], 10) + units[i]
+		if i+1 < len(n) && n[i+1] != 0 {
+			out += strconv.FormatInt(n[i+1], 10) + units[i+1]
+		}
+		return out
+	}
+	return "0s"
+}
+
+// relTime renders t relative to now: "in 4m", "3h ago", "now"; "-" for zero.
+func relTime(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := t.Sub(now)
+	switch {
+	case d > -time.Second && d < time.Second:
+		return "now"
+	case d > 0:
+		return "in " + humanDuration(d)
+	}
+	return humanDuration(d) + " ago"
+}
+
+// nextText renders when a recipient is next attempted: "in 4m", "due"
+// (waiting for a worker), "running" (an attempt is in flight; NextAttempt
+// is then only its lease), or "-" (held or final: never).
+func nextText(status string, t, now time.Time) string {
+	switch {
+	case status == "active":
+		return "running"
+	case status == "held" || t.IsZero() || queue.Status(status).Final():
+		return "-"
+	case !t.After(now):
+		return "due"
+	}
+	return relTime(t, now)
+}
+
+// replyText renders a reply as an SMTP line: "451 4.7.1 Greylisted, ...".
+func replyText(r *replyJSON) string {
+	if r == nil {
+		return ""
+	}
+	var parts []string
+	if r.Code != 0 {
+		parts = append(parts, strconv.Itoa(r.Code))
+	}
+	if r.Enhanced != "" {
+		parts = append(parts, r.Enhanced)
+	}
+	if r.Text != "" {
+		parts = append(parts, r.Text)
+	}
+	return strings.Join(parts, " ")
+}
+
+// sender renders an envelope sender; "" is the null sender.
+func sender(s string) string {
+	if s == "" {
+		return "<>"
+	}
+	return s
+}
+
+// clean replaces control characters (escape sequences, tabs, newlines)
+// and invalid UTF-8 with spaces: replies come from remote servers and must
+// not drive a terminal or break a table.
+func clean(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) || r == utf8.RuneError {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// cell makes a value safe for a terminal table (see clean), cuts it to max
+// runes (0: no cut), and shows an empty value as "-".
+func cell(s string, max int) string {
+	s = clean(s)
+	if s == "" {
+		return "-"
+	}
+	if max > 0 && utf8.RuneCountInString(s) > max {
+		s = string([]rune(s)[:max]) + "…"
+	}
+	return s
+}
+
+// humanBytes renders a size in binary units: "12.0 MiB".
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
