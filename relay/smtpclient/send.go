@@ -1,0 +1,328 @@
+package smtpclient
+
+import (
+	"context"
+	"fmt"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/greyrelay/greyrelay/classifier"
+)
+
+// Rcpt is one recipient with its DSN parameters (RFC 3461 §4).
+type Rcpt struct {
+	Addr   string
+	Notify string // "" or e.g. "SUCCESS,FAILURE", "NEVER"
+	// ORCPT is the original recipient, decoded, as "rfc822;addr"; a value
+	// without the "rfc822;" prefix is taken as an rfc822 address.
+	ORCPT string
+}
+
+// Envelope is one transaction's envelope.
+type Envelope struct {
+	From     string // "" is the null reverse-path <>
+	Rcpts    []Rcpt
+	Size     int64  // message size, for SIZE= (RFC 1870); 0 = unknown
+	EightBit bool   // body has 8-bit content: BODY=8BITMIME (RFC 6152)
+	SMTPUTF8 bool   // headers need SMTPUTF8 (RFC 6531); implied by non-ASCII addresses
+	RET      string // "", "FULL" or "HDRS" (RFC 3461 §4.3)
+	EnvID    string // decoded ENVID (RFC 3461 §4.4)
+}
+
+// RcptResult is the reply to one RCPT.
+type RcptResult struct {
+	Rcpt  Rcpt
+	Reply classifier.Reply
+}
+
+// TxResult is what the peer said during one transaction.
+type TxResult struct {
+	Mail  classifier.Reply // reply to MAIL
+	Rcpts []RcptResult     // replies to the RCPTs sent, in order
+	// Data is the reply that ended the DATA phase: the reply to the final
+	// dot, or the refusal of the DATA command itself. nil if DATA was not
+	// sent (no recipient accepted) or no reply was read.
+	Data *classifier.Reply
+	DSN  bool // the peer advertised DSN, so NOTIFY/ORCPT/RET/ENVID were passed on
+}
+
+// Send runs one transaction: MAIL, one RCPT per recipient, and DATA with
+// the body if at least one RCPT was accepted.
+//
+// MAIL carries SIZE when advertised, BODY=8BITMIME when EightBit and
+// advertised (8-bit data to a peer without 8BITMIME is sent as is, as
+// Postfix does), SMTPUTF8 when needed and advertised, and RET/ENVID when
+// DSN is advertised; RCPT carries NOTIFY/ORCPT when DSN is advertised.
+//
+// SMTP replies are results: a refused MAIL or RCPT, or a 4xx/5xx after the
+// dot, comes back in TxResult with a nil error. The error is non-nil only
+// for connection-level trouble (I/O, timeout, unreadable reply, 421), as
+// an *Error; TxResult then holds the replies received so far and the
+// connection is closed. A timeout after the final dot may mean the message
+// was delivered anyway (RFC 1047); the caller can only retry.
+//
+// An envelope that cannot be expressed (control characters, over-long
+// command lines, bad DSN values) is a plain error; nothing is sent. If the
+// transaction did not complete (Data nil or not 2xx), call Reset before
+// reusing the connection.
+func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult, error) {
+	res := TxResult{}
+	res.DSN, _ = c.Extension("DSN")
+	mail, rcpts, err := c.envelope(env)
+	if err != nil {
+		return res, err
+	}
+	if utf8, _ := c.Extension("SMTPUTF8"); needsUTF8(env) && !utf8 {
+		// RFC 6531 §3.2: without SMTPUTF8 at the peer the message cannot be
+		// sent; we answer for the peer, as mox does, and send nothing.
+		res.Mail = classifier.Reply{Code: 553, Enhanced: "5.6.7",
+			Text: "local: peer does not support SMTPUTF8, required by this message (RFC 6531)"}
+		return res, nil
+	}
+	r, _, err := c.cmd(ctx, classifier.StageMAIL, mail)
+	if r != nil {
+		res.Mail = *r
+	}
+	if err != nil || r.Code/100 != 2 {
+		return res, err
+	}
+	accepted := 0
+	for i, line := range rcpts {
+		r, _, err := c.cmd(ctx, classifier.StageRCPT, line)
+		if r != nil {
+			res.Rcpts = append(res.Rcpts, RcptResult{Rcpt: env.Rcpts[i], Reply: *r})
+		}
+		if err != nil {
+			return res, err
+		}
+		if r.Code/100 == 2 {
+			accepted++
+		}
+	}
+	if accepted == 0 {
+		return res, nil
+	}
+	res.Data, err = c.data(ctx, body)
+	return res, err
+}
+
+// data sends DATA and the body and returns the reply that ended it.
+func (c *Client) data(ctx context.Context, body []byte) (*classifier.Reply, error) {
+	r, _, err := c.cmd(ctx, classifier.StageDATA, "DATA")
+	if err != nil {
+		return r, err
+	}
+	switch {
+	case r.Code == 354:
+	case r.Code >= 400:
+		return r, nil
+	default:
+		// A 2xx to DATA without a body: we can no longer tell where we are.
+		c.Close()
+		return nil, &Error{Stage: classifier.StageDATA, Err: textproto.ProtocolError("unexpected reply to DATA: " + r.Error())}
+	}
+	payload := encodeBody(body)
+	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(payload))})
+	const chunk = 64 << 10
+	for len(payload) > 0 {
+		n := min(chunk, len(payload))
+		// The deadline is renewed per chunk: a large message on a slow link
+		// is fine as long as it makes progress (Postfix smtp_data_xfer_timeout).
+		err := c.within(ctx, c.opt.DataTimeout, func() error {
+			_, err := c.conn.Write(payload[:n])
+			return err
+		})
+		if err != nil {
+			c.Close()
+			return nil, &Error{Stage: classifier.StageDATA, Err: err}
+		}
+		payload = payload[n:]
+	}
+	r, _, err = c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
+	return r, err
+}
+
+// Mail sends MAIL FROM:<from> with raw ESMTP params, for `greyrelay probe`.
+// The error is non-nil for connection-level trouble (see Send); a 421
+// comes with both the reply and an *Error.
+func (c *Client) Mail(from string, params ...string) (*classifier.Reply, error) {
+	line, err := pathLine("MAIL FROM:", from, params)
+	if err != nil {
+		return nil, err
+	}
+	r, _, err := c.cmd(context.Background(), classifier.StageMAIL, line)
+	return r, err
+}
+
+// Rcpt sends RCPT TO:<to> with raw ESMTP params, for `greyrelay probe`.
+// Errors are as for Mail.
+func (c *Client) Rcpt(to string, params ...string) (*classifier.Reply, error) {
+	line, err := pathLine("RCPT TO:", to, params)
+	if err != nil {
+		return nil, err
+	}
+	r, _, err := c.cmd(context.Background(), classifier.StageRCPT, line)
+	return r, err
+}
+
+// envelope builds the MAIL and RCPT lines, validating everything first so
+// that a bad recipient cannot leave a half-sent transaction.
+func (c *Client) envelope(env Envelope) (string, []string, error) {
+	dsn, _ := c.Extension("DSN")
+	var mp []string
+	if ok, _ := c.Extension("SIZE"); ok && env.Size > 0 {
+		mp = append(mp, "SIZE="+strconv.FormatInt(env.Size, 10))
+	}
+	if ok, _ := c.Extension("8BITMIME"); ok && env.EightBit {
+		mp = append(mp, "BODY=8BITMIME")
+	}
+	if ok, _ := c.Extension("SMTPUTF8"); ok && needsUTF8(env) {
+		mp = append(mp, "SMTPUTF8")
+	}
+	if dsn {
+		switch ret := strings.ToUpper(env.RET); ret {
+		case "":
+		case "FULL", "HDRS":
+			mp = append(mp, "RET="+ret)
+		default:
+			return "", nil, fmt.Errorf("smtpclient: bad RET %q", env.RET)
+		}
+		if env.EnvID != "" {
+			mp = append(mp, "ENVID="+xtext(env.EnvID))
+		}
+	}
+	mail, err := pathLine("MAIL FROM:", env.From, mp)
+	if err != nil {
+		return "", nil, err
+	}
+	var rcpts []string
+	for _, rc := range env.Rcpts {
+		var rp []string
+		if dsn {
+			var err error
+			if rp, err = rcptParams(rc); err != nil {
+				return "", nil, err
+			}
+		}
+		line, err := pathLine("RCPT TO:", rc.Addr, rp)
+		if err != nil {
+			return "", nil, err
+		}
+		rcpts = append(rcpts, line)
+	}
+	return mail, rcpts, nil
+}
+
+// rcptParams returns NOTIFY and ORCPT (RFC 3461 §4.1, §4.2).
+func rcptParams(rc Rcpt) ([]string, error) {
+	var p []string
+	if rc.Notify != "" {
+		n := strings.ToUpper(rc.Notify)
+		for _, v := range strings.Split(n, ",") {
+			if v != "SUCCESS" && v != "FAILURE" && v != "DELAY" && (v != "NEVER" || n != "NEVER") {
+				return nil, fmt.Errorf("smtpclient: bad NOTIFY %q", rc.Notify)
+			}
+		}
+		p = append(p, "NOTIFY="+n)
+	}
+	if rc.ORCPT != "" {
+		addr := rc.ORCPT
+		if len(addr) > 7 && strings.EqualFold(addr[:7], "rfc822;") {
+			addr = addr[7:]
+		}
+		p = append(p, "ORCPT=rfc822;"+xtext(addr))
+	}
+	return p, nil
+}
+
+// pathLine builds "VERB:<path> params" after checking the path and params
+// cannot break the command line.
+func pathLine(verb, path string, params []string) (string, error) {
+	if strings.ContainsFunc(path, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '<' || r == '>' }) {
+		return "", fmt.Errorf("smtpclient: invalid address %q", path)
+	}
+	line := verb + "<" + path + ">"
+	for _, p := range params {
+		if p == "" || strings.ContainsFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			return "", fmt.Errorf("smtpclient: invalid parameter %q", p)
+		}
+		line += " " + p
+	}
+	if len(line) > maxCommandLine {
+		return "", fmt.Errorf("smtpclient: %s line too long (%d octets)", strings.TrimSuffix(verb, ":"), len(line))
+	}
+	return line, nil
+}
+
+// needsUTF8 reports whether the envelope needs SMTPUTF8 (RFC 6531 §3.4).
+func needsUTF8(env Envelope) bool {
+	if env.SMTPUTF8 || !ascii(env.From) {
+		return true
+	}
+	for _, r := range env.Rcpts {
+		if !ascii(r.Addr) {
+			return true
+		}
+	}
+	return false
+}
+
+func ascii(s string) bool {
+	for i := range len(s) {
+		if s[i] >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// xtext encodes s as RFC 3461 §4 xtext: "!" to "~" except "+" and "=" as
+// is, everything else as "+" and two upper-case hex digits.
+func xtext(s string) string {
+	var b strings.Builder
+	for i := range len(s) {
+		c := s[i]
+		if c >= '!' && c <= '~' && c != '+' && c != '=' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "+%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// encodeBody turns a message into DATA payload: every line ends in CRLF,
+// a bare LF becomes CRLF and a bare CR becomes a space (Postfix
+// cleanup_replace_stray_cr_lf), so we never carry the stray line endings of
+// SMTP smuggling (bad-inputs c2); lines starting with "." get another "."
+// (RFC 5321 §4.5.2); and ".\r\n" ends it. Long lines are not folded.
+func encodeBody(body []byte) []byte {
+	out := make([]byte, 0, len(body)+len(body)/32+5)
+	bol := true // at beginning of line
+	for i := 0; i < len(body); i++ {
+		b := body[i]
+		if bol && b == '.' {
+			out = append(out, '.')
+		}
+		bol = false
+		switch {
+		case b == '\r' && i+1 < len(body) && body[i+1] == '\n':
+			out = append(out, '\r', '\n')
+			i++
+			bol = true
+		case b == '\r':
+			out = append(out, ' ')
+		case b == '\n':
+			out = append(out, '\r', '\n')
+			bol = true
+		default:
+			out = append(out, b)
+		}
+	}
+	if !bol {
+		out = append(out, '\r', '\n')
+	}
+	return append(out, '.', '\r', '\n')
+}
