@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/greyrelay/greyrelay/configs"
@@ -14,8 +15,12 @@ import (
 )
 
 // loadConfig is the one way every subcommand reads its configuration:
-// the embedded default, the file if any, then the environment.
+// the embedded default, the file if any, then the environment. With no
+// -config flag, GREYRELAY_CONFIG names the file (the container's way).
 func loadConfig(path string) (*config.Config, error) {
+	if path == "" {
+		path = os.Getenv("GREYRELAY_CONFIG")
+	}
 	c, err := config.LoadFile(configs.Default, path)
 	if err != nil {
 		return nil, &exitError{2, err}

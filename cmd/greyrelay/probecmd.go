@@ -2,17 +2,116 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
+	"os/signal"
+	"syscall"
+	"time"
 
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/probe"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
+
+// probeOptions builds a probe on the relay's own configuration: the same
+// router and resolver, pinned source addresses, HELO name, TLS policies
+// and classifier rules as delivery, so the probe sees what delivery sees.
+func probeOptions(cfg *config.Config) (probe.Options, error) {
+	cl, err := classifier.New(cfg.Retry.Rules)
+	if err != nil {
+		return probe.Options{}, err
+	}
+	router, err := newRouter(cfg)
+	if err != nil {
+		return probe.Options{}, err
+	}
+	// Equal MX preferences are shuffled by the relay; the probe visits
+	// them all anyway, in a stable order so that reports compare.
+	router.Shuffle = nil
+	d4, d6, err := dialers(cfg.Delivery)
+	if err != nil {
+		return probe.Options{}, err
+	}
+	d, api := cfg.Delivery, admin.NewClient(cfg)
+	return probe.Options{
+		Hostname: cfg.Hostname, Sender: cfg.Probe.Sender, DNSBL: cfg.Probe.DNSBL,
+		Router: router, Dialer4: d4, Dialer6: d6, SourceIPv4: d.SourceIPv4, SourceIPv6: d.SourceIPv6,
+		TLS: smtpclient.TLSPolicy(d.TLS), SmarthostTLS: smtpclient.TLSPolicy(d.Smarthost.TLS), TLSConfig: &tls.Config{},
+		Username: d.Smarthost.Username, Password: d.Smarthost.Password,
+		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout, CommandTimeout: d.CommandTimeout,
+		Classifier: cl, Known: probe.AdminKnown(api.Base, api.Token, nil), Now: time.Now,
+	}, nil
+}
 
 // probeFunc is handed to the admin server so the status page can probe.
 func probeFunc(cfg *config.Config) func(ctx context.Context, target string) (any, error) {
-	return nil
+	return func(ctx context.Context, target string) (any, error) {
+		opt, err := probeOptions(cfg)
+		if err != nil {
+			return nil, err
+		}
+		rep, err := probe.Run(ctx, target, opt)
+		if err != nil {
+			return nil, err
+		}
+		return rep, nil
+	}
 }
 
+// probeCmd runs `greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN`.
+// Exit status: 0 the path accepts the recipient, 1 it defers, 2 it refuses
+// or cannot be reached (and 2 for usage errors).
 func probeCmd(args []string, stdout, stderr io.Writer) error {
-	return &exitError{2, errors.New("probe: not implemented yet")}
+	fs := flag.NewFlagSet("probe", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration file (default: the embedded default)")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	var targets []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return &exitError{2, err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		// Flags may also follow the target.
+		targets, args = append(targets, fs.Arg(0)), fs.Args()[1:]
+	}
+	if len(targets) != 1 {
+		return &exitError{2, errors.New("usage: greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN")}
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	opt, err := probeOptions(cfg)
+	if err != nil {
+		return &exitError{2, err}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	rep, err := probe.Run(ctx, targets[0], opt)
+	if err != nil {
+		return &exitError{2, err}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = rep.WriteText(stdout)
+	}
+	if err != nil {
+		return err
+	}
+	if rep.ExitCode != 0 {
+		return &exitError{rep.ExitCode, fmt.Errorf("probe %s: %s", rep.Target, rep.Verdict)}
+	}
+	return nil
 }

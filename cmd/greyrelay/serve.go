@@ -198,7 +198,7 @@ func newRouter(cfg *config.Config) (*mx.Router, error) {
 		Smarthost: cfg.Delivery.Smarthost.Address, Port: cfg.Delivery.Port,
 		AllowPrivate: cfg.Delivery.AllowPrivateDestinations,
 		IPv4:         true, IPv6: cfg.Delivery.SourceIPv6 != "",
-		Shuffle:      rand.Shuffle,
+		Shuffle: rand.Shuffle,
 	}, nil
 }
 
@@ -231,4 +231,3 @@ func bindable(ip string) (*net.TCPAddr, error) {
 	l.Close()
 	return addr, nil
 }
-
