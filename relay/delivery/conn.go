@@ -1,0 +1,230 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
+)
+
+// maxTargets bounds the addresses one attempt dials (chasquid tries five
+// MX hosts; we count addresses, and a host may have an IPv4 and an IPv6).
+const maxTargets = 10
+
+// target is one address to deliver to.
+type target struct {
+	host   string // MX (or smarthost, route) host name
+	addr   netip.Addr
+	port   int
+	source string // our source address: configured before the dial, actual after
+	tls    smtpclient.TLSPolicy
+}
+
+func (t target) addrString() string {
+	if !t.addr.IsValid() {
+		return ""
+	}
+	return t.addr.String()
+}
+
+// session is an open connection and what it has carried.
+type session struct {
+	c     *smtpclient.Client
+	t     target
+	relay bool // the peer relays further (smarthost)
+	count int  // transactions sent
+}
+
+// carries reports whether j may go over s: j's recipients are not bound to
+// another MX address by greylisting.
+func (s *session) carries(j *job) bool {
+	return j.want == "" || j.want == s.t.addr.String()
+}
+
+// connect routes j's domain, records the attempt and dials the targets in
+// order until one completes the handshake. It tries the next MX on
+// connection-level trouble (refused, timeout, 421, a failed handshake; a
+// failed STARTTLS under "may" is first retried in plaintext by
+// smtpclient.DialWithFallback). If no host takes the connection, j is
+// settled here and connect returns nil.
+func (e *Engine) connect(ctx context.Context, d *dest, j *job, a *attempt) *session {
+	rt, err := e.opt.Router.Route(ctx, d.name)
+	if err != nil {
+		if ctx.Err() == nil {
+			e.early(d, j, a, e.opt.Classifier.Classify(classifier.StageDNS, err))
+		} else {
+			e.unclaim(j.rcpts)
+		}
+		return nil
+	}
+	ts := e.targets(d, rt, j.want, a.start)
+	if len(ts) == 0 {
+		e.early(d, j, a, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, a.start)))
+		return nil
+	}
+	if !e.begin(j, ts[0], a.start, len(ts)) {
+		return nil
+	}
+	var v classifier.Verdict
+	for _, t := range ts {
+		a.tried = t
+		c, err := e.dial(ctx, t, rt.Kind)
+		if err == nil {
+			return e.opened(d, c, t, rt.Kind)
+		}
+		if ctx.Err() != nil {
+			return nil // shutting down: the attempt stays Active and is recovered
+		}
+		v = e.classifyErr(classifier.StageConnect, err)
+		e.noteDialFailure(d, t, v)
+	}
+	e.settle(d, a, outcomesOf(j.rcpts, sessionVerdict(v)))
+	return nil
+}
+
+// Diagnoses when no address of a destination may be dialed.
+var (
+	errAllDead = errors.New("every address of the domain's mail servers failed recently and is skipped for now")
+	errNoV6    = errors.New("the domain's mail servers have only IPv6 addresses and no IPv6 source address is configured")
+)
+
+// noTargets explains why targets found nothing to dial.
+func (e *Engine) noTargets(d *dest, rt mx.Route, now time.Time) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, h := range rt.Hops {
+		for _, addr := range h.Addrs {
+			if !deadUntil(&d.rec, addr.String(), now).IsZero() {
+				return errAllDead
+			}
+		}
+	}
+	return errNoV6
+}
+
+// sessionVerdict softens failures before MAIL: a 5xx greeting, EHLO or
+// AUTH reply says nothing about the message (a misconfigured backup MX, a
+// wrong smarthost password), so it defers instead of bouncing, as Postfix
+// does (smtp_skip_5xx_greeting, smtp_sasl_auth_soft_bounce).
+func sessionVerdict(v classifier.Verdict) classifier.Verdict {
+	if v.Stage < classifier.StageMAIL && v.Stage != classifier.StageDNS {
+		v.Outcome = classifier.Deferred
+	}
+	return v
+}
+
+// targets lists the addresses to try, in MX order, without addresses we
+// cannot reach from a pinned source (IPv6 without Dialer6) or that are in
+// the dead-host list. A greylisted job's MX address goes first.
+func (e *Engine) targets(d *dest, rt mx.Route, want string, now time.Time) []target {
+	mode := e.cfg.Delivery.TLS
+	if rt.Kind == mx.KindSmarthost {
+		mode = e.cfg.Delivery.Smarthost.TLS
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ts []target
+	for _, h := range rt.Hops {
+		for _, addr := range h.Addrs {
+			src := e.cfg.Delivery.SourceIPv4
+			if addr.Is6() {
+				if e.opt.Dialer6 == nil {
+					continue // never a silent fallback to an unpinned source
+				}
+				src = e.cfg.Delivery.SourceIPv6
+			}
+			if !deadUntil(&d.rec, addr.String(), now).IsZero() {
+				continue
+			}
+			ts = append(ts, target{host: h.Host, addr: addr, port: h.Port, source: src, tls: smtpclient.TLSPolicy(mode)})
+		}
+	}
+	if k := slices.IndexFunc(ts, func(t target) bool { return t.addr.String() == want }); k > 0 {
+		t := ts[k]
+		ts = slices.Insert(slices.Delete(ts, k, k+1), 0, t)
+	}
+	return ts[:min(len(ts), maxTargets)]
+}
+
+// dial connects to t from the pinned source address of its family.
+func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.Client, error) {
+	dl := e.opt.Dialer4
+	if t.addr.Is6() {
+		dl = e.opt.Dialer6
+	}
+	d := e.cfg.Delivery
+	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: e.opt.TLSConfig,
+		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout,
+		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout}
+	if kind == mx.KindSmarthost {
+		opt.Username, opt.Password = d.Smarthost.Username, d.Smarthost.Password
+	}
+	return smtpclient.DialWithFallback(ctx, dl, netip.AddrPortFrom(t.addr, uint16(t.port)), t.host, opt)
+}
+
+// noteDialFailure puts an address that refused or ignored the connection
+// on the dead-host list for retry.initial_interval. A host that answered,
+// even with 421, is alive and only loses this attempt.
+func (e *Engine) noteDialFailure(d *dest, t target, v classifier.Verdict) {
+	if v.Stage != classifier.StageConnect || (v.Reason != classifier.Connect && v.Reason != classifier.Timeout) {
+		return
+	}
+	d.mu.Lock()
+	markDead(&d.rec, t.addr.String(), e.now().Add(e.policy.Initial))
+	d.mu.Unlock()
+}
+
+// opened wraps a new connection into a session and counts it.
+func (e *Engine) opened(d *dest, c *smtpclient.Client, t target, kind string) *session {
+	if la := c.LocalAddr(); la.IsValid() {
+		t.source = la.Addr().String() // what the peer saw
+	}
+	d.mu.Lock()
+	markAlive(&d.rec, t.addr.String())
+	d.mu.Unlock()
+	e.m.ConnectionsOut.Inc()
+	tlsLabel := "no"
+	if _, ok := c.TLS(); ok {
+		tlsLabel = "yes"
+	}
+	e.m.TLSOut.WithLabelValues(tlsLabel).Inc()
+	return &session{c: c, t: t, relay: kind == mx.KindSmarthost}
+}
+
+// closeSession ends s politely (QUIT) unless we are shutting down.
+func (e *Engine) closeSession(ctx context.Context, s *session) {
+	if s == nil {
+		return
+	}
+	if ctx.Err() == nil {
+		_ = s.c.Quit()
+	} else {
+		_ = s.c.Close()
+	}
+	e.m.ConnectionsOut.Dec()
+}
+
+// classifyErr classifies an error from smtpclient at the stage it names.
+func (e *Engine) classifyErr(stage classifier.Stage, err error) classifier.Verdict {
+	var se *smtpclient.Error
+	if errors.As(err, &se) {
+		stage = se.Stage
+	}
+	return e.opt.Classifier.Classify(stage, err)
+}
+
+// envelope is the SMTP envelope of msg for rs.
+func envelope(msg queue.Message, rs []queue.Recipient) smtpclient.Envelope {
+	env := smtpclient.Envelope{From: msg.From, Size: msg.Size, EightBit: msg.EightBit,
+		SMTPUTF8: msg.SMTPUTF8, RET: msg.RET, EnvID: msg.EnvID}
+	for _, r := range rs {
+		env.Rcpts = append(env.Rcpts, smtpclient.Rcpt{Addr: r.Addr, Notify: r.Notify, ORCPT: r.ORCPT})
+	}
+	return env
+}

@@ -1,0 +1,354 @@
+package delivery
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+const wait = 5 * time.Second
+
+// TestDeliver_OneTransactionPerDomain: a message for two domains goes out
+// once per domain, each copy carrying exactly that domain's recipients,
+// from the pinned source address.
+func TestDeliver_OneTransactionPerDomain(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("one.test", 10, "mx.one.test").A("mx.one.test", "127.0.0.21")
+	h.dns.MX("two.test", 10, "mx.two.test").A("mx.two.test", "127.0.0.22")
+	one := startMX(t, "127.0.0.21", h.port, fakeOpt{})
+	two := startMX(t, "127.0.0.22", h.port, fakeOpt{})
+	id := h.enqueue("alice@sender.test", "a@one.test", "b@two.test", "c@one.test")
+	h.start()
+	eventually(t, wait, "message delivered", func() bool { return h.gone(id) })
+
+	for _, c := range []struct {
+		mx   *fakeMX
+		want []string
+	}{{one, []string{"a@one.test", "c@one.test"}}, {two, []string{"b@two.test"}}} {
+		txs := c.mx.transactions()
+		if len(txs) != 1 || !txs[0].delivered {
+			t.Fatalf("%s: transactions %+v, want one delivered", c.mx.ip, txs)
+		}
+		if !slices.Equal(txs[0].accepted, c.want) || txs[0].from != "alice@sender.test" {
+			t.Errorf("%s: MAIL %q RCPT %v, want alice@sender.test %v", c.mx.ip, txs[0].from, txs[0].accepted, c.want)
+		}
+		if got := c.mx.connections(); !slices.Equal(got, []string{sourceIP}) {
+			t.Errorf("%s: connections from %v, want one from %s", c.mx.ip, got, sourceIP)
+		}
+	}
+	for _, rc := range []string{"a@one.test", "b@two.test", "c@one.test"} {
+		outs := h.outcomes(rc)
+		if len(outs) != 1 || outs[0]["outcome"] != "delivered" || outs[0]["source_ip"] != sourceIP {
+			t.Errorf("%s: logged %v, want one delivered attempt from %s", rc, outs, sourceIP)
+		}
+	}
+	if got := counter(h.m.Deliveries, "delivered", "none"); got != 3 {
+		t.Errorf("Deliveries{delivered} = %v, want 3", got)
+	}
+}
+
+// TestDeliver_MixedRecipientReplies: 250/450/550 in one transaction give
+// three outcomes, and the DSN names only the failed recipient.
+func TestDeliver_MixedRecipientReplies(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("mixed.test", 10, "mx.mixed.test").A("mx.mixed.test", "127.0.0.23")
+	f := startMX(t, "127.0.0.23", h.port, fakeOpt{rcpt: func(n int, to string) error {
+		switch {
+		case strings.HasPrefix(to, "later@"):
+			return reply(450, [3]int{4, 2, 1}, "mailbox busy, try later")
+		case strings.HasPrefix(to, "bad@"):
+			return reply(550, [3]int{5, 1, 1}, "no such user")
+		}
+		return nil
+	}})
+	id := h.enqueue("alice@sender.test", "ok@mixed.test", "later@mixed.test", "bad@mixed.test")
+	h.start()
+	eventually(t, wait, "a DSN", func() bool { return len(h.dsns()) == 1 })
+
+	txs := f.delivered()
+	if len(txs) == 0 || !slices.Equal(txs[0].accepted, []string{"ok@mixed.test"}) {
+		t.Fatalf("first transaction %+v, want only ok@ accepted", txs)
+	}
+	if r, _ := h.rcpt(id, 0); r.Status != queue.Delivered {
+		t.Errorf("ok@ is %q, want delivered", r.Status)
+	}
+	if r, ok := h.rcpt(id, 1); !ok || (r.Status != queue.Deferred && r.Status != queue.Active) || r.Reply.Code != 450 {
+		t.Errorf("later@: %+v, want deferred with the 450", r)
+	}
+	if r, ok := h.rcpt(id, 2); !ok || r.Status != queue.Failed || r.Reply.Code != 550 {
+		t.Errorf("bad@: %+v, want failed with the 550", r)
+	}
+	d := h.dsns()[0]
+	for _, want := range []string{"Final-Recipient: rfc822; bad@mixed.test", "Action: failed", "Status: 5.1.1",
+		"Diagnostic-Code: smtp; 550 5.1.1 no such user", "Auto-Submitted: auto-replied"} {
+		if !strings.Contains(d.data, want) {
+			t.Errorf("DSN lacks %q:\n%s", want, d.data)
+		}
+	}
+	if strings.Contains(d.data, "ok@mixed.test") || strings.Contains(d.data, "later@mixed.test") {
+		t.Errorf("DSN names a recipient that did not fail:\n%s", d.data)
+	}
+	if d.from != "" || !slices.Equal(d.accepted, []string{"alice@sender.test"}) {
+		t.Errorf("DSN envelope %q -> %v, want <> -> alice@sender.test", d.from, d.accepted)
+	}
+}
+
+// TestDeliver_MXFallback: the first MX refuses the connection, the second
+// takes the message; the refusing address goes on the dead-host list.
+func TestDeliver_MXFallback(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("fallback.test", 10, "mx1.fallback.test").A("mx1.fallback.test", "127.0.0.24").
+		MX("fallback.test", 20, "mx2.fallback.test").A("mx2.fallback.test", "127.0.0.25")
+	second := startMX(t, "127.0.0.25", h.port, fakeOpt{})
+	id := h.enqueue("alice@sender.test", "x@fallback.test")
+	h.start()
+	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+	if n := len(second.delivered()); n != 1 {
+		t.Fatalf("second MX got %d messages, want 1", n)
+	}
+	outs := h.outcomes("x@fallback.test")
+	if len(outs) != 1 || outs[0]["mx"] != "mx2.fallback.test" || outs[0]["mx_addr"] != "127.0.0.25" {
+		t.Errorf("logged %v, want one attempt ending at mx2", outs)
+	}
+	dst, ok, err := h.q.Destination("fallback.test")
+	if err != nil || !ok {
+		t.Fatalf("destination: %v %v", ok, err)
+	}
+	if _, dead := dst.DeadHosts["127.0.0.24"]; !dead {
+		t.Errorf("DeadHosts = %v, want 127.0.0.24", dst.DeadHosts)
+	}
+}
+
+// TestDeliver_DNSOutcomes: NXDOMAIN and null MX fail with a DSN naming the
+// RFC 3463 status; SERVFAIL defers.
+func TestDeliver_DNSOutcomes(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, domain string
+		setup        func(h *harness)
+		status       string // DSN status; "" means deferred, no DSN
+	}{
+		{"nxdomain", "nx.test", func(h *harness) { h.dns.NXDomain("nx.test") }, "5.1.2"},
+		{"null-mx", "null.test", func(h *harness) { h.dns.NullMX("null.test") }, "5.1.10"},
+		{"servfail", "sf.test", func(h *harness) { h.dns.ServFail("sf.test") }, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			c.setup(h)
+			rcpt := "u@" + c.domain
+			id := h.enqueue("alice@sender.test", rcpt)
+			h.start()
+			if c.status == "" {
+				eventually(t, wait, "a deferral", func() bool { return len(h.outcomes(rcpt)) > 0 })
+				r, ok := h.rcpt(id, 0)
+				if !ok || r.Reason != "dns" || (r.Status != queue.Deferred && r.Status != queue.Active) {
+					t.Errorf("recipient %+v, want deferred for dns", r)
+				}
+				time.Sleep(100 * time.Millisecond)
+				if n := len(h.dsns()); n != 0 {
+					t.Errorf("%d DSNs for a temporary DNS failure", n)
+				}
+				return
+			}
+			eventually(t, wait, "a DSN", func() bool { return len(h.dsns()) == 1 })
+			if !h.gone(id) {
+				t.Error("message still queued after a permanent DNS failure")
+			}
+			if d := h.dsns()[0].data; !strings.Contains(d, "Status: "+c.status) || !strings.Contains(d, rcpt) {
+				t.Errorf("DSN lacks status %s or %s:\n%s", c.status, rcpt, d)
+			}
+		})
+	}
+}
+
+// TestDeliver_ConnectionReuse: two messages for one domain share one
+// connection (RSET between).
+func TestDeliver_ConnectionReuse(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("reuse.test", 10, "mx.reuse.test").A("mx.reuse.test", "127.0.0.26")
+	f := startMX(t, "127.0.0.26", h.port, fakeOpt{})
+	a := h.enqueue("alice@sender.test", "a@reuse.test")
+	b := h.enqueue("bob@sender.test", "b@reuse.test")
+	h.start()
+	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
+	if n := len(f.delivered()); n != 2 {
+		t.Fatalf("%d messages delivered, want 2", n)
+	}
+	if c := f.connections(); len(c) != 1 {
+		t.Errorf("%d connections, want 1", len(c))
+	}
+}
+
+// TestDeliver_TooManyRecipients: a peer that takes two RCPTs per
+// transaction and answers 452 4.5.3 to the rest gets the rest in
+// follow-up transactions right away (RFC 5321 §4.5.3.1.10).
+func TestDeliver_TooManyRecipients(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("many.test", 10, "mx.many.test").A("mx.many.test", "127.0.0.27")
+	var f *fakeMX
+	f = startMX(t, "127.0.0.27", h.port, fakeOpt{rcpt: func(n int, to string) error {
+		if len(f.transactions()[n].accepted) >= 2 {
+			return reply(452, [3]int{4, 5, 3}, "too many recipients")
+		}
+		return nil
+	}})
+	to := []string{"a@many.test", "b@many.test", "c@many.test", "d@many.test", "e@many.test"}
+	id := h.enqueue("alice@sender.test", to...)
+	start := time.Now()
+	h.start()
+	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+	if el := time.Since(start); el >= h.cfg.Retry.InitialInterval*3 {
+		t.Logf("took %v; follow-ups should not wait for the backoff", el)
+	}
+	var got []string
+	for _, tx := range f.delivered() {
+		got = append(got, tx.accepted...)
+	}
+	if !slices.Equal(got, to) || len(f.delivered()) != 3 || len(f.connections()) != 1 {
+		t.Errorf("delivered %v in %d transactions on %d connections, want %v in 3 on 1",
+			got, len(f.delivered()), len(f.connections()), to)
+	}
+	for _, rc := range to {
+		if outs := h.outcomes(rc); len(outs) != 1 || outs[0]["outcome"] != "delivered" {
+			t.Errorf("%s: %v, want delivered at the first attempt", rc, outs)
+		}
+	}
+}
+
+// TestDeliver_NullSenderAndNotifyNever: no DSN about a bounce (RFC 5321
+// §6.1) and none when NOTIFY=NEVER.
+func TestDeliver_NoDSN(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("rej.test", 10, "mx.rej.test").A("mx.rej.test", "127.0.0.28")
+	startMX(t, "127.0.0.28", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(550, [3]int{5, 1, 1}, "no such user")
+	}})
+	never := h.enqueue("alice@sender.test", "x@rej.test|NEVER")
+	bounce := h.enqueue("", "y@rej.test")
+	dsnMsg := h.enqueueMsg(queue.NewMessage{From: "", DSN: true}, "z@rej.test")
+	h.start()
+	eventually(t, wait, "all failed", func() bool { return h.gone(never) && h.gone(bounce) && h.gone(dsnMsg) })
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.dsns()); n != 0 {
+		t.Errorf("%d DSNs, want none", n)
+	}
+	for _, rc := range []string{"x@rej.test", "y@rej.test", "z@rej.test"} {
+		if outs := h.outcomes(rc); len(outs) != 1 || outs[0]["outcome"] != "failed" {
+			t.Errorf("%s: %v, want one failed attempt", rc, outs)
+		}
+	}
+}
+
+// TestDeliver_RelayedDSN: NOTIFY=SUCCESS to a peer without DSN gets a
+// "relayed" DSN; to a peer with DSN, the parameter is passed on instead.
+func TestDeliver_RelayedDSN(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("plain.test", 10, "mx.plain.test").A("mx.plain.test", "127.0.0.29").
+		MX("dsn.test", 10, "mx.dsn.test").A("mx.dsn.test", "127.0.0.30")
+	startMX(t, "127.0.0.29", h.port, fakeOpt{})
+	withDSN := startMX(t, "127.0.0.30", h.port, fakeOpt{dsn: true})
+	a := h.enqueue("alice@sender.test", "a@plain.test|SUCCESS,FAILURE")
+	b := h.enqueue("alice@sender.test", "b@dsn.test|SUCCESS")
+	h.start()
+	eventually(t, wait, "delivered", func() bool { return h.gone(a) && h.gone(b) })
+	eventually(t, wait, "a relayed DSN", func() bool { return len(h.dsns()) == 1 })
+	time.Sleep(100 * time.Millisecond)
+	ds := h.dsns()
+	if len(ds) != 1 || !strings.Contains(ds[0].data, "Action: relayed") || !strings.Contains(ds[0].data, "a@plain.test") {
+		t.Fatalf("DSNs %v, want one relayed DSN for a@plain.test", ds)
+	}
+	if tx := withDSN.delivered(); len(tx) != 1 || !slices.Equal(tx[0].notify, []string{"SUCCESS"}) {
+		t.Errorf("DSN peer saw %+v, want NOTIFY=SUCCESS passed on", tx)
+	}
+}
+
+// TestDeliver_DSNCapPerSender: dsn.max_per_sender_per_hour caps the
+// bounces one sender gets; the rest are dropped and counted.
+func TestDeliver_DSNCapPerSender(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.DSN.MaxPerSenderPerHour = 1 })
+	h.dns.MX("cap.test", 10, "mx.cap.test").A("mx.cap.test", "127.0.0.46")
+	startMX(t, "127.0.0.46", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(550, [3]int{5, 1, 1}, "no such user")
+	}})
+	a := h.enqueue("alice@sender.test", "a@cap.test")
+	b := h.enqueue("alice@sender.test", "b@cap.test")
+	h.start()
+	eventually(t, wait, "both failed", func() bool { return h.gone(a) && h.gone(b) })
+	eventually(t, wait, "one DSN", func() bool { return len(h.dsns()) == 1 })
+	time.Sleep(100 * time.Millisecond)
+	if n := len(h.dsns()); n != 1 {
+		t.Errorf("%d DSNs, want 1", n)
+	}
+	if n := testutil.ToFloat64(h.m.DSNsSuppressed); n != 1 {
+		t.Errorf("DSNsSuppressed = %v, want 1", n)
+	}
+}
+
+func TestNotifies(t *testing.T) {
+	for _, c := range []struct {
+		notify, what string
+		want         bool
+	}{
+		{"", notifyFailure, true}, {"", notifyDelay, true}, {"", notifySuccess, false},
+		{"NEVER", notifyFailure, false}, {"NEVER", notifyDelay, false},
+		{"SUCCESS", notifySuccess, true}, {"SUCCESS", notifyFailure, false},
+		{"success, failure", notifyFailure, true}, {"FAILURE", notifyDelay, false},
+		{"DELAY,FAILURE", notifyDelay, true},
+	} {
+		if got := notifies(c.notify, c.what); got != c.want {
+			t.Errorf("notifies(%q, %s) = %v, want %v", c.notify, c.what, got, c.want)
+		}
+	}
+}
+
+func TestTooManyRecipients(t *testing.T) {
+	for _, c := range []struct {
+		code     int
+		enhanced string
+		want     bool
+	}{
+		{452, "4.5.3", true}, {452, "", true}, {552, "5.5.3", true}, {552, "", true},
+		{452, "4.2.2", false}, {451, "4.5.3", false}, {550, "5.5.3", false},
+	} {
+		if got := tooManyRecipients(classifier.Reply{Code: c.code, Enhanced: c.enhanced}); got != c.want {
+			t.Errorf("tooManyRecipients(%d %s) = %v, want %v", c.code, c.enhanced, got, c.want)
+		}
+	}
+}
+
+func TestLearnGreylistPass(t *testing.T) {
+	const m = time.Minute
+	for _, c := range []struct {
+		name          string
+		learned, seen time.Duration
+		tries         int
+		want          time.Duration
+	}{
+		{"first observation", 0, 6 * m, 1, 6 * m},
+		{"passed at first retry: keep the shorter", 6 * m, 7 * m, 1, 6 * m},
+		{"a shorter pass teaches a shorter delay", 6 * m, 4 * m, 1, 4 * m},
+		{"needed more retries: raise", 6 * m, 16 * m, 2, 16 * m},
+	} {
+		rec := queue.Destination{LearnedDelay: c.learned}
+		learnGreylistPass(&rec, c.seen, c.tries)
+		if rec.LearnedDelay != c.want || !rec.Greylists || rec.GreylistPassed != 1 {
+			t.Errorf("%s: %+v, want learned %v", c.name, rec, c.want)
+		}
+	}
+}

@@ -1,0 +1,141 @@
+// Package delivery is greyrelay's delivery engine: it takes due recipients
+// from the queue, groups them into SMTP transactions, sends them from the
+// pinned source address and records every outcome.
+//
+// Design notes:
+//
+//   - One scheduler loop (Run) owns the decisions about what starts when. It
+//     sleeps on a single timer set to the queue's earliest due time and wakes
+//     on queue.Wake (every enqueue and deferral), on Kick (operator retry)
+//     and when a worker ends. It never polls and starts no goroutine per
+//     message (the chasquid anti-pattern): idle with nothing due is one
+//     pending timer.
+//   - A worker is one outbound connection: one goroutine that serves the
+//     jobs of one destination domain in turn, reusing the connection (RSET
+//     between) for up to delivery.max_messages_per_connection transactions.
+//     delivery.max_connections caps workers in all and
+//     delivery.max_per_destination caps them per domain (1 while the domain
+//     throttles us), and domains get workers round-robin, so a slow or dead
+//     domain cannot starve healthy ones.
+//   - A job is one transaction: all due recipients of one message at one
+//     domain (at most delivery.max_recipients_per_transaction), so a message
+//     is sent once per domain (RFC 5321 §4.5.4: "only one copy of the
+//     message SHOULD be transmitted") and domains are never mixed.
+//   - The attempt is recorded before it is made (queue.Begin, as in mox),
+//     with the source address, MX host and address and a lease covering
+//     every timeout the attempt may spend. After a crash, queue.Recover makes
+//     it due again: a possible duplicate, never a loss.
+//   - Every outcome goes through the classifier (what happened) and the
+//     backoff policy (when to try again), and is stored with its DSN and what
+//     was learned about the destination in one queue.Apply transaction.
+//   - Greylisting is a property of a (source IP, sender, recipient) triplet
+//     at one MX, so a recipient in the middle of a greylisting episode goes
+//     back to the MX address that greylisted it, from the same source
+//     address, unless that host is down. Greylisting never slows the whole
+//     destination; rate limiting does (backoff.Throttle).
+//
+// Nothing here reads the clock or randomness directly: Options.Now and
+// Options.Rand are injected.
+package delivery
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/dsn"
+	"github.com/greyrelay/greyrelay/relay/metrics"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
+)
+
+// Options are the engine's dependencies. Config, Queue, Classifier, Router,
+// Dialer4, Logger, Metrics, Now and Rand are required.
+type Options struct {
+	Config     *config.Config
+	Queue      *queue.Queue
+	Classifier *classifier.Classifier
+	Router     *mx.Router
+	// Dialer4 and Dialer6 dial from the pinned source addresses
+	// (net.Dialer{LocalAddr: ...}). A nil Dialer6 means no IPv6 egress:
+	// IPv6 MX addresses are skipped, never dialed from another address.
+	Dialer4, Dialer6 smtpclient.Dialer
+	TLSConfig        *tls.Config // base TLS settings (roots); ServerName is set per host
+	Logger           *zap.Logger
+	Metrics          *metrics.Metrics
+	Now              func() time.Time
+	Rand             func() float64 // uniform in [0,1), for backoff jitter
+}
+
+// Engine delivers queued mail. Create it with New, then call Run once.
+type Engine struct {
+	opt    Options
+	cfg    *config.Config
+	q      *queue.Queue
+	policy backoff.Policy
+	limit  *dsn.Limiter
+	log    *zap.Logger
+	m      *metrics.Metrics
+	kick   chan struct{}
+
+	// mu guards the scheduler state below; workers take it briefly to pick
+	// their next job and to report that they end.
+	mu      sync.Mutex
+	dests   map[string]*dest
+	order   []string // round-robin order of domains for fair worker starts
+	next    int      // where the next round-robin pass starts in order
+	claimed map[queue.Key]bool
+	workers int  // open connections (running workers) in all
+	waiting bool // some domain has jobs but no worker because of the global cap
+	skipped int  // due recipients left in the queue by the last scan
+}
+
+// New checks opt and returns an engine.
+func New(opt Options) (*Engine, error) {
+	if opt.Config == nil || opt.Queue == nil || opt.Classifier == nil || opt.Router == nil ||
+		opt.Dialer4 == nil || opt.Logger == nil || opt.Metrics == nil || opt.Now == nil || opt.Rand == nil {
+		return nil, errors.New("delivery: Config, Queue, Classifier, Router, Dialer4, Logger, Metrics, Now and Rand are required")
+	}
+	policy := opt.Config.Retry.Policy()
+	if err := policy.Validate(); err != nil {
+		return nil, fmt.Errorf("delivery: %w", err)
+	}
+	d := opt.Config.Delivery
+	if d.MaxConnections <= 0 || d.MaxPerDestination <= 0 || d.MaxMessagesPerConnection <= 0 || d.MaxRecipientsPerTransaction <= 0 {
+		return nil, errors.New("delivery: delivery.max_* limits must be positive")
+	}
+	if opt.Config.Hostname == "" {
+		return nil, errors.New("delivery: hostname is empty")
+	}
+	return &Engine{
+		opt:     opt,
+		cfg:     opt.Config,
+		q:       opt.Queue,
+		policy:  policy,
+		limit:   dsn.NewLimiter(opt.Config.DSN.MaxPerSenderPerHour),
+		log:     opt.Logger,
+		m:       opt.Metrics,
+		kick:    make(chan struct{}, 1),
+		dests:   map[string]*dest{},
+		claimed: map[queue.Key]bool{},
+	}, nil
+}
+
+// Kick wakes the scheduler loop, e.g. after an operator's "retry now". It
+// never blocks; kicks coalesce.
+func (e *Engine) Kick() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (e *Engine) now() time.Time { return e.opt.Now() }

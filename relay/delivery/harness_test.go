@@ -1,0 +1,259 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/configs"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/metrics"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
+)
+
+// sourceIP is the pinned source address every test delivers from.
+const sourceIP = "127.0.0.2"
+
+// baseYAML is the test configuration: loopback destinations allowed,
+// short timeouts, a retry schedule in milliseconds, no jitter.
+const baseYAML = `
+hostname: relay.test
+delivery:
+  source_ipv4: 127.0.0.2
+  allow_private_destinations: true
+  tls: may
+  connect_timeout: 2s
+  greeting_timeout: 2s
+  command_timeout: 2s
+  data_timeout: 2s
+retry:
+  initial_interval: 150ms
+  max_interval: 400ms
+  factor: 2
+  jitter: 0
+  greylist_first_retry: 300ms
+  greylist_second_retry: 400ms
+  hint_min: 50ms
+  hint_max: 1s
+  lifetime: 1h
+  delay_warnings: []
+`
+
+// harness is one engine on a fresh queue, with a test DNS server and a
+// sink MX for sender.test that receives the DSNs.
+type harness struct {
+	t      *testing.T
+	cfg    *config.Config
+	path   string
+	q      *queue.Queue
+	dns    *mxtest.Server
+	port   int
+	sink   *fakeMX
+	m      *metrics.Metrics
+	logs   *observer.ObservedLogs
+	eng    *Engine
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// newHarness builds the harness; mods adjust the configuration.
+func newHarness(t *testing.T, mods ...func(c *config.Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, path: filepath.Join(t.TempDir(), "queue.db"), port: freePort(t)}
+	cfg, err := config.Load(config.Source{Default: configs.Default, File: []byte(baseYAML)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range mods {
+		f(cfg)
+	}
+	cfg.Delivery.Port = h.port
+	h.cfg = cfg
+	h.dns = &mxtest.Server{}
+	h.dns.Start(t)
+	h.openQueue()
+	h.dns.MX("sender.test", 10, "mx.sender.test").A("mx.sender.test", "127.0.0.60")
+	h.sink = startMX(t, "127.0.0.60", h.port, fakeOpt{})
+	return h
+}
+
+func (h *harness) openQueue() {
+	q, err := queue.Open(h.path, queue.Options{})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.q = q
+}
+
+// freePort returns a TCP port free on 127.0.0.20 (and in practice on every
+// loopback address: the kernel picks ports from one range).
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.20:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// router routes through the test DNS server to h.port.
+func (h *harness) router() *mx.Router {
+	return &mx.Router{Resolver: mx.NewDNS(h.dns.Addr(), time.Second), Port: h.port,
+		AllowPrivate: true, IPv4: true, Smarthost: h.cfg.Delivery.Smarthost.Address, Routes: h.cfg.Delivery.Routes}
+}
+
+// start creates the engine with opt's changes applied and runs it.
+func (h *harness) start(mod ...func(*Options)) {
+	h.t.Helper()
+	core, logs := observer.New(zap.DebugLevel)
+	h.logs = logs
+	h.m = metrics.New(prometheus.NewRegistry())
+	cl, err := classifier.New(h.cfg.Retry.Rules)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	opt := Options{Config: h.cfg, Queue: h.q, Classifier: cl, Router: h.router(),
+		Dialer4: &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(sourceIP)}},
+		Logger:  zap.New(core), Metrics: h.m, Now: time.Now, Rand: func() float64 { return 0 }}
+	for _, f := range mod {
+		f(&opt)
+	}
+	h.eng, err = New(opt)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	go func() { h.done <- h.eng.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+}
+
+// stop ends the engine and closes the queue; it dumps the log on failure.
+func (h *harness) stop() {
+	if h.cancel != nil {
+		h.cancel()
+		select {
+		case err := <-h.done:
+			if err != nil {
+				h.t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			h.t.Error("Run did not return after cancel")
+		}
+		h.cancel = nil
+	}
+	if h.q != nil {
+		h.q.Close()
+		h.q = nil
+	}
+	if h.t.Failed() && h.logs != nil {
+		for _, e := range h.logs.All() {
+			h.t.Logf("%s %s %v", e.Level, e.Message, e.ContextMap())
+		}
+	}
+}
+
+// enqueue queues a message from "from" to the given recipients.
+func (h *harness) enqueue(from string, to ...string) queue.ID {
+	h.t.Helper()
+	return h.enqueueMsg(queue.NewMessage{From: from}, to...)
+}
+
+// enqueueMsg queues m (Body and Arrival filled in if empty) to the given
+// recipients; "addr|NOTIFY" sets a NOTIFY parameter.
+func (h *harness) enqueueMsg(m queue.NewMessage, to ...string) queue.ID {
+	h.t.Helper()
+	for _, a := range to {
+		addr, notify, _ := strings.Cut(a, "|")
+		dom, _ := domainOf(addr)
+		m.To = append(m.To, queue.NewRecipient{Addr: addr, Domain: dom, Notify: notify})
+	}
+	if m.Body == nil {
+		m.Body = []byte("From: <" + m.From + ">\r\nSubject: test\r\nMessage-ID: <t@sender.test>\r\n\r\nhello\r\n")
+	}
+	if m.Arrival.IsZero() {
+		m.Arrival = time.Now()
+	}
+	id, err := h.q.Enqueue(m)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return id
+}
+
+// rcpt returns recipient i of message id; ok is false once the message is
+// gone (all its recipients final).
+func (h *harness) rcpt(id queue.ID, i int) (queue.Recipient, bool) {
+	h.t.Helper()
+	m, err := h.q.Show(id)
+	if errors.Is(err, queue.ErrNotFound) {
+		return queue.Recipient{}, false
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, r := range m.Recipients {
+		if r.Key.Rcpt == i {
+			return r, true
+		}
+	}
+	return queue.Recipient{}, false
+}
+
+// gone reports whether message id has left the queue.
+func (h *harness) gone(id queue.ID) bool {
+	_, err := h.q.Message(id)
+	return errors.Is(err, queue.ErrNotFound)
+}
+
+// outcomes returns the logged outcome of each attempt for rcpt, in order.
+func (h *harness) outcomes(rcpt string) []map[string]any {
+	var out []map[string]any
+	for _, e := range h.logs.FilterMessageSnippet("delivery attempt").All() {
+		if m := e.ContextMap(); m["rcpt"] == rcpt {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// dsns returns the DSNs the sink has received (MAIL FROM:<>).
+func (h *harness) dsns() []fakeTx {
+	var out []fakeTx
+	for _, tx := range h.sink.delivered() {
+		if tx.from == "" {
+			out = append(out, tx)
+		}
+	}
+	return out
+}
+
+// counter reads a counter of a CounterVec.
+func counter(c *prometheus.CounterVec, labels ...string) float64 {
+	return testutil.ToFloat64(c.WithLabelValues(labels...))
+}
+
+// eventually polls cond every 10ms until it holds or d passes.
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

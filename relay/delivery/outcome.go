@@ -1,0 +1,254 @@
+package delivery
+
+import (
+	"errors"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/dsn"
+)
+
+// outcome is what one attempt did for one recipient.
+type outcome struct {
+	r     queue.Recipient    // the recipient as it was due (before Begin)
+	ok    bool               // accepted
+	reply classifier.Reply   // the accepting reply, when ok
+	v     classifier.Verdict // why not, when !ok
+}
+
+// attempt is the context shared by the outcomes of one transaction (or of
+// one attempt that never reached a transaction).
+type attempt struct {
+	msg     queue.Message
+	body    []byte
+	t       target // where the answer came from; zero if no server answered
+	tried   target // the last host tried, for the log; zero if none
+	relay   bool   // the next hop relays further (smarthost): Relayed, not Delivered
+	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
+	start   time.Time
+}
+
+// settlement collects what one attempt changes, before it is stored.
+type settlement struct {
+	u       queue.Update
+	notices map[dsn.Action][]dsn.Recipient
+	lines   []logLine
+	rated   classifier.Verdict // a rate-limit verdict seen in this attempt
+	limited bool
+	success bool
+}
+
+// logLine is one recipient's log line and metric, emitted after the commit.
+type logLine struct {
+	r              queue.Recipient
+	res            queue.Result
+	outcome        string
+	reason         string
+	code           int
+	enhanced, text string
+	expired        bool
+}
+
+// settle turns the outcomes of one attempt into results, DSNs and what was
+// learned about the destination, stores them in one queue.Apply and then
+// logs one line per recipient. It holds d.mu so that concurrent workers of
+// one destination never store stale destination state.
+func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	now := e.now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	rec := cloneDest(d.rec)
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}}
+	for _, o := range outs {
+		e.settleOne(s, &rec, a, o, now)
+	}
+	e.learnThrottle(&rec, s, now)
+	pruneDead(&rec, now)
+	rec.Updated = now
+	s.u.Destinations = []queue.Destination{rec}
+	var actions []dsn.Action
+	s.u.DSNs, actions = e.notices(a, s.notices, now)
+	if err := e.apply(s.u); err != nil {
+		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
+			zap.String("queue_id", a.msg.ID.String()), zap.String("domain", d.name), zap.Error(err))
+		return
+	}
+	d.rec = rec
+	e.mu.Lock()
+	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
+	e.mu.Unlock()
+	for _, action := range actions {
+		e.m.DSNs.WithLabelValues(string(action)).Inc()
+	}
+	for _, l := range s.lines {
+		e.logAttempt(a, l)
+	}
+}
+
+// apply stores u, retrying a few times: a failed write usually means a
+// full or failing disk, and giving up leaves the recipients Active until
+// the next start.
+func (e *Engine) apply(u queue.Update) error {
+	var err error
+	for i := range 3 {
+		if _, err = e.q.Apply(u); err == nil || errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
+			return err
+		}
+		time.Sleep(time.Duration(50<<i) * time.Millisecond)
+	}
+	return err
+}
+
+// settleOne decides one recipient's result.
+func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o outcome, now time.Time) {
+	res := queue.Result{Key: o.r.Key, End: now, FirstGreylisted: o.r.FirstGreylisted,
+		GreylistTries: o.r.GreylistTries, DelayWarnings: o.r.DelayWarnings}
+	routeOverride(&res, a.t, o.r)
+	switch {
+	case o.ok:
+		e.delivered(s, rec, a, o, &res, now)
+	case o.v.Outcome == classifier.Failed:
+		e.failed(s, a, o, &res, o.v.Status(), false)
+	case e.policy.Expired(a.msg.Arrival, now):
+		// The lifetime is over: fail with 4.4.7 (RFC 3463 "delivery time
+		// expired"), keeping the last reason and reply for the diagnosis.
+		e.failed(s, a, o, &res, "4.4.7", true)
+	default:
+		e.deferred(s, rec, a, o, &res, now)
+	}
+	s.u.Results = append(s.u.Results, res)
+}
+
+// routeOverride sets where the recipient's sticky route points after this
+// attempt: the host that answered, or, if none did, back to where it
+// pointed before (Begin stored the first host tried), so a recipient that
+// was greylisted at one MX keeps going there while the network hiccups.
+func routeOverride(res *queue.Result, t target, r queue.Recipient) {
+	if t.addr.IsValid() {
+		res.SourceIP, res.MXHost, res.MXAddr = t.source, t.host, t.addr.String()
+		return
+	}
+	res.SourceIP, res.MXHost, res.MXAddr = r.SourceIP, r.MXHost, r.MXAddr
+}
+
+// delivered records an accepted recipient.
+func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o outcome, res *queue.Result, now time.Time) {
+	res.Status = queue.Delivered
+	if a.relay {
+		res.Status = queue.Relayed
+	}
+	res.Reply = queue.Reply{Code: o.reply.Code, Enhanced: o.reply.Enhanced, Text: o.reply.Text}
+	res.Stage = classifier.StageEndOfData.String()
+	if !o.r.FirstGreylisted.IsZero() {
+		passed := now.Sub(o.r.FirstGreylisted)
+		learnGreylistPass(rec, passed, o.r.GreylistTries)
+		e.m.GreylistPass.Observe(passed.Seconds())
+	}
+	res.FirstGreylisted, res.GreylistTries = time.Time{}, 0
+	s.success = true
+	e.m.AttemptsPerMsg.Observe(float64(o.r.Attempts + 1))
+	// RFC 3461 §5.2.2: a peer without the DSN extension cannot report
+	// success, so we report "relayed" ourselves when SUCCESS was asked for.
+	if notifies(o.r.Notify, notifySuccess) && !a.peerDSN {
+		s.notices[dsn.Relayed] = append(s.notices[dsn.Relayed], e.dsnRecipient(a, o, dsn.Relayed, "2.0.0", now))
+	}
+	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(res.Status), reason: "none",
+		code: o.reply.Code, enhanced: o.reply.Enhanced, text: o.reply.Text})
+}
+
+// failed records a permanent failure, or an expiry (status "4.4.7").
+func (e *Engine) failed(s *settlement, a *attempt, o outcome, res *queue.Result, status string, expired bool) {
+	res.Status = queue.Failed
+	res.Reason = string(o.v.Reason)
+	res.Reply = queue.Reply{Code: o.v.Code, Enhanced: o.v.Enhanced, Text: o.v.Text}
+	res.Stage = o.v.Stage.String()
+	if notifies(o.r.Notify, notifyFailure) {
+		s.notices[dsn.Failed] = append(s.notices[dsn.Failed], e.dsnRecipient(a, o, dsn.Failed, status, res.End))
+	}
+	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Failed), reason: string(o.v.Reason),
+		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired})
+}
+
+// deferred records a temporary failure and schedules the next attempt.
+func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o outcome, res *queue.Result, now time.Time) {
+	in := backoff.Input{Kind: backoff.Generic, Attempt: o.r.Attempts + 1, GreylistTries: o.r.GreylistTries,
+		LearnedDelay: rec.LearnedDelay, Hint: o.v.Hint}
+	switch o.v.Reason {
+	case classifier.Greylisted:
+		in.Kind = backoff.Greylisted
+		in.GreylistTries++
+		res.GreylistTries = in.GreylistTries
+		if res.FirstGreylisted.IsZero() {
+			res.FirstGreylisted = now
+		}
+		learnGreylisted(rec, now)
+	case classifier.RateLimited:
+		in.Kind = backoff.RateLimited
+		s.rated, s.limited = o.v, true
+	}
+	next := now.Add(e.policy.Next(in, e.opt.Rand()))
+	// Never schedule past the deadline: the last try happens at the
+	// deadline, and its deferral expires the recipient.
+	if dl := e.policy.Deadline(a.msg.Arrival); next.After(dl) {
+		next = dl
+	}
+	res.Status, res.NextAttempt = queue.Deferred, next
+	res.Reason = string(o.v.Reason)
+	res.Reply = queue.Reply{Code: o.v.Code, Enhanced: o.v.Enhanced, Text: o.v.Text}
+	res.Stage = o.v.Stage.String()
+	if n := e.warningsDue(a.msg.Arrival, now); n > o.r.DelayWarnings {
+		res.DelayWarnings = n
+		if notifies(o.r.Notify, notifyDelay) {
+			s.notices[dsn.Delayed] = append(s.notices[dsn.Delayed], e.dsnRecipient(a, o, dsn.Delayed, o.v.Status(), now))
+		}
+	}
+	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Deferred), reason: string(o.v.Reason),
+		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text})
+}
+
+// warningsDue is how many of retry.delay_warnings a message that arrived
+// at arrival has reached at now.
+func (e *Engine) warningsDue(arrival, now time.Time) int {
+	n := 0
+	for _, w := range e.cfg.Retry.DelayWarnings {
+		if !now.Before(arrival.Add(w)) {
+			n++
+		}
+	}
+	return n
+}
+
+// logAttempt writes the one line per recipient and attempt, and counts it.
+func (e *Engine) logAttempt(a *attempt, l logLine) {
+	e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+	fields := []zap.Field{
+		zap.String("queue_id", l.r.Key.ID.String()),
+		zap.String("rcpt", l.r.Addr),
+		zap.String("domain", l.r.Domain),
+		zap.String("mx", a.tried.host),
+		zap.String("mx_addr", a.tried.addrString()),
+		zap.String("source_ip", a.tried.source),
+		zap.Int("attempt", l.r.Attempts+1),
+		zap.String("outcome", l.outcome),
+		zap.String("reason", l.reason),
+		zap.Int("code", l.code),
+		zap.String("enhanced", l.enhanced),
+		zap.String("reply", l.text),
+		zap.Duration("delay", l.res.End.Sub(a.msg.Arrival)),
+	}
+	if !l.res.NextAttempt.IsZero() {
+		fields = append(fields, zap.Time("next_attempt", l.res.NextAttempt))
+	}
+	msg := "delivery attempt"
+	if l.expired {
+		msg = "delivery attempt; lifetime expired, giving up (4.4.7)"
+	}
+	e.log.Info(msg, fields...)
+}

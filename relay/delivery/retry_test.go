@@ -1,0 +1,222 @@
+package delivery
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// TestGreylisting: the first attempt is greylisted; the retry comes after
+// retry.greylist_first_retry, from the same source address, to the same
+// MX, although the preferred MX is back up by then; it is accepted and the
+// destination learns the delay.
+func TestGreylisting(t *testing.T) {
+	t.Parallel()
+	for i, c := range []struct {
+		name  string
+		reply error
+	}{
+		{"rspamd-451-4.7.1", reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")},
+		{"postgrey-450-4.2.0", reply(450, [3]int{4, 2, 0}, "<g@grey.test>: Recipient address rejected: Greylisted, see http://postgrey.schweikert.ch/help/grey.test.html")},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t)
+			mx1, mx2 := fmt.Sprintf("127.0.0.%d", 31+2*i), fmt.Sprintf("127.0.0.%d", 32+2*i)
+			h.dns.MX("grey.test", 10, "mx1.grey.test").A("mx1.grey.test", mx1).
+				MX("grey.test", 20, "mx2.grey.test").A("mx2.grey.test", mx2)
+			second := startMX(t, mx2, h.port, fakeOpt{rcpt: func(n int, _ string) error {
+				if n == 0 {
+					return c.reply
+				}
+				return nil
+			}})
+			id := h.enqueue("alice@sender.test", "g@grey.test")
+			h.start()
+			eventually(t, wait, "greylisted once", func() bool { return len(h.outcomes("g@grey.test")) == 1 })
+			r, _ := h.rcpt(id, 0)
+			if r.Reason != "greylisted" || r.GreylistTries != 1 || r.FirstGreylisted.IsZero() || r.MXAddr != mx2 {
+				t.Fatalf("after greylisting: %+v", r)
+			}
+			// The preferred MX comes back; the greylisted triplet lives at mx2.
+			first := startMX(t, mx1, h.port, fakeOpt{})
+			eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+
+			txs := second.transactions()
+			if len(txs) != 2 || !txs[1].delivered || len(first.transactions()) != 0 {
+				t.Fatalf("mx2 saw %d transactions, mx1 %d; want the retry at mx2", len(txs), len(first.transactions()))
+			}
+			if gap := txs[1].at.Sub(txs[0].at); gap < h.cfg.Retry.GreylistFirstRetry {
+				t.Errorf("retry after %v, want at least greylist_first_retry %v", gap, h.cfg.Retry.GreylistFirstRetry)
+			}
+			if txs[0].client != sourceIP || txs[1].client != sourceIP {
+				t.Errorf("clients %s, %s; want both %s", txs[0].client, txs[1].client, sourceIP)
+			}
+			dst, _, _ := h.q.Destination("grey.test")
+			if !dst.Greylists || dst.GreylistSeen != 1 || dst.GreylistPassed != 1 || dst.LearnedDelay < h.cfg.Retry.GreylistFirstRetry {
+				t.Errorf("destination %+v, want greylisting learned (delay >= %v)", dst, h.cfg.Retry.GreylistFirstRetry)
+			}
+			var m dto.Metric
+			if err := h.m.GreylistPass.Write(&m); err != nil || m.GetHistogram().GetSampleCount() != 1 {
+				t.Errorf("GreylistPass samples = %d, want 1", m.GetHistogram().GetSampleCount())
+			}
+		})
+	}
+}
+
+// TestRateLimited: 451 4.7.28 throttles the whole destination: concurrency
+// 1 and a pause; a message arriving during the pause is not attempted
+// before it ends, and a success relaxes the throttle again.
+func TestRateLimited(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("rl.test", 10, "mx.rl.test").A("mx.rl.test", "127.0.0.35")
+	f := startMX(t, "127.0.0.35", h.port, fakeOpt{rcpt: func(n int, _ string) error {
+		if n == 0 {
+			return reply(451, [3]int{4, 7, 28}, "mail flood detected, slow down")
+		}
+		return nil
+	}})
+	a := h.enqueue("alice@sender.test", "a@rl.test")
+	h.start()
+	eventually(t, wait, "rate-limited once", func() bool { return len(h.outcomes("a@rl.test")) == 1 })
+	dst, _, _ := h.q.Destination("rl.test")
+	if dst.ThrottleLevel != 1 || !dst.ThrottledUntil.After(f.transactions()[0].at) {
+		t.Fatalf("destination %+v, want throttled (level 1, paused)", dst)
+	}
+	if r, _ := h.rcpt(a, 0); r.Reason != "rate-limited" {
+		t.Errorf("reason %q, want rate-limited", r.Reason)
+	}
+	b := h.enqueue("alice@sender.test", "b@rl.test")
+	// b is not attempted while the destination is paused: it is pushed to
+	// the end of the pause.
+	eventually(t, wait, "b pushed to the end of the pause", func() bool {
+		r, ok := h.rcpt(b, 0)
+		return ok && r.Attempts == 0 && r.NextAttempt.Equal(dst.ThrottledUntil)
+	})
+	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
+	for _, tx := range f.transactions()[1:] {
+		if tx.at.Before(dst.ThrottledUntil) {
+			t.Errorf("transaction at %v during the pause (until %v)", tx.at, dst.ThrottledUntil)
+		}
+	}
+	dst, _, _ = h.q.Destination("rl.test")
+	if dst.ThrottleLevel != 0 {
+		t.Errorf("throttle level %d after success, want 0", dst.ThrottleLevel)
+	}
+}
+
+// TestLifetimeExpiry: a recipient deferred past retry.lifetime fails with
+// exactly one DSN, status 4.4.7, quoting the last reply.
+func TestLifetimeExpiry(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Retry.Lifetime = 700 * time.Millisecond })
+	h.dns.MX("slowgrey.test", 10, "mx.slowgrey.test").A("mx.slowgrey.test", "127.0.0.36")
+	startMX(t, "127.0.0.36", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")
+	}})
+	id := h.enqueue("alice@sender.test", "x@slowgrey.test")
+	h.start()
+	eventually(t, wait, "expired", func() bool { return h.gone(id) })
+	eventually(t, wait, "the DSN", func() bool { return len(h.dsns()) == 1 })
+	time.Sleep(200 * time.Millisecond)
+	ds := h.dsns()
+	if len(ds) != 1 {
+		t.Fatalf("%d DSNs, want exactly 1", len(ds))
+	}
+	for _, want := range []string{"Action: failed", "Status: 4.4.7", "Diagnostic-Code: smtp; 451 4.7.1 Greylisted"} {
+		if !strings.Contains(ds[0].data, want) {
+			t.Errorf("DSN lacks %q:\n%s", want, ds[0].data)
+		}
+	}
+	outs := h.outcomes("x@slowgrey.test")
+	if last := outs[len(outs)-1]; last["outcome"] != "failed" || last["reason"] != "greylisted" {
+		t.Errorf("last attempt %v, want failed, reason greylisted", last)
+	}
+}
+
+// TestDelayWarning: a delay DSN goes out once the message has waited
+// retry.delay_warnings[0], once, and the recipient keeps being retried.
+func TestDelayWarning(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Retry.DelayWarnings = []time.Duration{250 * time.Millisecond} })
+	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.37")
+	startMX(t, "127.0.0.37", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(451, [3]int{4, 3, 0}, "temporary server failure")
+	}})
+	id := h.enqueue("alice@sender.test", "w@busy.test")
+	h.start()
+	eventually(t, wait, "a delay DSN", func() bool { return len(h.dsns()) == 1 })
+	eventually(t, wait, "two more attempts", func() bool {
+		n := len(h.outcomes("w@busy.test"))
+		return n >= 5
+	})
+	ds := h.dsns()
+	if len(ds) != 1 || !strings.Contains(ds[0].data, "Action: delayed") || !strings.Contains(ds[0].data, "Will-Retry-Until:") {
+		t.Fatalf("DSNs %d, want one delayed DSN; first:\n%v", len(ds), ds)
+	}
+	if r, ok := h.rcpt(id, 0); !ok || r.DelayWarnings != 1 {
+		t.Errorf("recipient %+v, want still queued with DelayWarnings 1", r)
+	}
+}
+
+// TestCrashRecovery: an attempt recorded (Begin) but never finished, as
+// after a crash, is made again after Recover, and delivered once.
+func TestCrashRecovery(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	h.dns.MX("crash.test", 10, "mx.crash.test").A("mx.crash.test", "127.0.0.38")
+	f := startMX(t, "127.0.0.38", h.port, fakeOpt{})
+	id := h.enqueue("alice@sender.test", "c@crash.test")
+	now := time.Now()
+	err := h.q.Begin(queue.Start{Keys: []queue.Key{{ID: id, Rcpt: 0}}, Time: now, SourceIP: sourceIP,
+		MXHost: "mx.crash.test", MXAddr: "127.0.0.38", LeaseUntil: now.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.q.Close() // the crash
+	h.openQueue()
+	h.start()
+	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+	time.Sleep(100 * time.Millisecond)
+	if n := len(f.delivered()); n != 1 {
+		t.Errorf("delivered %d times, want once", n)
+	}
+	if outs := h.outcomes("c@crash.test"); len(outs) != 1 || outs[0]["attempt"] != int64(2) {
+		t.Errorf("logged %v, want one attempt, the second recorded", outs)
+	}
+}
+
+// TestBounce: the operator's bounce fails a deferred recipient at once,
+// with a 5.0.0 DSN.
+func TestBounce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
+	h.dns.MX("later.test", 10, "mx.later.test").A("mx.later.test", "127.0.0.39")
+	startMX(t, "127.0.0.39", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(452, [3]int{4, 2, 2}, "mailbox full")
+	}})
+	id := h.enqueue("alice@sender.test", "b@later.test")
+	h.start()
+	eventually(t, wait, "deferred", func() bool {
+		r, _ := h.rcpt(id, 0)
+		return r.Status == queue.Deferred
+	})
+	n, err := h.eng.Bounce(queue.Selector{ID: id}, time.Now())
+	if err != nil || n != 1 {
+		t.Fatalf("Bounce = %d, %v; want 1", n, err)
+	}
+	eventually(t, wait, "the DSN", func() bool { return len(h.dsns()) == 1 })
+	if d := h.dsns()[0].data; !strings.Contains(d, "Status: "+BounceStatus) || !strings.Contains(d, "b@later.test") {
+		t.Errorf("DSN:\n%s", d)
+	}
+	if !h.gone(id) {
+		t.Error("bounced message still queued")
+	}
+}

@@ -1,0 +1,353 @@
+package delivery
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Scheduler limits. A scan reads the due index from its start, so every due
+// recipient it cannot take now (its domain is at capacity) is read again by
+// the next scan; the window grows by those, up to maxScan, so that they
+// cannot hide recipients of healthy domains behind them.
+const (
+	scanBatch = 1000  // new due recipients looked at per scan
+	maxScan   = 50000 // hard bound on recipients read per scan
+	// reuseShare is how many queued transactions one connection is expected
+	// to carry before the scheduler opens another connection to the same
+	// domain: two messages for one domain share a connection, a burst of
+	// hundreds spreads over up to delivery.max_per_destination connections.
+	reuseShare = 8
+	// errorPause paces the loop after a queue error.
+	errorPause = time.Second
+)
+
+// dest is the scheduler's view of one destination domain.
+type dest struct {
+	name     string
+	pending  []*job           // claimed, waiting for a worker; guarded by Engine.mu
+	active   int              // running workers; guarded by Engine.mu
+	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
+
+	// mu serialises what workers learn about the domain and its storage
+	// through queue.Apply, so concurrent workers never lose an update.
+	mu  sync.Mutex
+	rec queue.Destination // guarded by mu
+}
+
+// job is one SMTP transaction to be: due recipients of one message at one
+// domain. want is the MX address that greylisted them ("" for any).
+type job struct {
+	id     queue.ID
+	domain string
+	want   string
+	rcpts  []queue.Recipient
+}
+
+func (j *job) keys() []queue.Key {
+	ks := make([]queue.Key, len(j.rcpts))
+	for i, r := range j.rcpts {
+		ks[i] = r.Key
+	}
+	return ks
+}
+
+// Run is the scheduler loop. It recovers attempts interrupted by a crash,
+// then starts deliveries as they fall due until ctx is cancelled. It returns
+// once every worker has ended (cancelling ctx aborts their attempts, which
+// stay recorded as in progress and are recovered at the next start).
+func (e *Engine) Run(ctx context.Context) error {
+	n, err := e.q.Recover(e.now())
+	if err != nil {
+		return fmt.Errorf("delivery: recover: %w", err)
+	}
+	if n > 0 {
+		e.log.Info("recovered interrupted delivery attempts", zap.Int("recipients", n))
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		e.m.SchedulerWakeup.Inc()
+		wait, ok := e.schedule(ctx, &wg)
+		if ok {
+			timer.Reset(wait) // Go >= 1.23: Reset discards a stale expiry
+		} else {
+			timer.Stop()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		case <-e.q.Wake():
+		case <-e.kick:
+		}
+	}
+}
+
+// schedule is one iteration of the loop: claim due work, start workers and
+// say when to look again (ok false: only when woken).
+func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duration, bool) {
+	if ctx.Err() != nil {
+		return 0, false
+	}
+	if err := e.scan(e.now()); err != nil {
+		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
+		return errorPause, true
+	}
+	e.dispatch(ctx, wg)
+	return e.nextWake()
+}
+
+// nextWake returns how long to sleep: until the earliest due time, or
+// without a timer when nothing is waiting. Work that is due but was not
+// started waits for capacity, and a worker's progress wakes the loop.
+func (e *Engine) nextWake() (time.Duration, bool) {
+	t, ok, err := e.q.NextDue()
+	if err != nil {
+		e.log.Error("delivery scheduler: next due time", zap.Error(err))
+		return errorPause, true
+	}
+	if !ok {
+		return 0, false
+	}
+	if d := t.Sub(e.now()); d > 0 {
+		return d, true
+	}
+	e.mu.Lock()
+	busy := e.workers > 0
+	e.mu.Unlock()
+	if busy {
+		return 0, false
+	}
+	// Due, not started and nobody working: a push failed or the queue
+	// changed under us. Look again soon rather than never.
+	return errorPause, true
+}
+
+// scan claims due recipients into jobs of their destinations, and pushes
+// the due recipients of paused (throttled) destinations to the end of the
+// pause instead of looking at them again and again.
+func (e *Engine) scan(now time.Time) error {
+	e.mu.Lock()
+	limit := min(scanBatch+len(e.claimed)+e.skipped, maxScan)
+	e.mu.Unlock()
+	rs, err := e.q.Due(now, limit)
+	if err != nil {
+		return err
+	}
+	if err := e.loadDests(rs); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	push := e.claim(rs, now)
+	e.mu.Unlock()
+	for _, p := range push {
+		e.push(p.d, p.rcpts, p.d.throttle.Until, now)
+	}
+	return nil
+}
+
+// loadDests creates the scheduler state of every domain in rs it does not
+// know yet, reading what is stored about it.
+func (e *Engine) loadDests(rs []queue.Recipient) error {
+	e.mu.Lock()
+	missing := map[string]bool{}
+	for _, r := range rs {
+		if name := domainKey(r.Domain); e.dests[name] == nil {
+			missing[name] = true
+		}
+	}
+	e.mu.Unlock()
+	for name := range missing {
+		rec, ok, err := e.q.Destination(name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			rec = queue.Destination{Domain: name}
+		}
+		d := &dest{name: name, rec: rec,
+			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
+		e.mu.Lock()
+		if e.dests[name] == nil {
+			e.dests[name] = d
+			e.order = append(e.order, name)
+		}
+		e.mu.Unlock()
+	}
+	return nil
+}
+
+// pushItem is a set of recipients of a paused destination.
+type pushItem struct {
+	d     *dest
+	rcpts []queue.Recipient
+}
+
+// claim turns due recipients into jobs. Called with e.mu held.
+func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
+	paused := map[*dest][]queue.Recipient{}
+	skipped := 0
+	for _, r := range rs {
+		if e.claimed[r.Key] {
+			continue
+		}
+		d := e.dests[domainKey(r.Domain)]
+		if d == nil {
+			continue // appeared between Due and loadDests' view; next scan
+		}
+		if d.throttle.Paused(now) {
+			paused[d] = append(paused[d], r)
+			continue
+		}
+		if !e.addToJob(d, r) {
+			skipped++
+			continue
+		}
+		e.claimed[r.Key] = true
+	}
+	e.skipped = skipped
+	var out []pushItem
+	for d, rcpts := range paused {
+		out = append(out, pushItem{d, rcpts})
+	}
+	// Jobs claimed before the destination was throttled go the same way.
+	for _, d := range e.dests {
+		if !d.throttle.Paused(now) || len(d.pending) == 0 {
+			continue
+		}
+		var rcpts []queue.Recipient
+		for _, j := range d.pending {
+			rcpts = append(rcpts, j.rcpts...)
+			for _, r := range j.rcpts {
+				delete(e.claimed, r.Key)
+			}
+		}
+		d.pending = nil
+		out = append(out, pushItem{d, rcpts})
+	}
+	return out
+}
+
+// addToJob adds r to a pending job of the same message and sticky MX, or
+// starts a new job if the destination has room. Called with e.mu held.
+func (e *Engine) addToJob(d *dest, r queue.Recipient) bool {
+	want := stickyAddr(r)
+	for _, j := range d.pending {
+		if j.id == r.Key.ID && j.want == want && len(j.rcpts) < e.cfg.Delivery.MaxRecipientsPerTransaction {
+			j.rcpts = append(j.rcpts, r)
+			return true
+		}
+	}
+	if len(d.pending) >= e.cfg.Delivery.MaxPerDestination*reuseShare {
+		return false
+	}
+	d.pending = append(d.pending, &job{id: r.Key.ID, domain: d.name, want: want, rcpts: []queue.Recipient{r}})
+	return true
+}
+
+// stickyAddr is the MX address a recipient must return to: the one that
+// greylisted it, while the greylisting episode lasts (FirstGreylisted is
+// cleared when the recipient is accepted).
+func stickyAddr(r queue.Recipient) string {
+	if r.FirstGreylisted.IsZero() {
+		return ""
+	}
+	return r.MXAddr
+}
+
+func domainKey(domain string) string { return strings.ToLower(strings.TrimSuffix(domain, ".")) }
+
+// dispatch starts workers, one per destination per round-robin pass, until
+// every destination has the workers it wants or the global cap is reached.
+// The pass starts where the previous one stopped, so under the global cap
+// every domain gets its turn.
+func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	e.waiting = false
+	for started := true; started; {
+		started = false
+		n := len(e.order)
+		for i := 0; i < n; i++ {
+			idx := (e.next + i) % n
+			d := e.dests[e.order[idx]]
+			if !e.wantsWorker(d, now) {
+				continue
+			}
+			if e.workers >= e.cfg.Delivery.MaxConnections {
+				e.waiting = true
+				e.next = idx
+				e.evict()
+				return
+			}
+			e.startWorker(ctx, wg, d)
+			started = true
+		}
+	}
+	e.evict()
+}
+
+// wantsWorker reports whether d should get another connection now: it has
+// jobs, is not paused, is under its concurrency (1 while throttled) and has
+// more queued transactions than its connections are expected to carry.
+// Called with e.mu held.
+func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
+	if len(d.pending) == 0 || d.throttle.Paused(now) {
+		return false
+	}
+	if d.active >= d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination) {
+		return false
+	}
+	share := min(reuseShare, e.cfg.Delivery.MaxMessagesPerConnection)
+	return d.active*share < len(d.pending)+d.active
+}
+
+// startWorker runs a worker for d. Called with e.mu held.
+func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
+	e.workers++
+	d.active++
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		e.work(ctx, d)
+		e.mu.Lock()
+		e.workers--
+		d.active--
+		e.mu.Unlock()
+		e.Kick()
+	}()
+}
+
+// evict forgets destinations with no jobs and no workers; their state is in
+// the queue and is read again when they have work. Called with e.mu held.
+func (e *Engine) evict() {
+	keep := e.order[:0]
+	for i, name := range e.order {
+		d := e.dests[name]
+		if d.active == 0 && len(d.pending) == 0 {
+			delete(e.dests, name)
+			if i < e.next {
+				e.next--
+			}
+			continue
+		}
+		keep = append(keep, name)
+	}
+	clear(e.order[len(keep):])
+	e.order = keep
+	if e.next >= len(e.order) || e.next < 0 {
+		e.next = 0
+	}
+}

@@ -1,0 +1,168 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// maxFollowUps bounds the follow-up transactions one attempt sends for
+// recipients refused with "too many recipients" (RFC 5321 §4.5.3.1.10).
+const maxFollowUps = 3
+
+// work is one worker: it serves d's jobs, one connection at a time, until
+// there is none left for it, the destination is paused, or another domain
+// waits for a connection slot.
+func (e *Engine) work(ctx context.Context, d *dest) {
+	var s *session
+	defer func() { e.closeSession(ctx, s) }()
+	for served := 0; ctx.Err() == nil; served++ {
+		j := e.nextJob(d, s, served)
+		if j == nil {
+			return
+		}
+		s = e.runJob(ctx, d, j, s)
+	}
+}
+
+// nextJob takes d's next job, preferring one the open connection can
+// carry (its recipients are not bound to another MX by greylisting).
+func (e *Engine) nextJob(d *dest, s *session, served int) *job {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(d.pending) == 0 || d.throttle.Paused(e.now()) {
+		return nil
+	}
+	if served > 0 && e.waiting {
+		return nil // fairness: give the connection slot to a waiting domain
+	}
+	i := 0
+	if s != nil {
+		if k := slices.IndexFunc(d.pending, func(j *job) bool { return s.carries(j) }); k >= 0 {
+			i = k
+		}
+	}
+	j := d.pending[i]
+	d.pending = slices.Delete(d.pending, i, i+1)
+	if e.skipped > 0 {
+		e.Kick() // there is room for due work the last scan left behind
+	}
+	return j
+}
+
+// runJob makes one attempt for j, on s if it can carry it or on a new
+// connection, and returns the connection to reuse (nil if none).
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
+	msg, err := e.q.Message(j.id)
+	var body []byte
+	if err == nil {
+		body, err = e.q.Body(j.id)
+	}
+	if err != nil {
+		e.unclaim(j.rcpts)
+		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
+			e.log.Error("delivery: loading message failed", zap.String("queue_id", j.id.String()), zap.Error(err))
+		}
+		return s
+	}
+	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection) {
+		e.closeSession(ctx, s)
+		s = nil
+	}
+	if s != nil && s.c.Reset() != nil {
+		// RSET between transactions (RFC 5321 §4.1.1.5); a connection the
+		// peer closed while idle is simply replaced.
+		e.closeSession(ctx, s)
+		s = nil
+	}
+	a := &attempt{msg: msg, body: body, start: e.now()}
+	if s == nil {
+		if s = e.connect(ctx, d, j, a); s == nil {
+			return nil
+		}
+	} else if !e.begin(j, s.t, a.start, 1) {
+		return s
+	}
+	return e.transact(ctx, d, j, a, s)
+}
+
+// begin records the attempt for j's recipients before anything is sent
+// (queue.Begin). Recipients the operator held, bounced or deleted since
+// they were claimed are dropped from j. It reports whether any is left.
+// Either way j's recipients are no longer claimed: Begun ones are Active
+// and invisible to the scan.
+func (e *Engine) begin(j *job, t target, now time.Time, hops int) bool {
+	defer e.unclaim(j.rcpts)
+	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
+		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}
+	err := e.q.Begin(start)
+	if errors.Is(err, queue.ErrState) || errors.Is(err, queue.ErrNotFound) {
+		if j.rcpts = e.stillDue(j); len(j.rcpts) == 0 {
+			return false
+		}
+		start.Keys = j.keys()
+		err = e.q.Begin(start)
+	}
+	if err != nil {
+		e.log.Error("delivery: recording the attempt failed", zap.String("queue_id", j.id.String()), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// stillDue returns the recipients of j that may still be attempted.
+func (e *Engine) stillDue(j *job) []queue.Recipient {
+	rs, err := e.q.Select(queue.Selector{ID: j.id})
+	if err != nil {
+		return nil
+	}
+	var out []queue.Recipient
+	for _, r := range j.rcpts {
+		k := slices.IndexFunc(rs, func(x queue.Recipient) bool { return x.Key == r.Key })
+		if k >= 0 && (rs[k].Status == queue.Queued || rs[k].Status == queue.Deferred) {
+			out = append(out, rs[k])
+		}
+	}
+	return out
+}
+
+// lease is how long an attempt may take: every timeout it may spend on
+// hops hosts (twice, for the plaintext retry under TLS "may") and on its
+// transactions. It only matters after a crash (queue.Recover).
+func (e *Engine) lease(hops, rcpts int) time.Duration {
+	d := e.cfg.Delivery
+	setup := d.ConnectTimeout + d.GreetingTimeout + 5*d.CommandTimeout // EHLO, STARTTLS, handshake, EHLO, AUTH
+	tx := time.Duration(rcpts+3)*d.CommandTimeout + 2*d.DataTimeout    // RSET, MAIL, RCPTs, DATA; data, final dot
+	return time.Duration(2*max(hops, 1))*setup + time.Duration(1+maxFollowUps)*tx
+}
+
+func (e *Engine) unclaim(rs []queue.Recipient) {
+	e.mu.Lock()
+	for _, r := range rs {
+		delete(e.claimed, r.Key)
+	}
+	e.mu.Unlock()
+}
+
+// early settles j without a connection (DNS failure, every host known to
+// be down): the attempt is recorded and deferred or failed at once.
+func (e *Engine) early(d *dest, j *job, a *attempt, v classifier.Verdict) {
+	if !e.begin(j, target{}, a.start, 1) {
+		return
+	}
+	e.settle(d, a, outcomesOf(j.rcpts, v))
+}
+
+func outcomesOf(rs []queue.Recipient, v classifier.Verdict) []outcome {
+	outs := make([]outcome, len(rs))
+	for i, r := range rs {
+		outs[i] = outcome{r: r, v: v}
+	}
+	return outs
+}
