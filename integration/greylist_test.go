@@ -1,0 +1,231 @@
+package integration
+
+// Issue 4, greylisting and throttling: retries from the same address just
+// after the greylist delay, a delay learned per destination, rate limits
+// slowing a destination as a whole, and a lifetime that ends in one DSN.
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+// TestGreylistPostgreyPasses delivers through a Postfix that asks a real
+// postgrey (--delay 3): the first attempt is greylisted with 450 4.2.0, the
+// retry comes greylist_first_retry later from the same source address to
+// the same MX and passes. A second message for the same triplet then goes
+// straight through.
+func TestGreylistPostgreyPasses(t *testing.T) {
+	peers.Require(t, "postfix", "postgrey", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	grey := peers.StartPostgrey(t, "", 3*time.Second)
+	px := n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
+	const firstRetry = 4 * time.Second
+	r := n.relay("retry.greylist_first_retry=4s")
+
+	start := time.Now()
+	id := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b@dest.test"}, Data: message("a@src.test", "b@dest.test", "greylisted")})
+	final.WaitFor(t, 1, firstRetry+15*time.Second)
+	took := time.Since(start)
+	if took < grey.Delay || took > firstRetry+8*time.Second {
+		t.Errorf("delivered %v after submission, want between postgrey's delay %v and greylist_first_retry+8s (%v)", took, grey.Delay, firstRetry+8*time.Second)
+	}
+
+	atts := r.waitAttempts(id, "delivered", 5*time.Second)
+	if len(atts) != 2 {
+		t.Fatalf("want 2 attempts (greylisted, delivered), got %v", outcomes(atts))
+	}
+	first, second := atts[0], atts[1]
+	if first.str("outcome") != "deferred" || first.str("reason") != "greylisted" || first.num("code") != 450 || first.str("enhanced") != "4.2.0" {
+		t.Errorf("first attempt: want deferred/greylisted 450 4.2.0, got %v", first)
+	}
+	if !strings.Contains(first.str("reply"), "Greylisted") {
+		t.Errorf("first attempt's reply %q does not quote postgrey", first.str("reply"))
+	}
+	for _, a := range atts {
+		if a.str("source_ip") != r.IP || a.str("mx_addr") != first.str("mx_addr") {
+			t.Errorf("attempt %v from %s to %s: want every attempt from %s to the same MX %s", a.num("attempt"), a.str("source_ip"), a.str("mx_addr"), r.IP, first.str("mx_addr"))
+		}
+	}
+	if gap := first.time("next_attempt").Sub(first.time("time")); gap < firstRetry-time.Second/10 || gap > firstRetry*12/10 {
+		t.Errorf("first retry scheduled %v after the greylisting, want about greylist_first_retry (%v)", gap, firstRetry)
+	}
+	if gap := second.time("time").Sub(first.time("time")); gap < firstRetry-time.Second/10 {
+		t.Errorf("retry came %v after the greylisting, before greylist_first_retry (%v)", gap, firstRetry)
+	}
+	if c := strings.Count(px.Log(), "reject: RCPT from unknown["+r.IP+"]: 450 4.2.0"); c != 1 {
+		t.Errorf("Postfix greylisted the relay %d times, want once:\n%s", c, px.Log())
+	}
+	glog := grey.Log()
+	if !strings.Contains(glog, "action=greylist") || !strings.Contains(glog, "action=pass") || !strings.Contains(glog, "client_address="+r.IP) {
+		t.Errorf("postgrey's log lacks a greylist and a pass for %s:\n%s", r.IP, glog)
+	}
+
+	// The same triplet again: postgrey knows it, one attempt suffices.
+	id2 := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b@dest.test"}, Data: message("a@src.test", "b@dest.test", "known triplet")})
+	final.WaitFor(t, 2, 10*time.Second)
+	if atts := r.waitAttempts(id2, "delivered", 5*time.Second); len(atts) != 1 {
+		t.Errorf("known triplet: want 1 attempt, got %v", outcomes(atts))
+	}
+}
+
+// TestGreylistLearnsDelay greylists with a postgrey delay (8s) longer than
+// the relay's quick retries (3s): the first message needs several tries,
+// and the relay learns how long the destination greylists. A second
+// message (a new recipient, so a new triplet) then waits that long before
+// its first retry and passes after one greylisting deferral.
+func TestGreylistLearnsDelay(t *testing.T) {
+	peers.Require(t, "postfix", "postgrey", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	grey := peers.StartPostgrey(t, "", 8*time.Second)
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
+	r := n.relay("retry.greylist_first_retry=3s", "retry.greylist_second_retry=3s")
+
+	id1 := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b1@dest.test"}, Data: message("a@src.test", "b1@dest.test", "learn")})
+	final.WaitFor(t, 1, 30*time.Second)
+	r.waitAttempts(id1, "delivered", 5*time.Second)
+	d, ok := r.destination("dest.test")
+	if !ok {
+		t.Fatal("the destinations API knows nothing about dest.test after greylisting")
+	}
+	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
+	if !d.Greylists || learned < grey.Delay {
+		t.Fatalf("destination dest.test: greylists %v, learned delay %v; want true and at least postgrey's %v", d.Greylists, learned, grey.Delay)
+	}
+
+	t.Logf("first message: %v; learned delay %v", outcomes(r.attempts(id1)), learned)
+
+	id2 := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b2@dest.test"}, Data: message("a@src.test", "b2@dest.test", "use learned")})
+	final.WaitFor(t, 2, learned*2+15*time.Second)
+	atts := r.waitAttempts(id2, "delivered", 5*time.Second)
+	if len(atts) != 2 || atts[0].str("reason") != "greylisted" {
+		t.Fatalf("second message: want one greylisting deferral then delivery, got %v", outcomes(atts))
+	}
+	if gap := atts[0].time("next_attempt").Sub(atts[0].time("time")); gap < learned {
+		t.Errorf("second message's retry scheduled %v after the greylisting, want at least the learned delay %v", gap, learned)
+	}
+	if gap := atts[1].time("time").Sub(atts[0].time("time")); gap < learned {
+		t.Errorf("second message retried %v after the greylisting, want at least the learned delay %v", gap, learned)
+	}
+}
+
+// TestGreylistRateLimitThrottles has a destination refuse each recipient's
+// first try with 451 4.7.28 (a rate limit): the destination is throttled
+// (the destinations API says so) and no attempt follows a rate-limit reply
+// sooner than the throttle pause (retry.initial_interval, 1s ± jitter).
+func TestGreylistRateLimitThrottles(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	type event struct {
+		at      time.Time
+		rcpt    string
+		limited bool
+	}
+	var mu sync.Mutex
+	var events []event
+	sink := n.sink("rl.test", peers.SinkOptions{Rcpt: func(rcpt string, attempt int) *smtp.SMTPError {
+		mu.Lock()
+		defer mu.Unlock()
+		events = append(events, event{time.Now(), rcpt, attempt == 1})
+		if attempt == 1 {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 7, 28},
+				Message: "Our system has detected an unusual rate of unsolicited mail originating from your IP address; try again later"}
+		}
+		return nil
+	}})
+	r := n.relay()
+
+	var ids []string
+	for _, rc := range []string{"r1@rl.test", "r2@rl.test", "r3@rl.test"} {
+		ids = append(ids, r.send(peers.SwaksMessage{From: "a@src.test", To: []string{rc}, Data: message("a@src.test", rc, "rate "+rc)}))
+	}
+	eventually(t, 10*time.Second, "rl.test throttled in the destinations API", func() error {
+		if d, ok := r.destination("rl.test"); !ok || d.ThrottleLevel < 1 || d.ThrottledUntil == nil {
+			return fmt.Errorf("destination: %+v", d)
+		}
+		return nil
+	})
+	sink.WaitFor(t, 3, 30*time.Second)
+	for _, id := range ids {
+		atts := r.waitAttempts(id, "delivered", 5*time.Second)
+		if len(atts) != 2 || atts[0].str("reason") != "rate-limited" {
+			t.Errorf("message %s: want a rate-limited deferral then delivery, got %v", id, outcomes(atts))
+		}
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(events) != 6 {
+		t.Errorf("destination saw %d RCPT commands, want 6 (each recipient refused once, then accepted)", len(events))
+	}
+	slices.SortFunc(events, func(a, b event) int { return a.at.Compare(b.at) })
+	for _, e := range events {
+		t.Logf("RCPT %s at +%v, rate-limited %v", e.rcpt, e.at.Sub(events[0].at).Round(time.Millisecond), e.limited)
+	}
+	for i := 1; i < len(events); i++ {
+		if events[i-1].limited && events[i].at.Sub(events[i-1].at) < 800*time.Millisecond {
+			t.Errorf("RCPT %s came %v after a rate-limit reply (to %s): the destination was hammered, want the throttle pause (~1s)",
+				events[i].rcpt, events[i].at.Sub(events[i-1].at), events[i-1].rcpt)
+		}
+	}
+}
+
+// TestGreylistLifetimeExpires has a destination defer forever; with
+// retry.lifetime 10s the relay gives up and sends exactly one failure DSN
+// (status 4.4.7) to the sender's domain.
+func TestGreylistLifetimeExpires(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	slow := n.sink("slow.test", peers.SinkOptions{Rcpt: func(string, int) *smtp.SMTPError {
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "Temporary local problem, please try later"}
+	}})
+	senderMX := n.sink("src.test", peers.SinkOptions{})
+	const lifetime = 10 * time.Second
+	r := n.relay("retry.lifetime=10s")
+
+	start := time.Now()
+	id := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"x@slow.test"}, Data: message("a@src.test", "x@slow.test", "expires")})
+	dsn := senderMX.WaitFor(t, 1, lifetime+20*time.Second)[0]
+	if took := time.Since(start); took < lifetime {
+		t.Errorf("gave up after %v, before retry.lifetime %v", took, lifetime)
+	}
+	r.waitQueueEmpty(10 * time.Second)
+	if got := len(senderMX.Messages()); got != 1 {
+		t.Errorf("sender's domain got %d DSNs, want exactly 1", got)
+	}
+	if dsn.From != "" || !slices.Equal(dsn.Rcpts, []string{"a@src.test"}) {
+		t.Errorf("DSN envelope MAIL <%s> RCPT %v, want <> [a@src.test]", dsn.From, dsn.Rcpts)
+	}
+	rep := parseDSN(t, dsn.Data)
+	g := rep.recipient("x@slow.test")
+	if len(rep.Recipients) != 1 || g == nil {
+		t.Fatalf("DSN recipients %v, want only x@slow.test", rep.Recipients)
+	}
+	if g.Get("Action") != "failed" || g.Get("Status") != "4.4.7" {
+		t.Errorf("DSN Action %q Status %q, want failed 4.4.7", g.Get("Action"), g.Get("Status"))
+	}
+	if dc := oneSpace(g.Get("Diagnostic-Code")); !strings.Contains(dc, "451 4.3.0") {
+		t.Errorf("DSN Diagnostic-Code %q does not quote the last reply", dc)
+	}
+	atts := r.attempts(id)
+	if len(atts) < 3 || atts[len(atts)-1].str("outcome") != "failed" {
+		t.Errorf("want several deferrals ending in failure, got %v", outcomes(atts))
+	}
+	if slow.Connections() == 0 {
+		t.Error("the deferring destination was never tried")
+	}
+}
