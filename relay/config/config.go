@@ -19,6 +19,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -181,9 +183,7 @@ func Load(src Source) (*Config, error) {
 			return nil, err
 		}
 	}
-	if err := readSecrets(&c, src.ReadFile); err != nil {
-		return nil, err
-	}
+	readSecrets(&c, src.ReadFile)
 	if c.Hostname == "" && src.Hostname != nil {
 		h, err := src.Hostname()
 		if err != nil {
@@ -217,9 +217,28 @@ func decodeStrict(b []byte, c *Config) error {
 		return nil
 	}
 	if err != nil {
-		return errors.New(friendlyYAMLError(err.Error()))
+		return errors.New(nameKeys(friendlyYAMLError(err.Error()), b))
 	}
 	return nil
+}
+
+var lineRef = regexp.MustCompile(`line (\d+): `)
+
+// nameKeys adds the key to yaml's "line N: cannot unmarshal …" messages, so
+// that every error names the key the operator has to fix.
+func nameKeys(msg string, src []byte) string {
+	lines := strings.Split(string(src), "\n")
+	return lineRef.ReplaceAllStringFunc(msg, func(m string) string {
+		n, _ := strconv.Atoi(lineRef.FindStringSubmatch(m)[1])
+		if n < 1 || n > len(lines) {
+			return m
+		}
+		key, _, ok := strings.Cut(strings.TrimLeft(lines[n-1], " -"), ":")
+		if !ok || strings.ContainsAny(key, " {[") {
+			return m
+		}
+		return fmt.Sprintf("line %d (key %s): ", n, key)
+	})
 }
 
 // friendlyYAMLError turns yaml's "field x not found in type config.Limits"
@@ -234,27 +253,26 @@ func friendlyYAMLError(s string) string {
 	return s
 }
 
-func readSecrets(c *Config, read func(string) ([]byte, error)) error {
+// readSecrets fills secrets from their *_file keys. A file that cannot be
+// read is left for Validate to report together with every other problem,
+// rather than stopping the load at the first one.
+func readSecrets(c *Config, read func(string) ([]byte, error)) {
 	if read == nil {
 		read = os.ReadFile
 	}
 	pairs := []struct {
 		file string
 		dst  *string
-		key  string
 	}{
-		{c.Admin.TokenFile, &c.Admin.Token, "admin.token_file"},
-		{c.Delivery.Smarthost.PasswordFile, &c.Delivery.Smarthost.Password, "delivery.smarthost.password_file"},
+		{c.Admin.TokenFile, &c.Admin.Token},
+		{c.Delivery.Smarthost.PasswordFile, &c.Delivery.Smarthost.Password},
 	}
 	for _, p := range pairs {
 		if p.file == "" {
 			continue
 		}
-		b, err := read(p.file)
-		if err != nil {
-			return fmt.Errorf("%s: %w", p.key, err)
+		if b, err := read(p.file); err == nil {
+			*p.dst = strings.TrimRight(string(b), "\r\n")
 		}
-		*p.dst = strings.TrimRight(string(b), "\r\n")
 	}
-	return nil
 }

@@ -182,3 +182,25 @@ func TestValidate_Refusals(t *testing.T) {
 		})
 	}
 }
+
+func TestLoad_TypeErrorNamesKey(t *testing.T) {
+	_, err := load(t, "retry:\n  lifetime: 5 days\n", nil)
+	if err == nil || !strings.Contains(err.Error(), "key lifetime") {
+		t.Errorf("err = %v, want the key named", err)
+	}
+}
+
+// A missing secret file is reported by Validate along with every other
+// problem, not as the first and only error of Load.
+func TestValidate_ReportsEverything(t *testing.T) {
+	c, err := load(t, "admin:\n  token_file: /nonexistent/token\nusers_file: /nonexistent/users\nlimits:\n  max_connections: 0\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Validate()
+	for _, want := range []string{"admin.token_file", "users_file", "limits.max_connections"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want mention of %s", err, want)
+		}
+	}
+}
