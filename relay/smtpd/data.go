@@ -1,0 +1,261 @@
+package smtpd
+
+import (
+	"errors"
+	"io"
+	"net"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Message data policy.
+//
+//   - End of data is CRLF.CRLF only, as go-smtp finds it (F6). Impostors
+//     such as LF.LF or CR.CR stay inside the message, so at most one
+//     transaction results from any smuggling attempt.
+//   - A bare LF is taken as a line end and stored as CRLF (RFC 5321 §2.3.8
+//     says lines end in CRLF; Postfix smtpd_forbid_bare_newline=normalize).
+//   - A stray CR (not followed by LF) becomes a space with bare_cr:
+//     normalize (Postfix cleanup_replace_stray_cr_lf). With bare_cr: reject
+//     the message is refused with 521 5.5.2 and the connection closed
+//     (chasquid). go-smtp drops the CR of CRLF.CR<x> and does not end data
+//     on CR CRLF.CRLF (F7); both leave a stray CR we then see and handle.
+//   - NUL is refused with 554 5.6.0 (as mox does; RFC 2045 §2.8 and
+//     RFC 6152 do not allow NUL even in 8-bit data, and a downstream MTA
+//     that drops NULs could see an end-of-data that we did not).
+//   - Lines are accepted up to go-smtp's MaxLineLength (2000 octets
+//     including CRLF) and stored unchanged, not split: splitting would
+//     break DKIM signatures, and the RFC 5322 998-octet limit is the
+//     sender's to keep. A longer line gets 500 5.6.0 and the connection is
+//     closed, because go-smtp cannot read past it.
+//   - Size: go-smtp's reader checks max_message_bytes before it can see
+//     the final dot, so a body of exactly that size gets 552 5.3.4; the
+//     largest body accepted is one octet less (SIZE= up to the limit is
+//     accepted at MAIL). The normalised body is held to the same limit.
+//   - Every failure is answered only after the whole body was read (the
+//     session stays in sync), except read errors and over-long lines,
+//     after which the connection is closed so that no body line is ever
+//     read as a command (F1).
+//
+// Nothing stored contains a CR or LF outside a CRLF pair, and the body
+// always ends with CRLF (a BDAT body may not).
+
+// Data reads the message, checks it and commits it to the queue; only then
+// does it answer 250 with the queue id.
+func (s *session) Data(r io.Reader) error {
+	s.conn.productive()
+	_, bdat := r.(*io.PipeReader)
+	s.srv.inData.Add(1)
+	defer s.srv.inData.Add(-1)
+	s.conn.beginData(!bdat)
+	defer s.conn.endData()
+	if s.conn.isDraining() {
+		s.conn.stop() // the rest of the body is not read: 421 then close
+		return s.refuse("shutdown", replyShutdown())
+	}
+	s.mu.Lock()
+	env := s.env
+	s.mu.Unlock()
+	if env == nil || len(env.rcpts) == 0 {
+		return s.refuse("sequence", reply(503, 5, 5, 1, "RCPT first"))
+	}
+	hdr := receivedHeader(s.receivedInfo(env))
+	body, eightBit, err := s.readBody(r, hdr)
+	if err != nil {
+		return err
+	}
+	final := s.srv.now() // the final dot
+	if n := countReceived(body[len(hdr):]); n > s.srv.cfg.Limits.MaxReceivedHeaders {
+		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
+		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
+	}
+	if err := s.checkDisk(); err != nil {
+		return err
+	}
+	return s.commit(env, body, eightBit, final)
+}
+
+func (s *session) receivedInfo(env *envelope) receivedInfo {
+	ri := receivedInfo{helo: env.helo, ip: s.client.Addr(), host: s.srv.cfg.Hostname, tls: s.tlsState,
+		auth: env.user != "", smtputf8: env.utf8, date: s.srv.now()}
+	if len(env.rcpts) == 1 {
+		ri.rcpt = env.rcpts[0].Addr
+	}
+	return ri
+}
+
+// commit enqueues the message and builds the 250 reply.
+func (s *session) commit(env *envelope, body []byte, eightBit bool, final time.Time) error {
+	msg := queue.NewMessage{
+		From: env.from, To: env.rcpts, Body: body, Arrival: final,
+		ClientAddr: s.client.Addr().String(), AuthUser: env.user, Helo: sanitizeHelo(env.helo),
+		RET: env.ret, EnvID: env.envID, SMTPUTF8: env.utf8, EightBit: env.eightBit || eightBit,
+	}
+	id, err := s.srv.queue.Enqueue(msg)
+	if err != nil {
+		s.srv.log.Error("enqueue failed", zap.String("client", s.client.String()), zap.Error(err))
+		return s.refuse("queue", replyLocalError())
+	}
+	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
+	s.accepted(env, id, len(body))
+	s.conn.forgiveJunk()
+	return reply(250, 2, 0, 0, "OK queued as "+id.String())
+}
+
+func (s *session) accepted(env *envelope, id queue.ID, size int) {
+	m := s.srv.metrics
+	m.Accepted.Inc()
+	m.AcceptedBytes.Add(float64(size))
+	s.mu.Lock()
+	first := !s.submitted
+	s.submitted = true
+	s.mu.Unlock()
+	if first {
+		label := "no"
+		if s.tlsState != nil {
+			label = "yes"
+		}
+		m.TLSIn.WithLabelValues(label).Inc()
+	}
+	from := env.from
+	if from == "" {
+		from = "<>"
+	}
+	s.srv.log.Info("accepted", zap.String("queue_id", id.String()), zap.String("client", s.client.String()),
+		zap.String("user", printable(env.user)), zap.String("from", printable(from)),
+		zap.Int("rcpts", len(env.rcpts)), zap.Int("size", size), zap.Bool("tls", s.tlsState != nil))
+}
+
+// readBody reads r to its end into hdr+normalised body. A refusal is
+// returned as the reply to give.
+func (s *session) readBody(r io.Reader, hdr []byte) ([]byte, bool, error) {
+	n := normalizer{out: append(make([]byte, 0, len(hdr)+32<<10), hdr...), base: len(hdr),
+		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := r.Read(buf)
+		n.write(buf[:k])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, false, s.readFailed(err)
+		}
+	}
+	n.finish()
+	switch n.fault {
+	case faultBareCR:
+		// chasquid's reply; RFC 3463 X.5.2 syntax error. 521 closes.
+		return nil, false, s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
+	case faultNUL:
+		return nil, false, s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
+	case faultSize:
+		return nil, false, s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
+	}
+	return n.out, n.eightBit, nil
+}
+
+// readFailed picks the reply for an error reading the body.
+func (s *session) readFailed(err error) error {
+	var se *smtp.SMTPError
+	var ne net.Error
+	switch {
+	case errors.As(err, &se) && se.Code == 552:
+		// go-smtp's 552 5.3.4: it reads the rest of the body itself, under
+		// our data-rate deadline, and the session goes on.
+		return s.refuse("size", err)
+	case errors.As(err, &se):
+		// The connection's own sticky reply: 421 4.3.2 from Shutdown.
+		return s.refuseAndClose("shutdown", err)
+	case errors.Is(err, smtp.ErrTooLongLine):
+		// RFC 5321 §4.5.3.1: "500 Line too long"; X.6.0 content error.
+		return s.refuseAndClose("data", reply(500, 5, 6, 0, "Line too long, closing connection"))
+	case errors.Is(err, smtp.ErrDataReset):
+		return s.refuse("data", reply(451, 4, 3, 0, "Message transfer aborted"))
+	case errors.As(err, &ne) && ne.Timeout():
+		return s.refuseAndClose("timeout", replyDataTimeout())
+	}
+	return s.refuseAndClose("data", reply(451, 4, 4, 2, "Error reading message data, closing connection"))
+}
+
+const (
+	faultBareCR = "bare CR"
+	faultNUL    = "NUL"
+	faultSize   = "size"
+)
+
+// normalizer applies the line-end policy above while copying the body. It
+// keeps reading after a fault (to stay in sync) but stops storing.
+type normalizer struct {
+	out       []byte
+	base      int   // len of the prepended header
+	max       int64 // limits.max_message_bytes, for the normalised body
+	rejectCR  bool
+	pendingCR bool
+	eightBit  bool
+	fault     string
+}
+
+func (n *normalizer) write(p []byte) {
+	for _, c := range p {
+		if n.pendingCR {
+			n.pendingCR = false
+			if c == '\n' {
+				n.emit('\r', '\n')
+				continue
+			}
+			n.strayCR()
+		}
+		switch c {
+		case '\r':
+			n.pendingCR = true
+		case '\n':
+			n.emit('\r', '\n') // bare LF
+		case 0:
+			n.setFault(faultNUL)
+		default:
+			n.eightBit = n.eightBit || c >= 0x80
+			n.emit(c)
+		}
+	}
+}
+
+func (n *normalizer) strayCR() {
+	if n.rejectCR {
+		n.setFault(faultBareCR)
+		return
+	}
+	n.emit(' ')
+}
+
+func (n *normalizer) emit(b ...byte) {
+	if n.fault != "" {
+		return
+	}
+	n.out = append(n.out, b...)
+	if int64(len(n.out)-n.base) > n.max {
+		n.setFault(faultSize)
+	}
+}
+
+func (n *normalizer) setFault(f string) {
+	if n.fault == "" {
+		n.fault = f
+		n.out = n.out[:n.base]
+	}
+}
+
+// finish handles a CR at the very end and makes the body end with CRLF.
+func (n *normalizer) finish() {
+	if n.pendingCR {
+		n.pendingCR = false
+		n.strayCR()
+	}
+	if len(n.out) > n.base && n.out[len(n.out)-1] != '\n' {
+		n.emit('\r', '\n')
+	}
+}

@@ -1,0 +1,201 @@
+package smtpd
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// smuggling is bad-inputs §c1: end-of-data impostors.
+var smuggling = []struct{ name, seq string }{
+	{"lflf", "\n.\n"},
+	{"crcr", "\r.\r"},
+	{"cr.lf", "\r.\n"},
+	{"lf.cr", "\n.\r"},
+	{"lfcrlf", "\n.\r\n"},
+	{"crlflf", "\r\n.\n"},
+	{"cr.crlf", "\r.\r\n"},
+	{"crlfcr", "\r\n.\r"},
+	{"nullbefore", "\r\n\x00.\r\n"},
+	{"nullafter", "\r\n.\x00\r\n"},
+	{"crlf.crcrlf", "\r\n.\r\r\n"},
+	{"crcrlf.crcrlf", "\r\r\n.\r\r\n"},
+	{"CR+CRLF.CRLF", "\r\r\n.\r\n"},
+}
+
+// TestData_Smuggling: no impostor ends the data, the smuggled MAIL is never
+// run (at most one transaction), and nothing stored has a stray CR or LF.
+// With bare_cr: reject, a message with a stray CR is refused with 521 5.5.2
+// and the connection closed.
+func TestData_Smuggling(t *testing.T) {
+	for _, mode := range []string{"normalize", "reject"} {
+		cfg := trustedConfig(t)
+		cfg.BareCR = mode
+		e := startServer(t, cfg)
+		for _, tc := range smuggling {
+			before := len(e.q.messages())
+			c := dial(t, e.addr(0))
+			c.hello()
+			c.cmd("MAIL FROM:<a@x.example>", "250 ")
+			c.cmd("RCPT TO:<b@y.example>", "250 ")
+			c.cmd("DATA", "354 ")
+			c.write("Subject: t\r\n\r\nbody" + tc.seq +
+				"MAIL FROM:<smuggled@x.example>\r\nRCPT TO:<victim@y.example>\r\nDATA\r\nsmuggled\r\n.\r\n")
+			got := c.reply()[0]
+			after := e.q.messages()
+			switch {
+			case strings.HasPrefix(got, "250 "):
+				if len(after) != before+1 {
+					t.Errorf("%s/%s: 250 but %d new messages", mode, tc.name, len(after)-before)
+				}
+				c.cmd("NOOP", "250 ") // in sync: the smuggled commands were data
+			case strings.HasPrefix(got, "521 5.5.2"):
+				if mode != "reject" {
+					t.Errorf("%s/%s: %q", mode, tc.name, got)
+				}
+				c.expectClosed()
+			case strings.HasPrefix(got, "554 5.6.0"): // NUL
+				c.cmd("NOOP", "250 ")
+			default:
+				t.Errorf("%s/%s: reply %q", mode, tc.name, got)
+			}
+			if len(after) > before+1 {
+				t.Errorf("%s/%s: %d messages from one transaction", mode, tc.name, len(after)-before)
+			}
+			if strings.Contains(tc.seq, "\x00") && len(after) != before {
+				t.Errorf("%s/%s: message with NUL stored", mode, tc.name)
+			}
+			// go-smtp drops the CR of CRLF "." CR <x> (F7), so in crlfcr and
+			// crlf.crcrlf there is no stray CR left for us to see.
+			hasStrayCR := strings.Contains(strings.ReplaceAll(tc.seq, "\r\n", ""), "\r") &&
+				tc.name != "crlfcr" && tc.name != "crlf.crcrlf"
+			if mode == "reject" && hasStrayCR && len(after) != before {
+				t.Errorf("%s/%s: stray CR accepted", mode, tc.name)
+			}
+		}
+		for _, m := range e.q.messages() {
+			if strayCRLF(m.Body) {
+				t.Errorf("%s: stored body with a stray CR or LF: %q", mode, m.Body)
+			}
+			if !bytes.Contains(m.Body, []byte("MAIL FROM:<smuggled@x.example>")) {
+				t.Errorf("%s: smuggled text not kept inside the message: %q", mode, m.Body)
+			}
+		}
+	}
+}
+
+func TestData_Normalisation(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	tests := []struct{ in, want string }{
+		{"a\r\nb\r\n", "a\r\nb\r\n"},
+		{"a\nb\r\n", "a\r\nb\r\n"}, // bare LF is a line end
+		{"a\rb\r\n", "a b\r\n"},    // stray CR becomes a space
+		{"a\r\r\nb\r\n", "a \r\nb\r\n"},
+		{"..dot\r\n", ".dot\r\n"}, // dot-stuffing undone
+		{"\r\n", "\r\n"},
+		{"", ""},                         // empty body
+		{"\xff\xfe\r\n", "\xff\xfe\r\n"}, // 8-bit kept
+	}
+	c := dial(t, e.addr(0))
+	c.hello()
+	for i, tc := range tests {
+		if got := c.sendMessage("a@x.example", []string{"b@y.example"}, tc.in); !strings.HasPrefix(got, "250 ") {
+			t.Fatalf("%q: %s", tc.in, got)
+		}
+		m := e.q.messages()[i]
+		if got := string(bodyOf(m.Body)); got != tc.want {
+			t.Errorf("%q stored as %q, want %q", tc.in, got, tc.want)
+		}
+		if m.EightBit != strings.Contains(tc.in, "\xff") {
+			t.Errorf("%q: EightBit %v", tc.in, m.EightBit)
+		}
+	}
+}
+
+func TestData_QueueFailureIs451(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	e.q.fail = errors.New("disk on fire")
+	c := dial(t, e.addr(0))
+	c.hello()
+	if got := c.sendMessage("a@x.example", []string{"b@y.example"}, "x\r\n"); got != "451 4.3.0 Local error in processing, try again later" {
+		t.Fatalf("reply %q", got)
+	}
+	c.cmd("NOOP", "250 ")
+	if len(e.logs.FilterMessage("enqueue failed").All()) != 1 {
+		t.Error("queue failure not logged")
+	}
+}
+
+func TestData_LowDiskIs452(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.MaxMessageBytes = 1000
+	e := startServer(t, cfg)
+	c := dial(t, e.addr(0))
+	c.hello()
+	e.disk.Store(1499)
+	c.cmd("MAIL FROM:<a@x.example>", "452 4.3.1 Insufficient system storage")
+	e.disk.Store(1500)
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.cmd("DATA", "354 ")
+	e.disk.Store(100) // the disk filled up during DATA
+	c.write("x\r\n.\r\n")
+	c.expect("452 4.3.1")
+	if len(e.q.messages()) != 0 {
+		t.Fatal("message stored")
+	}
+}
+
+// TestData_ReceivedHeader checks the header is built from validated data
+// only (bad-inputs c4).
+func TestData_ReceivedHeader(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	for _, tc := range []struct{ helo, want string }{
+		{"client.example", "Received: from client.example ([127.0.0.1])\r\n"},
+		{"[127.0.0.1]", "Received: from [127.0.0.1] ([127.0.0.1])\r\n"},
+		{"a\rb", "Received: from unknown ([127.0.0.1]) (helo=a_b)\r\n"},
+		{"x\x00y", "Received: from unknown ([127.0.0.1]) (helo=x_y)\r\n"},
+		{"1.2.3.4", "Received: from unknown ([127.0.0.1]) (helo=1.2.3.4)\r\n"},
+		{strings.Repeat("h", 1900), "Received: from unknown ([127.0.0.1]) (helo=" + strings.Repeat("h", 64) + ")\r\n"},
+	} {
+		c := dial(t, e.addr(0))
+		c.expect("220 ")
+		c.cmd("EHLO "+tc.helo, "250 ")
+		c.sendMessage("a@x.example", []string{"b@y.example"}, "x\r\n")
+		msgs := e.q.messages()
+		m := msgs[len(msgs)-1]
+		if !bytes.HasPrefix(m.Body, []byte(tc.want)) {
+			t.Errorf("HELO %q: %q", tc.helo, m.Body)
+		}
+		hdr := m.Body[:len(m.Body)-len(bodyOf(m.Body))]
+		date := hdr[bytes.LastIndex(hdr, []byte("; "))+2 : len(hdr)-2]
+		if _, err := time.Parse("Mon, 02 Jan 2006 15:04:05 -0700", string(date)); err != nil {
+			t.Errorf("date %q: %v", date, err)
+		}
+		if strayCRLF(m.Body) || bytes.IndexByte(m.Body, 0) >= 0 || !bytes.HasSuffix(m.Body, []byte("\r\nx\r\n")) {
+			t.Errorf("body %q", m.Body)
+		}
+		if m.Helo != sanitizeHelo(tc.helo) {
+			t.Errorf("stored HELO %q", m.Helo)
+		}
+	}
+}
+
+func TestCountReceived(t *testing.T) {
+	tests := []struct {
+		in   string
+		want int
+	}{
+		{"Received: a\r\nreceived:b\r\nRECEIVED : c\r\n\tfolded Received: x\r\nSubject: x\r\n\r\nReceived: body\r\n", 3},
+		{"Received: a", 1},
+		{"\r\nReceived: a\r\n", 0},
+		{"X-Received: a\r\nReceivedx: b\r\n", 0},
+	}
+	for _, tc := range tests {
+		if got := countReceived([]byte(tc.in)); got != tc.want {
+			t.Errorf("countReceived(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,175 @@
+package smtpd
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLimits_ConnectionCaps(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Limits.MaxConnections = 3
+	cfg.Limits.MaxConnectionsPerIP = 2
+	e := startServer(t, cfg)
+	a := dialFrom(t, e.addr(0), "127.0.0.1")
+	a.expect("220 ")
+	b := dialFrom(t, e.addr(0), "127.0.0.1")
+	b.expect("220 ")
+	x := dialFrom(t, e.addr(0), "127.0.0.1")
+	x.expect("421 4.7.0 Too many connections from your address")
+	x.expectClosed()
+	d := dialFrom(t, e.addr(0), "127.0.0.2")
+	d.expect("220 ")
+	y := dialFrom(t, e.addr(0), "127.0.0.3")
+	y.expect("421 4.7.0 Too many connections")
+	y.expectClosed()
+	// A closed connection frees its place.
+	a.cmd("QUIT", "221 ")
+	a.expectClosed()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		z := dialFrom(t, e.addr(0), "127.0.0.3")
+		if l := z.reply(); strings.HasPrefix(l[0], "220 ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("place not freed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestLimits_DataTimeoutCloses is F1: a stalled body gets 451 4.4.2 and
+// the connection closes; what the client sends later is never a command.
+func TestLimits_DataTimeoutCloses(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.CommandTimeout = 300 * time.Millisecond
+	e := startServer(t, cfg)
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.cmd("DATA", "354 ")
+	c.write("Subject: x\r\n\r\npart")
+	c.expect("451 4.4.2")
+	c.write("\r\nMAIL FROM:<smuggled@x.example>\r\n")
+	c.expectClosed()
+	if len(e.q.messages()) != 0 {
+		t.Fatal("message enqueued")
+	}
+}
+
+// TestLimits_MinDataRate: the DATA deadline moves with the data. A client
+// above min_data_rate may take longer than command_timeout in all; one
+// below it is cut off.
+func TestLimits_MinDataRate(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.CommandTimeout = 300 * time.Millisecond
+	cfg.Limits.MinDataRate = 1000 // 1 ms of credit per octet
+	e := startServer(t, cfg)
+
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.cmd("DATA", "354 ")
+	line := strings.Repeat("f", 198) + "\r\n" // 200 ms of credit per 100 ms
+	for range 8 {
+		c.write(line)
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.write(".\r\n")
+	c.expect("250 ")
+
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.cmd("DATA", "354 ")
+	start := time.Now()
+	done := make(chan struct{})
+	go func() { // 10 octets (10 ms of credit) every 100 ms
+		defer close(done)
+		for range 30 {
+			if _, err := c.conn.Write([]byte("slow drip\n")); err != nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}()
+	c.expect("451 4.4.2")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("slow client kept for %v", d)
+	}
+	<-done
+	if len(e.q.messages()) != 1 {
+		t.Fatalf("%d messages", len(e.q.messages()))
+	}
+}
+
+// TestLimits_JunkCommands is F4: NOOP/RSET/VRFY/HELP cannot hold a
+// connection forever; accepting a message restarts the count.
+func TestLimits_JunkCommands(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.MaxJunkCommands = 3
+	e := startServer(t, cfg)
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("NOOP", "250 ")
+	c.cmd("VRFY x", "252 ")
+	c.cmd("RSET", "250 ")
+	if got := c.sendMessage("a@x.example", []string{"b@y.example"}, "x\r\n"); !strings.HasPrefix(got, "250 ") {
+		t.Fatal(got)
+	}
+	c.cmd("RSET", "250 ")
+	c.cmd("HELP", "502 ")
+	c.cmd("NOOP", "250 ")
+	c.cmd("NOOP", "250 ") // one past the limit is answered, then 421
+	c.expect("421 4.7.0 Too many commands without mail")
+	c.expectClosed()
+}
+
+// TestLimits_SessionLifetime: the connection ends after session_lifetime
+// even though the client stays within command_timeout.
+func TestLimits_SessionLifetime(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.SessionLifetime = 500 * time.Millisecond
+	e := startServer(t, cfg)
+	c := dial(t, e.addr(0))
+	c.hello()
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		c.cmd("MAIL FROM:<a@x.example>", "250 ")
+		c.cmd("RSET", "250 ")
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.expect("421 4.4.2")
+	c.expectClosed()
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("closed after %v", d)
+	}
+}
+
+// TestLimits_BDAT covers F5 (a refused BDAT chunk is discarded, never run as
+// commands) and a BDAT message, with stray line ends normalised.
+func TestLimits_BDAT(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	chunk := "MAIL FROM:<smuggled@x.example>\r\n"
+	c.write(fmt.Sprintf("BDAT %d LAST\r\n%s", len(chunk), chunk))
+	c.expect("502 5.5.1")
+	c.cmd("RCPT TO:<b@y.example>", "502 5.5.1") // no MAIL was run
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.write("BDAT 8\r\nSubject:")
+	c.expect("250 ")
+	chunk = " x\n\nbo\rdy"
+	c.write(fmt.Sprintf("BDAT %d LAST\r\n%s", len(chunk), chunk))
+	c.expect("250 2.0.0 OK queued as")
+	m := e.q.messages()
+	if len(m) != 1 || string(bodyOf(m[0].Body)) != "Subject: x\r\n\r\nbo dy\r\n" {
+		t.Fatalf("messages %+v", m)
+	}
+}

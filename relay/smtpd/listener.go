@@ -1,0 +1,394 @@
+package smtpd
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// errJunkLimit ends a connection that used up max_junk_commands. It wraps
+// net.ErrClosed so go-smtp ends the session quietly: we already replied.
+var errJunkLimit = fmt.Errorf("smtpd: too many junk commands: %w", net.ErrClosed)
+
+// limiter admits connections under the global and per-IP caps (go-smtp has
+// none: pitfall F2) and keeps the set of live connections for Shutdown.
+type limiter struct {
+	srv   *Server
+	mu    sync.Mutex
+	perIP map[netip.Addr]int
+	conns map[*conn]struct{}
+	drain bool // set by Shutdown: admit nothing more
+}
+
+func newLimiter(srv *Server) *limiter {
+	return &limiter{srv: srv, perIP: make(map[netip.Addr]int), conns: make(map[*conn]struct{})}
+}
+
+// admit wraps raw, or returns a reply reason if a cap is reached.
+func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
+	ip := remoteIP(raw)
+	lim := l.srv.cfg.Limits
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.drain:
+		return nil, "421 4.3.2 Service shutting down"
+	case len(l.conns) >= lim.MaxConnections:
+		return nil, "421 4.7.0 Too many connections, try again later"
+	case l.perIP[ip] >= lim.MaxConnectionsPerIP:
+		return nil, "421 4.7.0 Too many connections from your address, try again later"
+	}
+	now := time.Now()
+	c := &conn{Conn: raw, lim: l, ip: ip, implicitTLS: implicitTLS,
+		end: now.Add(lim.SessionLifetime)}
+	l.perIP[ip]++
+	l.conns[c] = struct{}{}
+	l.srv.metrics.ConnectionsIn.Inc()
+	// Until go-smtp sets its own deadlines, the session lifetime bounds the
+	// connection (a TLS handshake that never starts, for instance).
+	raw.SetDeadline(c.end)
+	return c, ""
+}
+
+func (l *limiter) release(c *conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.conns[c]; !ok {
+		return
+	}
+	delete(l.conns, c)
+	if l.perIP[c.ip]--; l.perIP[c.ip] <= 0 {
+		delete(l.perIP, c.ip)
+	}
+	l.srv.metrics.ConnectionsIn.Dec()
+}
+
+// snapshot returns the live connections and, with stop, admits no more.
+func (l *limiter) snapshot(stop bool) []*conn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.drain = l.drain || stop
+	out := make([]*conn, 0, len(l.conns))
+	for c := range l.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+func remoteIP(c net.Conn) netip.Addr {
+	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// listener applies the limiter to one bound socket. For implicit TLS
+// (submissions) it also wraps each connection in TLS, so that go-smtp sees
+// the *tls.Conn it needs to recognise TLS.
+type listener struct {
+	net.Listener
+	lim *limiter
+	tls *tls.Config // implicit TLS, or nil
+}
+
+// Accept returns the next admitted connection. Refused ones get their 421
+// (plain listeners only: on an implicit-TLS port a cleartext reply would be
+// garbage to the client, and a handshake is the work the cap protects us
+// from) and are closed without reaching go-smtp.
+func (l *listener) Accept() (net.Conn, error) {
+	for {
+		raw, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		c, refusal := l.lim.admit(raw, l.tls != nil)
+		if c == nil {
+			l.lim.srv.connRefused(raw.RemoteAddr(), refusal, "connections")
+			go refuseConn(raw, refusal, l.tls == nil)
+			continue
+		}
+		if l.tls != nil {
+			tc := tls.Server(c, l.tls)
+			c.setReplyConn(tc)
+			return tc, nil
+		}
+		c.setReplyConn(c.Conn)
+		return c, nil
+	}
+}
+
+func refuseConn(raw net.Conn, reply string, say bool) {
+	if say {
+		raw.SetWriteDeadline(time.Now().Add(time.Second))
+		raw.Write([]byte(reply + "\r\n"))
+	}
+	raw.Close()
+}
+
+// conn is every accepted connection as go-smtp sees it (under TLS, as the
+// *tls.Conn's transport). It carries the per-connection state go-smtp does
+// not keep, and enforces what go-smtp cannot:
+//
+//   - the session lifetime: every read deadline is clamped to it;
+//   - the DATA deadline (F1): while a DATA body is read, each Read extends
+//     the deadline by bytes/min_data_rate, never past now+command_timeout
+//     (Postfix smtpd_min_data_rate);
+//   - after any read error the connection is finished: later reads fail
+//     with the same error and the next reply written closes it, so a body
+//     line is never read as a command;
+//   - junk commands (F4): go-smtp calls SetReadDeadline once before every
+//     command line, so reads minus commands that did something is the
+//     number of NOOP/RSET/VRFY/HELP-like commands.
+type conn struct {
+	net.Conn
+	lim         *limiter
+	ip          netip.Addr
+	implicitTLS bool
+	end         time.Time // session lifetime
+
+	mu           sync.Mutex
+	replyConn    net.Conn // where our own replies go: the raw conn or the *tls.Conn; nil if unknown
+	reads        int      // command lines go-smtp started to read
+	useful       int      // of which did something (or a TLS handshake)
+	authFailures int
+	inData       bool      // Data is running
+	replyPending bool      // Data returned; its reply is not yet written
+	dataDeadline time.Time // current DATA deadline
+	broken       error     // sticky read error
+	closeAfter   bool      // close after the next Write
+	draining     bool      // Shutdown started
+	closeOnce    sync.Once
+}
+
+func (c *conn) setReplyConn(rc net.Conn) {
+	c.mu.Lock()
+	c.replyConn = rc
+	c.mu.Unlock()
+}
+
+// tlsStarted is called from the TLS handshake. After STARTTLS our replies
+// must go through a *tls.Conn we only learn of at the next EHLO.
+func (c *conn) tlsStarted() {
+	c.mu.Lock()
+	c.useful++
+	if !c.implicitTLS {
+		c.replyConn = nil
+	}
+	c.mu.Unlock()
+}
+
+// productive records that the command just read did something.
+func (c *conn) productive() {
+	c.mu.Lock()
+	c.useful++
+	c.mu.Unlock()
+}
+
+// forgiveJunk restarts the junk count; called when a message is accepted,
+// so a client that reuses its connection (Postfix sends RSET between
+// messages) is not cut off for working.
+func (c *conn) forgiveJunk() {
+	c.mu.Lock()
+	c.useful = c.reads
+	c.mu.Unlock()
+}
+
+func (c *conn) isDraining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining
+}
+
+// closeAfterReply makes the next reply go-smtp writes the last one.
+func (c *conn) closeAfterReply() {
+	c.mu.Lock()
+	c.closeAfter = true
+	c.mu.Unlock()
+}
+
+func (c *conn) authFailed() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.authFailures++
+	return c.authFailures
+}
+
+// beginData is called when Data starts; dot-terminated DATA (not BDAT) also
+// gets the min-data-rate deadline.
+func (c *conn) beginData(rated bool) {
+	c.mu.Lock()
+	c.inData = true
+	if rated {
+		c.dataDeadline = time.Now().Add(c.lim.srv.cfg.Limits.CommandTimeout)
+	}
+	c.mu.Unlock()
+}
+
+// endData is called when Data returns; its reply is written next. The
+// data-rate deadline stays until then: after an early refusal (552) go-smtp
+// reads the rest of the body itself.
+func (c *conn) endData() {
+	c.mu.Lock()
+	c.inData, c.replyPending = false, true
+	if c.draining {
+		c.closeAfter = true
+	}
+	c.mu.Unlock()
+}
+
+// Read reads from the client, keeping the DATA deadline and the sticky
+// error described on conn.
+func (c *conn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	if c.broken != nil {
+		err := c.broken
+		c.mu.Unlock()
+		return 0, err
+	}
+	if !c.dataDeadline.IsZero() {
+		c.Conn.SetReadDeadline(minTime(c.dataDeadline, c.end))
+	}
+	c.mu.Unlock()
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dataDeadline.IsZero() && n > 0 {
+		limits := c.lim.srv.cfg.Limits
+		credit := time.Duration(n) * time.Second / time.Duration(limits.MinDataRate)
+		c.dataDeadline = minTime(c.dataDeadline.Add(credit), time.Now().Add(limits.CommandTimeout))
+	}
+	if err != nil {
+		if c.broken == nil {
+			c.broken = err
+			var ne net.Error
+			if c.inData && c.dataDeadline.IsZero() && errors.As(err, &ne) && ne.Timeout() {
+				// A BDAT chunk: go-smtp would answer its read error with
+				// 554 5.0.0 and the error text (F1, F15). An *smtp.SMTPError
+				// is passed through as the reply.
+				c.broken = replyDataTimeout()
+			}
+		}
+		err = c.broken
+		c.closeAfter = true
+	}
+	return n, err
+}
+
+// Write writes a reply; it ends a pending DATA reply and closes the
+// connection when asked to.
+func (c *conn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.mu.Lock()
+	if !c.inData { // the reply to DATA: the body has been read
+		c.replyPending = false
+		c.dataDeadline = time.Time{}
+	}
+	closing := c.closeAfter
+	c.mu.Unlock()
+	if closing {
+		c.Close()
+	}
+	return n, err
+}
+
+// Close closes the socket once and releases its place in the limiter.
+func (c *conn) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		err = c.Conn.Close()
+		c.lim.release(c)
+	})
+	return err
+}
+
+// SetReadDeadline is called by go-smtp before each command line. It counts
+// the command, enforces the junk limit and the shutdown, and clamps the
+// deadline to the session lifetime. max_junk_commands junk commands are
+// answered; after one more the connection is closed with 421 4.7.0 before
+// the next command is read.
+func (c *conn) SetReadDeadline(t time.Time) error {
+	max := c.lim.srv.cfg.Limits.MaxJunkCommands
+	c.mu.Lock()
+	junk := c.reads - c.useful
+	c.reads++
+	draining := c.draining
+	c.mu.Unlock()
+	switch {
+	case draining:
+		c.goodbye("421 4.3.2 Service shutting down")
+		return net.ErrClosed
+	case junk > max:
+		const reply = "421 4.7.0 Too many commands without mail, closing connection"
+		c.lim.srv.connRefused(c.RemoteAddr(), reply, "junk")
+		c.goodbye(reply)
+		return errJunkLimit
+	}
+	return c.Conn.SetReadDeadline(minTime(t, c.end))
+}
+
+// SetDeadline clamps the read deadline to the session lifetime. Write
+// deadlines are left alone (go-smtp's WriteTimeout bounds them) so that the
+// 421 go-smtp sends when the lifetime ends can still be written.
+func (c *conn) SetDeadline(t time.Time) error {
+	if err := c.Conn.SetReadDeadline(minTime(t, c.end)); err != nil {
+		return err
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// goodbye writes a reply of our own (when we know where replies go) and
+// closes the connection. A write that cannot finish within a second is
+// abandoned.
+func (c *conn) goodbye(reply string) {
+	c.mu.Lock()
+	rc := c.replyConn
+	c.mu.Unlock()
+	if rc != nil {
+		// The read deadline too: a write on a *tls.Conn first waits for a
+		// handshake in progress, which is reading.
+		c.Conn.SetDeadline(time.Now().Add(time.Second))
+		rc.Write([]byte(reply + "\r\n"))
+	}
+	c.Close()
+}
+
+// drain is Shutdown's first step for one connection: an idle session gets
+// 421 4.3.2 at once; a session in DATA (or whose DATA reply is on its way)
+// is closed right after that reply.
+func (c *conn) drain() {
+	c.mu.Lock()
+	c.draining = true
+	busy := c.inData || c.replyPending
+	if busy {
+		c.closeAfter = true
+	}
+	c.mu.Unlock()
+	if !busy {
+		go c.goodbye("421 4.3.2 Service shutting down")
+	}
+}
+
+// stop is Shutdown's last resort when its context ends: reads fail at once
+// with 421 4.3.2 (an *smtp.SMTPError, which go-smtp passes on as the reply
+// to a BDAT chunk), so a session in DATA answers 421 4.3.2 (unless it is
+// already committing, in which case it answers 250) and closes.
+func (c *conn) stop() {
+	c.mu.Lock()
+	if c.broken == nil {
+		c.broken = replyShutdown()
+	}
+	c.closeAfter = true
+	c.mu.Unlock()
+	c.Conn.SetReadDeadline(time.Unix(1, 0))
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

@@ -1,0 +1,122 @@
+package smtpd
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/emersion/go-smtp"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/address"
+)
+
+// reply builds an SMTP reply. Every reply the backend gives goes through it
+// (or through toReply), so the text is always one clean line.
+func reply(code, class, subject, detail int, msg string) *smtp.SMTPError {
+	return &smtp.SMTPError{Code: code, EnhancedCode: smtp.EnhancedCode{class, subject, detail}, Message: cleanText(msg)}
+}
+
+// The replies used in more than one place, each with its justification.
+
+// replyShutdown: RFC 5321 §3.8 lets a server close with 421 at any time;
+// RFC 3463 X.3.2 "System not accepting network messages".
+func replyShutdown() *smtp.SMTPError {
+	return reply(421, 4, 3, 2, "Service shutting down, try again later")
+}
+
+// replyLocalError: RFC 5321 §4.2.3 "451 Requested action aborted: local
+// error in processing"; RFC 3463 X.3.0. Storage trouble is temporary: the
+// client keeps the message and retries (never 5xx, never 250).
+func replyLocalError() *smtp.SMTPError {
+	return reply(451, 4, 3, 0, "Local error in processing, try again later")
+}
+
+// replyDataTimeout: pitfall F1 asks for a 4xx (the client keeps the
+// message) and a closed connection; RFC 3463 X.4.2 "Bad connection".
+func replyDataTimeout() *smtp.SMTPError {
+	return reply(451, 4, 4, 2, "Timeout reading message data, closing connection")
+}
+
+// replyNoStorage: RFC 5321 §4.2.3 "452 insufficient system storage";
+// RFC 3463 X.3.1 "Mail system full".
+func replyNoStorage() *smtp.SMTPError { return reply(452, 4, 3, 1, "Insufficient system storage") }
+
+// toReply is the one place where an error becomes an SMTP reply (pitfall
+// F15: go-smtp type-asserts, so a wrapped *smtp.SMTPError would lose its
+// code and a plain error would become 554 5.0.0 with our text in it).
+// Anything unknown is a temporary local error (maddy's rule).
+func toReply(err error) *smtp.SMTPError {
+	var se *smtp.SMTPError
+	if errors.As(err, &se) {
+		return &smtp.SMTPError{Code: se.Code, EnhancedCode: se.EnhancedCode, Message: cleanText(se.Message)}
+	}
+	var ae *address.Error
+	if errors.As(err, &ae) {
+		return reply(ae.Code, ae.Enhanced[0], ae.Enhanced[1], ae.Enhanced[2], ae.Msg)
+	}
+	return replyLocalError()
+}
+
+// refuse turns err into the reply to give, and logs and counts it. reason
+// is a metric label from a small fixed set.
+func (s *session) refuse(reason string, err error) *smtp.SMTPError {
+	r := toReply(err)
+	class := "5xx"
+	if r.Code/100 == 4 {
+		class = "4xx"
+	}
+	s.srv.metrics.Rejected.WithLabelValues(class, reason).Inc()
+	level := zap.DebugLevel
+	if reason == "relay" || reason == "auth" || reason == "queue" || reason == "storage" {
+		level = zap.InfoLevel
+	}
+	fields := []zap.Field{zap.String("client", s.client.String()), zap.String("reply", formatReply(r)),
+		zap.String("reason", reason)}
+	if r.Code/100 == 4 && reason == "queue" {
+		fields = append(fields, zap.Error(err)) // our own error, not client data
+	}
+	s.srv.log.Log(level, "refused", fields...)
+	return r
+}
+
+// refuseAndClose is refuse for replies after which the connection ends.
+func (s *session) refuseAndClose(reason string, err error) *smtp.SMTPError {
+	s.conn.closeAfterReply()
+	return s.refuse(reason, err)
+}
+
+func formatReply(r *smtp.SMTPError) string {
+	e := r.EnhancedCode
+	return strconv.Itoa(r.Code) + " " + strconv.Itoa(e[0]) + "." + strconv.Itoa(e[1]) + "." +
+		strconv.Itoa(e[2]) + " " + r.Message
+}
+
+// cleanText makes s safe as reply text: go-smtp splits replies on "\n" and
+// would send a CR as is, so control characters become spaces.
+func cleanText(s string) string {
+	if len(s) > 400 {
+		s = s[:400]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// printable escapes control characters and invalid UTF-8 in client-supplied
+// text before it reaches a log line, and bounds its length.
+func printable(s string) string {
+	if len(s) > 512 {
+		s = s[:512] + "..."
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] >= 0x7f {
+			q := strconv.Quote(s)
+			return q[1 : len(q)-1]
+		}
+	}
+	return s
+}

@@ -1,0 +1,381 @@
+// Package smtpd is greyrelay's front door: the SMTP server that takes mail
+// from clients and commits it to the queue before answering 250.
+//
+// It is built on go-smtp v0.25.1, which parses commands and leaves policy to
+// the backend. Everything go-smtp does not do, or does in a way a relay
+// cannot accept, is done here (the pitfall numbers refer to
+// shared/reference/go-smtp-and-bbolt-pitfalls.md):
+//
+//   - Policy. A client may relay only when authenticated, or on an smtp
+//     listener from trusted_networks; everyone else gets 554 5.7.1 at RCPT.
+//     greyrelay has no local domains, so every recipient is remote.
+//     Submission listeners require AUTH before MAIL (530 5.7.0).
+//   - Addresses. go-smtp unquotes local parts and drops source routes (F8),
+//     so every MAIL/RCPT argument is parsed again by relay/address, which
+//     splits on the last "@" and refuses routing tricks.
+//   - Limits. Every go-smtp limit is set from the configuration (zero means
+//     unlimited there: F9). Connection caps, the session lifetime, the
+//     DATA data-rate deadline (F1) and the junk-command limit (F4) live in
+//     the connection wrapper (listener.go); AUTH failure limits (F3) in
+//     auth.go.
+//   - Data (data.go). End of data is go-smtp's CRLF.CRLF. A bare LF is a line
+//     end and stored as CRLF; a stray CR becomes a space or refuses the
+//     message (bare_cr), so nothing stored has a CR or LF out of place
+//     (F6, F7). One Received header is prepended (received.go).
+//   - Replies (reply.go). One function turns every outcome into an
+//     unwrapped *smtp.SMTPError (F15). Storage trouble is always 4xx, so a
+//     client retries instead of bouncing.
+//   - Durability. 250 is sent only after queue.Enqueue returned, and
+//     Shutdown never turns a session in DATA into a 250 it did not commit.
+//
+// AUTH (PLAIN, LOGIN) is offered only under TLS or on loopback listeners
+// (or with allow_plaintext_auth); passwords and AUTH payloads are never
+// logged.
+package smtpd
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/metrics"
+)
+
+// maxLineLength is go-smtp's MaxLineLength for commands and DATA lines.
+// RFC 5321 §4.5.3.1.4-6 allows 512-octet commands and 1000-octet text
+// lines; go-smtp's default doubles that. RFC 4954 §4 asks for 12288-octet
+// AUTH lines, but only mechanisms with large tokens (GSSAPI) need them: we
+// offer PLAIN and LOGIN, whose responses are at most a few hundred octets
+// (bcrypt reads at most 72 octets of password). Raising the limit would
+// raise it for every command and body line too, so it stays at 2000.
+const maxLineLength = 2000
+
+// Queue is what the server needs from the queue: a durable Enqueue.
+// *queue.Queue implements it; tests use fakes.
+type Queue interface {
+	Enqueue(queue.NewMessage) (queue.ID, error)
+}
+
+// Options configure New. Config and Queue are required.
+type Options struct {
+	Config   *config.Config
+	Queue    Queue
+	Users    *Users                            // nil: AUTH is not offered
+	Logger   *zap.Logger                       // nil: no logging
+	Metrics  *metrics.Metrics                  // nil: metrics are kept but not registered
+	Now      func() time.Time                  // nil: time.Now
+	DiskFree func(path string) (uint64, error) // free bytes where the queue lives; nil: statfs
+}
+
+// Server is the SMTP server for every configured listener.
+type Server struct {
+	cfg      *config.Config
+	queue    Queue
+	users    *Users
+	log      *zap.Logger
+	metrics  *metrics.Metrics
+	now      func() time.Time
+	diskFree func(string) (uint64, error)
+	trusted  []netip.Prefix
+	tls      []*tls.Config // per listener; nil without a certificate
+	authLim  *authLimiter
+	lim      *limiter
+
+	mu      sync.Mutex
+	started bool
+	servers []*smtp.Server
+	addrs   []net.Addr
+	inData  atomic.Int64 // Data calls in progress
+}
+
+// New checks the options and loads the TLS certificates. It binds nothing.
+func New(opt Options) (*Server, error) {
+	if opt.Config == nil || opt.Queue == nil {
+		return nil, errors.New("smtpd: Config and Queue are required")
+	}
+	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree}
+	if s.log == nil {
+		s.log = zap.NewNop()
+	}
+	if s.metrics == nil {
+		s.metrics = metrics.New(prometheus.NewRegistry())
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.diskFree == nil {
+		s.diskFree = statfsFree
+	}
+	if err := s.checkLimits(); err != nil {
+		return nil, err
+	}
+	for _, n := range s.cfg.TrustedNetworks {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return nil, fmt.Errorf("smtpd: trusted_networks: %w", err)
+		}
+		s.trusted = append(s.trusted, p.Masked())
+	}
+	for i, l := range s.cfg.Listeners {
+		if l.Mode != config.ModeSMTP && s.users == nil {
+			// AUTH is required there and could never succeed.
+			return nil, fmt.Errorf("smtpd: listeners[%d] %s: mode %s needs users (users_file)", i, l.Address, l.Mode)
+		}
+		tc, err := s.loadTLS(l)
+		if err != nil {
+			return nil, fmt.Errorf("smtpd: listeners[%d] %s: %w", i, l.Address, err)
+		}
+		s.tls = append(s.tls, tc)
+	}
+	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour)
+	s.lim = newLimiter(s)
+	return s, nil
+}
+
+// checkLimits refuses zero limits (go-smtp and we would read them as
+// "unlimited" or "never": F9), in case the configuration was not validated.
+func (s *Server) checkLimits() error {
+	l := s.cfg.Limits
+	for name, v := range map[string]int64{
+		"max_message_bytes": l.MaxMessageBytes, "max_recipients": int64(l.MaxRecipients),
+		"max_connections": int64(l.MaxConnections), "max_connections_per_ip": int64(l.MaxConnectionsPerIP),
+		"command_timeout": int64(l.CommandTimeout), "min_data_rate": int64(l.MinDataRate),
+		"session_lifetime": int64(l.SessionLifetime), "max_junk_commands": int64(l.MaxJunkCommands),
+		"max_received_headers": int64(l.MaxReceivedHeaders), "max_auth_failures": int64(l.MaxAuthFailures),
+		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP),
+	} {
+		if v <= 0 {
+			return fmt.Errorf("smtpd: limits.%s must be greater than 0", name)
+		}
+	}
+	if s.cfg.BareCR != "normalize" && s.cfg.BareCR != "reject" {
+		return fmt.Errorf("smtpd: bare_cr %q is not normalize or reject", s.cfg.BareCR)
+	}
+	return nil
+}
+
+func (s *Server) loadTLS(l config.Listener) (*tls.Config, error) {
+	if l.TLSCert == "" {
+		if l.Mode != config.ModeSMTP {
+			return nil, fmt.Errorf("mode %s needs tls_cert and tls_key", l.Mode)
+		}
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(l.TLSCert, l.TLSKey)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		MinVersion:   tls.VersionTLS12,
+		// Every handshake counts as a useful command for the junk limit and
+		// tells the connection that its replies now go through TLS.
+		GetConfigForClient: func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			if c, ok := h.Conn.(*conn); ok {
+				c.tlsStarted()
+			}
+			return nil, nil
+		},
+	}, nil
+}
+
+// Start binds every listener (an error names the address and unbinds the
+// others) and serves them in the background.
+func (s *Server) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.started {
+		return errors.New("smtpd: already started")
+	}
+	var bound []net.Listener
+	for _, l := range s.cfg.Listeners {
+		nl, err := net.Listen("tcp", l.Address)
+		if err != nil {
+			for _, b := range bound {
+				b.Close()
+			}
+			return fmt.Errorf("smtpd: listen %s: %w", l.Address, err)
+		}
+		bound = append(bound, nl)
+	}
+	for i, l := range s.cfg.Listeners {
+		srv := s.newSMTPServer(i, l, bound[i].Addr())
+		wrapped := &listener{Listener: bound[i], lim: s.lim}
+		if l.Mode == config.ModeSubmissions {
+			wrapped.tls = s.tls[i]
+		}
+		s.servers = append(s.servers, srv)
+		s.addrs = append(s.addrs, bound[i].Addr())
+		go func() {
+			if err := srv.Serve(wrapped); err != nil {
+				s.log.Error("listener stopped", zap.String("address", wrapped.Addr().String()), zap.Error(err))
+			}
+		}()
+		s.log.Info("listening", zap.String("address", bound[i].Addr().String()), zap.String("mode", l.Mode))
+	}
+	s.started = true
+	return nil
+}
+
+// newSMTPServer configures go-smtp for listener i, bound at addr. Every
+// limit is set explicitly (F9).
+func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Server {
+	info := &listenerInfo{mode: l.Mode}
+	srv := smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
+		return s.newSession(info, c)
+	}))
+	lim := s.cfg.Limits
+	srv.Domain = s.cfg.Hostname
+	srv.MaxMessageBytes = lim.MaxMessageBytes
+	srv.MaxRecipients = lim.MaxRecipients
+	srv.MaxLineLength = maxLineLength
+	srv.ReadTimeout = lim.CommandTimeout
+	srv.WriteTimeout = lim.CommandTimeout
+	srv.TLSConfig = s.tls[i]
+	srv.AllowInsecureAuth = l.AllowPlaintextAuth || isLoopback(addr)
+	srv.EnableSMTPUTF8 = true
+	srv.EnableDSN = true
+	srv.ErrorLog = errorLog{s.log}
+	return srv
+}
+
+func isLoopback(a net.Addr) bool {
+	ap, err := netip.ParseAddrPort(a.String())
+	return err == nil && ap.Addr().IsLoopback()
+}
+
+// Addrs returns the bound addresses, in the order of Config.Listeners.
+func (s *Server) Addrs() []net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]net.Addr(nil), s.addrs...)
+}
+
+// Shutdown stops accepting, sends 421 4.3.2 to idle sessions and lets
+// sessions in DATA finish: each either commits and gets its 250, or gets
+// 421 4.3.2, and is then closed. When ctx ends first, reads fail at once,
+// so a session still receiving DATA gets 421 4.3.2; an Enqueue already
+// under way is waited for (its 250 is sent); then every connection is
+// closed and ctx's error returned. It never answers 250 for a message not
+// committed.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	servers := s.servers
+	s.servers = nil
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		var wg sync.WaitGroup
+		for _, srv := range servers {
+			wg.Add(1)
+			go func() { defer wg.Done(); srv.Shutdown(context.Background()) }()
+		}
+		wg.Wait()
+		close(done)
+	}()
+	for _, c := range s.lim.snapshot(true) {
+		c.drain()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+	}
+	for _, c := range s.lim.snapshot(true) {
+		c.stop()
+	}
+	// Reads now fail at once, so Data calls return quickly, except one
+	// committing to the queue: it is let finish, and its 250 goes out.
+	for s.inData.Load() > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, c := range s.lim.snapshot(true) {
+		c.Close()
+	}
+	<-done
+	return ctx.Err()
+}
+
+// connRefused logs and counts a connection refused before it had a session.
+func (s *Server) connRefused(addr net.Addr, reply, reason string) {
+	s.metrics.Rejected.WithLabelValues("4xx", reason).Inc()
+	s.log.Debug("connection refused", zap.String("client", addr.String()), zap.String("reply", reply))
+}
+
+func (s *Server) isTrusted(ip netip.Addr) bool {
+	for _, p := range s.trusted {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// queueDir is where free space is measured: the queue file's directory, or
+// the nearest existing parent (the queue creates its directory on Open).
+func (s *Server) queueDir() string {
+	dir := filepath.Dir(s.cfg.Queue.Path)
+	for {
+		if _, err := os.Stat(dir); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return dir
+		}
+		dir = parent
+	}
+}
+
+// statfsFree is the default Options.DiskFree: bytes available to an
+// unprivileged user on the filesystem holding path.
+func statfsFree(path string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", path, err)
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}
+
+// errorLog sends go-smtp's internal messages to zap: panics it recovered
+// at error level, everything else (handshake failures, resets) at debug.
+//
+// One panic is go-smtp's own and harmless: in v0.25.1 the goroutine that
+// handleBdat starts calls c.Session().Data after the connection may
+// already be closed (client gone right after a BDAT command), and
+// dereferences the nil session. go-smtp recovers it; none of our code ran.
+// It is logged at warn level without the stack, since any client can
+// trigger it.
+type errorLog struct{ l *zap.Logger }
+
+func (e errorLog) Printf(format string, v ...any) { e.write(fmt.Sprintf(format, v...)) }
+func (e errorLog) Println(v ...any)               { e.write(fmt.Sprintln(v...)) }
+
+func (e errorLog) write(msg string) {
+	switch {
+	case strings.Contains(msg, "panic") && strings.Contains(msg, "handleBdat.func1") &&
+		strings.Contains(msg, "nil pointer") && !strings.Contains(msg, "greyrelay/relay/smtpd"):
+		e.l.Warn("go-smtp", zap.String("error", "BDAT goroutine ran after the connection closed (upstream race, recovered)"))
+	case strings.Contains(msg, "panic"):
+		e.l.Error("go-smtp", zap.String("error", msg))
+	default:
+		e.l.Debug("go-smtp", zap.String("error", msg))
+	}
+}

@@ -1,0 +1,273 @@
+package smtpd
+
+import (
+	"crypto/tls"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/emersion/go-smtp"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// listenerInfo is what a session needs to know about its listener.
+type listenerInfo struct {
+	mode string // config.ModeSMTP, ModeSubmission or ModeSubmissions
+}
+
+// session implements smtp.Session and smtp.AuthSession for one client
+// between two EHLOs that go-smtp treats as a new session (it makes a new
+// one after STARTTLS, so authentication never survives the upgrade).
+//
+// go-smtp calls the methods from the connection's goroutine, except that
+// with BDAT, Data runs in a goroutine of its own while further commands
+// are read. The envelope is therefore guarded by mu, and Mail copies into
+// it everything Data needs.
+type session struct {
+	srv      *Server
+	lis      *listenerInfo
+	conn     *conn
+	smtpConn *smtp.Conn
+	client   netip.AddrPort
+	tlsState *tls.ConnectionState // nil without TLS
+	trusted  bool                 // client address in trusted_networks
+
+	// Set by AUTH; read by Mail and Rcpt on the same goroutine.
+	user    string
+	allowed []string
+
+	mu        sync.Mutex
+	env       *envelope // nil outside a transaction
+	submitted bool      // a message was accepted in this session
+}
+
+// envelope is one transaction, from MAIL to the end of DATA.
+type envelope struct {
+	from     string // canonical reverse-path; "" is <>
+	helo     string // as given (only used where validated)
+	user     string
+	utf8     bool
+	eightBit bool
+	ret      string
+	envID    string
+	rcpts    []queue.NewRecipient
+	seen     map[string]bool
+}
+
+// connOf finds our connection under go-smtp's view of it.
+func connOf(nc net.Conn) *conn {
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	c, _ := nc.(*conn)
+	return c
+}
+
+// newSession is the go-smtp backend: it runs at the first EHLO/HELO and at
+// the first one after STARTTLS.
+func (s *Server) newSession(li *listenerInfo, c *smtp.Conn) (smtp.Session, error) {
+	tc := connOf(c.Conn())
+	if tc == nil {
+		return nil, replyLocalError()
+	}
+	tc.productive()
+	tc.setReplyConn(c.Conn())
+	sess := &session{srv: s, lis: li, conn: tc, smtpConn: c}
+	if ap, err := netip.ParseAddrPort(c.Conn().RemoteAddr().String()); err == nil {
+		sess.client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	sess.trusted = s.isTrusted(sess.client.Addr())
+	if st, ok := c.TLSConnectionState(); ok {
+		sess.tlsState = &st
+	}
+	if tc.isDraining() {
+		return nil, sess.refuseAndClose("shutdown", replyShutdown())
+	}
+	return sess, nil
+}
+
+// Reset ends the transaction (RSET, EHLO, end of DATA). Authentication
+// stays: RFC 4954 §4 ties it to the session, not the transaction.
+func (s *session) Reset() {
+	s.mu.Lock()
+	s.env = nil
+	s.mu.Unlock()
+}
+
+// Logout is called when go-smtp drops the session.
+func (s *session) Logout() error {
+	s.Reset()
+	return nil
+}
+
+// Mail starts a transaction.
+func (s *session) Mail(from string, opts *smtp.MailOptions) error {
+	s.conn.productive()
+	if s.conn.isDraining() {
+		return s.refuseAndClose("shutdown", replyShutdown())
+	}
+	if s.lis.mode != config.ModeSMTP && s.user == "" {
+		// RFC 4954 §6: "530 5.7.0 Authentication required".
+		return s.refuse("auth", reply(530, 5, 7, 0, "Authentication required"))
+	}
+	s.mu.Lock()
+	active := s.env != nil
+	s.mu.Unlock()
+	if active {
+		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
+		return s.refuse("sequence", reply(503, 5, 5, 1, "Nested MAIL command"))
+	}
+	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, seen: map[string]bool{}}
+	if opts != nil {
+		env.utf8, env.eightBit = opts.UTF8, opts.Body == smtp.Body8BitMIME
+		env.ret, env.envID = string(opts.Return), opts.EnvelopeID
+	}
+	var fromAddr address.Address
+	if from != "" {
+		a, err := address.Parse(from, address.Options{SMTPUTF8: env.utf8, Sender: true})
+		if err != nil {
+			return s.refuse("syntax", err)
+		}
+		fromAddr, env.from = a, a.String()
+	}
+	if !senderAllowed(s.allowed, env.from, fromAddr) {
+		// RFC 5321 §4.2.3 553 "mailbox name not allowed"; RFC 3463 X.7.1
+		// "Delivery not authorized": Postfix reject_sender_login_mismatch.
+		return s.refuse("sender", reply(553, 5, 7, 1, "Sender address not allowed for this user"))
+	}
+	if len(env.envID) > 100 {
+		// RFC 3461 §4.4: ENVID is at most 100 characters.
+		return s.refuse("syntax", reply(501, 5, 5, 4, "ENVID too long"))
+	}
+	if err := s.checkDisk(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.env = env
+	s.mu.Unlock()
+	return nil
+}
+
+// senderAllowed applies a user's allowed senders (Users file): none listed
+// means any sender; "<>" allows the null sender, "@domain" any address at
+// that domain, and a full address itself (local part compared without
+// case, since mail systems hardly ever distinguish it).
+func senderAllowed(allowed []string, from string, a address.Address) bool {
+	if len(allowed) == 0 {
+		return true
+	}
+	for _, e := range allowed {
+		switch {
+		case e == "<>":
+			if from == "" {
+				return true
+			}
+		case from == "":
+		case strings.HasPrefix(e, "@"):
+			if a.Domain == e[1:] {
+				return true
+			}
+		default:
+			local, domain, _ := cutLast(e, "@")
+			if domain == a.Domain && strings.EqualFold(local, a.Local) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Rcpt adds a recipient, if the client may relay at all. A domainless
+// <postmaster> (RFC 5321 §4.5.1) never gets here: go-smtp v0.25.1 answers
+// it with 501 itself, and greyrelay has no local mailbox to take it.
+func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
+	s.conn.productive()
+	s.mu.Lock()
+	env := s.env
+	s.mu.Unlock()
+	if env == nil {
+		return s.refuse("sequence", reply(503, 5, 5, 1, "MAIL first"))
+	}
+	// The identity is the one MAIL was given under (env.user).
+	if env.user == "" && !(s.lis.mode == config.ModeSMTP && s.trusted) {
+		// RFC 5321 §3.6.2: relaying is the server's choice; RFC 3463 X.7.1
+		// "Delivery not authorized, message refused". Every domain is
+		// remote for greyrelay, so there is nothing to accept here.
+		return s.refuse("relay", reply(554, 5, 7, 1, "Relay access denied"))
+	}
+	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8})
+	if err != nil {
+		return s.refuse("syntax", err)
+	}
+	notify, orcpt, err := dsnParams(opts)
+	if err != nil {
+		return s.refuse("syntax", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(env.rcpts) >= s.srv.cfg.Limits.MaxRecipients {
+		// RFC 5321 §4.5.3.1.10: too many recipients is 452, not 552.
+		return s.refuse("recipients", reply(452, 4, 5, 3, "Too many recipients"))
+	}
+	key := a.String()
+	if !env.seen[key] { // a duplicate would be delivered twice
+		env.seen[key] = true
+		env.rcpts = append(env.rcpts, queue.NewRecipient{Addr: key, Domain: a.Domain, Notify: notify, ORCPT: orcpt})
+	}
+	return nil
+}
+
+// dsnParams turns go-smtp's parsed RFC 3461 parameters into the queue's
+// form. go-smtp validated NOTIFY and decoded ORCPT's xtext; the decoded
+// address is checked again here because the utf-8-addr-xtext decoder lets
+// some control characters through.
+func dsnParams(opts *smtp.RcptOptions) (notify, orcpt string, err error) {
+	if opts == nil {
+		return "", "", nil
+	}
+	if len(opts.Notify) > 0 {
+		parts := make([]string, len(opts.Notify))
+		for i, n := range opts.Notify {
+			parts[i] = strings.ToUpper(string(n))
+		}
+		notify = strings.Join(parts, ",")
+	}
+	if a := opts.OriginalRecipient; a != "" {
+		// RFC 3461 §4.2: ORCPT is at most 500 characters.
+		if len(a) > 500 || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {
+			return "", "", reply(501, 5, 5, 4, "Malformed ORCPT parameter")
+		}
+		orcpt = strings.ToLower(string(opts.OriginalRecipientType)) + ";" + a
+	}
+	return notify, orcpt, nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f }
+
+// checkDisk refuses work when the queue's filesystem has less than 1.5
+// times the largest message free (Postfix queue_minfree): 452 4.3.1, so the
+// client tries again later. A failing statfs is a local error (451 4.3.0).
+func (s *session) checkDisk() error {
+	free, err := s.srv.diskFree(s.srv.queueDir())
+	if err != nil {
+		s.srv.log.Warn("cannot measure free disk space", zap.Error(err))
+		return s.refuse("storage", replyLocalError())
+	}
+	if free < uint64(s.srv.cfg.Limits.MaxMessageBytes)*3/2 {
+		return s.refuse("storage", replyNoStorage())
+	}
+	return nil
+}
+
+func cutLast(s, sep string) (before, after string, found bool) {
+	if i := strings.LastIndex(s, sep); i >= 0 {
+		return s[:i], s[i+len(sep):], true
+	}
+	return s, "", false
+}

@@ -1,0 +1,194 @@
+package smtpd
+
+import (
+	"bufio"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/greyrelay/greyrelay/relay/address"
+)
+
+// Users is the set of accounts allowed to AUTH, read from the users file.
+//
+// The file has one account per line, "name:bcrypt-hash[:sender,...]";
+// blank lines and lines starting with "#" are ignored. A sender entry is a
+// full address, "@domain" for any address at that domain, or "<>" for the
+// null sender; with no entries the account may use any sender
+// (reliability-and-security S6: give every credential its list, and "<>"
+// only to a smarthost that sends its own bounces).
+type Users struct {
+	byName map[string]account
+	dummy  []byte // compared against for unknown names, for similar timing
+}
+
+type account struct {
+	hash    []byte
+	allowed []string
+}
+
+// maxNameLen bounds user names (they end up in logs and the queue).
+const maxNameLen = 256
+
+// LoadUsers reads a users file.
+func LoadUsers(path string) (*Users, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	u, err := ParseUsers(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return u, nil
+}
+
+// ParseUsers reads users-file lines from r. Errors name the line.
+func ParseUsers(r io.Reader) (*Users, error) {
+	u := &Users{byName: make(map[string]account)}
+	cost := bcrypt.MinCost
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		name, acc, err := parseUserLine(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		if _, dup := u.byName[name]; dup {
+			return nil, fmt.Errorf("line %d: user %q listed twice", n, name)
+		}
+		u.byName[name] = acc
+		c, _ := bcrypt.Cost(acc.hash)
+		cost = max(cost, c)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	// The dummy hash has the highest cost in the file, so that an unknown
+	// name costs as much time as a known one.
+	secret := make([]byte, 16)
+	rand.Read(secret)
+	dummy, err := bcrypt.GenerateFromPassword(secret, cost)
+	if err != nil {
+		return nil, err
+	}
+	u.dummy = dummy
+	return u, nil
+}
+
+func parseUserLine(line string) (string, account, error) {
+	fields := strings.SplitN(line, ":", 3)
+	if len(fields) < 2 {
+		return "", account{}, errors.New(`want "name:bcrypt-hash[:sender,...]"`)
+	}
+	name, hash := fields[0], []byte(fields[1])
+	if err := checkName(name); err != nil {
+		return "", account{}, err
+	}
+	if _, err := bcrypt.Cost(hash); err != nil {
+		return "", account{}, fmt.Errorf("user %q: not a bcrypt hash", name)
+	}
+	acc := account{hash: hash}
+	if len(fields) == 3 {
+		allowed, err := parseSenders(strings.Split(fields[2], ","))
+		if err != nil {
+			return "", account{}, fmt.Errorf("user %q: %w", name, err)
+		}
+		acc.allowed = allowed
+	}
+	return name, acc, nil
+}
+
+// checkName allows printable, non-space ASCII and UTF-8 without ':'.
+func checkName(name string) error {
+	if name == "" || len(name) > maxNameLen {
+		return fmt.Errorf("user name must be 1 to %d octets", maxNameLen)
+	}
+	if strings.ContainsAny(name, ": \t") || strings.ContainsFunc(name, isControl) {
+		return fmt.Errorf("user name %q contains ':', a space or a control character", name)
+	}
+	return nil
+}
+
+// parseSenders normalises allowed-sender entries: addresses in the form
+// address.Address.String gives, domains lowercased after "@".
+func parseSenders(list []string) ([]string, error) {
+	var out []string
+	opt := address.Options{SMTPUTF8: true, Sender: true}
+	for _, e := range list {
+		e = strings.TrimSpace(e)
+		switch {
+		case e == "":
+			continue
+		case e == "<>":
+			out = append(out, e)
+		case strings.HasPrefix(e, "@"):
+			d, err := address.ParseDomain(e[1:], opt)
+			if err != nil {
+				return nil, fmt.Errorf("allowed sender %q: %w", e, err)
+			}
+			out = append(out, "@"+d)
+		default:
+			a, err := address.Parse(e, opt)
+			if err != nil {
+				return nil, fmt.Errorf("allowed sender %q: %w", e, err)
+			}
+			out = append(out, a.String())
+		}
+	}
+	return out, nil
+}
+
+// UserLine makes a users-file line for name with a bcrypt hash of password
+// (what `greyrelay user add NAME` prints).
+func UserLine(name, password string, allowedSenders []string) (string, error) {
+	return userLine(name, password, allowedSenders, bcrypt.DefaultCost)
+}
+
+func userLine(name, password string, allowedSenders []string, cost int) (string, error) {
+	if err := checkName(name); err != nil {
+		return "", err
+	}
+	if password == "" {
+		return "", errors.New("empty password")
+	}
+	allowed, err := parseSenders(allowedSenders)
+	if err != nil {
+		return "", err
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte(password), cost)
+	if err != nil {
+		return "", err // ErrPasswordTooLong past 72 octets
+	}
+	line := name + ":" + string(hash)
+	if len(allowed) > 0 {
+		line += ":" + strings.Join(allowed, ",")
+	}
+	return line, nil
+}
+
+// Authenticate checks name and password. An unknown name is compared
+// against a dummy hash, so it takes about as long as a wrong password and
+// the caller gives the same reply for both. allowed is the account's
+// allowed-sender list (nil: any sender).
+func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) {
+	acc, known := u.byName[name]
+	hash := acc.hash
+	if !known {
+		hash = u.dummy
+	}
+	err := bcrypt.CompareHashAndPassword(hash, []byte(password))
+	if err != nil || !known {
+		return false, nil
+	}
+	return true, append([]string(nil), acc.allowed...)
+}
