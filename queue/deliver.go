@@ -103,7 +103,7 @@ func (q *Queue) NextDue() (t time.Time, ok bool, err error) {
 	err = q.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bDue).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(v) == 1 && v[0] == flagActive {
+			if isActive(v) {
 				continue
 			}
 			if dt, _, good := parseDueKey(k); good {
@@ -123,6 +123,15 @@ func (q *Queue) NextDue() (t time.Time, ok bool, err error) {
 // not match their recipient (held, final, missing) are skipped and repaired.
 // History is not filled.
 func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
+	return q.DueSkip(now, limit, nil)
+}
+
+// DueSkip is Due with a filter applied before a recipient is decoded: skip
+// gets the destination domain (lower case) and the key from the index
+// entry, and a true result passes over the entry. The scheduler uses it to
+// leave out recipients it already holds and destinations with no free
+// capacity, so a large backlog for one domain costs little per scan.
+func (q *Queue) DueSkip(now time.Time, limit int, skip func(domain string, k Key) bool) ([]Recipient, error) {
 	var out []Recipient
 	var ps []problem
 	end := timeKey(now)
@@ -133,8 +142,13 @@ func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
 			if len(k) >= 8 && bytes.Compare(k[:8], end) > 0 {
 				break
 			}
-			if len(v) == 1 && v[0] == flagActive {
+			if isActive(v) {
 				continue
+			}
+			if skip != nil && len(v) > 1 {
+				if _, key, good := parseDueKey(k); good && skip(string(v[1:]), key) {
+					continue
+				}
 			}
 			r, p := dueRecipient(rcpts, msgs, k)
 			if p != nil {

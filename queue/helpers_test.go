@@ -87,7 +87,7 @@ func fullScan(t testing.TB, q *Queue) counts {
 	c := newCounts()
 	err := q.db.View(func(tx *bolt.Tx) error {
 		c.msgs = tx.Bucket(bMsgs).Stats().KeyN
-		want := map[string]byte{}
+		want := map[string]string{}
 		cur := tx.Bucket(bRcpts).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
 			key, _ := parseRcptKey(k)
@@ -100,13 +100,13 @@ func fullScan(t testing.TB, q *Queue) counts {
 			}
 			c.rcpt(&r, +1)
 			if dk := expectedDueKey(&r); dk != nil {
-				want[string(dk)] = dueFlag(&r)
+				want[string(dk)] = string(dueValue(&r))
 			}
 		}
-		got := map[string]byte{}
+		got := map[string]string{}
 		cur = tx.Bucket(bDue).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
-			got[string(k)] = v[0]
+			got[string(k)] = string(v)
 		}
 		if !reflect.DeepEqual(got, want) {
 			return fmt.Errorf("due index has %d entries, want %d (%v vs %v)", len(got), len(want), got, want)

@@ -553,3 +553,37 @@ func TestWakeCoalesces(t *testing.T) {
 	default:
 	}
 }
+
+// DueSkip passes over entries by domain and key without decoding them, so
+// a busy destination's backlog costs the scheduler little.
+func TestDueSkip(t *testing.T) {
+	q, _ := newQ(t)
+	now := t0
+	var busy, healthy []ID
+	for i := 0; i < 5; i++ {
+		id, err := q.Enqueue(NewMessage{From: "a@x.test", To: []NewRecipient{{Addr: "u@Dead.test", Domain: "Dead.test"}}, Body: []byte("x\r\n"), Arrival: now, NextAttempt: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		busy = append(busy, id)
+		id, err = q.Enqueue(NewMessage{From: "a@x.test", To: []NewRecipient{{Addr: "u@ok.test", Domain: "ok.test"}}, Body: []byte("x\r\n"), Arrival: now, NextAttempt: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy = append(healthy, id)
+	}
+	var seen []string
+	rs, err := q.DueSkip(now, 3, func(domain string, k Key) bool {
+		seen = append(seen, domain)
+		return domain == "dead.test" || k.ID == healthy[0]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(rs); !reflect.DeepEqual(got, []Key{{healthy[1], 0}, {healthy[2], 0}, {healthy[3], 0}}) {
+		t.Errorf("DueSkip = %v, want healthy[1..3]", got)
+	}
+	if len(seen) == 0 || seen[0] != "dead.test" {
+		t.Errorf("skip saw domains %v, want lower-cased dead.test first", seen)
+	}
+}

@@ -104,7 +104,7 @@ func scanDue(tx *bolt.Tx, bad []problem) []problem {
 	}
 	cur := tx.Bucket(bDue).Cursor()
 	for k, v := cur.First(); k != nil; k, v = cur.Next() {
-		if len(k) != dueKeyLen || len(v) != 1 || (v[0] != flagDue && v[0] != flagActive) ||
+		if len(k) != dueKeyLen || len(v) < 1 || (v[0] != flagDue && v[0] != flagActive) ||
 			(len(gone) > 0 && gone[string(k[8:])]) {
 			ps = append(ps, problem{staleDue, bDue, bytes.Clone(k), nil})
 		}
@@ -126,7 +126,7 @@ func (q *Queue) Recover(now time.Time) (int, error) {
 		var keys [][]byte
 		cur := w.b(bDue).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
-			if len(v) == 1 && v[0] == flagActive {
+			if isActive(v) {
 				keys = append(keys, bytes.Clone(k))
 			}
 		}

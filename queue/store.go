@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -96,6 +97,17 @@ func dueFlag(r *Recipient) byte {
 	return flagDue
 }
 
+// dueValue is a due entry's value: the flag, then the lower-cased domain, so
+// that the scheduler can pass over a busy destination's entries without
+// decoding its recipients (a storm of deferrals for one dead domain must not
+// cost every scan for the healthy ones).
+func dueValue(r *Recipient) []byte {
+	return append([]byte{dueFlag(r)}, strings.ToLower(r.Domain)...)
+}
+
+// isActive reports whether a due entry value marks an attempt in flight.
+func isActive(v []byte) bool { return len(v) >= 1 && v[0] == flagActive }
+
 func errMissing(what string) error { return fmt.Errorf("%w: missing %s", errCorrupt, what) }
 
 // quarantined is one record moved to the quarantine bucket.
@@ -152,7 +164,7 @@ func (w *wtx) putRcpt(before, after *Recipient) error {
 		if after.Status != Active {
 			w.wake = true
 		}
-		return due.Put(k, []byte{dueFlag(after)})
+		return due.Put(k, dueValue(after))
 	}
 	return nil
 }
@@ -305,7 +317,7 @@ func (w *wtx) fix(p problem) error {
 			if rv := w.b(bRcpts).Get(rcptKey(k)); rv != nil {
 				r, err := decodeRecipient(k, rv)
 				if err == nil && bytes.Equal(expectedDueKey(&r), p.key) {
-					return w.b(bDue).Put(p.key, []byte{dueFlag(&r)}) // right key, maybe wrong flag
+					return w.b(bDue).Put(p.key, dueValue(&r)) // right key, maybe wrong value
 				}
 			}
 		}

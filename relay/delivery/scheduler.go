@@ -13,13 +13,13 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// Scheduler limits. A scan reads the due index from its start, so every due
-// recipient it cannot take now (its domain is at capacity) is read again by
-// the next scan; the window grows by those, up to maxScan, so that they
-// cannot hide recipients of healthy domains behind them.
+// Scheduler limits. A scan reads the due index from its start. Recipients
+// it already holds, and those of destinations at capacity, are passed over
+// by the index entry alone (queue.DueSkip) without being decoded, so a
+// backlog of 100,000 deferred recipients for one dead domain neither hides
+// nor slows the healthy domains behind it.
 const (
-	scanBatch = 1000  // new due recipients looked at per scan
-	maxScan   = 50000 // hard bound on recipients read per scan
+	scanBatch = 1000 // new due recipients taken per scan
 	// reuseShare is how many queued transactions one connection is expected
 	// to carry before the scheduler opens another connection to the same
 	// domain: two messages for one domain share a connection, a burst of
@@ -139,9 +139,16 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 // pause instead of looking at them again and again.
 func (e *Engine) scan(now time.Time) error {
 	e.mu.Lock()
-	limit := min(scanBatch+len(e.claimed)+e.skipped, maxScan)
+	skip := e.scanFilter(now)
 	e.mu.Unlock()
-	rs, err := e.q.Due(now, limit)
+	full := 0
+	rs, err := e.q.DueSkip(now, scanBatch, func(domain string, k queue.Key) bool {
+		s, isFull := skip(domain, k)
+		if isFull {
+			full++
+		}
+		return s
+	})
 	if err != nil {
 		return err
 	}
@@ -150,11 +157,45 @@ func (e *Engine) scan(now time.Time) error {
 	}
 	e.mu.Lock()
 	push := e.claim(rs, now)
+	e.skipped += full
 	e.mu.Unlock()
 	for _, p := range push {
 		e.push(p.d, p.rcpts, p.d.throttle.Until, now)
 	}
 	return nil
+}
+
+// scanFilter snapshots what the scan may pass over without decoding:
+// recipients already claimed, and recipients of destinations whose job list
+// is full (unless they belong to a message with a job there, which they
+// join). It is a snapshot because the filter runs inside a queue read
+// transaction, where taking e.mu could deadlock against a writer. Called
+// with e.mu held; the result reports (skip, skipped because full).
+func (e *Engine) scanFilter(now time.Time) func(domain string, k queue.Key) (bool, bool) {
+	claimed := make(map[queue.Key]bool, len(e.claimed))
+	for k := range e.claimed {
+		claimed[k] = true
+	}
+	full := map[string]map[queue.ID]bool{}
+	for name, d := range e.dests {
+		if d.throttle.Paused(now) || len(d.pending) < e.cfg.Delivery.MaxPerDestination*reuseShare {
+			continue
+		}
+		ids := map[queue.ID]bool{}
+		for _, j := range d.pending {
+			ids[j.id] = true
+		}
+		full[name] = ids
+	}
+	return func(domain string, k queue.Key) (bool, bool) {
+		if claimed[k] {
+			return true, false
+		}
+		if ids, ok := full[domainKey(domain)]; ok && !ids[k.ID] {
+			return true, true
+		}
+		return false, false
+	}
 }
 
 // loadDests creates the scheduler state of every domain in rs it does not
