@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
@@ -54,6 +55,12 @@ func toReply(err error) *smtp.SMTPError {
 	var ae *address.Error
 	if errors.As(err, &ae) {
 		return reply(ae.Code, ae.Enhanced[0], ae.Enhanced[1], ae.Enhanced[2], ae.Msg)
+	}
+	// The free-space check at MAIL and at the end of DATA cannot see every
+	// commit coming: a disk that fills during the commit is the same
+	// condition and gets the same reply.
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+		return replyNoStorage()
 	}
 	return replyLocalError()
 }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,6 +140,10 @@ func TestEscaping(t *testing.T) {
 	}
 	if got := formatReply(toReply(fmt.Errorf("secret path /var/x"))); got != "451 4.3.0 Local error in processing, try again later" {
 		t.Errorf("unknown error: %q", got)
+	}
+	full := &os.PathError{Op: "write", Path: "/q/queue.db", Err: syscall.ENOSPC}
+	if got := formatReply(toReply(fmt.Errorf("commit: %w", full))); got != "452 4.3.1 Insufficient system storage" {
+		t.Errorf("disk full during commit: %q", got)
 	}
 }
 
