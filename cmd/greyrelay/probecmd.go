@@ -8,21 +8,27 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/probe"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
+// knownTimeout bounds the CLI probe's questions to the running relay.
+const knownTimeout = 10 * time.Second
+
 // probeOptions builds a probe on the relay's own configuration: the same
 // router and resolver, pinned source addresses, HELO name, TLS policies
 // and classifier rules as delivery, so the probe sees what delivery sees.
-func probeOptions(cfg *config.Config) (probe.Options, error) {
+// known answers step 5 (what the relay knows about the destination).
+func probeOptions(cfg *config.Config, known func(context.Context, string) (*probe.Knowledge, error)) (probe.Options, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return probe.Options{}, err
@@ -38,21 +44,23 @@ func probeOptions(cfg *config.Config) (probe.Options, error) {
 	if err != nil {
 		return probe.Options{}, err
 	}
-	d, api := cfg.Delivery, admin.NewClient(cfg)
+	d := cfg.Delivery
 	return probe.Options{
 		Hostname: cfg.Hostname, Sender: cfg.Probe.Sender, DNSBL: cfg.Probe.DNSBL,
 		Router: router, Dialer4: d4, Dialer6: d6, SourceIPv4: d.SourceIPv4, SourceIPv6: d.SourceIPv6,
 		TLS: smtpclient.TLSPolicy(d.TLS), SmarthostTLS: smtpclient.TLSPolicy(d.Smarthost.TLS), TLSConfig: &tls.Config{},
 		Username: d.Smarthost.Username, Password: d.Smarthost.Password,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout, CommandTimeout: d.CommandTimeout,
-		Classifier: cl, Known: probe.AdminKnown(api.Base, api.Token, nil), Now: time.Now,
+		Classifier: cl, Known: known, Now: time.Now,
 	}, nil
 }
 
 // probeFunc is handed to the admin server so the status page can probe.
-func probeFunc(cfg *config.Config) func(ctx context.Context, target string) (any, error) {
+// The daemon holds q, so step 5 reads it directly.
+func probeFunc(cfg *config.Config, q *queue.Queue) func(ctx context.Context, target string) (any, error) {
+	known := probe.QueueKnown(q, time.Now)
 	return func(ctx context.Context, target string) (any, error) {
-		opt, err := probeOptions(cfg)
+		opt, err := probeOptions(cfg, known)
 		if err != nil {
 			return nil, err
 		}
@@ -90,7 +98,10 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	opt, err := probeOptions(cfg)
+	// The daemon holds the queue file's lock: ask it over its admin API.
+	api := admin.NewClient(cfg)
+	api.HTTP = &http.Client{Timeout: knownTimeout}
+	opt, err := probeOptions(cfg, probe.AdminKnown(api))
 	if err != nil {
 		return &exitError{2, err}
 	}

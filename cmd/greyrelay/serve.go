@@ -102,7 +102,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
 		return err
 	}
 	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
-		Logger: log, Now: time.Now, Probe: probeFunc(cfg),
+		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q),
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")

@@ -8,6 +8,11 @@
 //     are thin HTTP clients of the JSON API below (mox and KumoMTA do the
 //     same); the API is the one place that reads and changes the queue on an
 //     operator's behalf.
+//   - One definition of each view (views.go): the handlers encode it, Client
+//     decodes it through typed methods (List, Message, Act, Destinations,
+//     Destination), and Local builds it straight from the queue for code
+//     inside the daemon, such as the status page's probe. The handlers are
+//     built on Local, so in process and over HTTP cannot disagree.
 //   - Handlers do constant work per returned row: filtering, counting and
 //     paging happen inside the queue, so listing or retrying 100,000
 //     recipients costs what the queue costs (see BenchmarkList100k).
@@ -95,6 +100,7 @@ type Options struct {
 // Server is the admin HTTP server.
 type Server struct {
 	opt     Options
+	local   *Local // the views the API serves
 	log     *zap.Logger
 	token   [sha256.Size]byte // hash of the token; valid only when hasTok
 	hasTok  bool
@@ -143,7 +149,7 @@ func New(opt Options) (*Server, error) {
 	if err := opt.Registry.Register(newQueueCollector(opt.Queue, opt.Now)); err != nil {
 		return nil, fmt.Errorf("admin: register queue gauges: %w", err)
 	}
-	s := &Server{opt: opt, log: opt.Logger.Named("admin"), page: page}
+	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Now), log: opt.Logger.Named("admin"), page: page}
 	if a.Token != "" {
 		s.token, s.hasTok = sha256.Sum256([]byte(a.Token)), true
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-func keys(l listJSON) []string {
+func keys(l ListResult) []string {
 	var out []string
 	for _, r := range l.Rows {
 		out = append(out, r.Key)
@@ -53,7 +53,7 @@ func TestListFiltersAndPaging(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.query, func(t *testing.T) {
-			var l listJSON
+			var l ListResult
 			f.getJSON(t, "GET", "/api/queue?"+tt.query, http.StatusOK, &l)
 			if got := keys(l); !slices.Equal(got, tt.want) || l.Total != tt.total {
 				t.Errorf("got %v total %d, want %v total %d", got, l.Total, tt.want, tt.total)
@@ -64,13 +64,13 @@ func TestListFiltersAndPaging(t *testing.T) {
 
 func TestListRowFields(t *testing.T) {
 	f := newFixture(t)
-	var l listJSON
+	var l ListResult
 	f.getJSON(t, "GET", "/api/queue?reason=greylisted&limit=1", http.StatusOK, &l)
 	if len(l.Rows) != 1 {
 		t.Fatalf("rows %v", l.Rows)
 	}
 	r := l.Rows[0]
-	want := rowJSON{ID: f.m1.String(), Key: f.m1.String() + "/0", Status: "deferred", Reason: "greylisted",
+	want := Row{ID: f.m1.String(), Key: f.m1.String() + "/0", Status: "deferred", Reason: "greylisted",
 		Attempts: 1, SourceIP: "192.0.2.10", MXHost: "mx.peer.test", MXAddr: "198.51.100.7",
 		Sender: "alice@example.org", Recipient: "bob@greylist.test", Domain: "greylist.test",
 		Arrival: t0, AgeSeconds: 7200}
@@ -104,7 +104,7 @@ func TestListRejectsBadFilters(t *testing.T) {
 
 func TestShowExplainsLastReply(t *testing.T) {
 	f := newFixture(t)
-	var m messageJSON
+	var m Message
 	f.getJSON(t, "GET", "/api/queue/"+f.m1.String(), http.StatusOK, &m)
 	if m.ID != f.m1.String() || len(m.Recipients) != 2 || m.Sender != "alice@example.org" {
 		t.Fatalf("message %+v", m)
@@ -121,7 +121,7 @@ func TestShowExplainsLastReply(t *testing.T) {
 		t.Errorf("explanation %+v", r.Explanation)
 	}
 
-	var q3 messageJSON // never attempted: nothing to explain
+	var q3 Message // never attempted: nothing to explain
 	f.getJSON(t, "GET", "/api/queue/"+f.m3.String(), http.StatusOK, &q3)
 	if q3.Recipients[0].Explanation != nil || len(q3.Recipients[0].History) != 0 {
 		t.Errorf("queued recipient %+v", q3.Recipients[0])
@@ -197,7 +197,7 @@ func TestActions(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFixture(t)
-			var res actionJSON
+			var res ActionResult
 			var out any = &res
 			if tt.code != 200 {
 				out = nil
@@ -231,13 +231,13 @@ func TestActionsNeedPOST(t *testing.T) {
 
 func TestStatsAndDestinations(t *testing.T) {
 	f := newFixture(t)
-	var st statsJSON
+	var st Stats
 	f.getJSON(t, "GET", "/api/stats", http.StatusOK, &st)
 	if st.Messages != 4 || st.Recipients != 5 || st.ByStatus["deferred"] != 3 || st.ByStatus["held"] != 1 ||
 		st.ByReason["greylisted"] != 3 || st.OldestAgeSeconds != 7200 || st.DBBytes <= 0 {
 		t.Errorf("stats %+v", st)
 	}
-	var ds destinationsJSON
+	var ds Destinations
 	f.getJSON(t, "GET", "/api/destinations", http.StatusOK, &ds)
 	if len(ds.Destinations) != 3 {
 		t.Fatalf("destinations %+v", ds)
@@ -246,7 +246,7 @@ func TestStatsAndDestinations(t *testing.T) {
 	if g.Domain != "greylist.test" || !g.Greylists || g.LearnedDelaySeconds != 300 || g.GreylistSeen != 3 {
 		t.Errorf("greylist.test %+v", g)
 	}
-	var one destinationsJSON
+	var one Destinations
 	f.getJSON(t, "GET", "/api/destinations/SLOW.test", http.StatusOK, &one)
 	if len(one.Destinations) != 1 || one.Destinations[0].ThrottleLevel != 2 ||
 		len(one.Destinations[0].DeadHosts) != 1 || one.Destinations[0].DeadHosts[0].Host != "mx1.slow.test" {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -52,10 +53,16 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
+	_ = encodeJSON(w, v) // the client went away; nothing to do
+}
+
+// encodeJSON writes v as the API answers it; `-json` in the CLI prints
+// with it too.
+func encodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false) // served as JSON with nosniff; keeps replies readable
-	_ = enc.Encode(v)        // the client went away; nothing to do
+	return enc.Encode(v)
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
@@ -114,14 +121,10 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	rows, total, err := s.opt.Queue.List(f)
+	out, err := s.local.list(f, now)
 	if err != nil {
 		s.fail(w, r, err)
 		return
-	}
-	out := listJSON{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]rowJSON, len(rows))}
-	for i := range rows {
-		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -135,17 +138,12 @@ func parseID(s string) (queue.ID, error) {
 }
 
 func (s *Server) show(w http.ResponseWriter, r *http.Request) {
-	id, err := parseID(r.PathValue("id"))
+	m, err := s.local.Message(r.Context(), r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	m, err := s.opt.Queue.Show(id)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, messageOf(&m, s.opt.Now()))
+	writeJSON(w, http.StatusOK, m)
 }
 
 func (s *Server) actionOne(w http.ResponseWriter, r *http.Request) {
@@ -208,7 +206,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 	}
 	s.log.Info("queue action", zap.String("action", action), zap.String("selector", selString(sel)),
 		zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
-	writeJSON(w, http.StatusOK, actionJSON{Action: action, Recipients: n})
+	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n})
 }
 
 func selString(sel queue.Selector) string {
@@ -231,29 +229,25 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) destinations(w http.ResponseWriter, r *http.Request) {
-	ds, err := s.opt.Queue.Destinations()
+	out, err := s.local.Destinations(r.Context())
 	if err != nil {
 		s.fail(w, r, err)
 		return
-	}
-	out := destinationsJSON{Now: s.opt.Now(), Destinations: make([]destinationJSON, len(ds))}
-	for i := range ds {
-		out.Destinations[i] = destinationOf(&ds[i])
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) destination(w http.ResponseWriter, r *http.Request) {
 	dom := r.PathValue("domain")
-	d, ok, err := s.opt.Queue.Destination(dom)
-	if err == nil && !ok {
+	d, err := s.local.Destination(r.Context(), dom)
+	if err == nil && d == nil {
 		err = fmt.Errorf("nothing learned about %q yet: %w", dom, queue.ErrNotFound)
 	}
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, destinationsJSON{Now: s.opt.Now(), Destinations: []destinationJSON{destinationOf(&d)}})
+	writeJSON(w, http.StatusOK, Destinations{Now: s.opt.Now(), Destinations: []Destination{*d}})
 }
 
 func (s *Server) probe(w http.ResponseWriter, r *http.Request) {

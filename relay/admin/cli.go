@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
 )
 
 // The CLI commands print aligned tables by default and the API's JSON with
@@ -72,13 +72,14 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 
 func queueList(args []string, c *Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue list", stderr)
-	q := url.Values{}
-	for _, name := range []string{"status", "reason", "domain", "sender"} {
-		fs.Func(name, "only recipients with this "+name, func(v string) error { q.Set(name, v); return nil })
-	}
-	older := fs.Duration("older-than", 0, "only messages that arrived at least this long ago (e.g. 2h)")
-	offset := fs.Int("offset", 0, "skip this many matching recipients")
-	limit := fs.Int("limit", defaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", maxLimit))
+	var lq ListQuery
+	fs.Func("status", "only recipients with this status", func(v string) error { lq.Status = queue.Status(v); return nil })
+	fs.StringVar(&lq.Reason, "reason", "", "only recipients with this reason")
+	fs.StringVar(&lq.Domain, "domain", "", "only recipients with this domain")
+	fs.StringVar(&lq.Sender, "sender", "", "only recipients with this sender")
+	fs.DurationVar(&lq.OlderThan, "older-than", 0, "only messages that arrived at least this long ago (e.g. 2h)")
+	fs.IntVar(&lq.Offset, "offset", 0, "skip this many matching recipients")
+	fs.IntVar(&lq.Limit, "limit", defaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", maxLimit))
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -87,24 +88,20 @@ func queueList(args []string, c *Client, stdout, stderr io.Writer) error {
 	if len(pos) > 0 {
 		return fmt.Errorf("queue list: unexpected argument %q\n%s", pos[0], queueUsage)
 	}
-	if *older > 0 {
-		q.Set("older_than", older.String())
+	if lq.Limit == 0 { // would mean the API's default
+		return fmt.Errorf("queue list: -limit must be from 1 to %d", maxLimit)
 	}
-	q.Set("offset", strconv.Itoa(*offset))
-	q.Set("limit", strconv.Itoa(*limit))
-	var l listJSON
-	body, err := c.getJSON(http.MethodGet, "/api/queue", q, &l)
+	l, err := c.List(context.Background(), lq)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		_, err := stdout.Write(body)
-		return err
+		return encodeJSON(stdout, l)
 	}
 	return printList(stdout, &l)
 }
 
-func printList(out io.Writer, l *listJSON) error {
+func printList(out io.Writer, l *ListResult) error {
 	if len(l.Rows) == 0 {
 		_, err := fmt.Fprintf(out, "no recipients match (%d in total)\n", l.Total)
 		return err
@@ -136,7 +133,7 @@ func relPtr(t *time.Time, now time.Time) string {
 	return relTime(*t, now)
 }
 
-func nextOf(r *rowJSON, now time.Time) string {
+func nextOf(r *Row, now time.Time) string {
 	var t time.Time
 	if r.NextAttempt != nil {
 		t = *r.NextAttempt
@@ -155,19 +152,17 @@ func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
 		return fmt.Errorf("queue show: want exactly one queue id\n%s", queueUsage)
 	}
 	id, _, _ := strings.Cut(pos[0], "/") // accept the id/n form queue list prints
-	var m messageJSON
-	body, err := c.getJSON(http.MethodGet, "/api/queue/"+url.PathEscape(id), nil, &m)
+	m, err := c.Message(context.Background(), id)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		_, err := stdout.Write(body)
-		return err
+		return encodeJSON(stdout, m)
 	}
 	return printMessage(stdout, &m)
 }
 
-func printMessage(out io.Writer, m *messageJSON) error {
+func printMessage(out io.Writer, m *Message) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "message\t%s\n", m.ID)
 	fmt.Fprintf(tw, "sender\t%s\n", cell(sender(m.Sender), 0))
@@ -187,14 +182,14 @@ func printMessage(out io.Writer, m *messageJSON) error {
 	return tw.Flush()
 }
 
-func printRecipient(tw *tabwriter.Writer, r *recipientJSON, now time.Time) {
+func printRecipient(tw *tabwriter.Writer, r *Recipient, now time.Time) {
 	fmt.Fprintf(tw, "\nrecipient %d\t%s\n", r.Rcpt, cell(r.Recipient, 0))
 	status := cell(r.Status, 0)
 	if r.Reason != "" {
 		status += " (" + cell(r.Reason, 0) + ")"
 	}
 	fmt.Fprintf(tw, "  status\t%s\n", status)
-	fmt.Fprintf(tw, "  attempts\t%d, last %s, next %s\n", r.Attempts, relPtr(r.LastAttempt, now), nextOf(&r.rowJSON, now))
+	fmt.Fprintf(tw, "  attempts\t%d, last %s, next %s\n", r.Attempts, relPtr(r.LastAttempt, now), nextOf(&r.Row, now))
 	if r.SourceIP != "" || r.MXHost != "" {
 		fmt.Fprintf(tw, "  route\tfrom %s to %s [%s]\n", cell(r.SourceIP, 0), cell(r.MXHost, 0), cell(r.MXAddr, 0))
 	}
@@ -232,29 +227,23 @@ func queueAction(action string, args []string, c *Client, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	var path string
-	q := url.Values{}
+	var t Target
 	switch {
 	case len(pos) == 1 && *domain == "" && !*all:
-		id, _, _ := strings.Cut(pos[0], "/")
-		path = "/api/queue/" + url.PathEscape(id) + "/" + action
+		t.ID, _, _ = strings.Cut(pos[0], "/")
 	case len(pos) == 0 && *domain != "" && !*all:
-		path = "/api/queue/" + action
-		q.Set("domain", *domain)
+		t.Domain = *domain
 	case len(pos) == 0 && *domain == "" && *all:
-		path = "/api/queue/" + action
-		q.Set("all", "1")
+		t.All = true
 	default:
 		return fmt.Errorf("queue %s: give exactly one of ID, -domain D or -all\n%s", action, queueUsage)
 	}
-	var res actionJSON
-	body, err := c.getJSON(http.MethodPost, path, q, &res)
+	res, err := c.Act(context.Background(), action, t)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		_, err := stdout.Write(body)
-		return err
+		return encodeJSON(stdout, res)
 	}
 	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
 	return err
@@ -269,27 +258,25 @@ func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	path := "/api/destinations"
+	var d Destinations
 	switch len(pos) {
 	case 0:
+		d, err = c.Destinations(context.Background())
 	case 1:
-		path += "/" + url.PathEscape(pos[0])
+		d, err = c.destination(context.Background(), pos[0])
 	default:
 		return errors.New("usage: greyrelay destinations [-json] [DOMAIN]")
 	}
-	var d destinationsJSON
-	body, err := c.getJSON(http.MethodGet, path, nil, &d)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		_, err := stdout.Write(body)
-		return err
+		return encodeJSON(stdout, d)
 	}
 	return printDestinations(stdout, &d)
 }
 
-func printDestinations(out io.Writer, d *destinationsJSON) error {
+func printDestinations(out io.Writer, d *Destinations) error {
 	if len(d.Destinations) == 0 {
 		_, err := fmt.Fprintln(out, "nothing learned about any destination yet")
 		return err

@@ -69,7 +69,7 @@ func TestCLIQueueListFiltersAndJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var l listJSON
+	var l ListResult
 	if err := json.Unmarshal([]byte(out), &l); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -106,7 +106,7 @@ func TestCLIQueueShow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m messageJSON
+	var m Message
 	if err := json.Unmarshal([]byte(out), &m); err != nil || m.Sender != "" || len(m.Recipients) != 1 {
 		t.Errorf("show -json: %v %+v", err, m)
 	}
@@ -179,7 +179,7 @@ func TestCLIDestinations(t *testing.T) {
 	if err := RunDestinations([]string{"-json", "slow.test"}, c, &out, &out); err != nil {
 		t.Fatal(err)
 	}
-	var d destinationsJSON
+	var d Destinations
 	if err := json.Unmarshal([]byte(out.String()), &d); err != nil || len(d.Destinations) != 1 || d.Destinations[0].ThrottleLevel != 2 {
 		t.Errorf("-json: %v %s", err, out.String())
 	}

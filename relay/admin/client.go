@@ -10,9 +10,11 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -50,6 +52,23 @@ func NewClient(c *config.Config) *Client {
 	return cl
 }
 
+// UnreachableError says that the admin API did not answer at all: it is
+// disabled (Base is "") or nothing answers at Base. Usually the relay is
+// not running.
+type UnreachableError struct {
+	Base string // "" when the admin server is disabled
+	Err  error  // why the connection failed; nil when disabled
+}
+
+func (e *UnreachableError) Error() string {
+	if e.Base == "" {
+		return "the admin server is disabled (admin.address is empty)"
+	}
+	return fmt.Sprintf("greyrelay is not reachable at %s: %v", e.Base, e.Err)
+}
+
+func (e *UnreachableError) Unwrap() error { return e.Err }
+
 // apiError is an error answer of the admin API.
 type apiError struct {
 	Code int
@@ -67,7 +86,7 @@ func (e *apiError) Error() string {
 // other answer becomes an *apiError carrying the server's message.
 func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([]byte, error) {
 	if c.Base == "" {
-		return nil, errors.New("the admin server is disabled (admin.address is empty), and the queue commands need it")
+		return nil, &UnreachableError{}
 	}
 	u := strings.TrimRight(c.Base, "/") + path
 	if len(q) > 0 {
@@ -86,7 +105,7 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("greyrelay is not reachable at %s: %w", c.Base, unwrapURL(err))
+		return nil, &UnreachableError{Base: c.Base, Err: unwrapURL(err)}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
@@ -121,15 +140,122 @@ func errorMessage(body []byte) string {
 	return "no message"
 }
 
-// getJSON fetches path and decodes it into out; it returns the raw body
-// too, which -json prints as received.
-func (c *Client) getJSON(method, path string, q url.Values, out any) ([]byte, error) {
-	body, err := c.call(context.Background(), method, path, q)
+// getJSON fetches path and decodes its answer into out.
+func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values, out any) error {
+	body, err := c.call(ctx, method, path, q)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := json.Unmarshal(body, out); err != nil {
-		return nil, fmt.Errorf("unexpected answer from %s%s: %w", c.Base, path, err)
+		return fmt.Errorf("unexpected answer from %s%s: %w", c.Base, path, err)
 	}
-	return body, nil
+	return nil
+}
+
+// ListQuery selects recipients, as the query of GET /api/queue does; zero
+// fields do not filter.
+type ListQuery struct {
+	Status    queue.Status
+	Reason    string
+	Domain    string // destination domain
+	Sender    string
+	OlderThan time.Duration // only messages that arrived at least this long ago
+	Offset    int
+	Limit     int // 0: the API's default (100); at most 10000
+}
+
+// values is lq as GET /api/queue's query string.
+func (lq ListQuery) values() url.Values {
+	q := url.Values{}
+	for name, v := range map[string]string{"status": string(lq.Status), "reason": lq.Reason,
+		"domain": lq.Domain, "sender": lq.Sender} {
+		if v != "" {
+			q.Set(name, v)
+		}
+	}
+	if lq.OlderThan != 0 {
+		q.Set("older_than", lq.OlderThan.String())
+	}
+	if lq.Offset != 0 {
+		q.Set("offset", strconv.Itoa(lq.Offset))
+	}
+	if lq.Limit != 0 {
+		q.Set("limit", strconv.Itoa(lq.Limit))
+	}
+	return q
+}
+
+// List returns one page of the recipients lq selects (GET /api/queue).
+func (c *Client) List(ctx context.Context, lq ListQuery) (ListResult, error) {
+	var l ListResult
+	err := c.getJSON(ctx, http.MethodGet, "/api/queue", lq.values(), &l)
+	return l, err
+}
+
+// Message returns one message with every recipient and its attempts (GET
+// /api/queue/{id}).
+func (c *Client) Message(ctx context.Context, id string) (Message, error) {
+	var m Message
+	err := c.getJSON(ctx, http.MethodGet, "/api/queue/"+url.PathEscape(id), nil, &m)
+	return m, err
+}
+
+// Target selects the recipients of a queue action: exactly one of a
+// message id, a destination domain or the whole queue.
+type Target struct {
+	ID     string
+	Domain string
+	All    bool
+}
+
+// Act applies action (retry, hold, release, delete or bounce) to the
+// recipients t selects (POST /api/queue/…).
+func (c *Client) Act(ctx context.Context, action string, t Target) (ActionResult, error) {
+	var path string
+	q := url.Values{}
+	switch {
+	case t.ID != "" && t.Domain == "" && !t.All:
+		path = "/api/queue/" + url.PathEscape(t.ID) + "/" + url.PathEscape(action)
+	case t.ID == "" && t.Domain != "" && !t.All:
+		path = "/api/queue/" + url.PathEscape(action)
+		q.Set("domain", t.Domain)
+	case t.ID == "" && t.Domain == "" && t.All:
+		path = "/api/queue/" + url.PathEscape(action)
+		q.Set("all", "1")
+	default:
+		return ActionResult{}, errors.New("a queue action needs exactly one of a message id, a domain or all")
+	}
+	var res ActionResult
+	err := c.getJSON(ctx, http.MethodPost, path, q, &res)
+	return res, err
+}
+
+// Destinations returns what the relay learned about every destination
+// (GET /api/destinations).
+func (c *Client) Destinations(ctx context.Context) (Destinations, error) {
+	var d Destinations
+	err := c.getJSON(ctx, http.MethodGet, "/api/destinations", nil, &d)
+	return d, err
+}
+
+// Destination returns what the relay learned about domain, or nil, nil
+// when it learned nothing (GET /api/destinations/{domain} answers 404).
+func (c *Client) Destination(ctx context.Context, domain string) (*Destination, error) {
+	d, err := c.destination(ctx, domain)
+	var ae *apiError
+	if errors.As(err, &ae) && ae.Code == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil || len(d.Destinations) == 0 {
+		return nil, err
+	}
+	return &d.Destinations[0], nil
+}
+
+// destination is GET /api/destinations/{domain} with the server's clock,
+// which the CLI's relative times need; 404 is an error.
+func (c *Client) destination(ctx context.Context, domain string) (Destinations, error) {
+	var d Destinations
+	err := c.getJSON(ctx, http.MethodGet, "/api/destinations/"+url.PathEscape(domain), nil, &d)
+	return d, err
 }

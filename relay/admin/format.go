@@ -66,7 +66,7 @@ func nextText(status string, t, now time.Time) string {
 }
 
 // replyText renders a reply as an SMTP line: "451 4.7.1 Greylisted, ...".
-func replyText(r *replyJSON) string {
+func replyText(r *Reply) string {
 	if r == nil {
 		return ""
 	}

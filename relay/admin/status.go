@@ -30,14 +30,14 @@ type count struct {
 }
 
 type pageRow struct {
-	rowJSON
+	Row
 	Age, Next, Last string
 	Reply           string
-	Explanation     *explanationJSON
+	Explanation     *Explanation
 }
 
 type pageDest struct {
-	destinationJSON
+	Destination
 	Delay, ThrottledFor string
 	LastReplyText       string
 }
@@ -45,7 +45,7 @@ type pageDest struct {
 type pageData struct {
 	Hostname   string
 	Now        string
-	Stats      statsJSON
+	Stats      Stats
 	OldestAge  string
 	DBSize     string
 	ByStatus   []count
@@ -141,7 +141,7 @@ func pageRows(rows []queue.Row, now time.Time) []pageRow {
 	out := make([]pageRow, len(rows))
 	for i := range rows {
 		rj := rowOf(&rows[i].Message, &rows[i].Recipient, now)
-		out[i] = pageRow{rowJSON: rj, Age: humanDuration(now.Sub(rj.Arrival)),
+		out[i] = pageRow{Row: rj, Age: humanDuration(now.Sub(rj.Arrival)),
 			Next: nextText(rj.Status, rows[i].Recipient.NextAttempt, now), Last: relTime(rows[i].Recipient.LastAttempt, now),
 			Reply: clean(replyText(rj.LastReply))}
 		out[i].Sender = sender(rj.Sender)
@@ -162,7 +162,7 @@ func (s *Server) learnedDestinations(now time.Time) ([]pageDest, error) {
 		if !x.Greylists && x.ThrottleLevel == 0 && !x.ThrottledUntil.After(now) && len(x.DeadHosts) == 0 {
 			continue
 		}
-		pd := pageDest{destinationJSON: destinationOf(x), Delay: "-", ThrottledFor: "-",
+		pd := pageDest{Destination: destinationOf(x), Delay: "-", ThrottledFor: "-",
 			LastReplyText: clean(replyText(replyOf(x.LastReply)))}
 		if x.LearnedDelay > 0 {
 			pd.Delay = humanDuration(x.LearnedDelay)

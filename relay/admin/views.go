@@ -8,24 +8,29 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// The JSON shapes of the API. The server encodes them and the CLI decodes
-// them, so one definition serves both. Names are snake_case; zero times are
-// omitted (a never-attempted recipient has no last_attempt).
+// The views: the JSON shapes of the API. The server encodes them, Client
+// decodes them and Local builds them in process, so one definition serves
+// all three. Names are snake_case; zero times are omitted (a
+// never-attempted recipient has no last_attempt). Field names are part of
+// the operator interface (README, scripts): change them only on purpose.
 
-type replyJSON struct {
+// Reply is an SMTP reply as a remote server gave it.
+type Reply struct {
 	Code     int    `json:"code,omitempty"`
 	Enhanced string `json:"enhanced,omitempty"`
 	Text     string `json:"text,omitempty"`
 }
 
-type explanationJSON struct {
+// Explanation is classifier.Explanation of a recipient's last reply.
+type Explanation struct {
 	Meaning string `json:"meaning"`
 	Fault   string `json:"fault"`
 	Action  string `json:"action"`
 }
 
-// rowJSON is one recipient of one message: a line of `queue list`.
-type rowJSON struct {
+// Row is one recipient of one message: a line of `queue list` and of
+// GET /api/queue.
+type Row struct {
 	ID          string     `json:"id"`   // message id
 	Key         string     `json:"key"`  // id/recipient-index
 	Rcpt        int        `json:"rcpt"` // recipient index
@@ -34,7 +39,7 @@ type rowJSON struct {
 	Attempts    int        `json:"attempts"`
 	NextAttempt *time.Time `json:"next_attempt,omitempty"`
 	LastAttempt *time.Time `json:"last_attempt,omitempty"`
-	LastReply   *replyJSON `json:"last_reply,omitempty"`
+	LastReply   *Reply     `json:"last_reply,omitempty"`
 	SourceIP    string     `json:"source_ip,omitempty"`
 	MXHost      string     `json:"mx_host,omitempty"`
 	MXAddr      string     `json:"mx_addr,omitempty"`
@@ -45,15 +50,17 @@ type rowJSON struct {
 	AgeSeconds  float64    `json:"age_seconds"`
 }
 
-type listJSON struct {
+// ListResult is one page of GET /api/queue.
+type ListResult struct {
 	Now    time.Time `json:"now"` // the server's clock, for relative times
 	Total  int       `json:"total"`
 	Offset int       `json:"offset"`
 	Limit  int       `json:"limit"`
-	Rows   []rowJSON `json:"rows"`
+	Rows   []Row     `json:"rows"`
 }
 
-type attemptJSON struct {
+// Attempt is one delivery attempt of one recipient.
+type Attempt struct {
 	Start    time.Time  `json:"start"`
 	End      *time.Time `json:"end,omitempty"`
 	SourceIP string     `json:"source_ip,omitempty"`
@@ -62,68 +69,78 @@ type attemptJSON struct {
 	Stage    string     `json:"stage,omitempty"`
 	Outcome  string     `json:"outcome"`
 	Reason   string     `json:"reason,omitempty"`
-	Reply    *replyJSON `json:"reply,omitempty"`
+	Reply    *Reply     `json:"reply,omitempty"`
 }
 
-type recipientJSON struct {
-	rowJSON
-	Notify          string           `json:"notify,omitempty"`
-	ORCPT           string           `json:"orcpt,omitempty"`
-	FirstAttempt    *time.Time       `json:"first_attempt,omitempty"`
-	FirstGreylisted *time.Time       `json:"first_greylisted,omitempty"`
-	GreylistTries   int              `json:"greylist_tries,omitempty"`
-	DelayWarnings   int              `json:"delay_warnings,omitempty"`
-	Explanation     *explanationJSON `json:"explanation,omitempty"`
-	History         []attemptJSON    `json:"history"`
+// Recipient is a Row with everything the queue keeps about it: its
+// attempts and an explanation of its last reply.
+type Recipient struct {
+	Row
+	Notify          string       `json:"notify,omitempty"`
+	ORCPT           string       `json:"orcpt,omitempty"`
+	FirstAttempt    *time.Time   `json:"first_attempt,omitempty"`
+	FirstGreylisted *time.Time   `json:"first_greylisted,omitempty"`
+	GreylistTries   int          `json:"greylist_tries,omitempty"`
+	DelayWarnings   int          `json:"delay_warnings,omitempty"`
+	Explanation     *Explanation `json:"explanation,omitempty"`
+	History         []Attempt    `json:"history"`
 }
 
-type messageJSON struct {
-	Now        time.Time       `json:"now"`
-	ID         string          `json:"id"`
-	Sender     string          `json:"sender"`
-	Arrival    time.Time       `json:"arrival"`
-	Size       int64           `json:"size"`
-	ClientAddr string          `json:"client_addr,omitempty"`
-	AuthUser   string          `json:"auth_user,omitempty"`
-	Helo       string          `json:"helo,omitempty"`
-	RET        string          `json:"ret,omitempty"`
-	EnvID      string          `json:"envid,omitempty"`
-	SMTPUTF8   bool            `json:"smtputf8,omitempty"`
-	EightBit   bool            `json:"8bitmime,omitempty"`
-	DSN        bool            `json:"dsn,omitempty"`
-	Recipients []recipientJSON `json:"recipients"`
+// Message is one queued message: GET /api/queue/{id}.
+type Message struct {
+	Now        time.Time   `json:"now"`
+	ID         string      `json:"id"`
+	Sender     string      `json:"sender"`
+	Arrival    time.Time   `json:"arrival"`
+	Size       int64       `json:"size"`
+	ClientAddr string      `json:"client_addr,omitempty"`
+	AuthUser   string      `json:"auth_user,omitempty"`
+	Helo       string      `json:"helo,omitempty"`
+	RET        string      `json:"ret,omitempty"`
+	EnvID      string      `json:"envid,omitempty"`
+	SMTPUTF8   bool        `json:"smtputf8,omitempty"`
+	EightBit   bool        `json:"8bitmime,omitempty"`
+	DSN        bool        `json:"dsn,omitempty"`
+	Recipients []Recipient `json:"recipients"`
 }
 
-type actionJSON struct {
+// ActionResult is the answer to a queue action.
+type ActionResult struct {
 	Action     string `json:"action"`
 	Recipients int    `json:"recipients"` // how many recipients changed
 }
 
-type deadHostJSON struct {
+// DeadHost is a host of a destination that delivery skips until Until.
+type DeadHost struct {
 	Host  string    `json:"host"`
 	Until time.Time `json:"until"`
 }
 
-type destinationJSON struct {
-	Domain              string         `json:"domain"`
-	Greylists           bool           `json:"greylists"`
-	GreylistSeen        int            `json:"greylist_seen"`
-	GreylistPassed      int            `json:"greylist_passed"`
-	LearnedDelaySeconds float64        `json:"learned_delay_seconds"`
-	LastGreylisted      *time.Time     `json:"last_greylisted,omitempty"`
-	ThrottleLevel       int            `json:"throttle_level"`
-	ThrottledUntil      *time.Time     `json:"throttled_until,omitempty"`
-	DeadHosts           []deadHostJSON `json:"dead_hosts"`
-	LastReply           *replyJSON     `json:"last_reply,omitempty"`
-	Updated             *time.Time     `json:"updated,omitempty"`
+// Destination is what the relay learned about one destination domain:
+// greylisting and its learned delay, throttling, dead hosts.
+type Destination struct {
+	Domain              string     `json:"domain"`
+	Greylists           bool       `json:"greylists"`
+	GreylistSeen        int        `json:"greylist_seen"`
+	GreylistPassed      int        `json:"greylist_passed"`
+	LearnedDelaySeconds float64    `json:"learned_delay_seconds"`
+	LastGreylisted      *time.Time `json:"last_greylisted,omitempty"`
+	ThrottleLevel       int        `json:"throttle_level"`
+	ThrottledUntil      *time.Time `json:"throttled_until,omitempty"`
+	DeadHosts           []DeadHost `json:"dead_hosts"` // sorted by host
+	LastReply           *Reply     `json:"last_reply,omitempty"`
+	Updated             *time.Time `json:"updated,omitempty"`
 }
 
-type destinationsJSON struct {
-	Now          time.Time         `json:"now"`
-	Destinations []destinationJSON `json:"destinations"`
+// Destinations is GET /api/destinations, and GET
+// /api/destinations/{domain} with exactly one destination.
+type Destinations struct {
+	Now          time.Time     `json:"now"`
+	Destinations []Destination `json:"destinations"`
 }
 
-type statsJSON struct {
+// Stats is GET /api/stats: queue counters.
+type Stats struct {
 	Now              time.Time      `json:"now"`
 	ByStatus         map[string]int `json:"by_status"`
 	ByReason         map[string]int `json:"by_reason"`
@@ -145,15 +162,15 @@ func ts(t time.Time) *time.Time {
 	return &t
 }
 
-func replyOf(r queue.Reply) *replyJSON {
+func replyOf(r queue.Reply) *Reply {
 	if r == (queue.Reply{}) {
 		return nil
 	}
-	return &replyJSON{Code: r.Code, Enhanced: r.Enhanced, Text: r.Text}
+	return &Reply{Code: r.Code, Enhanced: r.Enhanced, Text: r.Text}
 }
 
-func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) rowJSON {
-	return rowJSON{
+func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) Row {
+	return Row{
 		ID: m.ID.String(), Key: r.Key.String(), Rcpt: r.Key.Rcpt,
 		Status: string(r.Status), Reason: r.Reason, Attempts: r.Attempts,
 		NextAttempt: ts(r.NextAttempt), LastAttempt: ts(r.LastAttempt), LastReply: replyOf(r.Reply),
@@ -165,27 +182,27 @@ func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) rowJSON {
 
 // explain describes the last reply of a recipient that has one and is not
 // delivered; it returns nil otherwise.
-func explain(r *queue.Recipient) *explanationJSON {
+func explain(r *queue.Recipient) *Explanation {
 	if r.Reason == "" || r.Status == queue.Delivered || r.Status == queue.Relayed {
 		return nil
 	}
 	e := classifier.Explain(classifier.Reason(r.Reason), r.Reply.Enhanced)
-	return &explanationJSON{Meaning: e.Meaning, Fault: string(e.Fault), Action: e.Action}
+	return &Explanation{Meaning: e.Meaning, Fault: string(e.Fault), Action: e.Action}
 }
 
-func messageOf(m *queue.Message, now time.Time) messageJSON {
-	out := messageJSON{Now: now, ID: m.ID.String(), Sender: m.From, Arrival: m.Arrival, Size: m.Size,
+func messageOf(m *queue.Message, now time.Time) Message {
+	out := Message{Now: now, ID: m.ID.String(), Sender: m.From, Arrival: m.Arrival, Size: m.Size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET, EnvID: m.EnvID,
 		SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
-		Recipients: make([]recipientJSON, 0, len(m.Recipients))}
+		Recipients: make([]Recipient, 0, len(m.Recipients))}
 	for i := range m.Recipients {
 		r := &m.Recipients[i]
-		rj := recipientJSON{rowJSON: rowOf(m, r, now), Notify: r.Notify, ORCPT: r.ORCPT,
+		rj := Recipient{Row: rowOf(m, r, now), Notify: r.Notify, ORCPT: r.ORCPT,
 			FirstAttempt: ts(r.FirstAttempt), FirstGreylisted: ts(r.FirstGreylisted),
 			GreylistTries: r.GreylistTries, DelayWarnings: r.DelayWarnings,
-			Explanation: explain(r), History: make([]attemptJSON, 0, len(r.History))}
+			Explanation: explain(r), History: make([]Attempt, 0, len(r.History))}
 		for _, a := range r.History {
-			rj.History = append(rj.History, attemptJSON{Start: a.Start, End: ts(a.End),
+			rj.History = append(rj.History, Attempt{Start: a.Start, End: ts(a.End),
 				SourceIP: a.SourceIP, MXHost: a.MXHost, MXAddr: a.MXAddr, Stage: a.Stage,
 				Outcome: a.Outcome, Reason: a.Reason, Reply: replyOf(a.Reply)})
 		}
@@ -194,21 +211,21 @@ func messageOf(m *queue.Message, now time.Time) messageJSON {
 	return out
 }
 
-func destinationOf(d *queue.Destination) destinationJSON {
-	out := destinationJSON{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
+func destinationOf(d *queue.Destination) Destination {
+	out := Destination{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
 		GreylistPassed: d.GreylistPassed, LearnedDelaySeconds: d.LearnedDelay.Seconds(),
 		LastGreylisted: ts(d.LastGreylisted), ThrottleLevel: d.ThrottleLevel,
-		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]deadHostJSON, 0, len(d.DeadHosts)),
+		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]DeadHost, 0, len(d.DeadHosts)),
 		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated)}
 	for h, until := range d.DeadHosts {
-		out.DeadHosts = append(out.DeadHosts, deadHostJSON{Host: h, Until: until})
+		out.DeadHosts = append(out.DeadHosts, DeadHost{Host: h, Until: until})
 	}
 	sort.Slice(out.DeadHosts, func(i, j int) bool { return out.DeadHosts[i].Host < out.DeadHosts[j].Host })
 	return out
 }
 
-func statsOf(st queue.Stats, dbBytes int64, now time.Time) statsJSON {
-	out := statsJSON{Now: now, ByStatus: make(map[string]int, len(st.ByStatus)), ByReason: st.ByReason,
+func statsOf(st queue.Stats, dbBytes int64, now time.Time) Stats {
+	out := Stats{Now: now, ByStatus: make(map[string]int, len(st.ByStatus)), ByReason: st.ByReason,
 		Messages: st.Messages, Recipients: st.Recipients, Oldest: ts(st.Oldest), DBBytes: dbBytes}
 	for k, v := range st.ByStatus {
 		out.ByStatus[string(k)] = v

@@ -3,60 +3,85 @@ package probe
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// fakeAdmin serves the two admin API routes the probe reads, with the
-// answers the real admin server gives, and records the requests.
-func fakeAdmin(t *testing.T, learned bool) (*httptest.Server, *[]string) {
+var (
+	knownNow  = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	greyReply = queue.Reply{Code: 450, Enhanced: "4.2.0", Text: "Greylisted"}
+)
+
+const knownToken = "s3cret"
+
+// knownQueue is a real queue that learned that example.test greylists,
+// throttles and has a dead host, and that holds a deferred recipient
+// there and a never-tried one at fresh.test, about which nothing was
+// learned.
+func knownQueue(t *testing.T) *queue.Queue {
 	t.Helper()
-	var mu sync.Mutex
-	var seen []string
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /api/destinations/{domain}", func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer s3cret" {
-			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
-			return
-		}
-		mu.Lock()
-		seen = append(seen, r.URL.String())
-		mu.Unlock()
-		if !learned {
-			http.Error(w, `{"error":"nothing learned about example.test"}`, http.StatusNotFound)
-			return
-		}
-		w.Write([]byte(`{"now":"2026-01-02T03:04:05Z","destinations":[{"domain":"example.test","greylists":true,
-			"greylist_seen":3,"greylist_passed":2,"learned_delay_seconds":300,"throttle_level":1,
-			"throttled_until":"2026-01-02T04:00:00Z","dead_hosts":[{"host":"mx2.example.test","until":"2026-01-02T03:30:00Z"}],
-			"last_reply":{"code":450,"enhanced":"4.2.0","text":"Greylisted"}}]}`))
+	q, err := queue.Open(filepath.Join(t.TempDir(), "queue.db"), queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	id, err := q.Enqueue(queue.NewMessage{From: "a@relay.test", Body: []byte("Subject: x\r\n\r\nhi\r\n"),
+		Arrival: knownNow.Add(-5 * time.Minute), To: []queue.NewRecipient{
+			{Addr: "user@example.test", Domain: "example.test"}, {Addr: "new@fresh.test", Domain: "fresh.test"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, at := queue.Key{ID: id}, knownNow.Add(-4*time.Minute)
+	if err := q.Begin(queue.Start{Keys: []queue.Key{key}, Time: at, LeaseUntil: at.Add(time.Minute)}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = q.Apply(queue.Update{
+		Results: []queue.Result{{Key: key, Status: queue.Deferred, Reason: "greylisted", Reply: greyReply,
+			Stage: "rcpt", End: at.Add(time.Second), NextAttempt: knownNow.Add(6 * time.Minute)}},
+		Destinations: []queue.Destination{{Domain: "example.test", Greylists: true, GreylistSeen: 3, GreylistPassed: 2,
+			LearnedDelay: 5 * time.Minute, ThrottleLevel: 1, ThrottledUntil: knownNow.Add(time.Hour),
+			DeadHosts: map[string]time.Time{"mx2.example.test": knownNow.Add(30 * time.Minute)},
+			LastReply: greyReply, Updated: at}},
 	})
-	mux.HandleFunc("GET /api/queue", func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		seen = append(seen, r.URL.String())
-		mu.Unlock()
-		if r.URL.Query().Get("status") != "deferred" {
-			w.Write([]byte(`{"now":"2026-01-02T03:04:05Z","total":0,"offset":0,"limit":20,"rows":[]}`))
-			return
-		}
-		w.Write([]byte(`{"now":"2026-01-02T03:04:05Z","total":1,"offset":0,"limit":20,"rows":[{"id":"0000000000000001",
-			"key":"0000000000000001/0","rcpt":0,"status":"deferred","reason":"greylisted","attempts":1,
-			"next_attempt":"2026-01-02T03:10:00Z","last_reply":{"code":450,"enhanced":"4.2.0","text":"Greylisted"},
-			"sender":"a@relay.test","recipient":"user@example.test","domain":"example.test",
-			"arrival":"2026-01-02T03:00:00Z","age_seconds":245}]}`))
-	})
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	return srv, &seen
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// adminClient serves q with the real admin server, which requires
+// knownToken, and returns a client that presents token.
+func adminClient(t *testing.T, q *queue.Queue, token string) *admin.Client {
+	t.Helper()
+	srv, err := admin.New(admin.Options{Queue: q, Now: func() time.Time { return knownNow },
+		Config: &config.Config{Admin: config.Admin{Address: "127.0.0.1:0", Token: knownToken}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	return &admin.Client{Base: ts.URL, Token: token, HTTP: ts.Client()}
+}
+
+// downClient is a client of an admin API where nothing listens.
+func downClient() *admin.Client {
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	return &admin.Client{Base: down.URL}
 }
 
 func TestAdminKnown(t *testing.T) {
-	srv, seen := fakeAdmin(t, true)
-	k, err := AdminKnown(srv.URL, "s3cret", nil)(context.Background(), "example.test")
+	k, err := AdminKnown(adminClient(t, knownQueue(t), knownToken))(context.Background(), "example.test")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,42 +93,64 @@ func TestAdminKnown(t *testing.T) {
 	if k.QueuedTotal != 1 || len(k.Queued) != 1 || k.Queued[0].Reason != "greylisted" || k.Queued[0].NextAttempt == nil {
 		t.Errorf("queued %+v", k.Queued)
 	}
-	if len(*seen) != 5 || !strings.Contains((*seen)[1], "domain=example.test") {
-		t.Errorf("requests %q", *seen)
-	}
-	rep := Report{Domain: "example.test", Knowledge: k, Verdict: Deferred, ExitCode: 1}
+	rep := Report{Domain: "example.test", Time: knownNow, Knowledge: k, Verdict: Deferred, ExitCode: 1}
 	var b bytes.Buffer
 	if err := rep.WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"greylists: seen 3 time(s), passed 2, learned delay 5m0s", "dead host mx2.example.test",
-		"1 recipient(s) queued", "<user@example.test>: deferred greylisted"} {
+	for _, want := range []string{"greylists: seen 3 time(s), passed 2, learned delay 5m0s", "throttled (level 1) until",
+		"dead host mx2.example.test", "1 recipient(s) queued", "<user@example.test>: deferred greylisted"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("text lacks %q:\n%s", want, b.String())
 		}
 	}
 }
 
+// TestQueueKnown: in process, the probe sees exactly what it sees through
+// the admin API, JSON and all.
+func TestQueueKnown(t *testing.T) {
+	q := knownQueue(t)
+	now := func() time.Time { return knownNow }
+	c := adminClient(t, q, knownToken)
+	for _, dom := range []string{"example.test", "fresh.test", "unknown.test"} {
+		direct, err1 := QueueKnown(q, now)(context.Background(), dom)
+		viaAPI, err2 := AdminKnown(c)(context.Background(), dom)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: %v, %v", dom, err1, err2)
+		}
+		j1, _ := json.Marshal(direct)
+		j2, _ := json.Marshal(viaAPI)
+		if string(j1) != string(j2) {
+			t.Errorf("%s: in process %s\nover HTTP %s", dom, j1, j2)
+		}
+	}
+	k, _ := QueueKnown(q, now)(context.Background(), "example.test")
+	if k.Destination == nil || k.QueuedTotal != 1 || k.Queued[0].Recipient != "user@example.test" {
+		t.Errorf("knowledge %+v", k)
+	}
+}
+
 func TestAdminKnown_NothingLearned(t *testing.T) {
-	srv, _ := fakeAdmin(t, false)
-	k, err := AdminKnown(srv.URL, "s3cret", nil)(context.Background(), "example.test")
-	if err != nil || k.Destination != nil || k.QueuedTotal != 1 {
+	k, err := AdminKnown(adminClient(t, knownQueue(t), knownToken))(context.Background(), "fresh.test")
+	if err != nil || k.Destination != nil || k.QueuedTotal != 1 || k.Queued[0].Status != "queued" {
 		t.Errorf("knowledge %+v, %v", k, err)
+	}
+	var m map[string]any
+	if b, _ := json.Marshal(k); json.Unmarshal(b, &m) != nil || m["destination"] != nil {
+		t.Errorf("JSON %s", b)
 	}
 }
 
 func TestAdminKnown_Errors(t *testing.T) {
-	srv, _ := fakeAdmin(t, true)
-	if _, err := AdminKnown(srv.URL, "wrong", nil)(context.Background(), "example.test"); err == nil ||
+	c := adminClient(t, knownQueue(t), "wrong")
+	if _, err := AdminKnown(c)(context.Background(), "example.test"); err == nil ||
 		errors.Is(err, ErrNotRunning) || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong token: %v", err)
 	}
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close()
-	for _, base := range []string{down.URL, ""} {
-		_, err := AdminKnown(base, "", nil)(context.Background(), "example.test")
-		if !errors.Is(err, ErrNotRunning) || !strings.Contains(err.Error(), "relay not running") {
-			t.Errorf("base %q: %v", base, err)
+	for _, c := range []*admin.Client{downClient(), {}} {
+		_, err := AdminKnown(c)(context.Background(), "example.test")
+		if !errors.Is(err, ErrNotRunning) || !strings.HasPrefix(err.Error(), "relay not running: ") {
+			t.Errorf("base %q: %v", c.Base, err)
 		}
 	}
 }
@@ -113,9 +160,7 @@ func TestAdminKnown_Errors(t *testing.T) {
 func TestRun_Knowledge(t *testing.T) {
 	e := newEnv(t, 25)
 	e.dns.NullMX("example.test")
-	down := httptest.NewServer(http.NotFoundHandler())
-	down.Close()
-	e.opt.Known = AdminKnown(down.URL, "", nil)
+	e.opt.Known = AdminKnown(downClient())
 	rep, m := e.run(t, "example.test")
 	if !strings.HasPrefix(rep.KnowledgeError, "relay not running") || rep.Knowledge != nil {
 		t.Errorf("knowledge %+v, error %q", rep.Knowledge, rep.KnowledgeError)
@@ -123,10 +168,10 @@ func TestRun_Knowledge(t *testing.T) {
 	if !strings.HasPrefix(get(t, m, "knowledge_error").(string), "relay not running") {
 		t.Errorf("JSON %v", m["knowledge_error"])
 	}
-	srv, _ := fakeAdmin(t, true)
-	e.opt.Known = AdminKnown(srv.URL, "s3cret", nil)
+	e.opt.Known = QueueKnown(knownQueue(t), nil)
 	rep, m = e.run(t, "example.test")
-	if rep.Knowledge == nil || rep.KnowledgeError != "" || get(t, m, "knowledge", "destination", "greylists") != true {
+	if rep.Knowledge == nil || rep.KnowledgeError != "" || get(t, m, "knowledge", "destination", "greylists") != true ||
+		get(t, m, "knowledge", "destination", "learned_delay_seconds") != 300.0 {
 		t.Errorf("knowledge %+v, error %q", rep.Knowledge, rep.KnowledgeError)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/mx"
 )
 
@@ -235,7 +236,7 @@ func writeKnowledge(p *printer, r Report) {
 	}
 }
 
-func writeDestination(p *printer, d *Destination, now time.Time) {
+func writeDestination(p *printer, d *admin.Destination, now time.Time) {
 	if d.Greylists {
 		p.f("   greylists: seen %d time(s), passed %d, learned delay %s", d.GreylistSeen, d.GreylistPassed,
 			time.Duration(d.LearnedDelaySeconds*float64(time.Second)).Round(time.Second))

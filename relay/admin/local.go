@@ -1,0 +1,93 @@
+package admin
+
+import (
+	"context"
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Local answers the read requests of Client straight from a queue, with
+// the same views. Code inside the daemon, which holds the queue file's
+// lock, uses it where a CLI uses Client (the status page's probe has no
+// reason to call its own API over HTTP). The API's handlers are built on
+// it too, so that an answer over HTTP and an answer in process cannot
+// drift apart.
+//
+// The queue answers synchronously, so the contexts are not consulted.
+type Local struct {
+	q   *queue.Queue
+	now func() time.Time
+}
+
+// NewLocal returns a Local over q; now is the clock of relative fields
+// (nil: time.Now).
+func NewLocal(q *queue.Queue, now func() time.Time) *Local {
+	if now == nil {
+		now = time.Now
+	}
+	return &Local{q: q, now: now}
+}
+
+// List returns one page of recipients, as GET /api/queue does. The query
+// is validated by the API's own parser, so that a query the API refuses
+// is refused here too.
+func (l *Local) List(_ context.Context, lq ListQuery) (ListResult, error) {
+	now := l.now()
+	f, err := parseFilter(lq.values(), now)
+	if err != nil {
+		return ListResult{}, err
+	}
+	return l.list(f, now)
+}
+
+func (l *Local) list(f queue.Filter, now time.Time) (ListResult, error) {
+	rows, total, err := l.q.List(f)
+	if err != nil {
+		return ListResult{}, err
+	}
+	out := ListResult{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]Row, len(rows))}
+	for i := range rows {
+		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
+	}
+	return out, nil
+}
+
+// Message returns one message, as GET /api/queue/{id} does; an unknown id
+// is queue.ErrNotFound.
+func (l *Local) Message(_ context.Context, id string) (Message, error) {
+	qid, err := parseID(id)
+	if err != nil {
+		return Message{}, err
+	}
+	m, err := l.q.Show(qid)
+	if err != nil {
+		return Message{}, err
+	}
+	return messageOf(&m, l.now()), nil
+}
+
+// Destinations returns what was learned about every destination, as GET
+// /api/destinations does.
+func (l *Local) Destinations(_ context.Context) (Destinations, error) {
+	ds, err := l.q.Destinations()
+	if err != nil {
+		return Destinations{}, err
+	}
+	out := Destinations{Now: l.now(), Destinations: make([]Destination, len(ds))}
+	for i := range ds {
+		out.Destinations[i] = destinationOf(&ds[i])
+	}
+	return out, nil
+}
+
+// Destination returns what was learned about domain, or nil when nothing
+// was (where GET /api/destinations/{domain} answers 404).
+func (l *Local) Destination(_ context.Context, domain string) (*Destination, error) {
+	d, ok, err := l.q.Destination(domain)
+	if err != nil || !ok {
+		return nil, err
+	}
+	v := destinationOf(&d)
+	return &v, nil
+}
