@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,12 +67,15 @@ type harness struct {
 	eng    *Engine
 	cancel context.CancelFunc
 	done   chan error
+
+	mu        sync.Mutex
+	rcptCount map[queue.ID]int // recipients of each message the test queued
 }
 
 // newHarness builds the harness; mods adjust the configuration.
 func newHarness(t *testing.T, mods ...func(c *config.Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, path: filepath.Join(t.TempDir(), "queue.db"), port: freePort(t)}
+	h := &harness{t: t, path: filepath.Join(t.TempDir(), "queue.db"), port: freePort(t), rcptCount: map[queue.ID]int{}}
 	cfg, err := config.Load(config.Source{Default: configs.Default, File: []byte(baseYAML)})
 	if err != nil {
 		t.Fatal(err)
@@ -191,6 +195,9 @@ func (h *harness) enqueueMsg(m queue.NewMessage, to ...string) queue.ID {
 	if err != nil {
 		h.t.Fatal(err)
 	}
+	h.mu.Lock()
+	h.rcptCount[id] = len(m.To)
+	h.mu.Unlock()
 	return id
 }
 
@@ -214,9 +221,31 @@ func (h *harness) rcpt(id queue.ID, i int) (queue.Recipient, bool) {
 }
 
 // gone reports whether message id has left the queue.
+//
+// The engine logs an attempt after the commit that may remove the message,
+// so for messages the test queued, gone also waits until every recipient's
+// final attempt is logged: assertions on the log can follow at once.
 func (h *harness) gone(id queue.ID) bool {
-	_, err := h.q.Message(id)
-	return errors.Is(err, queue.ErrNotFound)
+	if _, err := h.q.Message(id); !errors.Is(err, queue.ErrNotFound) {
+		return false
+	}
+	h.mu.Lock()
+	n, known := h.rcptCount[id]
+	h.mu.Unlock()
+	if !known {
+		return true
+	}
+	final := 0
+	for _, e := range h.logs.All() {
+		if !strings.HasPrefix(e.Message, "delivery attempt") && e.Message != "bounced by the operator" {
+			continue
+		}
+		m := e.ContextMap()
+		if m["queue_id"] == id.String() && m["outcome"] != "deferred" {
+			final++
+		}
+	}
+	return final >= n
 }
 
 // outcomes returns the logged outcome of each attempt for rcpt, in order.
