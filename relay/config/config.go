@@ -136,6 +136,7 @@ type Retry struct {
 	HintMin             time.Duration     `yaml:"hint_min"`
 	HintMax             time.Duration     `yaml:"hint_max"`
 	Lifetime            time.Duration     `yaml:"lifetime"`
+	DSNLifetime         time.Duration     `yaml:"dsn_lifetime"` // for DSNs; at most Lifetime (the smaller wins)
 	DelayWarnings       []time.Duration   `yaml:"delay_warnings"`
 	Rules               []classifier.Rule `yaml:"rules"`
 }

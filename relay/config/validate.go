@@ -175,6 +175,10 @@ func (v *validator) retry(r Retry) {
 	if err := r.Policy().Validate(); err != nil {
 		v.check(false, "retry: %v", err)
 	}
+	// Above retry.lifetime it is capped (as Postfix caps
+	// bounce_queue_lifetime), not refused: a configuration that shortens
+	// retry.lifetime need not repeat the change here.
+	v.positive("retry.dsn_lifetime", int64(r.DSNLifetime))
 	for _, w := range r.DelayWarnings {
 		v.check(w > 0 && w < r.Lifetime, "retry.delay_warnings: %v must be between 0 and retry.lifetime", w)
 	}

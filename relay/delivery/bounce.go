@@ -126,7 +126,7 @@ func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, 
 	if err != nil {
 		return err
 	}
-	if e.policy.Expired(msg.Arrival, now) {
+	if !now.Before(e.deadline(msg)) {
 		body, err := e.q.Body(id)
 		if err != nil {
 			return err

@@ -17,6 +17,10 @@ import (
 // MX hosts; we count addresses, and a host may have an IPv4 and an IPv6).
 const maxTargets = 10
 
+// shutdownQuit bounds the QUIT that closes a connection once the engine is
+// shutting down: polite, but never a wait for command_timeout.
+const shutdownQuit = 2 * time.Second
+
 // target is one address to deliver to.
 type target struct {
 	host   string // MX (or smarthost, route) host name
@@ -47,45 +51,89 @@ func (s *session) carries(j *job) bool {
 	return j.want == "" || j.want == s.t.addr.String()
 }
 
-// connect routes j's domain, records the attempt and dials the targets in
-// order until one completes the handshake. It tries the next MX on
-// connection-level trouble (refused, timeout, 421, a failed handshake; a
-// failed STARTTLS under "may" is first retried in plaintext by
-// smtpclient.DialWithFallback). If no host takes the connection, j is
-// settled here and connect returns nil.
-func (e *Engine) connect(ctx context.Context, d *dest, j *job, a *attempt) *session {
-	rt, err := e.opt.Router.Route(ctx, d.name)
-	if err != nil {
-		if ctx.Err() == nil {
-			e.early(d, j, a, e.opt.Classifier.Classify(classifier.StageDNS, err))
-		} else {
+// leftover is what a host left undone in an attempt: the recipients that
+// got no definite answer because the connection failed first, and that
+// failure's verdict.
+type leftover struct {
+	rcpts []queue.Recipient
+	v     classifier.Verdict
+}
+
+// overHosts routes j's domain and offers rest.rcpts (all of j's recipients
+// unless begun) to its hosts in order, the greylisting host first, until
+// every one has a definite answer or the hosts run out (RFC 5321 §5.1: try
+// "each of the relevant addresses in this list in order, until a delivery
+// attempt succeeds"). The next host gets the recipients left by
+// connection-level trouble: refused, timeout, 421, a failed handshake, a
+// connection lost before their answer (a failed STARTTLS under "may" is
+// first retried in plaintext by smtpclient.DialWithFallback). A reply
+// about a recipient or the message ends that recipient's attempt. Unless begun, the attempt is recorded
+// (queue.Begin) with the first host before it is dialed; the host that
+// answers is stored with the outcome (routeOverride). Recipients left when
+// the hosts run out are deferred with the last verdict. It returns the
+// connection to reuse, if any.
+func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, rest leftover, begun bool) *session {
+	rt, ts, v := e.plan(ctx, d, j, a.start)
+	switch {
+	case ctx.Err() != nil:
+		if !begun {
 			e.unclaim(j.rcpts)
+		} // else the attempt stays Active and is recovered
+		return nil
+	case len(ts) == 0 && !begun:
+		e.early(d, j, a, v)
+		return nil
+	case len(ts) == 0:
+		e.giveUp(d, a, rest)
+		return nil
+	case !begun:
+		if !e.begin(j, ts[0], a.start, len(ts)) {
+			return nil
 		}
-		return nil
+		rest.rcpts = j.rcpts
 	}
-	ts := e.targets(d, rt, j.want, a.start)
-	if len(ts) == 0 {
-		e.early(d, j, a, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, a.start)))
-		return nil
-	}
-	if !e.begin(j, ts[0], a.start, len(ts)) {
-		return nil
-	}
-	var v classifier.Verdict
 	for _, t := range ts {
 		a.tried = t
 		c, err := e.dial(ctx, t, rt.Kind)
-		if err == nil {
-			return e.opened(d, c, t, rt.Kind)
-		}
 		if ctx.Err() != nil {
+			if c != nil {
+				_ = c.Close()
+			}
 			return nil // shutting down: the attempt stays Active and is recovered
 		}
-		v = e.classifyErr(classifier.StageConnect, err)
-		e.noteDialFailure(d, t, v)
+		if err != nil {
+			rest.v = e.classifyErr(classifier.StageConnect, err)
+			e.noteDialFailure(d, t, rest.v)
+			continue
+		}
+		var s *session
+		if s, rest = e.transact(ctx, d, a, e.opened(d, c, t, rt.Kind), rest.rcpts); len(rest.rcpts) == 0 || ctx.Err() != nil {
+			return s
+		}
 	}
-	e.settle(d, a, outcomesOf(j.rcpts, sessionVerdict(v)))
+	e.giveUp(d, a, rest)
 	return nil
+}
+
+// plan routes d and lists the hosts to try for j. With none, v says why.
+func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.Route, []target, classifier.Verdict) {
+	rt, err := e.opt.Router.Route(ctx, d.name)
+	if err != nil {
+		return rt, nil, e.opt.Classifier.Classify(classifier.StageDNS, err)
+	}
+	ts := e.targets(d, rt, j.want, now)
+	if len(ts) == 0 {
+		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
+	}
+	return rt, ts, classifier.Verdict{}
+}
+
+// giveUp defers what no host took in this attempt. No host gave these
+// recipients an answer, so their sticky route stays where it was (a
+// greylisted recipient keeps its MX while the network hiccups).
+func (e *Engine) giveUp(d *dest, a *attempt, rest leftover) {
+	a.t = target{}
+	e.settle(d, a, outcomesOf(rest.rcpts, sessionVerdict(rest.v)))
 }
 
 // Diagnoses when no address of a destination may be dialed.
@@ -197,16 +245,20 @@ func (e *Engine) opened(d *dest, c *smtpclient.Client, t target, kind string) *s
 	return &session{c: c, t: t, relay: kind == mx.KindSmarthost}
 }
 
-// closeSession ends s politely (QUIT) unless we are shutting down.
+// closeSession ends s politely with QUIT. The wait for the reply ends
+// with ctx, and once ctx has ended (shutdown) it is at most shutdownQuit,
+// so an idle connection to a peer that does not answer never holds up
+// Run.
 func (e *Engine) closeSession(ctx context.Context, s *session) {
 	if s == nil {
 		return
 	}
-	if ctx.Err() == nil {
-		_ = s.c.Quit()
-	} else {
-		_ = s.c.Close()
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), shutdownQuit)
+		defer cancel()
 	}
+	_ = s.c.QuitContext(ctx)
 	e.m.ConnectionsOut.Dec()
 }
 

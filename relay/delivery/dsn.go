@@ -28,6 +28,9 @@ import (
 //     the rest are dropped and counted;
 //   - the DSN is queued in the same queue.Apply as the outcome it reports,
 //     from the null sender, marked DSN so it never bounces itself.
+//   - a DSN is retried for retry.dsn_lifetime (48h), not retry.lifetime
+//     (RFC 5321 §4.5.4.1 allows the shorter limit); one still undeliverable
+//     then is logged and dropped.
 
 // NOTIFY keywords (RFC 3461 §4.1).
 const (
@@ -61,6 +64,9 @@ func notifies(notify, what string) bool {
 func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status string, now time.Time) dsn.Recipient {
 	rc := dsn.Recipient{Final: o.r.Addr, Original: o.r.ORCPT, Action: action, Status: status,
 		RemoteMTA: a.t.host, LastAttempt: now}
+	if rc.RemoteMTA == "" && o.v.Code != 0 {
+		rc.RemoteMTA = a.tried.host // the reply came from the last host tried (overHosts)
+	}
 	switch {
 	case action == dsn.Relayed:
 		rc.Diagnostic = replyLine(o.reply.Code, o.reply.Enhanced, o.reply.Text)
@@ -76,10 +82,10 @@ func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status s
 	}
 	switch action {
 	case dsn.Delayed:
-		rc.WillRetryUntil = e.policy.Deadline(a.msg.Arrival)
+		rc.WillRetryUntil = e.deadline(a.msg)
 	case dsn.Failed:
 		if status == "4.4.7" {
-			ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.policy.Lifetime, ex)
+			ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.lifetime(a.msg), ex)
 		}
 	}
 	rc.Explanation = ex

@@ -23,7 +23,7 @@ import (
 
 // fakeMX is a scripted go-smtp server on one loopback address. It records
 // every connection's client address and every transaction, and asks its
-// script (rcpt, data) for the reply to each RCPT and to the final dot. n in
+// script (mail, rcpt, data) for the reply to each MAIL, RCPT and final dot. n in
 // the script is the index of the transaction at this server (0 first).
 type fakeMX struct {
 	t    *testing.T
@@ -35,6 +35,7 @@ type fakeMX struct {
 	conns  []string       // client IP of each accepted connection
 	byAddr map[string]int // client "ip:port" → connection index
 	txs    []*fakeTx
+	mail   func(n int) error
 	rcpt   func(n int, to string) error
 	data   func(n int) error
 	creds  map[string]string // AUTH PLAIN users; nil: no AUTH
@@ -59,6 +60,7 @@ type fakeOpt struct {
 	tls   *tls.Config
 	dsn   bool              // advertise DSN
 	creds map[string]string // enable AUTH PLAIN (over TLS)
+	mail  func(n int) error
 	rcpt  func(n int, to string) error
 	data  func(n int) error
 }
@@ -70,7 +72,7 @@ func startMX(t *testing.T, ip string, port int, o fakeOpt) *fakeMX {
 	if err != nil {
 		t.Fatalf("fake MX %s:%d: %v", ip, port, err)
 	}
-	f := &fakeMX{t: t, ip: ip, port: port, byAddr: map[string]int{}, rcpt: o.rcpt, data: o.data, creds: o.creds}
+	f := &fakeMX{t: t, ip: ip, port: port, byAddr: map[string]int{}, mail: o.mail, rcpt: o.rcpt, data: o.data, creds: o.creds}
 	f.srv = smtp.NewServer(f)
 	f.srv.Domain = "mx-" + ip
 	f.srv.TLSConfig = o.tls
@@ -144,10 +146,14 @@ type fakeSession struct {
 
 func (s *fakeSession) Mail(from string, _ *smtp.MailOptions) error {
 	s.f.mu.Lock()
-	defer s.f.mu.Unlock()
 	s.cur = &fakeTx{conn: s.conn, client: s.f.conns[s.conn], at: time.Now(), from: from}
 	s.n = len(s.f.txs)
 	s.f.txs = append(s.f.txs, s.cur)
+	script := s.f.mail
+	s.f.mu.Unlock()
+	if script != nil {
+		return script(s.n)
+	}
 	return nil
 }
 

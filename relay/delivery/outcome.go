@@ -116,9 +116,10 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 		e.delivered(s, rec, a, o, &res, now)
 	case o.v.Outcome == classifier.Failed:
 		e.failed(s, a, o, &res, o.v.Status(), false)
-	case e.policy.Expired(a.msg.Arrival, now):
+	case !now.Before(e.deadline(a.msg)):
 		// The lifetime is over: fail with 4.4.7 (RFC 3463 "delivery time
-		// expired"), keeping the last reason and reply for the diagnosis.
+		// expired"), keeping the last reason and reply for the diagnosis. An
+		// expired DSN is only logged: no DSN is ever sent about a DSN.
 		e.failed(s, a, o, &res, "4.4.7", true)
 	default:
 		e.deferred(s, rec, a, o, &res, now)
@@ -196,7 +197,7 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 	next := now.Add(e.policy.Next(in, e.opt.Rand()))
 	// Never schedule past the deadline: the last try happens at the
 	// deadline, and its deferral expires the recipient.
-	if dl := e.policy.Deadline(a.msg.Arrival); next.After(dl) {
+	if dl := e.deadline(a.msg); next.After(dl) {
 		next = dl
 	}
 	res.Status, res.NextAttempt = queue.Deferred, next
@@ -211,6 +212,23 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 	}
 	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Deferred), reason: string(o.v.Reason),
 		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text})
+}
+
+// lifetime is how long the engine tries to deliver msg: retry.lifetime,
+// or retry.dsn_lifetime (capped at retry.lifetime) for a DSN. RFC 5321
+// §4.5.4.1: "it MAY be appropriate to set a shorter maximum number of
+// retries for non-delivery notifications"; a bounce to a sender who cannot
+// receive mail should not sit in the queue for five days.
+func (e *Engine) lifetime(msg queue.Message) time.Duration {
+	if msg.DSN && e.cfg.Retry.DSNLifetime > 0 {
+		return min(e.cfg.Retry.DSNLifetime, e.policy.Lifetime)
+	}
+	return e.policy.Lifetime
+}
+
+// deadline is when the engine gives up on msg (see lifetime).
+func (e *Engine) deadline(msg queue.Message) time.Time {
+	return msg.Arrival.Add(e.lifetime(msg))
 }
 
 // warningsDue is how many of retry.delay_warnings a message that arrived

@@ -2,90 +2,128 @@ package delivery
 
 import (
 	"context"
+	"errors"
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
-// transact sends j over s: one transaction for all its recipients, then,
-// if the peer refused some with "too many recipients" while accepting
-// others, follow-up transactions for those right away on the same
-// connection (RFC 5321 §4.5.3.1.10). Each transaction's outcomes are
-// stored before the next starts. It returns s if it can be reused.
-func (e *Engine) transact(ctx context.Context, d *dest, j *job, a *attempt, s *session) *session {
+// transact sends rcpts over s: one transaction for all of them, then, if
+// the peer refused some with "too many recipients" while accepting others,
+// follow-up transactions for those right away on the same connection (RFC
+// 5321 §4.5.3.1.10). Each transaction's definite outcomes are stored before
+// the next starts. It returns s if it can be reused, and what is left for
+// the next host when the connection failed before some recipients got
+// their answer.
+func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, rcpts []queue.Recipient) (*session, leftover) {
 	a.t, a.tried, a.relay = s.t, s.t, s.relay
-	rcpts := j.rcpts
 	for round := 0; ; round++ {
 		if round > 0 {
-			if err := s.c.Reset(); err != nil {
-				e.settle(d, a, outcomesOf(rcpts, e.classifyErr(classifier.StageMAIL, err)))
+			if err := s.c.ResetContext(ctx); err != nil {
 				e.closeSession(ctx, s)
-				return nil
+				return nil, leftover{rcpts, e.classifyErr(classifier.StageMAIL, err)}
 			}
 		}
 		res, err := s.c.Send(ctx, envelope(a.msg, rcpts), a.body)
 		s.count++
 		a.peerDSN = res.DSN
-		outs, again := e.judge(rcpts, res, err, round < maxFollowUps)
+		jd := e.judge(rcpts, res, err, round < maxFollowUps)
+		outs := jd.outs
 		if ctx.Err() != nil {
 			outs = definite(outs) // the rest stays Active and is recovered
 		}
 		e.settle(d, a, outs)
 		if err != nil {
 			e.closeSession(ctx, s)
-			return nil
+			return nil, jd.rest
 		}
-		if len(again) == 0 {
-			return s
+		if len(jd.again) == 0 {
+			return s, leftover{}
 		}
-		rcpts = again
+		rcpts = jd.again
 	}
 }
 
+// judgement is what one transaction decided.
+type judgement struct {
+	outs  []outcome         // definite outcomes, to store now
+	again []queue.Recipient // refused as "too many recipients": for a follow-up transaction
+	rest  leftover          // no answer yet: the connection failed first; for the next host
+}
+
 // judge turns one transaction's replies into per-recipient outcomes.
-// Recipients refused with "too many recipients" are returned in again when
-// followUp is allowed and the transaction delivered to someone (progress);
-// otherwise they are deferred like any 4xx.
-func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error, followUp bool) (outs []outcome, again []queue.Recipient) {
+// Recipients refused with "too many recipients" go to again when followUp
+// is allowed and the transaction delivered to someone (progress);
+// otherwise they are deferred like any 4xx. When the connection failed
+// (an *smtpclient.Error: 421, I/O error, timeout), a recipient without a
+// definite answer goes to rest: one never asked, one answered with the
+// 421, and one accepted at RCPT whose data did not get through. A
+// recipient whose data was sent in full but whose final reply never came
+// may have been delivered (RFC 1047), so it is deferred instead of being
+// offered to another host at once.
+func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error, followUp bool) judgement {
+	var jd judgement
 	var errV classifier.Verdict
 	if err != nil {
 		errV = e.classifyErr(classifier.StageMAIL, err)
+		jd.rest.v = errV
 	}
-	if res.Mail.Code >= 400 {
+	var se *smtpclient.Error
+	connFailed := errors.As(err, &se)
+	lostAfterDot := connFailed && se.Stage == classifier.StageEndOfData && res.Data == nil
+	if res.Mail.Code >= 400 && res.Mail.Code != 421 {
 		// MAIL refused: one verdict for everyone (a 5xx at MAIL bounces all).
-		return outcomesOf(rs, e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail)), nil
+		jd.outs = outcomesOf(rs, e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail))
+		return jd
 	}
-	delivered := res.Data != nil && res.Data.Code/100 == 2
 	var tooMany []outcome
 	for i, r := range rs {
-		o := outcome{r: r}
-		switch {
-		case i >= len(res.Rcpts): // never answered: the connection failed first
-			o.v = errV
-		case res.Rcpts[i].Reply.Code/100 != 2:
-			rep := res.Rcpts[i].Reply
-			o.v = e.opt.Classifier.Classify(classifier.StageRCPT, &rep)
-			if tooManyRecipients(rep) {
-				tooMany = append(tooMany, o)
-				continue
-			}
-		case delivered:
-			o.ok, o.reply = true, *res.Data
-		case res.Data != nil:
-			o.v = e.opt.Classifier.Classify(classifier.StageEndOfData, res.Data)
-		default: // accepted at RCPT, but the DATA phase failed
-			o.v = errV
+		var rep classifier.Reply
+		if i < len(res.Rcpts) {
+			rep = res.Rcpts[i].Reply
 		}
-		outs = append(outs, o)
+		o, answered := e.judgeOne(r, rep, res.Data, errV, lostAfterDot)
+		switch {
+		case !answered && connFailed:
+			jd.rest.rcpts = append(jd.rest.rcpts, r)
+		case answered && tooManyRecipients(rep):
+			tooMany = append(tooMany, o)
+		default:
+			jd.outs = append(jd.outs, o)
+		}
 	}
+	delivered := res.Data != nil && res.Data.Code/100 == 2
 	if followUp && delivered && err == nil {
 		for _, o := range tooMany {
-			again = append(again, o.r)
+			jd.again = append(jd.again, o.r)
 		}
-		return outs, again
+		return jd
 	}
-	return append(outs, tooMany...), nil
+	jd.outs = append(jd.outs, tooMany...)
+	return jd
+}
+
+// judgeOne decides the recipient r whose RCPT got rep (zero if none) in a
+// transaction whose DATA phase ended with data (nil if it did not). answered
+// is false when r has no definite answer (see judge); o then carries errV.
+func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, data *classifier.Reply, errV classifier.Verdict, lostAfterDot bool) (o outcome, answered bool) {
+	o = outcome{r: r, v: errV}
+	switch {
+	case rep.Code == 0 || rep.Code == 421: // never asked, or the server closed instead of answering
+		return o, false
+	case rep.Code/100 != 2:
+		o.v = e.opt.Classifier.Classify(classifier.StageRCPT, &rep)
+	case data == nil: // accepted at RCPT; the DATA phase failed
+		return o, lostAfterDot
+	case data.Code/100 == 2:
+		o.ok, o.reply = true, *data
+	case data.Code == 421:
+		return o, false
+	default:
+		o.v = e.opt.Classifier.Classify(classifier.StageEndOfData, data)
+	}
+	return o, true
 }
 
 // tooManyRecipients recognises RFC 5321 §4.5.3.1.10's "too many

@@ -75,7 +75,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	if s != nil && s.c.Reset() != nil {
+	if s != nil && s.c.ResetContext(ctx) != nil {
 		// RSET between transactions (RFC 5321 §4.1.1.5); a connection the
 		// peer closed while idle is simply replaced.
 		e.closeSession(ctx, s)
@@ -83,13 +83,18 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	}
 	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
-		if s = e.connect(ctx, d, j, a); s == nil {
-			return nil
-		}
-	} else if !e.begin(j, s.t, a.start, 1) {
+		return e.overHosts(ctx, d, j, a, leftover{}, false)
+	}
+	// The lease covers the other hosts too, should this connection fail.
+	if !e.begin(j, s.t, a.start, 1+maxTargets) {
 		return s
 	}
-	return e.transact(ctx, d, j, a, s)
+	s, rest := e.transact(ctx, d, a, s, j.rcpts)
+	if len(rest.rcpts) == 0 || ctx.Err() != nil {
+		return s
+	}
+	// The reused connection failed: a fresh one, to this host or the next.
+	return e.overHosts(ctx, d, j, a, rest, true)
 }
 
 // begin records the attempt for j's recipients before anything is sent
@@ -133,13 +138,14 @@ func (e *Engine) stillDue(j *job) []queue.Recipient {
 }
 
 // lease is how long an attempt may take: every timeout it may spend on
-// hops hosts (twice, for the plaintext retry under TLS "may") and on its
-// transactions. It only matters after a crash (queue.Recover).
+// hops hosts (the setup twice, for the plaintext retry under TLS "may", and
+// a transaction, since a host may fail in the middle of one) and on the
+// follow-up transactions. It only matters after a crash (queue.Recover).
 func (e *Engine) lease(hops, rcpts int) time.Duration {
 	d := e.cfg.Delivery
 	setup := d.ConnectTimeout + d.GreetingTimeout + 5*d.CommandTimeout // EHLO, STARTTLS, handshake, EHLO, AUTH
 	tx := time.Duration(rcpts+3)*d.CommandTimeout + 2*d.DataTimeout    // RSET, MAIL, RCPTs, DATA; data, final dot
-	return time.Duration(2*max(hops, 1))*setup + time.Duration(1+maxFollowUps)*tx
+	return time.Duration(max(hops, 1))*(2*setup+tx) + maxFollowUps*tx
 }
 
 func (e *Engine) unclaim(rs []queue.Recipient) {

@@ -285,9 +285,15 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 // Reset sends RSET, ending any transaction (e.g. one where no recipient
-// was accepted) so the connection can be reused (RFC 5321 §4.1.1.5).
-func (c *Client) Reset() error {
-	r, _, err := c.cmd(context.Background(), classifier.StageMAIL, "RSET")
+// was accepted) so the connection can be reused (RFC 5321 §4.1.1.5). It is
+// ResetContext without a context: only the command timeout bounds it.
+func (c *Client) Reset() error { return c.ResetContext(context.Background()) }
+
+// ResetContext is Reset, interrupted when ctx ends (the connection is then
+// closed and ctx's error returned), so a shutdown never waits out the
+// command timeout on a peer that does not answer.
+func (c *Client) ResetContext(ctx context.Context) error {
+	r, _, err := c.cmd(ctx, classifier.StageMAIL, "RSET")
 	if err != nil {
 		return err
 	}
@@ -298,10 +304,16 @@ func (c *Client) Reset() error {
 	return nil
 }
 
-// Quit sends QUIT, waits for the reply and closes the connection.
-func (c *Client) Quit() error {
+// Quit sends QUIT, waits for the reply and closes the connection. It is
+// QuitContext without a context: only the command timeout bounds it.
+func (c *Client) Quit() error { return c.QuitContext(context.Background()) }
+
+// QuitContext is Quit, waiting for the reply at most until ctx ends (a
+// context with a short deadline bounds a polite QUIT at shutdown). The
+// connection is closed either way.
+func (c *Client) QuitContext(ctx context.Context) error {
 	// Errors here are tagged StageEndOfData: the dialogue is over.
-	_, _, err := c.cmd(context.Background(), classifier.StageEndOfData, "QUIT")
+	_, _, err := c.cmd(ctx, classifier.StageEndOfData, "QUIT")
 	if cerr := c.Close(); err == nil {
 		err = cerr
 	}

@@ -641,3 +641,55 @@ func TestSendRejectsBadEnvelope(t *testing.T) {
 		t.Errorf("bad envelopes reached the wire: %q", lines)
 	}
 }
+
+// TestResetQuitContext: RSET and QUIT to a peer that never answers end
+// when the context does (cancelled, or a short deadline), not after the
+// command timeout, and leave the connection closed.
+func TestResetQuitContext(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		verb string
+		call func(c *Client, ctx context.Context) error
+		ctx  func() (context.Context, context.CancelFunc)
+		want []error // any of these
+	}{
+		{"reset cancelled", "RSET", (*Client).ResetContext, cancelSoon, []error{context.Canceled}},
+		{"quit cancelled", "QUIT", (*Client).QuitContext, cancelSoon, []error{context.Canceled}},
+		{"quit deadline", "QUIT", (*Client).QuitContext, func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 50*time.Millisecond)
+		}, []error{context.DeadlineExceeded, os.ErrDeadlineExceeded}}, // the context's or the connection's
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := startPeer(t, []step{greet, ehloPlain, {expect: tt.verb, hang: true}})
+			o := opts(TLSNone)
+			o.CommandTimeout = time.Minute
+			c, err := Dial(context.Background(), nil, p.addr(), "mx.test", o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := tt.ctx()
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- tt.call(c, ctx) }()
+			select {
+			case err := <-done:
+				if !slices.ContainsFunc(tt.want, func(w error) bool { return errors.Is(err, w) }) {
+					t.Errorf("err = %v, want %v", err, tt.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s still waiting 10s after the context ended (command timeout %v)", tt.verb, o.CommandTimeout)
+			}
+			if _, err := c.Send(context.Background(), Envelope{From: "a@x.test", Rcpts: []Rcpt{{Addr: "b@y.test"}}}, nil); !errors.Is(err, net.ErrClosed) {
+				t.Errorf("connection still open after an interrupted %s: %v", tt.verb, err)
+			}
+		})
+	}
+}
+
+// cancelSoon is a context cancelled 50ms from now.
+func cancelSoon() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	return ctx, cancel
+}
