@@ -72,6 +72,7 @@ var replyCases = []replyCase{
 	{"dovecot lmtp quota", StageEndOfData, "552 5.2.2 <user@example.com> Quota exceeded (mailbox for user is full)", Failed, MailboxFull, "5.2.2", 0},
 	{"rfc 5321 552 text at rcpt", StageRCPT, "552 Requested mail action aborted: exceeded storage allocation", Deferred, MailboxFull, "4.2.2", 0},
 	// Receiving system trouble.
+	{"mailbox busy", StageRCPT, "450 4.2.0 <u@example.com>: mailbox busy", Deferred, ServerError, "4.2.0", 0},
 	{"postfix config error", StageRCPT, "451 4.3.5 Server configuration error", Deferred, ServerConfig, "4.3.5", 0},
 	{"postfix queue file", StageEndOfData, "451 4.3.0 Error: queue file write error", Deferred, ServerError, "4.3.0", 0},
 	{"postfix lookup failure", StageRCPT, "451 4.3.0 <bob@example.org>: Temporary lookup failure", Deferred, ServerError, "4.3.0", 0},

@@ -36,6 +36,9 @@ func DefaultRules() []Rule {
 		// Specific texts, whatever the code.
 		{Pattern: `local error in processing|temporary (server|system|local) (error|failure|problem)|internal (server )?error|server error|queue file write error|insufficient system (storage|resources)`, Reason: ServerError},
 		{Pattern: `mailbox (is )?full|quota|storage allocation|out of storage`, Reason: MailboxFull},
+		// RFC 5321 §4.2.3: 450 "mailbox unavailable (e.g., mailbox busy …)":
+		// the recipient's server has a temporary problem with the mailbox.
+		{Code: 4, Pattern: `mailbox (is )?(busy|locked|temporarily unavailable)`, Reason: ServerError},
 		{Pattern: `rate[ -]limit|at a rate|unusual rate|too many (connections|recipients|messages|mails|requests|sessions|concurrent)|throttl|slow down|limit exceeded|exceeded the (rate|limit)`, Reason: RateLimited},
 		{Pattern: `(message|mail) (size|is too (big|large))|too (big|large)|size (limit|exceeds)|exceeds .*size`, Reason: MessageTooBig},
 		{Pattern: `time(d)?[ -]?out`, Reason: Timeout},
