@@ -132,37 +132,11 @@ func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
 // leave out recipients it already holds and destinations with no free
 // capacity, so a large backlog for one domain costs little per scan.
 func (q *Queue) DueSkip(now time.Time, limit int, skip func(domain string, k Key) bool) ([]Recipient, error) {
-	var out []Recipient
-	var ps []problem
-	end := timeKey(now)
-	err := q.view(func(tx *bolt.Tx) error {
-		rcpts, msgs := tx.Bucket(bRcpts), tx.Bucket(bMsgs)
-		c := tx.Bucket(bDue).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) >= 8 && bytes.Compare(k[:8], end) > 0 {
-				break
-			}
-			if isActive(v) {
-				continue
-			}
-			if skip != nil && len(v) > 1 {
-				if _, key, good := parseDueKey(k); good && skip(string(v[1:]), key) {
-					continue
-				}
-			}
-			r, p := dueRecipient(rcpts, msgs, k)
-			if p != nil {
-				ps = append(ps, *p)
-				continue
-			}
-			out = append(out, r)
-			if limit > 0 && len(out) >= limit {
-				break
-			}
-		}
-		return nil
-	})
-	q.fixup(ps)
+	var f func(string, Key, time.Time) bool
+	if skip != nil {
+		f = func(domain string, k Key, _ time.Time) bool { return skip(domain, k) }
+	}
+	out, _, err := q.dueFrom(nil, now, limit, f)
 	return out, err
 }
 
@@ -205,7 +179,10 @@ func (q *Queue) Begin(s Start) error {
 	if len(s.Keys) == 0 || s.Time.IsZero() || s.LeaseUntil.IsZero() {
 		return fmt.Errorf("%w: Begin needs keys, a start time and a lease", ErrInvalid)
 	}
-	err := q.update(func(w *wtx) error {
+	err := q.submit(len(s.Keys), 0, func(w *wtx) error {
+		if err := w.checkBegin(s.Keys); err != nil {
+			return &refused{err}
+		}
 		for _, k := range s.Keys {
 			if err := w.begin(k, &s); err != nil {
 				return err
@@ -215,6 +192,28 @@ func (q *Queue) Begin(s Start) error {
 	})
 	if err != nil {
 		return fmt.Errorf("queue: begin: %w", err)
+	}
+	return nil
+}
+
+// checkBegin refuses a Begin before it writes anything (it shares its
+// transaction with other calls): every key must exist, be Queued or
+// Deferred, and appear once. Only a record that fails to decode is moved to
+// quarantine here; that repair is kept even though the call fails.
+func (w *wtx) checkBegin(keys []Key) error {
+	seen := make(map[Key]bool, len(keys))
+	for _, k := range keys {
+		r, ok := w.getRcpt(k)
+		if !ok {
+			return fmt.Errorf("recipient %s: %w", k, ErrNotFound)
+		}
+		if seen[k] {
+			return fmt.Errorf("recipient %s given twice: %w", k, ErrState)
+		}
+		seen[k] = true
+		if r.Status != Queued && r.Status != Deferred {
+			return fmt.Errorf("recipient %s is %s: %w", k, r.Status, ErrState)
+		}
 	}
 	return nil
 }
@@ -287,7 +286,13 @@ func (q *Queue) Apply(u Update) ([]ID, error) {
 		return nil, err
 	}
 	var ids []ID
-	err := q.update(func(w *wtx) error {
+	n, size := len(u.Results)+len(u.Destinations), 0
+	for i := range u.DSNs {
+		n, size = n+1, size+len(u.DSNs[i].Body)
+	}
+	// Nothing below refuses: results for missing or final recipients are
+	// ignored, so after validateUpdate only a storage error can fail.
+	err := q.submit(n, size, func(w *wtx) error {
 		ids = ids[:0]
 		touched := map[ID]bool{}
 		for i := range u.Results {

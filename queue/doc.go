@@ -27,8 +27,9 @@
 // never loses one.
 //
 // Durability: every write is a bbolt transaction, committed with fsync
-// (NoSync is never set) before the method returns. Enqueue group-commits:
-// concurrent callers share one transaction and one fsync. Supported
+// (NoSync is never set) before the method returns. Enqueue, Begin and
+// Apply group-commit: concurrent callers share one transaction and one
+// fsync; a refused call (ErrState, ErrNotFound) writes nothing. Supported
 // filesystems are local ones with working fsync and flock (not NFS/CIFS).
 //
 // Records are versioned and encoded with a small binary codec (codec.go).

@@ -26,12 +26,17 @@ const (
 
 // Queue is the durable store. All methods are safe for concurrent use.
 //
-// Writers: Enqueue and EnqueueBatch go through one writer goroutine that
-// group-commits whatever is waiting into one transaction (one fsync for many
-// messages; no timers, batching comes only from callers already waiting).
-// Begin, Apply, Recover and the operator actions call db.Update directly;
-// bbolt serialises them with the writer. db.Batch is never used: it may run a
-// function twice, and our functions allocate IDs and report to callers.
+// Writers: Enqueue, EnqueueBatch, Begin and Apply (the hot path: intake and
+// every delivery attempt) go through one writer goroutine that group-commits
+// whatever is waiting into one transaction (one fsync for many calls; no
+// timers, batching comes only from callers already waiting). Each call still
+// returns only after the commit holding its writes. A call that is refused
+// (ErrState, ErrNotFound) decides so before it writes anything, so it leaves
+// nothing in the shared transaction and fails alone; a storage error fails
+// the whole batch. Recover, the operator actions and repairs call db.Update
+// directly; bbolt serialises them with the writer. db.Batch is never used: it
+// may run a function twice, and our functions allocate IDs and report to
+// callers.
 type Queue struct {
 	db     *bolt.DB
 	path   string
@@ -43,19 +48,26 @@ type Queue struct {
 	closed atomic.Bool
 	once   sync.Once
 
-	mu     sync.Mutex
-	counts counts
+	mu      sync.Mutex
+	counts  counts
+	cursors []*DueCursor
 }
 
+// request is one call waiting for the writer. fn runs inside the shared
+// transaction; n and size weigh it against the batch limits.
 type request struct {
-	ms    []NewMessage
-	reply chan response // buffered 1: the writer never blocks on it
+	fn      func(w *wtx) error
+	n, size int
+	reply   chan error // buffered 1: the writer never blocks on it
 }
 
-type response struct {
-	ids []ID
-	err error
-}
+// refused wraps an error that fails one call of a batch and no other. An
+// operation returns it only before its first write, so the shared
+// transaction holds nothing of the refused call.
+type refused struct{ err error }
+
+func (r *refused) Error() string { return r.err.Error() }
+func (r *refused) Unwrap() error { return r.err }
 
 // Open opens the queue database at path, creating the parent directory
 // (0700) and the file (0600) if needed. It fails with an error matching
@@ -178,22 +190,44 @@ func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 	if len(ms) == 0 {
 		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
 	}
+	size := 0
 	for i := range ms {
 		if err := validateNew(&ms[i]); err != nil {
 			return nil, err
 		}
+		size += len(ms[i].Body)
 	}
+	var ids []ID
+	err := q.submit(len(ms), size, func(w *wtx) error {
+		ids = ids[:0]
+		for i := range ms {
+			id, err := w.insertMessage(&ms[i])
+			if err != nil {
+				return err
+			}
+			ids = append(ids, id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: enqueue: %w", err)
+	}
+	return ids, nil
+}
+
+// submit hands fn to the writer and waits until the transaction holding it
+// has been committed (or has failed).
+func (q *Queue) submit(n, size int, fn func(w *wtx) error) error {
 	if q.closed.Load() {
-		return nil, ErrClosed
+		return ErrClosed
 	}
-	r := request{ms: ms, reply: make(chan response, 1)}
+	r := request{fn: fn, n: n, size: size, reply: make(chan error, 1)}
 	select {
 	case q.reqs <- r:
 	case <-q.done:
-		return nil, ErrClosed
+		return ErrClosed
 	}
-	res := <-r.reply
-	return res.ids, res.err
+	return <-r.reply
 }
 
 func validateNew(m *NewMessage) error {
@@ -227,17 +261,12 @@ func (q *Queue) writer() {
 
 func (q *Queue) gather(first request) []request {
 	batch := []request{first}
-	n, size := 0, 0
-	for _, m := range first.ms {
-		n, size = n+1, size+len(m.Body)
-	}
+	n, size := first.n, first.size
 	for n < maxBatchMsgs && size < maxBatchBytes {
 		select {
 		case r := <-q.reqs:
 			batch = append(batch, r)
-			for _, m := range r.ms {
-				n, size = n+1, size+len(m.Body)
-			}
+			n, size = n+r.n, size+r.size
 		default:
 			return batch
 		}
@@ -245,26 +274,28 @@ func (q *Queue) gather(first request) []request {
 	return batch
 }
 
+// commit runs every request of the batch in one transaction. A refused
+// request fails alone; any other error rolls back the batch and fails all.
 func (q *Queue) commit(batch []request) {
-	ids := make([][]ID, len(batch))
+	errs := make([]error, len(batch))
 	err := q.update(func(w *wtx) error {
 		for i, r := range batch {
-			ids[i] = ids[i][:0]
-			for j := range r.ms {
-				id, err := w.insertMessage(&r.ms[j])
-				if err != nil {
+			errs[i] = nil
+			if err := r.fn(w); err != nil {
+				var rf *refused
+				if !errors.As(err, &rf) {
 					return err
 				}
-				ids[i] = append(ids[i], id)
+				errs[i] = rf.err
 			}
 		}
 		return nil
 	})
 	for i, r := range batch {
 		if err != nil {
-			r.reply <- response{err: fmt.Errorf("queue: enqueue: %w", err)}
+			r.reply <- err
 		} else {
-			r.reply <- response{ids: ids[i]}
+			r.reply <- errs[i]
 		}
 	}
 }
@@ -321,6 +352,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	}
 	q.mu.Lock()
 	q.counts.add(w.delta)
+	q.lowerCursors(w.low) // before signal: a woken scan must see the mark
 	q.mu.Unlock()
 	q.report(w.quar)
 	if w.wake {

@@ -124,7 +124,8 @@ type wtx struct {
 	tx    *bolt.Tx
 	delta counts
 	quar  []quarantined
-	wake  bool // the change may create earlier due work
+	wake  bool   // the change may create earlier due work
+	low   []byte // smallest non-active due key put (see DueCursor)
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }
@@ -163,6 +164,7 @@ func (w *wtx) putRcpt(before, after *Recipient) error {
 	if k := expectedDueKey(after); k != nil {
 		if after.Status != Active {
 			w.wake = true
+			w.noteDue(k)
 		}
 		return due.Put(k, dueValue(after))
 	}
@@ -317,6 +319,7 @@ func (w *wtx) fix(p problem) error {
 			if rv := w.b(bRcpts).Get(rcptKey(k)); rv != nil {
 				r, err := decodeRecipient(k, rv)
 				if err == nil && bytes.Equal(expectedDueKey(&r), p.key) {
+					w.noteDue(p.key)
 					return w.b(bDue).Put(p.key, dueValue(&r)) // right key, maybe wrong value
 				}
 			}

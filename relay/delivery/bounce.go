@@ -115,6 +115,7 @@ func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time) {
 	}
 	for id, group := range byMsg {
 		if err := e.pushMessage(d, id, group, until, now); err != nil {
+			e.requestRescan() // not moved: still behind the scan position
 			e.log.Error("delivery: postponing recipients of a throttled destination failed",
 				zap.String("queue_id", id.String()), zap.String("domain", d.name), zap.Error(err))
 		}

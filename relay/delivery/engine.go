@@ -92,10 +92,22 @@ type Engine struct {
 	dests   map[string]*dest
 	order   []string // round-robin order of domains for fair worker starts
 	next    int      // where the next round-robin pass starts in order
+	workers int      // open connections (running workers) in all
+	waiting bool     // some domain has jobs but no worker because of the global cap
+	// rescan asks the next scan to start from the first key, rewind (if
+	// not zero) to start no later than that due time; lastFull is when the
+	// last full scan started (see the scheduler limits).
+	rescan   bool
+	rewind   time.Time
+	lastFull time.Time
+
+	// cmu guards claimed, the recipients held in jobs. It is taken inside
+	// e.mu or alone, and never held across a queue call, so the scan
+	// filter may take it inside a queue read transaction.
+	cmu     sync.Mutex
 	claimed map[queue.Key]bool
-	workers int  // open connections (running workers) in all
-	waiting bool // some domain has jobs but no worker because of the global cap
-	skipped int  // due recipients left in the queue by the last scan
+
+	cur *queue.DueCursor // the scan's position; used by Run's goroutine only
 }
 
 // New checks opt and returns an engine.

@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"errors"
+	"reflect"
 	"time"
 
 	"go.uber.org/zap"
@@ -63,7 +64,12 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	}
 	now := e.now()
 	d.mu.Lock()
-	defer d.mu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			d.mu.Unlock()
+		}
+	}()
 	rec := cloneDest(d.rec)
 	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}}
 	for _, o := range outs {
@@ -71,25 +77,49 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	}
 	e.learnThrottle(&rec, s, now)
 	pruneDead(&rec, now)
-	rec.Updated = now
-	s.u.Destinations = []queue.Destination{rec}
 	var actions []dsn.Action
 	s.u.DSNs, actions = e.notices(a, s.notices, now)
+	if sameDest(rec, d.stored) {
+		// Nothing learned: the stored record stays as it is, so this Apply
+		// need not be ordered with the others of d and may share their
+		// commit (the queue group-commits concurrent calls). Updated thus
+		// tells when the record last changed.
+		e.adopt(d, rec)
+		d.mu.Unlock()
+		locked = false
+	} else {
+		rec.Updated = now
+		s.u.Destinations = []queue.Destination{rec}
+	}
 	if err := e.apply(s.u); err != nil {
 		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
 			zap.String("queue_id", a.msg.ID.String()), zap.String("domain", d.name), zap.Error(err))
 		return
 	}
-	d.rec = rec
-	e.mu.Lock()
-	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
-	e.mu.Unlock()
+	if locked {
+		e.adopt(d, rec)
+		d.stored = cloneDest(rec)
+	}
 	for _, action := range actions {
 		e.m.DSNs.WithLabelValues(string(action)).Inc()
 	}
 	for _, l := range s.lines {
 		e.logAttempt(a, l)
 	}
+}
+
+// adopt makes rec d's current record. Called with d.mu held.
+func (e *Engine) adopt(d *dest, rec queue.Destination) {
+	d.rec = rec
+	e.mu.Lock()
+	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
+	e.mu.Unlock()
+}
+
+// sameDest reports whether a and b hold the same knowledge (Updated aside).
+func sameDest(a, b queue.Destination) bool {
+	a.Updated, b.Updated = time.Time{}, time.Time{}
+	return reflect.DeepEqual(a, b)
 }
 
 // apply stores u, retrying a few times: a failed write usually means a

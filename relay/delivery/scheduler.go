@@ -13,11 +13,21 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// Scheduler limits. A scan reads the due index from its start. Recipients
-// it already holds, and those of destinations at capacity, are passed over
-// by the index entry alone (queue.DueSkip) without being decoded, so a
-// backlog of 100,000 deferred recipients for one dead domain neither hides
-// nor slows the healthy domains behind it.
+// Scheduler limits. A scan reads the due index incrementally (a
+// queue.DueCursor): it continues after the last entry the previous scan
+// examined, and the queue moves the cursor back for every due entry a
+// write puts behind it, so a wake costs what is new, not the backlog.
+// Recipients it already holds, and those of destinations at capacity, are
+// passed over by the index entry alone without being decoded.
+//
+// Passed-over and dropped entries stay behind the cursor. When a
+// destination that had recipients passed over for lack of capacity has
+// drained to half of it (or is paused), the scan moves back to the
+// earliest of them: whatever it passed over for that reason is at or after
+// that due time. A full rescan (from the first key) runs at startup, after
+// a queue error, when claimed recipients are dropped without being
+// recorded (a failed Begin, a message that vanished, a failed push), and
+// every fullRescanEvery as a safety net.
 const (
 	scanBatch = 1000 // new due recipients taken per scan
 	// reuseShare is how many queued transactions one connection is expected
@@ -27,6 +37,9 @@ const (
 	reuseShare = 8
 	// errorPause paces the loop after a queue error.
 	errorPause = time.Second
+	// fullRescanEvery bounds how long anything the incremental scan could
+	// have missed waits (it never should; this is a safety net).
+	fullRescanEvery = 30 * time.Second
 )
 
 // dest is the scheduler's view of one destination domain.
@@ -35,11 +48,16 @@ type dest struct {
 	pending  []*job           // claimed, waiting for a worker; guarded by Engine.mu
 	active   int              // running workers; guarded by Engine.mu
 	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
+	// passedAt is the earliest due time of recipients a scan left in the
+	// queue because pending was full (zero: none); draining to half of it
+	// moves the scan back there. Guarded by Engine.mu.
+	passedAt time.Time
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
-	mu  sync.Mutex
-	rec queue.Destination // guarded by mu
+	mu     sync.Mutex
+	rec    queue.Destination // guarded by mu
+	stored queue.Destination // what the queue holds (deep copy); guarded by mu
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
@@ -64,6 +82,8 @@ func (j *job) keys() []queue.Key {
 // once every worker has ended (cancelling ctx aborts their attempts, which
 // stay recorded as in progress and are recovered at the next start).
 func (e *Engine) Run(ctx context.Context) error {
+	e.cur = e.q.DueCursor()
+	defer e.cur.Close()
 	n, err := e.q.Recover(e.now())
 	if err != nil {
 		return fmt.Errorf("delivery: recover: %w", err)
@@ -139,25 +159,41 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 // pause instead of looking at them again and again.
 func (e *Engine) scan(now time.Time) error {
 	e.mu.Lock()
-	skip := e.scanFilter(now)
+	switch {
+	case e.rescan || now.Sub(e.lastFull) >= fullRescanEvery || now.Before(e.lastFull):
+		e.rescan, e.rewind = false, time.Time{}
+		e.lastFull = now
+		e.cur.Reset()
+	case !e.rewind.IsZero():
+		e.cur.Rewind(e.rewind)
+		e.rewind = time.Time{}
+	}
+	skip, full := e.scanFilter(now)
 	e.mu.Unlock()
-	full := 0
-	rs, err := e.q.DueSkip(now, scanBatch, func(domain string, k queue.Key) bool {
+	hit := map[string]time.Time{} // earliest due time passed over, by full domain
+	rs, err := e.cur.Next(now, scanBatch, func(domain string, k queue.Key, due time.Time) bool {
 		s, isFull := skip(domain, k)
 		if isFull {
-			full++
+			name := domainKey(domain)
+			if t, ok := hit[name]; !ok || due.Before(t) {
+				hit[name] = due
+			}
 		}
 		return s
 	})
 	if err != nil {
+		e.requestRescan()
 		return err
 	}
 	if err := e.loadDests(rs); err != nil {
+		e.requestRescan()
 		return err
 	}
 	e.mu.Lock()
 	push := e.claim(rs, now)
-	e.skipped += full
+	for name, at := range hit {
+		e.passOver(full[name], at)
+	}
 	e.mu.Unlock()
 	for _, p := range push {
 		e.push(p.d, p.rcpts, p.d.throttle.Until, now)
@@ -165,37 +201,78 @@ func (e *Engine) scan(now time.Time) error {
 	return nil
 }
 
-// scanFilter snapshots what the scan may pass over without decoding:
-// recipients already claimed, and recipients of destinations whose job list
-// is full (unless they belong to a message with a job there, which they
-// join). It is a snapshot because the filter runs inside a queue read
-// transaction, where taking e.mu could deadlock against a writer. Called
-// with e.mu held; the result reports (skip, skipped because full).
-func (e *Engine) scanFilter(now time.Time) func(domain string, k queue.Key) (bool, bool) {
-	claimed := make(map[queue.Key]bool, len(e.claimed))
-	for k := range e.claimed {
-		claimed[k] = true
+// requestRescan makes the next scan start from the first key and wakes the
+// loop for it.
+func (e *Engine) requestRescan() {
+	e.mu.Lock()
+	e.rescan = true
+	e.mu.Unlock()
+	e.Kick()
+}
+
+// passOver notes that due recipients of d, the earliest due at at, were
+// left in the queue because its job list was full. If it has meanwhile
+// drained to half (nextJob did not see the note), the scan goes back for
+// them now. Called with e.mu held.
+func (e *Engine) passOver(d *dest, at time.Time) {
+	if d == nil {
+		e.rescan = true
+		return
 	}
-	full := map[string]map[queue.ID]bool{}
+	if len(d.pending) <= e.pendingCap()/2 {
+		e.rewindTo(at)
+		e.Kick()
+		return
+	}
+	if d.passedAt.IsZero() || at.Before(d.passedAt) {
+		d.passedAt = at
+	}
+}
+
+// rewindTo makes the next scan start no later than due time t. Called with
+// e.mu held.
+func (e *Engine) rewindTo(t time.Time) {
+	if e.rewind.IsZero() || t.Before(e.rewind) {
+		e.rewind = t
+	}
+}
+
+// pendingCap is how many jobs a destination may hold.
+func (e *Engine) pendingCap() int { return e.cfg.Delivery.MaxPerDestination * reuseShare }
+
+// scanFilter returns what the scan may pass over without decoding:
+// recipients already claimed, and recipients of destinations whose job
+// list is full (unless they belong to a message with a job there, which
+// they join). The filter runs inside a queue read transaction, where
+// taking e.mu could deadlock against a writer, so it reads the claimed set
+// under e.cmu (never held across a queue call) and a snapshot of the full
+// destinations, which it also returns. Called with e.mu held; the filter
+// reports (skip, skipped because full).
+func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bool, bool), map[string]*dest) {
+	fullIDs := map[string]map[queue.ID]bool{}
+	full := map[string]*dest{}
 	for name, d := range e.dests {
-		if d.throttle.Paused(now) || len(d.pending) < e.cfg.Delivery.MaxPerDestination*reuseShare {
+		if d.throttle.Paused(now) || len(d.pending) < e.pendingCap() {
 			continue
 		}
 		ids := map[queue.ID]bool{}
 		for _, j := range d.pending {
 			ids[j.id] = true
 		}
-		full[name] = ids
+		fullIDs[name], full[name] = ids, d
 	}
 	return func(domain string, k queue.Key) (bool, bool) {
-		if claimed[k] {
+		e.cmu.Lock()
+		held := e.claimed[k]
+		e.cmu.Unlock()
+		if held {
 			return true, false
 		}
-		if ids, ok := full[domainKey(domain)]; ok && !ids[k.ID] {
+		if ids, ok := fullIDs[domainKey(domain)]; ok && !ids[k.ID] {
 			return true, true
 		}
 		return false, false
-	}
+	}, full
 }
 
 // loadDests creates the scheduler state of every domain in rs it does not
@@ -214,10 +291,11 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 		if err != nil {
 			return err
 		}
+		stored := rec // zero if none: the first settle then writes one
 		if !ok {
 			rec = queue.Destination{Domain: name}
 		}
-		d := &dest{name: name, rec: rec,
+		d := &dest{name: name, rec: rec, stored: cloneDest(stored),
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
 		e.mu.Lock()
 		if e.dests[name] == nil {
@@ -238,26 +316,27 @@ type pushItem struct {
 // claim turns due recipients into jobs. Called with e.mu held.
 func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 	paused := map[*dest][]queue.Recipient{}
-	skipped := 0
+	e.cmu.Lock()
+	defer e.cmu.Unlock()
 	for _, r := range rs {
 		if e.claimed[r.Key] {
 			continue
 		}
 		d := e.dests[domainKey(r.Domain)]
 		if d == nil {
-			continue // appeared between Due and loadDests' view; next scan
+			e.rescan = true // appeared between Due and loadDests' view; next scan
+			continue
 		}
 		if d.throttle.Paused(now) {
 			paused[d] = append(paused[d], r)
 			continue
 		}
 		if !e.addToJob(d, r) {
-			skipped++
+			e.passOver(d, r.NextAttempt)
 			continue
 		}
 		e.claimed[r.Key] = true
 	}
-	e.skipped = skipped
 	var out []pushItem
 	for d, rcpts := range paused {
 		out = append(out, pushItem{d, rcpts})
@@ -276,6 +355,10 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 		}
 		d.pending = nil
 		out = append(out, pushItem{d, rcpts})
+		if !d.passedAt.IsZero() { // push those too, at the next scan
+			e.rewindTo(d.passedAt)
+			d.passedAt = time.Time{}
+		}
 	}
 	return out
 }
@@ -290,7 +373,7 @@ func (e *Engine) addToJob(d *dest, r queue.Recipient) bool {
 			return true
 		}
 	}
-	if len(d.pending) >= e.cfg.Delivery.MaxPerDestination*reuseShare {
+	if len(d.pending) >= e.pendingCap() {
 		return false
 	}
 	d.pending = append(d.pending, &job{id: r.Key.ID, domain: d.name, want: want, rcpts: []queue.Recipient{r}})

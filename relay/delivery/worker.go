@@ -50,8 +50,11 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 	}
 	j := d.pending[i]
 	d.pending = slices.Delete(d.pending, i, i+1)
-	if e.skipped > 0 {
-		e.Kick() // there is room for due work the last scan left behind
+	if !d.passedAt.IsZero() && len(d.pending) <= e.pendingCap()/2 {
+		// Room for due work a scan left behind: go back for it.
+		e.rewindTo(d.passedAt)
+		d.passedAt = time.Time{}
+		e.Kick()
 	}
 	return j
 }
@@ -66,6 +69,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	}
 	if err != nil {
 		e.unclaim(j.rcpts)
+		e.requestRescan()                       // dropped without a write: behind the scan position
 		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
 			e.log.Error("delivery: loading message failed", zap.String("queue_id", j.id.String()), zap.Error(err))
 		}
@@ -116,6 +120,7 @@ func (e *Engine) begin(j *job, t target, now time.Time, hops int) bool {
 	}
 	if err != nil {
 		e.log.Error("delivery: recording the attempt failed", zap.String("queue_id", j.id.String()), zap.Error(err))
+		e.requestRescan() // dropped without a write: behind the scan position
 		return false
 	}
 	return true
@@ -149,11 +154,11 @@ func (e *Engine) lease(hops, rcpts int) time.Duration {
 }
 
 func (e *Engine) unclaim(rs []queue.Recipient) {
-	e.mu.Lock()
+	e.cmu.Lock()
 	for _, r := range rs {
 		delete(e.claimed, r.Key)
 	}
-	e.mu.Unlock()
+	e.cmu.Unlock()
 }
 
 // early settles j without a connection (DNS failure, every host known to

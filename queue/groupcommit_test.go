@@ -1,0 +1,117 @@
+package queue
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestGroupCommitMixedOps runs Enqueue, Begin, refused Begins and Apply
+// from many goroutines at once, so they share the writer's transactions.
+// A refused Begin (ErrState, ErrNotFound) must fail alone and leave no
+// trace; the others must commit. Counters must match a full scan, before
+// and after reopening.
+func TestGroupCommitMixedOps(t *testing.T) {
+	path := dbPath(t)
+	q := openAt(t, path, Options{})
+	const workers, per = 24, 6
+	at := t0.Add(time.Minute)
+	var mu sync.Mutex
+	var ids []ID
+	var dsns int
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range per {
+				id, ok := mixedRound(t, q, at, w*per+i)
+				if !ok {
+					return
+				}
+				mu.Lock()
+				ids = append(ids, id)
+				if (w*per+i)%3 == 0 {
+					dsns++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	check := func(q *Queue) {
+		t.Helper()
+		checkStats(t, q)
+		for _, id := range ids {
+			m := mustShow(t, q, id)
+			if len(m.Recipients) != 3 || m.Recipients[0].Status != Delivered {
+				t.Fatalf("message %s = %+v, want Delivered, Deferred, Queued recipients", id, m.Recipients)
+			}
+			if r := m.Recipients[2]; r.Status != Queued || r.Attempts != 0 || len(r.History) != 0 || !r.NextAttempt.Equal(t0) {
+				t.Fatalf("recipient %s = %+v, want untouched by the refused Begins", r.Key, r)
+			}
+			for _, r := range m.Recipients[:2] {
+				if r.Attempts != 1 || len(r.History) != 1 {
+					t.Fatalf("recipient %s = %+v, want exactly one attempt", r.Key, r)
+				}
+			}
+			if r := m.Recipients[1]; r.Status != Deferred || !r.NextAttempt.Equal(at.Add(time.Hour)) {
+				t.Fatalf("recipient %s = %+v, want Deferred until %v", r.Key, r, at.Add(time.Hour))
+			}
+		}
+		st, err := q.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := len(ids) + dsns; st.Messages != want {
+			t.Fatalf("%d messages, want %d", st.Messages, want)
+		}
+	}
+	check(q)
+	q.Close()
+	check(openAt(t, path, Options{}))
+}
+
+// mixedRound enqueues one message to three recipients, begins two, tries
+// two Begins that must be refused, and applies Delivered and Deferred
+// results (with a DSN every third round).
+func mixedRound(t *testing.T, q *Queue, at time.Time, n int) (ID, bool) {
+	id, err := q.Enqueue(msg("s@x.test", "r@a.test", "r@b.test", "r@c.test"))
+	if err != nil {
+		t.Errorf("Enqueue: %v", err)
+		return 0, false
+	}
+	keys := []Key{{id, 0}, {id, 1}}
+	start := Start{Keys: keys, Time: at, SourceIP: "127.0.0.2", LeaseUntil: at.Add(10 * time.Minute)}
+	if err := q.Begin(start); err != nil {
+		t.Errorf("Begin: %v", err)
+		return 0, false
+	}
+	// Both refused Begins start with a valid key (r@c.test, still Queued),
+	// which must stay untouched.
+	again := Start{Keys: []Key{{id, 2}, {id, 0}}, Time: at, LeaseUntil: at.Add(time.Minute)}
+	if err := q.Begin(again); !errors.Is(err, ErrState) {
+		t.Errorf("second Begin of %s = %v, want ErrState", id, err)
+	}
+	missing := Start{Keys: []Key{{id, 2}, {id, 7}}, Time: at, LeaseUntil: at.Add(time.Minute)}
+	if err := q.Begin(missing); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Begin with a missing key = %v, want ErrNotFound", err)
+	}
+	u := Update{Results: []Result{
+		{Key: keys[0], Status: Delivered, End: at},
+		{Key: keys[1], Status: Deferred, Reason: "greylisted", End: at, NextAttempt: at.Add(time.Hour)},
+	}}
+	if n%3 == 0 {
+		u.DSNs = []NewMessage{msg("", "s@x.test")}
+	}
+	got, err := q.Apply(u)
+	if err != nil || len(got) != len(u.DSNs) {
+		t.Errorf("Apply = %v, %v; want %d DSN IDs", got, err, len(u.DSNs))
+		return 0, false
+	}
+	return id, true
+}
