@@ -54,7 +54,12 @@ func FuzzNewReport(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !strings.HasSuffix(rep.Recipient, "@"+rep.Domain) || strings.ContainsAny(rep.Recipient, "\r\n<>") {
+		// Angle brackets may only appear inside a quoted local part, where
+		// RFC 5321 §4.1.2 allows them and RCPT TO:<"<"@d> stays one path.
+		local := strings.TrimSuffix(rep.Recipient, "@"+rep.Domain)
+		quoted := len(local) >= 2 && local[0] == '"' && local[len(local)-1] == '"'
+		if local == rep.Recipient || strings.ContainsAny(rep.Recipient, "\r\n\x00") ||
+			(!quoted && strings.ContainsAny(local, "<>")) || strings.ContainsAny(rep.Domain, "<>") {
 			t.Errorf("newReport(%q) = recipient %q domain %q", target, rep.Recipient, rep.Domain)
 		}
 	})
