@@ -161,6 +161,21 @@ func FuzzEncodeBody(f *testing.F) {
 		if got := strings.Join(lines, ""); got != norm {
 			t.Fatalf("unstuffed %q, want %q", got, norm)
 		}
+		// Sending happens in parts: any part size gives the same bytes.
+		for _, limit := range []int{1, 2, 3, 7} {
+			var parts []byte
+			enc := newBodyEncoder(body)
+			for {
+				part := enc.next(nil, limit)
+				if len(part) == 0 {
+					break
+				}
+				parts = append(parts, part...)
+			}
+			if string(parts) != string(out) {
+				t.Fatalf("in parts of %d: %q, want %q", limit, parts, out)
+			}
+		}
 	})
 }
 

@@ -123,22 +123,27 @@ func (c *Client) data(ctx context.Context, body []byte) (*classifier.Reply, erro
 		c.Close()
 		return nil, &Error{Stage: classifier.StageDATA, Err: textproto.ProtocolError("unexpected reply to DATA: " + r.Error())}
 	}
-	payload := encodeBody(body)
-	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(payload))})
+	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(body))})
+	// The payload is encoded chunk by chunk into one reused buffer: a large
+	// message is never copied whole a second time on its way out.
 	const chunk = 64 << 10
-	for len(payload) > 0 {
-		n := min(chunk, len(payload))
+	enc := newBodyEncoder(body)
+	buf := make([]byte, 0, chunk+8)
+	for {
+		buf = enc.next(buf[:0], chunk)
+		if len(buf) == 0 {
+			break
+		}
 		// The deadline is renewed per chunk: a large message on a slow link
 		// is fine as long as it makes progress (Postfix smtp_data_xfer_timeout).
 		err := c.within(ctx, c.opt.DataTimeout, func() error {
-			_, err := c.conn.Write(payload[:n])
+			_, err := c.conn.Write(buf)
 			return err
 		})
 		if err != nil {
 			c.Close()
 			return nil, &Error{Stage: classifier.StageDATA, Err: err}
 		}
-		payload = payload[n:]
 	}
 	r, _, err = c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
 	return r, err
@@ -293,36 +298,65 @@ func xtext(s string) string {
 	return b.String()
 }
 
-// encodeBody turns a message into DATA payload: every line ends in CRLF,
-// a bare LF becomes CRLF and a bare CR becomes a space (Postfix
-// cleanup_replace_stray_cr_lf), so we never carry the stray line endings of
-// SMTP smuggling (bad-inputs c2); lines starting with "." get another "."
-// (RFC 5321 §4.5.2); and ".\r\n" ends it. Long lines are not folded.
+// encodeBody returns the whole DATA payload of body (see bodyEncoder).
 func encodeBody(body []byte) []byte {
-	out := make([]byte, 0, len(body)+len(body)/32+5)
-	bol := true // at beginning of line
-	for i := 0; i < len(body); i++ {
-		b := body[i]
-		if bol && b == '.' {
-			out = append(out, '.')
+	var out []byte
+	enc := newBodyEncoder(body)
+	for {
+		n := len(out)
+		out = enc.next(out, n+64<<10)
+		if len(out) == n {
+			return out
 		}
-		bol = false
+	}
+}
+
+// bodyEncoder turns a message into DATA payload, a part at a time: every
+// line ends in CRLF, a bare LF becomes CRLF and a bare CR becomes a space
+// (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line
+// endings of SMTP smuggling (bad-inputs c2); lines starting with "." get
+// another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. Long lines are not
+// folded.
+type bodyEncoder struct {
+	body []byte
+	i    int  // next byte of body to encode
+	bol  bool // at the beginning of a line
+	done bool // the final ".\r\n" was produced
+}
+
+func newBodyEncoder(body []byte) *bodyEncoder { return &bodyEncoder{body: body, bol: true} }
+
+// next appends the next part of the payload to dst until dst holds at
+// least limit bytes (a few more at most) or the payload ends, and returns
+// dst; nothing appended means the payload is complete.
+func (e *bodyEncoder) next(dst []byte, limit int) []byte {
+	for e.i < len(e.body) && len(dst) < limit {
+		b := e.body[e.i]
+		e.i++
+		if e.bol && b == '.' {
+			dst = append(dst, '.')
+		}
+		e.bol = false
 		switch {
-		case b == '\r' && i+1 < len(body) && body[i+1] == '\n':
-			out = append(out, '\r', '\n')
-			i++
-			bol = true
+		case b == '\r' && e.i < len(e.body) && e.body[e.i] == '\n':
+			dst = append(dst, '\r', '\n')
+			e.i++
+			e.bol = true
 		case b == '\r':
-			out = append(out, ' ')
+			dst = append(dst, ' ')
 		case b == '\n':
-			out = append(out, '\r', '\n')
-			bol = true
+			dst = append(dst, '\r', '\n')
+			e.bol = true
 		default:
-			out = append(out, b)
+			dst = append(dst, b)
 		}
 	}
-	if !bol {
-		out = append(out, '\r', '\n')
+	if e.i >= len(e.body) && !e.done && len(dst) < limit {
+		if !e.bol {
+			dst = append(dst, '\r', '\n')
+		}
+		dst = append(dst, '.', '\r', '\n')
+		e.done = true
 	}
-	return append(out, '.', '\r', '\n')
+	return dst
 }

@@ -56,6 +56,7 @@ type envelope struct {
 	eightBit bool
 	ret      string
 	envID    string
+	size     int64 // the client's SIZE= declaration (RFC 1870), 0 if none
 	rcpts    []queue.NewRecipient
 	seen     map[string]bool
 }
@@ -127,6 +128,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if opts != nil {
 		env.utf8, env.eightBit = opts.UTF8, opts.Body == smtp.Body8BitMIME
 		env.ret, env.envID = string(opts.Return), opts.EnvelopeID
+		env.size = opts.Size
 	}
 	var fromAddr address.Address
 	if from != "" {
