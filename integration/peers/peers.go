@@ -41,6 +41,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -111,12 +112,39 @@ func Loopback(n int) string {
 // ip:0, closes the listener and returns the port.
 func FreePort(t testing.TB, ip string) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatalf("peers: free port on %s: %v", ip, err)
+	for range 100 {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+		if err != nil {
+			t.Fatalf("peers: free port on %s: %v", ip, err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		if handOut(ip, port) {
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatalf("peers: no fresh free port on %s", ip)
+	return 0
+}
+
+// handedOut remembers every port FreePort returned in this test process.
+// The kernel may hand a port out again as soon as its listener closes, so
+// two servers of one test (say the relay's SMTP and admin listeners) could
+// otherwise be given the same port and one of them fail to start.
+var handedOut = struct {
+	sync.Mutex
+	m map[string]bool
+}{m: map[string]bool{}}
+
+func handOut(ip string, port int) bool {
+	k := net.JoinHostPort(ip, strconv.Itoa(port))
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.m[k] {
+		return false
+	}
+	handedOut.m[k] = true
+	return true
 }
 
 // FreeAddr returns "ip:port" for a free TCP port on ip.

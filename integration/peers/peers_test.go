@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -389,7 +390,14 @@ func TestPostfixDestination(t *testing.T) {
 		if code == 0 || !strings.Contains(out, "550 5.1.1") {
 			t.Fatalf("swaks exit %d, want a 550 5.1.1 refusal:\n%s", code, out)
 		}
-		if !strings.Contains(px.Log(), "nobody@dest.test") {
+		// Postfix writes its log through postlogd, a moment after the reply.
+		err := poll(5*time.Second, func() error {
+			if !strings.Contains(px.Log(), "nobody@dest.test") {
+				return errors.New("no reject line yet")
+			}
+			return nil
+		})
+		if err != nil {
 			t.Errorf("maillog does not mention the reject:\n%s", px.Log())
 		}
 	})
