@@ -27,6 +27,15 @@ func inData(t *testing.T, e *testEnv) *client {
 	c.cmd("RCPT TO:<b@y.example>", "250 ")
 	c.cmd("DATA", "354 ")
 	c.write("Subject: x\r\n\r\nfirst part\r\n")
+	// go-smtp writes 354 before it calls Data: wait until the session is
+	// really inside Data, or a Shutdown may find it idle and close it.
+	deadline := time.Now().Add(5 * time.Second)
+	for e.srv.inData.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the session never entered Data")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 	return c
 }
 
