@@ -23,7 +23,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -323,7 +322,7 @@ func (d *dockerRelay) start(t *testing.T) {
 	docker(t, append(args, d.image)...)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := smtpGreeting(d.smtpAddr)
+		err := peers.Greets(d.smtpAddr, false)
 		if err == nil {
 			return
 		}
@@ -435,25 +434,6 @@ func (d *dockerRelay) waitLog(t *testing.T, timeout time.Duration, what string, 
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
-}
-
-// smtpGreeting dials addr and reads one line, which must start with 220.
-func smtpGreeting(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "220") {
-		return fmt.Errorf("greeting %q", strings.TrimSpace(line))
-	}
-	_, _ = c.Write([]byte("QUIT\r\n"))
-	return nil
 }
 
 // requireDocker skips the test when no Docker daemon answers, or fails it

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,25 +90,6 @@ func kbField(text, name string) int64 {
 		}
 	}
 	return 0
-}
-
-// processesIn lists live processes whose working directory is dir or below.
-// Every Postfix daemon chdirs to its queue directory, so this finds all of
-// one instance's processes and none of another's.
-func processesIn(dir string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cwd, err := os.Readlink(filepath.Join("/proc", e.Name(), "cwd"))
-		if err == nil && (cwd == dir || strings.HasPrefix(cwd, dir+"/")) {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
 }
 
 // diskDevice finds the /proc/diskstats line of the block device holding

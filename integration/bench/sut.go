@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -175,7 +174,7 @@ func (g *greyrelay) start(timeout time.Duration) (time.Duration, error) {
 		if err := g.exited(); err != nil {
 			return 0, err
 		}
-		if greets(g.smtp) == nil {
+		if peers.Greets(g.smtp, false) == nil {
 			greeted = time.Since(t0)
 			break
 		}
@@ -281,25 +280,6 @@ func cleanEnv() []string {
 	return env
 }
 
-// greets dials addr and reads a 220 greeting.
-func greets(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(line, "220") {
-		return fmt.Errorf("greeting %q", strings.TrimSpace(line))
-	}
-	_, _ = io.WriteString(c, "QUIT\r\n")
-	return nil
-}
-
 func tailFile(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -350,6 +330,6 @@ func startPostfix(e *env, routes map[string]string, messageLimit int) (*postfix,
 func (p *postfix) Name() string              { return "postfix" }
 func (p *postfix) SMTPAddr() string          { return p.px.Listen }
 func (p *postfix) QueueDir() string          { return filepath.Join(p.px.Dir, "spool") }
-func (p *postfix) Pids() []int               { return processesIn(p.QueueDir()) }
+func (p *postfix) Pids() []int               { return peers.ProcessesIn(p.QueueDir()) }
 func (p *postfix) QueueEmpty() (bool, error) { return p.px.QueueEmpty(), nil }
 func (p *postfix) Stop() error               { p.px.Stop(); return nil }

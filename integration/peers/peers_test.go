@@ -119,11 +119,11 @@ func TestRelayHarnessLifecycle(t *testing.T) {
 	if r.Running() {
 		t.Fatal("running after Kill")
 	}
-	if err := smtpGreets(smtpAddr, false); err == nil {
+	if err := Greets(smtpAddr, false); err == nil {
 		t.Fatal("listener still answers after Kill")
 	}
 	r.Restart(t)
-	if err := smtpGreets(smtpAddr, false); err != nil {
+	if err := Greets(smtpAddr, false); err != nil {
 		t.Fatalf("after Restart: %v", err)
 	}
 	if err := r.Stop(); err != nil {

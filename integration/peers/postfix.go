@@ -280,7 +280,7 @@ func (px *Postfix) ready() error {
 	if done, err := px.p.exited(); done {
 		return fmt.Errorf("postfix start-fg exited (%v): %w", err, errStopPolling)
 	}
-	return smtpGreets(px.Listen, false)
+	return Greets(px.Listen, false)
 }
 
 // diagnose collects what explains a failed start.
@@ -406,7 +406,7 @@ func (px *Postfix) stop() error {
 	// directory that t.TempDir's cleanup is about to remove.
 	spool := filepath.Join(px.Dir, "spool")
 	err := poll(10*time.Second, func() error {
-		left := processesIn(spool)
+		left := ProcessesIn(spool)
 		for _, pid := range left {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
@@ -418,10 +418,10 @@ func (px *Postfix) stop() error {
 	return err
 }
 
-// processesIn lists live processes whose working directory is dir or below
+// ProcessesIn lists live processes whose working directory is dir or below
 // (every Postfix daemon chdirs to its queue directory). Zombies have no
 // working directory and are not listed.
-func processesIn(dir string) []int {
+func ProcessesIn(dir string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range entries {

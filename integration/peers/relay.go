@@ -248,7 +248,7 @@ func (r *Relay) ready() error {
 		return fmt.Errorf("relay exited (%v): %w", err, errStopPolling)
 	}
 	for i, addr := range r.Listeners {
-		if err := smtpGreets(addr, r.modes[i] == "submissions"); err != nil {
+		if err := Greets(addr, r.modes[i] == "submissions"); err != nil {
 			return err
 		}
 	}
@@ -333,8 +333,8 @@ func (r *Relay) Log() string {
 	return readFile(r.LogPath)
 }
 
-// smtpGreets dials addr and checks for a 220 greeting, then says QUIT.
-func smtpGreets(addr string, implicitTLS bool) error {
+// Greets dials addr and checks for a 220 greeting, then says QUIT.
+func Greets(addr string, implicitTLS bool) error {
 	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
 		return err
