@@ -84,7 +84,7 @@ func (s *session) authenticate(authz, name, password string) error {
 		return s.authFailed(invalid)
 	}
 	s.user, s.allowed = name, allowed
-	s.srv.log.Info("authenticated", zap.String("client", s.client.String()), zap.String("user", printable(name)))
+	s.srv.log.Info("authenticated", zap.String("client", s.clientS), zap.String("user", printable(name)))
 	return nil
 }
 

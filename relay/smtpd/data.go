@@ -1,6 +1,8 @@
 package smtpd
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"net"
@@ -63,13 +65,15 @@ func (s *session) Data(r io.Reader) error {
 	if env == nil || len(env.rcpts) == 0 {
 		return s.refuse("sequence", reply(503, 5, 5, 1, "RCPT first"))
 	}
-	hdr := receivedHeader(s.receivedInfo(env))
-	body, eightBit, err := s.readBody(r, hdr, env.size)
+	buf := s.srv.getDataBuf()
+	defer s.srv.putDataBuf(buf) // Enqueue has returned: nothing refers to it
+	hdrLen, eightBit, err := s.readBody(r, buf, s.receivedInfo(env), env.size)
 	if err != nil {
 		return err
 	}
+	body := buf.body
 	final := s.srv.now() // the final dot
-	if n := countReceived(body[len(hdr):]); n > s.srv.cfg.Limits.MaxReceivedHeaders {
+	if n := countReceived(body[hdrLen:]); n > s.srv.cfg.Limits.MaxReceivedHeaders {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
 		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
@@ -80,8 +84,8 @@ func (s *session) Data(r io.Reader) error {
 }
 
 func (s *session) receivedInfo(env *envelope) receivedInfo {
-	ri := receivedInfo{helo: env.helo, ip: s.client.Addr(), host: s.srv.cfg.Hostname, tls: s.tlsState,
-		auth: env.user != "", smtputf8: env.utf8, date: s.srv.now()}
+	ri := receivedInfo{helo: env.helo, heloOK: env.heloOK, heloSafe: env.heloSafe, ip: s.client.Addr(),
+		host: s.srv.hostSafe, tls: s.tlsState, auth: env.user != "", smtputf8: env.utf8, date: s.srv.now()}
 	if len(env.rcpts) == 1 {
 		ri.rcpt = env.rcpts[0].Addr
 	}
@@ -92,21 +96,22 @@ func (s *session) receivedInfo(env *envelope) receivedInfo {
 func (s *session) commit(env *envelope, body []byte, eightBit bool, final time.Time) error {
 	msg := queue.NewMessage{
 		From: env.from, To: env.rcpts, Body: body, Arrival: final,
-		ClientAddr: s.client.Addr().String(), AuthUser: env.user, Helo: sanitizeHelo(env.helo),
+		ClientAddr: s.clientIP, AuthUser: env.user, Helo: env.heloSafe,
 		RET: env.ret, EnvID: env.envID, SMTPUTF8: env.utf8, EightBit: env.eightBit || eightBit,
 	}
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
-		s.srv.log.Error("enqueue failed", zap.String("client", s.client.String()), zap.Error(err))
+		s.srv.log.Error("enqueue failed", zap.String("client", s.clientS), zap.Error(err))
 		return s.refuse("queue", replyLocalError())
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
-	s.accepted(env, id, len(body))
+	idS := id.String()
+	s.accepted(env, idS, len(body))
 	s.conn.forgiveJunk()
-	return reply(250, 2, 0, 0, "OK queued as "+id.String())
+	return reply(250, 2, 0, 0, "OK queued as "+idS)
 }
 
-func (s *session) accepted(env *envelope, id queue.ID, size int) {
+func (s *session) accepted(env *envelope, id string, size int) {
 	m := s.srv.metrics
 	m.Accepted.Inc()
 	m.AcceptedBytes.Add(float64(size))
@@ -125,47 +130,86 @@ func (s *session) accepted(env *envelope, id queue.ID, size int) {
 	if from == "" {
 		from = "<>"
 	}
-	s.srv.log.Info("accepted", zap.String("queue_id", id.String()), zap.String("client", s.client.String()),
+	s.srv.log.Info("accepted", zap.String("queue_id", id), zap.String("client", s.clientS),
 		zap.String("user", printable(env.user)), zap.String("from", printable(from)),
 		zap.Int("rcpts", len(env.rcpts)), zap.Int("size", size), zap.Bool("tls", s.tlsState != nil))
 }
 
-// readBody reads r to its end into hdr+normalised body. A refusal is
-// returned as the reply to give.
+// readBody reads r to its end into buf.body: the Received header ri
+// describes, then the normalised body. It returns the header's length. A
+// refusal is returned as the reply to give.
 //
 // The buffer starts at the size the client declared with SIZE= (capped at
 // the limit), so a large message is read into one allocation instead of a
 // chain of doublings that leaves twice its size behind for the collector.
-func (s *session) readBody(r io.Reader, hdr []byte, declared int64) ([]byte, bool, error) {
-	capacity := int64(32 << 10)
-	if declared > capacity {
+func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared int64) (int, bool, error) {
+	want := int64(bodyBufSize)
+	if declared > bodyBufSize-receivedRoom {
 		// A little room for bare LFs that become CRLF.
-		capacity = min(declared+declared/64, s.srv.cfg.Limits.MaxMessageBytes+1024)
+		want = receivedRoom + min(declared+declared/64, s.srv.cfg.Limits.MaxMessageBytes+1024)
 	}
-	n := normalizer{out: append(make([]byte, 0, int64(len(hdr))+capacity), hdr...), base: len(hdr),
+	if int64(cap(buf.body)) < want {
+		buf.body = make([]byte, 0, want)
+	}
+	hdr := appendReceived(buf.body[:0], ri)
+	n := normalizer{out: hdr, base: len(hdr),
 		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
-	buf := make([]byte, 32<<10)
 	for {
-		k, err := r.Read(buf)
-		n.write(buf[:k])
+		k, err := r.Read(buf.read)
+		n.write(buf.read[:k])
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return nil, false, s.readFailed(err)
+			return 0, false, s.readFailed(err)
 		}
 	}
 	n.finish()
+	buf.body = n.out // it may have grown
 	switch n.fault {
 	case faultBareCR:
 		// chasquid's reply; RFC 3463 X.5.2 syntax error. 521 closes.
-		return nil, false, s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
+		return 0, false, s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
 	case faultNUL:
-		return nil, false, s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
+		return 0, false, s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
 	case faultSize:
-		return nil, false, s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
+		return 0, false, s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
 	}
-	return n.out, n.eightBit, nil
+	return n.base, n.eightBit, nil
+}
+
+// dataBuf is the memory one Data call works in. Server.dataBufs keeps it
+// between messages: allocated fresh, the two buffers were nearly all the
+// garbage the intake made (64 KiB for a 4 KiB message). The body is handed
+// to Queue.Enqueue, which must not keep it after it returns.
+type dataBuf struct {
+	read []byte // what go-smtp's reader fills
+	body []byte // the Received header and the normalised body
+}
+
+const (
+	readBufSize   = 32 << 10
+	receivedRoom  = 1 << 10 // more than the Received header needs
+	bodyBufSize   = 32<<10 + receivedRoom
+	maxPooledBody = 256 << 10 // larger buffers are left to the collector
+)
+
+// getDataBuf takes a dataBuf from the pool; readBody sizes its body.
+func (s *Server) getDataBuf() *dataBuf {
+	if b, ok := s.dataBufs.Get().(*dataBuf); ok {
+		return b
+	}
+	return &dataBuf{read: make([]byte, readBufSize)}
+}
+
+// putDataBuf returns b to the pool, without a body buffer too large to
+// keep around.
+func (s *Server) putDataBuf(b *dataBuf) {
+	if cap(b.body) > maxPooledBody {
+		b.body = nil
+	}
+	b.body = b.body[:0]
+	s.dataBufs.Put(b)
 }
 
 // readFailed picks the reply for an error reading the body.
@@ -209,28 +253,94 @@ type normalizer struct {
 	fault     string
 }
 
+// write normalises p, a piece of the body, working on runs between the
+// bytes that matter (LF, CR, NUL) rather than byte by byte. A CR at the
+// end of p waits for the next piece to see whether an LF follows.
 func (n *normalizer) write(p []byte) {
-	for _, c := range p {
-		if n.pendingCR {
-			n.pendingCR = false
-			if c == '\n' {
-				n.emit('\r', '\n')
-				continue
-			}
+	if n.fault != "" {
+		return // nothing more is stored, and the first fault stands
+	}
+	if n.pendingCR && len(p) > 0 {
+		n.pendingCR = false
+		if p[0] == '\n' {
+			n.emit(crlf...)
+			p = p[1:]
+		} else {
 			n.strayCR()
 		}
-		switch c {
-		case '\r':
-			n.pendingCR = true
-		case '\n':
-			n.emit('\r', '\n') // bare LF
-		case 0:
-			n.setFault(faultNUL)
-		default:
-			n.eightBit = n.eightBit || c >= 0x80
-			n.emit(c)
+	}
+	for len(p) > 0 {
+		line, rest, lf := cutLF(p)
+		n.line(line, lf)
+		p = rest
+	}
+}
+
+var crlf = []byte("\r\n")
+
+// cutLF splits p after its first LF: line is what comes before the LF.
+func cutLF(p []byte) (line, rest []byte, lf bool) {
+	if i := bytes.IndexByte(p, '\n'); i >= 0 {
+		return p[:i], p[i+1:], true
+	}
+	return p, nil, false
+}
+
+// line handles the bytes before an LF (lf), or before the end of the
+// piece: a CR right before the LF makes the CRLF, one at the end of the
+// piece is pending, any other is stray; the LF, bare or not, is a CRLF.
+func (n *normalizer) line(b []byte, lf bool) {
+	for {
+		i := bytes.IndexByte(b, '\r')
+		if i < 0 {
+			n.text(b)
+			break
+		}
+		n.text(b[:i])
+		b = b[i+1:]
+		if len(b) == 0 {
+			if !lf {
+				n.pendingCR = true
+			}
+			break
+		}
+		n.strayCR()
+	}
+	if lf {
+		n.emit(crlf...)
+	}
+}
+
+// text stores b, which has no CR or LF; a NUL in it is a fault.
+func (n *normalizer) text(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		n.text(b[:i])
+		n.setFault(faultNUL)
+		return
+	}
+	if !n.eightBit && !isASCII(b) {
+		n.eightBit = true
+	}
+	n.emit(b...)
+}
+
+// isASCII reports whether b has no octet above 0x7f, eight at a time.
+func isASCII(b []byte) bool {
+	for len(b) >= 8 {
+		if binary.LittleEndian.Uint64(b)&0x8080808080808080 != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
 		}
 	}
+	return true
 }
 
 func (n *normalizer) strayCR() {

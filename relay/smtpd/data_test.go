@@ -3,6 +3,7 @@ package smtpd
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -196,6 +197,58 @@ func TestCountReceived(t *testing.T) {
 	for _, tc := range tests {
 		if got := countReceived([]byte(tc.in)); got != tc.want {
 			t.Errorf("countReceived(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestData_BufferReuse: message buffers are reused between messages and
+// sessions (data.go dataBuf); nothing of one message may show in the
+// next, whatever the sizes, SIZE= declarations and refusals in between.
+func TestData_BufferReuse(t *testing.T) {
+	cfg := trustedConfig(t)
+	cfg.Limits.MaxMessageBytes = 2 * maxPooledBody
+	cfg.BareCR = "reject"
+	e := startServer(t, cfg)
+	big := strings.Repeat(strings.Repeat("b", 98)+"\r\n", (maxPooledBody+1000)/100)
+	for _, tc := range []struct {
+		size       int // SIZE= declaration, 0 for none
+		body, want string
+	}{
+		{0, "first\r\n", "first\r\n"},
+		{0, big, big},
+		{0, "x\r\n", "x\r\n"},
+		{len(big), big, big},
+		{40000, "y\nz\r\n", "y\r\nz\r\n"},
+		{0, "nul\x00\r\n", ""}, // refused, 554
+		{0, "z\r\n", "z\r\n"},
+		{0, "bare\rcr\r\n", ""}, // refused, 521, connection closed
+		{0, "", ""},
+		{0, "last\r\n", "last\r\n"},
+	} {
+		c := dial(t, e.addr(0))
+		c.hello()
+		before := len(e.q.messages())
+		mail := "MAIL FROM:<a@x.example>"
+		if tc.size > 0 {
+			mail += fmt.Sprintf(" SIZE=%d", tc.size)
+		}
+		c.cmd(mail, "250 ")
+		c.cmd("RCPT TO:<b@y.example>", "250 ")
+		c.cmd("DATA", "354 ")
+		c.write(tc.body + ".\r\n")
+		got := c.reply()[0]
+		msgs := e.q.messages()
+		if tc.want == "" && tc.body != "" {
+			if strings.HasPrefix(got, "250 ") || len(msgs) != before {
+				t.Fatalf("%.20q: %q, stored", tc.body, got)
+			}
+			continue
+		}
+		if !strings.HasPrefix(got, "250 ") || len(msgs) != before+1 {
+			t.Fatalf("%.20q: %q", tc.body, got)
+		}
+		if body := string(bodyOf(msgs[before].Body)); body != tc.want {
+			t.Fatalf("%.20q stored as %.40q (%d octets)", tc.body, body, len(body))
 		}
 	}
 }

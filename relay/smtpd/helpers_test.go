@@ -33,7 +33,8 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// fakeQueue records what was enqueued. fail makes Enqueue fail; gate, if
+// fakeQueue records what was enqueued (a copy: Queue.Enqueue must not
+// keep the body). fail makes Enqueue fail; gate, if
 // set, makes Enqueue wait for a value before committing.
 type fakeQueue struct {
 	mu   sync.Mutex
@@ -52,6 +53,7 @@ func (q *fakeQueue) Enqueue(m queue.NewMessage) (queue.ID, error) {
 	if fail != nil {
 		return 0, fail
 	}
+	m.Body = bytes.Clone(m.Body) // the server reuses its buffer once we return
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.msgs = append(q.msgs, m)

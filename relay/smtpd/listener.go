@@ -45,6 +45,8 @@ func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
 	now := time.Now()
 	c := &conn{Conn: raw, lim: l, ip: ip, implicitTLS: implicitTLS,
 		end: now.Add(lim.SessionLifetime)}
+	c.out.nc = raw
+	c.out.deadline, c.out.applied = c.end, c.end
 	l.perIP[ip]++
 	l.conns[c] = struct{}{}
 	l.srv.metrics.ConnectionsIn.Inc()
@@ -116,7 +118,7 @@ func (l *listener) Accept() (net.Conn, error) {
 			c.setReplyConn(tc)
 			return tc, nil
 		}
-		c.setReplyConn(c.Conn)
+		c.setReplyConn(c)
 		return c, nil
 	}
 }
@@ -142,16 +144,19 @@ func refuseConn(raw net.Conn, reply string, say bool) {
 //     line is never read as a command;
 //   - junk commands (F4): go-smtp calls SetReadDeadline once before every
 //     command line, so reads minus commands that did something is the
-//     number of NOOP/RSET/VRFY/HELP-like commands.
+//     number of NOOP/RSET/VRFY/HELP-like commands;
+//   - reply batching (batch.go): writes are buffered and go out before the
+//     next read, at Close, or when the buffer is full.
 type conn struct {
 	net.Conn
+	out         batchWriter // every write goes through it
 	lim         *limiter
 	ip          netip.Addr
 	implicitTLS bool
 	end         time.Time // session lifetime
 
 	mu           sync.Mutex
-	replyConn    net.Conn // where our own replies go: the raw conn or the *tls.Conn; nil if unknown
+	replyConn    net.Conn // where our own replies go: this conn or the *tls.Conn; nil if unknown
 	reads        int      // command lines go-smtp started to read
 	useful       int      // of which did something (or a TLS handshake)
 	authFailures int
@@ -241,9 +246,15 @@ func (c *conn) endData() {
 }
 
 // Read reads from the client, keeping the DATA deadline and the sticky
-// error described on conn.
+// error described on conn. Buffered replies go out first: the client may
+// be waiting for them before it sends anything more. If they cannot, the
+// connection is finished as after a read error.
 func (c *conn) Read(b []byte) (int, error) {
+	werr := c.out.flush()
 	c.mu.Lock()
+	if werr != nil && c.broken == nil {
+		c.broken, c.closeAfter = werr, true
+	}
 	if c.broken != nil {
 		err := c.broken
 		c.mu.Unlock()
@@ -278,10 +289,10 @@ func (c *conn) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// Write writes a reply; it ends a pending DATA reply and closes the
-// connection when asked to.
+// Write buffers a reply (see batch.go); it ends a pending DATA reply and
+// closes the connection when asked to, which sends the reply.
 func (c *conn) Write(b []byte) (int, error) {
-	n, err := c.Conn.Write(b)
+	n, err := c.out.write(b)
 	c.mu.Lock()
 	if !c.inData { // the reply to DATA: the body has been read
 		c.replyPending = false
@@ -295,8 +306,16 @@ func (c *conn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// Close closes the socket once and releases its place in the limiter.
+// Close sends what is buffered (within the write deadline), closes the
+// socket once and releases its place in the limiter.
 func (c *conn) Close() error {
+	c.out.close(net.ErrClosed)
+	return c.kill()
+}
+
+// kill closes the socket at once, dropping whatever is buffered, as a
+// close used to cut a write in progress; Shutdown's last resort.
+func (c *conn) kill() error {
 	var err error
 	c.closeOnce.Do(func() {
 		err = c.Conn.Close()
@@ -337,20 +356,25 @@ func (c *conn) SetDeadline(t time.Time) error {
 	if err := c.Conn.SetReadDeadline(minTime(t, c.end)); err != nil {
 		return err
 	}
-	return c.Conn.SetWriteDeadline(t)
+	return c.out.setDeadline(t)
 }
+
+// SetWriteDeadline sets the deadline for buffered replies too (batch.go).
+func (c *conn) SetWriteDeadline(t time.Time) error { return c.out.setDeadline(t) }
 
 // goodbye writes a reply of our own (when we know where replies go) and
 // closes the connection. A write that cannot finish within a second is
-// abandoned.
+// abandoned, and so is whatever was buffered before it.
 func (c *conn) goodbye(reply string) {
 	c.mu.Lock()
 	rc := c.replyConn
 	c.mu.Unlock()
+	// The read deadline too: a write on a *tls.Conn first waits for a
+	// handshake in progress, which is reading.
+	t := time.Now().Add(time.Second)
+	c.Conn.SetReadDeadline(t)
+	c.out.cutDeadline(t)
 	if rc != nil {
-		// The read deadline too: a write on a *tls.Conn first waits for a
-		// handshake in progress, which is reading.
-		c.Conn.SetDeadline(time.Now().Add(time.Second))
 		rc.Write([]byte(reply + "\r\n"))
 	}
 	c.Close()

@@ -22,9 +22,11 @@ import (
 
 // receivedInfo is what the header says.
 type receivedInfo struct {
-	helo     string
+	helo     string // as given
+	heloOK   bool   // helo is a valid domain or address literal
+	heloSafe string // sanitizeHelo(helo)
 	ip       netip.Addr
-	host     string
+	host     string // our hostname, sanitised
 	tls      *tls.ConnectionState
 	auth     bool
 	smtputf8 bool
@@ -32,51 +34,75 @@ type receivedInfo struct {
 	date     time.Time
 }
 
-// receivedHeader returns the header, CRLF line ends, folded with tabs.
-func receivedHeader(ri receivedInfo) []byte {
-	var b bytes.Buffer
-	b.WriteString("Received: from ")
-	if helo, ok := validHelo(ri.helo); ok {
-		b.WriteString(helo + " (" + ipLiteral(ri.ip) + ")")
+// appendReceived appends the header to b: CRLF line ends, folded with
+// tabs. It is written straight into the message buffer (data.go).
+func appendReceived(b []byte, ri receivedInfo) []byte {
+	b = append(b, "Received: from "...)
+	if ri.heloOK {
+		b = append(b, ri.helo...)
+		b = append(b, " ("...)
+		b = appendIPLiteral(b, ri.ip)
+		b = append(b, ')')
 	} else {
-		b.WriteString("unknown (" + ipLiteral(ri.ip) + ") (helo=" + sanitizeHelo(ri.helo) + ")")
+		b = append(b, "unknown ("...)
+		b = appendIPLiteral(b, ri.ip)
+		b = append(b, ") (helo="...)
+		b = append(b, ri.heloSafe...)
+		b = append(b, ')')
 	}
 	if ri.tls != nil {
-		b.WriteString("\r\n\t(using " + tls.VersionName(ri.tls.Version) + " with cipher " +
-			tls.CipherSuiteName(ri.tls.CipherSuite) + ")")
+		b = append(b, "\r\n\t(using "...)
+		b = append(b, tls.VersionName(ri.tls.Version)...)
+		b = append(b, " with cipher "...)
+		b = append(b, tls.CipherSuiteName(ri.tls.CipherSuite)...)
+		b = append(b, ')')
 	}
-	b.WriteString("\r\n\tby " + sanitizeHelo(ri.host) + " (greyrelay) with " + protocolKeyword(ri))
+	b = append(b, "\r\n\tby "...)
+	b = append(b, ri.host...)
+	b = append(b, " (greyrelay) with "...)
+	b = appendProtocol(b, ri)
 	if ri.rcpt != "" {
-		b.WriteString("\r\n\tfor <" + ri.rcpt + ">")
+		b = append(b, "\r\n\tfor <"...)
+		b = append(b, ri.rcpt...)
+		b = append(b, '>')
 	}
 	// RFC 5322 §3.3 date-time.
-	b.WriteString("; " + ri.date.Format("Mon, 02 Jan 2006 15:04:05 -0700") + "\r\n")
-	return b.Bytes()
+	b = append(b, "; "...)
+	b = ri.date.AppendFormat(b, "Mon, 02 Jan 2006 15:04:05 -0700")
+	return append(b, "\r\n"...)
 }
 
-// protocolKeyword is the "with" value: ESMTP plus S for TLS and A for AUTH
-// (RFC 3848), or UTF8SMTP with the same suffixes for SMTPUTF8 transactions
-// (RFC 6531 §4.3).
-func protocolKeyword(ri receivedInfo) string {
-	p := "ESMTP"
+// appendProtocol appends the "with" value: ESMTP plus S for TLS and A for
+// AUTH (RFC 3848), or UTF8SMTP with the same suffixes for SMTPUTF8
+// transactions (RFC 6531 §4.3).
+func appendProtocol(b []byte, ri receivedInfo) []byte {
 	if ri.smtputf8 {
-		p = "UTF8SMTP"
+		b = append(b, "UTF8SMTP"...)
+	} else {
+		b = append(b, "ESMTP"...)
 	}
 	if ri.tls != nil {
-		p += "S"
+		b = append(b, 'S')
 	}
 	if ri.auth {
-		p += "A"
+		b = append(b, 'A')
 	}
-	return p
+	return b
 }
 
-// ipLiteral writes the client address as an RFC 5321 §4.1.3 literal.
-func ipLiteral(ip netip.Addr) string {
+// appendIPLiteral appends the client address as an RFC 5321 §4.1.3
+// literal.
+func appendIPLiteral(b []byte, ip netip.Addr) []byte {
 	if ip.Is6() {
-		return "[IPv6:" + ip.String() + "]"
+		b = append(b, "[IPv6:"...)
+	} else {
+		b = append(b, '[')
 	}
-	return "[" + ip.String() + "]"
+	if !ip.IsValid() {
+		b = append(b, ip.String()...) // "invalid IP", as String has it
+	}
+	b = ip.AppendTo(b)
+	return append(b, ']')
 }
 
 // validHelo returns h if it is an ASCII domain or address literal.

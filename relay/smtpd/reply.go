@@ -78,7 +78,7 @@ func (s *session) refuse(reason string, err error) *smtp.SMTPError {
 	if reason == "relay" || reason == "auth" || reason == "queue" || reason == "storage" {
 		level = zap.InfoLevel
 	}
-	fields := []zap.Field{zap.String("client", s.client.String()), zap.String("reply", formatReply(r)),
+	fields := []zap.Field{zap.String("client", s.clientS), zap.String("reply", formatReply(r)),
 		zap.String("reason", reason)}
 	if r.Code/100 == 4 && reason == "queue" {
 		fields = append(fields, zap.Error(err)) // our own error, not client data

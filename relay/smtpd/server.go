@@ -25,6 +25,9 @@
 //   - Replies (reply.go). One function turns every outcome into an
 //     unwrapped *smtp.SMTPError (F15). Storage trouble is always 4xx, so a
 //     client retries instead of bouncing.
+//   - Batching (batch.go). Replies are buffered and written when the
+//     server next reads or closes, so a pipelined group (RFC 2920) costs
+//     one write(2); message buffers are reused between messages (data.go).
 //   - Durability. 250 is sent only after queue.Enqueue returned, and
 //     Shutdown never turns a session in DATA into a 250 it did not commit.
 //
@@ -68,6 +71,10 @@ const maxLineLength = 2000
 
 // Queue is what the server needs from the queue: a durable Enqueue.
 // *queue.Queue implements it; tests use fakes.
+//
+// Enqueue must not keep m.Body, or anything sharing its memory, after it
+// returns: the server reuses the buffer for its next message (data.go).
+// *queue.Queue copies the body into bbolt inside the commit it waits for.
 type Queue interface {
 	Enqueue(queue.NewMessage) (queue.ID, error)
 }
@@ -96,6 +103,9 @@ type Server struct {
 	tls      []*tls.Config // per listener; nil without a certificate
 	authLim  *authLimiter
 	lim      *limiter
+	hostSafe string                 // cfg.Hostname, sanitised for the Received header
+	dataBufs sync.Pool              // of *dataBuf (data.go)
+	qdir     atomic.Pointer[string] // queueDir, once it exists
 
 	mu      sync.Mutex
 	started bool
@@ -144,6 +154,7 @@ func New(opt Options) (*Server, error) {
 		}
 		s.tls = append(s.tls, tc)
 	}
+	s.hostSafe = sanitizeHelo(s.cfg.Hostname)
 	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour)
 	s.lim = newLimiter(s)
 	return s, nil
@@ -307,7 +318,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		time.Sleep(10 * time.Millisecond)
 	}
 	for _, c := range s.lim.snapshot(true) {
-		c.Close()
+		c.kill() // a write still blocked now is cut, not waited for
 	}
 	<-done
 	return ctx.Err()
@@ -330,18 +341,28 @@ func (s *Server) isTrusted(ip netip.Addr) bool {
 
 // queueDir is where free space is measured: the queue file's directory, or
 // the nearest existing parent (the queue creates its directory on Open).
+// Once the directory itself exists the answer is kept: it is asked twice
+// per message.
 func (s *Server) queueDir() string {
-	dir := filepath.Dir(s.cfg.Queue.Path)
+	if d := s.qdir.Load(); d != nil {
+		return *d
+	}
+	want := filepath.Dir(s.cfg.Queue.Path)
+	dir := want
 	for {
 		if _, err := os.Stat(dir); err == nil {
-			return dir
+			break
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return dir
+			break
 		}
 		dir = parent
 	}
+	if dir == want {
+		s.qdir.Store(&dir)
+	}
+	return dir
 }
 
 // statfsFree is the default Options.DiskFree: bytes available to an

@@ -35,8 +35,16 @@ type session struct {
 	conn     *conn
 	smtpConn *smtp.Conn
 	client   netip.AddrPort
+	clientS  string               // client.String(), for the log
+	clientIP string               // client.Addr().String(), for the queue
 	tlsState *tls.ConnectionState // nil without TLS
 	trusted  bool                 // client address in trusted_networks
+
+	// The last HELO name Mail checked, and what it found: the name only
+	// changes with a new EHLO. Used by Mail only (one goroutine).
+	helo     string
+	heloOK   bool
+	heloSafe string
 
 	// Set by AUTH; read by Mail and Rcpt on the same goroutine.
 	user    string
@@ -51,6 +59,8 @@ type session struct {
 type envelope struct {
 	from     string // canonical reverse-path; "" is <>
 	helo     string // as given (only used where validated)
+	heloOK   bool   // helo is a valid domain or address literal
+	heloSafe string // sanitizeHelo(helo)
 	user     string
 	utf8     bool
 	eightBit bool
@@ -58,7 +68,38 @@ type envelope struct {
 	envID    string
 	size     int64 // the client's SIZE= declaration (RFC 1870), 0 if none
 	rcpts    []queue.NewRecipient
-	seen     map[string]bool
+	seen     map[string]bool       // the rcpts, once there are many of them
+	first    [1]queue.NewRecipient // rcpts' first array: one allocation less
+}
+
+// seenThreshold is the number of recipients from which duplicates are
+// found with a map rather than by looking through the list: most messages
+// have one or two, and the map was two allocations per message.
+const seenThreshold = 16
+
+// addRcpt adds r unless its address is already there (it would be
+// delivered twice).
+func (e *envelope) addRcpt(r queue.NewRecipient) {
+	if e.seen != nil {
+		if e.seen[r.Addr] {
+			return
+		}
+		e.seen[r.Addr] = true
+	} else {
+		for i := range e.rcpts {
+			if e.rcpts[i].Addr == r.Addr {
+				return
+			}
+		}
+		if len(e.rcpts)+1 >= seenThreshold {
+			e.seen = make(map[string]bool, 2*seenThreshold)
+			for i := range e.rcpts {
+				e.seen[e.rcpts[i].Addr] = true
+			}
+			e.seen[r.Addr] = true
+		}
+	}
+	e.rcpts = append(e.rcpts, r)
 }
 
 // connOf finds our connection under go-smtp's view of it.
@@ -83,6 +124,7 @@ func (s *Server) newSession(li *listenerInfo, c *smtp.Conn) (smtp.Session, error
 	if ap, err := netip.ParseAddrPort(c.Conn().RemoteAddr().String()); err == nil {
 		sess.client = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
+	sess.clientS, sess.clientIP = sess.client.String(), sess.client.Addr().String()
 	sess.trusted = s.isTrusted(sess.client.Addr())
 	if st, ok := c.TLSConnectionState(); ok {
 		sess.tlsState = &st
@@ -124,7 +166,9 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
 		return s.refuse("sequence", reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
-	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, seen: map[string]bool{}}
+	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user}
+	env.rcpts = env.first[:0]
+	env.heloOK, env.heloSafe = s.checkHelo(env.helo)
 	if opts != nil {
 		env.utf8, env.eightBit = opts.UTF8, opts.Body == smtp.Body8BitMIME
 		env.ret, env.envID = string(opts.Return), opts.EnvelopeID
@@ -154,6 +198,16 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	s.env = env
 	s.mu.Unlock()
 	return nil
+}
+
+// checkHelo validates and sanitises a HELO name for the Received header
+// and the queue, remembering the answer for the next message.
+func (s *session) checkHelo(helo string) (ok bool, safe string) {
+	if helo != s.helo || s.heloSafe == "" {
+		_, s.heloOK = validHelo(helo)
+		s.helo, s.heloSafe = helo, sanitizeHelo(helo)
+	}
+	return s.heloOK, s.heloSafe
 }
 
 // senderAllowed applies a user's allowed senders (Users file): none listed
@@ -217,11 +271,7 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		// RFC 5321 §4.5.3.1.10: too many recipients is 452, not 552.
 		return s.refuse("recipients", reply(452, 4, 5, 3, "Too many recipients"))
 	}
-	key := a.String()
-	if !env.seen[key] { // a duplicate would be delivered twice
-		env.seen[key] = true
-		env.rcpts = append(env.rcpts, queue.NewRecipient{Addr: key, Domain: a.Domain, Notify: notify, ORCPT: orcpt})
-	}
+	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: a.Domain, Notify: notify, ORCPT: orcpt})
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
@@ -82,7 +83,7 @@ func TestSession_NullSenderAndPipelining(t *testing.T) {
 	if m.From != "" || len(m.To) != 2 {
 		t.Errorf("envelope %+v (duplicate recipient must be dropped)", m)
 	}
-	if bytes.Contains(m.Body[:200], []byte("\tfor <")) {
+	if hdr := m.Body[:len(m.Body)-len(bodyOf(m.Body))]; bytes.Contains(hdr, []byte("\tfor <")) {
 		t.Error("Received has 'for' with two recipients")
 	}
 }
@@ -272,4 +273,30 @@ func sized(n int) string {
 		n -= k
 	}
 	return b.String()
+}
+
+// TestEnvelope_AddRcpt: duplicates are dropped, in order, below and above
+// the count from which a map finds them.
+func TestEnvelope_AddRcpt(t *testing.T) {
+	for _, n := range []int{1, 2, seenThreshold - 1, seenThreshold, seenThreshold + 1, 3 * seenThreshold} {
+		env := &envelope{}
+		env.rcpts = env.first[:0]
+		var want []string
+		seen := map[string]bool{}
+		for i := range 2 * n {
+			addr := fmt.Sprintf("r%d@x.example", (i*7)%n) // every address twice, interleaved
+			env.addRcpt(queue.NewRecipient{Addr: addr, Domain: "x.example"})
+			if !seen[addr] {
+				seen[addr] = true
+				want = append(want, addr)
+			}
+		}
+		var got []string
+		for _, r := range env.rcpts {
+			got = append(got, r.Addr)
+		}
+		if strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Errorf("n=%d: %v, want %v", n, got, want)
+		}
+	}
 }
