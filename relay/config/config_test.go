@@ -45,6 +45,11 @@ func TestDefault_IsValidAndLoopbackOnly(t *testing.T) {
 	if c.Retry.Lifetime != 120*time.Hour || c.Retry.GreylistFirstRetry != 5*time.Minute+30*time.Second {
 		t.Errorf("retry = %+v", c.Retry)
 	}
+	// Postfix's default_destination_concurrency_limit.
+	if c.Delivery.MaxPerDestination != 20 || c.Delivery.MaxConnections != 200 {
+		t.Errorf("delivery.max_per_destination = %d, max_connections = %d; want 20 and 200",
+			c.Delivery.MaxPerDestination, c.Delivery.MaxConnections)
+	}
 }
 
 // Every key of the Config struct must appear in the embedded default, with

@@ -87,7 +87,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		e.giveUp(d, a, rest)
 		return nil
 	case !begun:
-		if !e.begin(j, ts[0], a.start, len(ts)) {
+		if !e.begin(j, a, ts[0], len(ts)) {
 			return nil
 		}
 		rest.rcpts = j.rcpts

@@ -173,7 +173,7 @@ func TestDeliver_DNSOutcomes(t *testing.T) {
 }
 
 // TestDeliver_ConnectionReuse: two messages for one domain share one
-// connection (RSET between).
+// connection (no RSET between: the first transaction completed).
 func TestDeliver_ConnectionReuse(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)

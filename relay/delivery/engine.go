@@ -11,8 +11,10 @@
 //     message (the chasquid anti-pattern): idle with nothing due is one
 //     pending timer.
 //   - A worker is one outbound connection: one goroutine that serves the
-//     jobs of one destination domain in turn, reusing the connection (RSET
-//     between) for up to delivery.max_messages_per_connection transactions.
+//     jobs of one destination domain in turn, reusing the connection for up
+//     to delivery.max_messages_per_connection transactions (RSET only after
+//     one that did not complete, RFC 5321 §4.1.1.4; smtpclient pipelines
+//     each envelope when the peer offers PIPELINING).
 //     delivery.max_connections caps workers in all and
 //     delivery.max_per_destination caps them per domain (1 while the domain
 //     throttles us), and domains get workers round-robin, so a slow or dead
@@ -28,6 +30,10 @@
 //   - Every outcome goes through the classifier (what happened) and the
 //     backoff policy (when to try again), and is stored with its DSN and what
 //     was learned about the destination in one queue.Apply transaction.
+//     When nothing was learned about the destination, the worker does not
+//     wait for that commit: it starts its next attempt, whose Begin commits
+//     after it, and logs the outcome then (settle, finish). So a message
+//     costs a worker one commit wait, not two.
 //   - Greylisting is a property of a (source IP, sender, recipient) triplet
 //     at one MX, so a recipient in the middle of a greylisting episode goes
 //     back to the MX address that greylisted it, from the same source

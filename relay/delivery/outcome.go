@@ -31,6 +31,7 @@ type attempt struct {
 	relay   bool   // the next hop relays further (smarthost): Relayed, not Delivered
 	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
 	start   time.Time
+	w       *worker // the worker making the attempt; nil for the scheduler's expiries
 }
 
 // settlement collects what one attempt changes, before it is stored.
@@ -54,22 +55,36 @@ type logLine struct {
 	expired        bool
 }
 
+// pendingOutcome is a settled attempt on its way into the queue: the
+// update, and what to report once it is stored.
+type pendingOutcome struct {
+	p       *queue.Pending // nil while not submitted asynchronously
+	u       queue.Update
+	d       *dest
+	a       attempt // a copy: the worker's attempt moves on to other hosts
+	lines   []logLine
+	actions []dsn.Action
+}
+
 // settle turns the outcomes of one attempt into results, DSNs and what was
 // learned about the destination, stores them in one queue.Apply and then
 // logs one line per recipient. It holds d.mu so that concurrent workers of
 // one destination never store stale destination state.
+//
+// When nothing was learned about the destination (the common case), a
+// worker does not wait for the commit: it submits the update
+// (queue.ApplyAsync) and goes on, and its next Begin, settle or its end
+// collects the result (finish): the log lines, the metrics, or the retries
+// of a failed write. Begin stays before anything is sent, so a crash
+// before that commit only means a redelivery (queue.Recover), as a crash
+// before a synchronous Apply would.
 func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if len(outs) == 0 {
 		return
 	}
+	e.finish(a.w) // the one before, so that log lines keep their order
 	now := e.now()
 	d.mu.Lock()
-	locked := true
-	defer func() {
-		if locked {
-			d.mu.Unlock()
-		}
-	}()
 	rec := cloneDest(d.rec)
 	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}}
 	for _, o := range outs {
@@ -77,8 +92,9 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	}
 	e.learnThrottle(&rec, s, now)
 	pruneDead(&rec, now)
-	var actions []dsn.Action
-	s.u.DSNs, actions = e.notices(a, s.notices, now)
+	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
+	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
+	po.u = s.u
 	if sameDest(rec, d.stored) {
 		// Nothing learned: the stored record stays as it is, so this Apply
 		// need not be ordered with the others of d and may share their
@@ -86,25 +102,60 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		// tells when the record last changed.
 		e.adopt(d, rec)
 		d.mu.Unlock()
-		locked = false
-	} else {
-		rec.Updated = now
-		s.u.Destinations = []queue.Destination{rec}
-	}
-	if err := e.apply(s.u); err != nil {
-		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
-			zap.String("queue_id", a.msg.ID.String()), zap.String("domain", d.name), zap.Error(err))
+		e.submit(po)
 		return
 	}
-	if locked {
+	// The record changed: stored synchronously under d.mu, so that no
+	// other worker of d stores an older one after it.
+	rec.Updated = now
+	po.u.Destinations = []queue.Destination{rec}
+	err := e.apply(po.u)
+	if err == nil {
 		e.adopt(d, rec)
 		d.stored = cloneDest(rec)
 	}
-	for _, action := range actions {
+	d.mu.Unlock()
+	e.report(po, err)
+}
+
+// submit stores po. A worker hands it to the queue and goes on (see
+// settle); without a worker, it waits for the commit.
+func (e *Engine) submit(po *pendingOutcome) {
+	w := po.a.w
+	if w == nil {
+		e.report(po, e.apply(po.u))
+		return
+	}
+	po.p = e.q.ApplyAsync(po.u)
+	w.open = po
+}
+
+// finish collects w's outcome in flight, if any: it waits for the commit
+// (usually decided already), retries a failed write as apply does, and
+// reports.
+func (e *Engine) finish(w *worker) {
+	if w == nil || w.open == nil {
+		return
+	}
+	po := w.open
+	w.open = nil
+	_, err := po.p.Wait()
+	e.report(po, e.retry(po.u, err))
+}
+
+// report logs a stored outcome, one line per recipient, and counts it and
+// its DSNs; or logs that storing it failed.
+func (e *Engine) report(po *pendingOutcome, err error) {
+	if err != nil {
+		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
+			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
+		return
+	}
+	for _, action := range po.actions {
 		e.m.DSNs.WithLabelValues(string(action)).Inc()
 	}
-	for _, l := range s.lines {
-		e.logAttempt(a, l)
+	for _, l := range po.lines {
+		e.logAttempt(&po.a, l)
 	}
 }
 
@@ -122,16 +173,23 @@ func sameDest(a, b queue.Destination) bool {
 	return reflect.DeepEqual(a, b)
 }
 
-// apply stores u, retrying a few times: a failed write usually means a
-// full or failing disk, and giving up leaves the recipients Active until
-// the next start.
+// apply stores u, retrying a few times (see retry).
 func (e *Engine) apply(u queue.Update) error {
-	var err error
-	for i := range 3 {
-		if _, err = e.q.Apply(u); err == nil || errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
+	_, err := e.q.Apply(u)
+	return e.retry(u, err)
+}
+
+// retry stores u again after a first try failed with err (nil: it did
+// not), at most twice more: a failed write usually means a full or failing
+// disk, and giving up leaves the recipients Active until the next start.
+// A failed commit stored nothing of u, so trying again is safe.
+func (e *Engine) retry(u queue.Update, err error) error {
+	for i := range 2 {
+		if err == nil || errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
 			return err
 		}
 		time.Sleep(time.Duration(50<<i) * time.Millisecond)
+		_, err = e.q.Apply(u)
 	}
 	return err
 }

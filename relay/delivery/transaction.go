@@ -12,19 +12,13 @@ import (
 // transact sends rcpts over s: one transaction for all of them, then, if
 // the peer refused some with "too many recipients" while accepting others,
 // follow-up transactions for those right away on the same connection (RFC
-// 5321 §4.5.3.1.10). Each transaction's definite outcomes are stored before
-// the next starts. It returns s if it can be reused, and what is left for
-// the next host when the connection failed before some recipients got
-// their answer.
+// 5321 §4.5.3.1.10; the first one completed, so no RSET goes between).
+// Each transaction's definite outcomes are settled before the next starts.
+// It returns s if it can be reused, and what is left for the next host
+// when the connection failed before some recipients got their answer.
 func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, rcpts []queue.Recipient) (*session, leftover) {
 	a.t, a.tried, a.relay = s.t, s.t, s.relay
 	for round := 0; ; round++ {
-		if round > 0 {
-			if err := s.c.ResetContext(ctx); err != nil {
-				e.closeSession(ctx, s)
-				return nil, leftover{rcpts, e.classifyErr(classifier.StageMAIL, err)}
-			}
-		}
 		res, err := s.c.Send(ctx, envelope(a.msg, rcpts), a.body)
 		s.count++
 		a.peerDSN = res.DSN

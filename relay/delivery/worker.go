@@ -16,18 +16,31 @@ import (
 // recipients refused with "too many recipients" (RFC 5321 §4.5.3.1.10).
 const maxFollowUps = 3
 
+// worker is what one worker goroutine carries from attempt to attempt.
+type worker struct {
+	// open is its last outcome while the queue commits it (see settle and
+	// finish); nil when there is none.
+	open *pendingOutcome
+}
+
 // work is one worker: it serves d's jobs, one connection at a time, until
 // there is none left for it, the destination is paused, or another domain
-// waits for a connection slot.
+// waits for a connection slot. Before it ends, its last outcome is
+// collected (even at shutdown: Run returns only after every worker has
+// ended, so every stored outcome is logged).
 func (e *Engine) work(ctx context.Context, d *dest) {
 	var s *session
-	defer func() { e.closeSession(ctx, s) }()
+	w := &worker{}
+	defer func() {
+		e.finish(w)
+		e.closeSession(ctx, s)
+	}()
 	for served := 0; ctx.Err() == nil; served++ {
 		j := e.nextJob(d, s, served)
 		if j == nil {
 			return
 		}
-		s = e.runJob(ctx, d, j, s)
+		s = e.runJob(ctx, d, j, s, w)
 	}
 }
 
@@ -61,7 +74,7 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 
 // runJob makes one attempt for j, on s if it can carry it or on a new
 // connection, and returns the connection to reuse (nil if none).
-func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *worker) *session {
 	msg, err := e.q.Message(j.id)
 	var body []byte
 	if err == nil {
@@ -79,18 +92,17 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	if s != nil && s.c.ResetContext(ctx) != nil {
-		// RSET between transactions (RFC 5321 §4.1.1.5); a connection the
-		// peer closed while idle is simply replaced.
-		e.closeSession(ctx, s)
-		s = nil
-	}
-	a := &attempt{msg: msg, body: body, start: e.now()}
+	a := &attempt{msg: msg, body: body, start: e.now(), w: w}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
-	// The lease covers the other hosts too, should this connection fail.
-	if !e.begin(j, s.t, a.start, 1+maxTargets) {
+	// No RSET first: after a completed transaction none is needed (RFC
+	// 5321 §4.1.1.4), and smtpclient sends one itself after one that did
+	// not complete. A connection the peer closed while idle fails at MAIL
+	// with no recipient answered, so all of j goes to a fresh connection
+	// below, in this same attempt: no deferral. The lease covers the other
+	// hosts too, should this connection fail.
+	if !e.begin(j, a, s.t, 1+maxTargets) {
 		return s
 	}
 	s, rest := e.transact(ctx, d, a, s, j.rcpts)
@@ -101,13 +113,20 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	return e.overHosts(ctx, d, j, a, rest, true)
 }
 
-// begin records the attempt for j's recipients before anything is sent
-// (queue.Begin). Recipients the operator held, bounced or deleted since
-// they were claimed are dropped from j. It reports whether any is left.
-// Either way j's recipients are no longer claimed: Begun ones are Active
-// and invisible to the scan.
-func (e *Engine) begin(j *job, t target, now time.Time, hops int) bool {
+// begin records the attempt a for j's recipients before anything is sent
+// (queue.Begin), with t as the first host and a lease for hops hosts.
+// Recipients the operator held, bounced or deleted since they were
+// claimed are dropped from j. It reports whether any is left. Either way
+// j's recipients are no longer claimed: Begun ones are Active and
+// invisible to the scan.
+//
+// Then it collects the worker's previous outcome: the queue commits in
+// order, so that commit was decided before this Begin returned, and the
+// wait for it overlapped with this attempt's start.
+func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
+	defer e.finish(a.w)
 	defer e.unclaim(j.rcpts)
+	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
 		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}
 	err := e.q.Begin(start)
@@ -164,7 +183,7 @@ func (e *Engine) unclaim(rs []queue.Recipient) {
 // early settles j without a connection (DNS failure, every host known to
 // be down): the attempt is recorded and deferred or failed at once.
 func (e *Engine) early(d *dest, j *job, a *attempt, v classifier.Verdict) {
-	if !e.begin(j, target{}, a.start, 1) {
+	if !e.begin(j, a, target{}, 1) {
 		return
 	}
 	e.settle(d, a, outcomesOf(j.rcpts, v))

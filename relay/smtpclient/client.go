@@ -21,8 +21,15 @@
 //     unauthenticated encryption when offered), "encrypt" (TLS required,
 //     certificate not checked) and "verify" (TLS required and verified).
 //     With "encrypt" and "verify" no MAIL is ever sent in plaintext.
-//   - No PIPELINING and no CHUNKING yet (pitfall F14): one round trip per
-//     command keeps the reply bookkeeping trivial.
+//   - PIPELINING (RFC 2920) when the peer advertises it: a transaction's
+//     MAIL, RCPTs and DATA go out in one write and their replies are read
+//     in order, so a transaction costs two round trips (envelope, then the
+//     body) instead of one per command. Peers without it get one command
+//     at a time. No CHUNKING (BDAT) yet.
+//   - A connection carries transaction after transaction. The client keeps
+//     track of whether one may still be open and sends RSET only then: a
+//     transaction that ended with a 2xx to the final dot needs none (RFC
+//     5321 §4.1.1.4).
 //
 // A Client is not safe for concurrent use.
 package smtpclient
@@ -88,7 +95,8 @@ type Options struct {
 	ConnectTimeout, GreetingTimeout, CommandTimeout, DataTimeout time.Duration
 	// Trace, if set, receives every line sent and every reply received
 	// (for `greyrelay probe`). AUTH payloads are redacted and the message
-	// body is summarised as one event.
+	// body is summarised as one event. Under PIPELINING the lines of a
+	// group come first, then their replies.
 	Trace func(Event)
 }
 
@@ -126,6 +134,9 @@ type Client struct {
 	ext    map[string]string // EHLO keywords (upper case) → parameters
 	tls    bool
 	closed bool
+	// inTx: a transaction may be open at the peer. Set when MAIL is sent;
+	// cleared by a 2xx to the final dot or to RSET.
+	inTx bool
 }
 
 // Dial connects to addr and runs the handshake: greeting, EHLO (HELO if
@@ -285,8 +296,9 @@ func addrPort(a net.Addr) netip.AddrPort {
 }
 
 // Reset sends RSET, ending any transaction (e.g. one where no recipient
-// was accepted) so the connection can be reused (RFC 5321 §4.1.1.5). It is
-// ResetContext without a context: only the command timeout bounds it.
+// was accepted) so the connection can be reused (RFC 5321 §4.1.1.5). Send
+// does this itself when needed; Reset is for transactions begun with Mail.
+// It is ResetContext without a context: only the command timeout bounds it.
 func (c *Client) Reset() error { return c.ResetContext(context.Background()) }
 
 // ResetContext is Reset, interrupted when ctx ends (the connection is then
@@ -301,6 +313,7 @@ func (c *Client) ResetContext(ctx context.Context) error {
 		c.Close()
 		return &Error{Stage: classifier.StageMAIL, Err: r}
 	}
+	c.inTx = false
 	return nil
 }
 

@@ -60,6 +60,7 @@ func serverTLS() *tls.Config {
 // act.
 type step struct {
 	expect string        // the client must send a line starting with this; "" reads nothing
+	pipe   []string      // then these lines (prefixes), all before any reply: a pipelined group
 	send   string        // raw bytes to write
 	data   bool          // before sending, read message data up to CRLF.CRLF
 	tls    bool          // after sending, run a server-side TLS handshake
@@ -119,13 +120,8 @@ func (p *peer) run(conn net.Conn, script []step) {
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReader(conn)
 	for _, s := range script {
-		if s.expect != "" {
-			line, err := br.ReadString('\n')
-			p.record(line)
-			if err != nil || !strings.HasPrefix(line, s.expect) {
-				p.t.Errorf("peer: got %q (%v), want %q", line, err, s.expect)
-				return
-			}
+		if !p.expect(br, s) {
+			return
 		}
 		if s.data && !p.readData(br) {
 			return
@@ -154,6 +150,23 @@ func (p *peer) run(conn net.Conn, script []step) {
 			return
 		}
 	}
+}
+
+// expect reads the lines s expects.
+func (p *peer) expect(br *bufio.Reader, s step) bool {
+	want := s.pipe
+	if s.expect != "" {
+		want = append([]string{s.expect}, want...)
+	}
+	for _, w := range want {
+		line, err := br.ReadString('\n')
+		p.record(line)
+		if err != nil || !strings.HasPrefix(line, w) {
+			p.t.Errorf("peer: got %q (%v), want %q", line, err, w)
+			return false
+		}
+	}
+	return true
 }
 
 func (p *peer) write(conn net.Conn, s step) bool {
@@ -212,6 +225,7 @@ var (
 	greet       = step{send: "220 mx.test ESMTP\r\n"}
 	ehloPlain   = step{expect: "EHLO client.test", send: "250-mx.test\r\n250-8BITMIME\r\n250 SIZE 100000\r\n"}
 	ehloTLS     = step{expect: "EHLO client.test", send: "250-mx.test\r\n250 STARTTLS\r\n"}
+	ehloPipe    = step{expect: "EHLO client.test", send: "250-mx.test\r\n250-8BITMIME\r\n250 PIPELINING\r\n"}
 	mailOK      = step{expect: "MAIL FROM:", send: "250 2.1.0 ok\r\n"}
 	rcptOK      = step{expect: "RCPT TO:", send: "250 2.1.5 ok\r\n"}
 	dataGo      = step{expect: "DATA", send: "354 go ahead\r\n"}

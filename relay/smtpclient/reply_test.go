@@ -141,14 +141,48 @@ func checkWire(t *testing.T, data []byte) {
 	}
 }
 
+// referenceEncode is the DATA payload of body, one byte at a time: the
+// plain statement of what bodyEncoder does a run at a time.
+func referenceEncode(body []byte) []byte {
+	var out []byte
+	bol := true
+	for i := 0; i < len(body); i++ {
+		b := body[i]
+		if bol && b == '.' {
+			out = append(out, '.')
+		}
+		bol = false
+		switch {
+		case b == '\r' && i+1 < len(body) && body[i+1] == '\n':
+			out = append(out, '\r', '\n')
+			i++
+			bol = true
+		case b == '\r':
+			out = append(out, ' ')
+		case b == '\n':
+			out = append(out, '\r', '\n')
+			bol = true
+		default:
+			out = append(out, b)
+		}
+	}
+	if !bol {
+		out = append(out, '\r', '\n')
+	}
+	return append(out, '.', '\r', '\n')
+}
+
 // FuzzEncodeBody: the payload is always well-formed, and un-stuffing it
 // gives back the body with line endings normalised.
 func FuzzEncodeBody(f *testing.F) {
-	for _, s := range []string{"", "a", ".\r\n", "\r\n.\r\n", "x\r.\n\r\n.\r\r\n", "\n\n.", "\r"} {
+	for _, s := range []string{"", "a", ".\r\n", "\r\n.\r\n", "x\r.\n\r\n.\r\r\n", "\n\n.", "\r", "..x\r\n..\r\n.", "long line without end"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		out := encodeBody(body)
+		if ref := referenceEncode(body); string(out) != string(ref) {
+			t.Fatalf("encodeBody(%q) = %q, the byte-by-byte reference gives %q", body, out, ref)
+		}
 		checkWire(t, out)
 		norm := strings.NewReplacer("\r\n", "\r\n", "\r", " ", "\n", "\r\n").Replace(string(body))
 		if norm != "" && !strings.HasSuffix(norm, "\r\n") {
@@ -161,14 +195,18 @@ func FuzzEncodeBody(f *testing.F) {
 		if got := strings.Join(lines, ""); got != norm {
 			t.Fatalf("unstuffed %q, want %q", got, norm)
 		}
-		// Sending happens in parts: any part size gives the same bytes.
-		for _, limit := range []int{1, 2, 3, 7} {
+		// Sending happens in parts: any part size gives the same bytes,
+		// and a part overshoots its limit by at most the terminator.
+		for _, limit := range []int{1, 2, 3, 7, 64} {
 			var parts []byte
 			enc := newBodyEncoder(body)
 			for {
 				part := enc.next(nil, limit)
 				if len(part) == 0 {
 					break
+				}
+				if len(part) > limit+4 { // "\r\n.\r\n" goes out whole
+					t.Fatalf("part of %d bytes for a limit of %d", len(part), limit)
 				}
 				parts = append(parts, part...)
 			}
@@ -235,4 +273,24 @@ func TestRcptParams(t *testing.T) {
 			t.Errorf("rcptParams(%+v) = %q, %v; want %q", tt.rc, got, err, tt.want)
 		}
 	}
+}
+
+// BenchmarkEncodeBody encodes a 4 KiB message of 72-octet lines, the
+// benchmark's message size, run by run and byte by byte (the reference).
+func BenchmarkEncodeBody(b *testing.B) {
+	line := strings.Repeat("x", 70) + "\r\n"
+	body := []byte(strings.Repeat(line, 4096/len(line)))
+	b.Run("runs", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		buf := make([]byte, 0, 64<<10)
+		for b.Loop() {
+			newBodyEncoder(body).next(buf[:0], 64<<10)
+		}
+	})
+	b.Run("reference", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			referenceEncode(body)
+		}
+	})
 }

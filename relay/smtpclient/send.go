@@ -1,6 +1,7 @@
 package smtpclient
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/textproto"
@@ -42,14 +43,25 @@ type TxResult struct {
 	Mail  classifier.Reply // reply to MAIL
 	Rcpts []RcptResult     // replies to the RCPTs sent, in order
 	// Data is the reply that ended the DATA phase: the reply to the final
-	// dot, or the refusal of the DATA command itself. nil if DATA was not
-	// sent (no recipient accepted) or no reply was read.
+	// dot, or the refusal of the DATA command itself. nil if no recipient
+	// was accepted (DATA was not sent, or, pipelined, its reply does not
+	// count) or no reply was read.
 	Data *classifier.Reply
 	DSN  bool // the peer advertised DSN, so NOTIFY/ORCPT/RET/ENVID were passed on
 }
 
 // Send runs one transaction: MAIL, one RCPT per recipient, and DATA with
-// the body if at least one RCPT was accepted.
+// the body if at least one RCPT was accepted. If the previous transaction
+// on the connection did not complete (see Reset), Send first sends RSET; a
+// completed one needs none (RFC 5321 §4.1.1.4: the reply to the final dot
+// ends the transaction and clears its buffers).
+//
+// When the peer advertises PIPELINING (RFC 2920), the RSET, MAIL, the
+// RCPTs and DATA go out as one group and their replies are read in order
+// after it (see sendPipelined): one round trip instead of one per command.
+// TxResult means the same either way: replies to commands that could not
+// have been sent without pipelining (RCPT and DATA after a refused MAIL,
+// DATA when no recipient was accepted) are read and left out.
 //
 // MAIL carries SIZE when advertised, BODY=8BITMIME when EightBit and
 // advertised (8-bit data to a peer without 8BITMIME is sent as is, as
@@ -64,12 +76,10 @@ type TxResult struct {
 // was delivered anyway (RFC 1047); the caller can only retry.
 //
 // An envelope that cannot be expressed (control characters, over-long
-// command lines, bad DSN values) is a plain error; nothing is sent. If the
-// transaction did not complete (Data nil or not 2xx), call Reset before
-// reusing the connection.
+// command lines, bad DSN values) is a plain error; nothing is sent.
 func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult, error) {
-	res := TxResult{}
-	res.DSN, _ = c.Extension("DSN")
+	dsn, _ := c.Extension("DSN")
+	res := TxResult{DSN: dsn}
 	mail, rcpts, err := c.envelope(env)
 	if err != nil {
 		return res, err
@@ -81,6 +91,23 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 			Text: "local: peer does not support SMTPUTF8, required by this message (RFC 6531)"}
 		return res, nil
 	}
+	if ok, _ := c.Extension("PIPELINING"); ok {
+		return c.sendPipelined(ctx, env, mail, rcpts, body)
+	}
+	return c.sendStepwise(ctx, env, mail, rcpts, body)
+}
+
+// sendStepwise runs the transaction one command and reply at a time, for
+// peers without PIPELINING.
+func (c *Client) sendStepwise(ctx context.Context, env Envelope, mail string, rcpts []string, body []byte) (TxResult, error) {
+	dsn, _ := c.Extension("DSN")
+	res := TxResult{DSN: dsn}
+	if c.inTx {
+		if err := c.ResetContext(ctx); err != nil {
+			return res, err
+		}
+	}
+	c.inTx = true
 	r, _, err := c.cmd(ctx, classifier.StageMAIL, mail)
 	if r != nil {
 		res.Mail = *r
@@ -104,13 +131,15 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 	if accepted == 0 {
 		return res, nil
 	}
-	res.Data, err = c.data(ctx, body)
+	r, _, err = c.cmd(ctx, classifier.StageDATA, "DATA")
+	res.Data, err = c.afterData(ctx, r, err, body)
 	return res, err
 }
 
-// data sends DATA and the body and returns the reply that ended it.
-func (c *Client) data(ctx context.Context, body []byte) (*classifier.Reply, error) {
-	r, _, err := c.cmd(ctx, classifier.StageDATA, "DATA")
+// afterData goes on from r, the reply to DATA (err: reading it failed):
+// after a 354 it sends the body and returns the reply to the final dot;
+// otherwise it returns the refusal.
+func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, body []byte) (*classifier.Reply, error) {
 	if err != nil {
 		return r, err
 	}
@@ -136,17 +165,29 @@ func (c *Client) data(ctx context.Context, body []byte) (*classifier.Reply, erro
 		}
 		// The deadline is renewed per chunk: a large message on a slow link
 		// is fine as long as it makes progress (Postfix smtp_data_xfer_timeout).
-		err := c.within(ctx, c.opt.DataTimeout, func() error {
-			_, err := c.conn.Write(buf)
-			return err
-		})
-		if err != nil {
-			c.Close()
-			return nil, &Error{Stage: classifier.StageDATA, Err: err}
+		if err := c.write(ctx, classifier.StageDATA, c.opt.DataTimeout, buf); err != nil {
+			return nil, err
 		}
 	}
 	r, _, err = c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
+	if err == nil && r.Code/100 == 2 {
+		c.inTx = false // RFC 5321 §4.1.1.4: the transaction is over
+	}
 	return r, err
+}
+
+// write writes p under a deadline of timeout; a failure closes the
+// connection and comes back as *Error at stage.
+func (c *Client) write(ctx context.Context, stage classifier.Stage, timeout time.Duration, p []byte) error {
+	err := c.within(ctx, timeout, func() error {
+		_, err := c.conn.Write(p)
+		return err
+	})
+	if err != nil {
+		c.Close()
+		return &Error{Stage: stage, Err: err}
+	}
+	return nil
 }
 
 // Mail sends MAIL FROM:<from> with raw ESMTP params, for `greyrelay probe`.
@@ -157,6 +198,7 @@ func (c *Client) Mail(from string, params ...string) (*classifier.Reply, error) 
 	if err != nil {
 		return nil, err
 	}
+	c.inTx = true
 	r, _, err := c.cmd(context.Background(), classifier.StageMAIL, line)
 	return r, err
 }
@@ -322,34 +364,51 @@ type bodyEncoder struct {
 	i    int  // next byte of body to encode
 	bol  bool // at the beginning of a line
 	done bool // the final ".\r\n" was produced
+	// lf and cr are where the next LF and CR are (len(body): none), valid
+	// while not behind i. Kept between runs, so each byte is scanned once
+	// for each (bytes.IndexByte is vectorised; IndexAny is a byte loop and
+	// would rescan a long line for every part of it).
+	lf, cr int
 }
 
-func newBodyEncoder(body []byte) *bodyEncoder { return &bodyEncoder{body: body, bol: true} }
+func newBodyEncoder(body []byte) *bodyEncoder {
+	return &bodyEncoder{body: body, bol: true, lf: -1, cr: -1}
+}
+
+// find returns the position of the next c at or after e.i (len(e.body):
+// none), searching only when *pos, its last known position, is behind.
+func (e *bodyEncoder) find(pos *int, c byte) int {
+	if *pos < e.i {
+		*pos = len(e.body)
+		if k := bytes.IndexByte(e.body[e.i:], c); k >= 0 {
+			*pos = e.i + k
+		}
+	}
+	return *pos
+}
 
 // next appends the next part of the payload to dst until dst holds at
 // least limit bytes (a few more at most) or the payload ends, and returns
-// dst; nothing appended means the payload is complete.
+// dst; nothing appended means the payload is complete. It copies runs of
+// ordinary bytes at once and looks at each line ending and line start on
+// its own.
 func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 	for e.i < len(e.body) && len(dst) < limit {
-		b := e.body[e.i]
-		e.i++
-		if e.bol && b == '.' {
-			dst = append(dst, '.')
+		if e.bol && e.body[e.i] == '.' {
+			dst = append(dst, '.') // the line's own "." follows in the run below
 		}
-		e.bol = false
-		switch {
-		case b == '\r' && e.i < len(e.body) && e.body[e.i] == '\n':
-			dst = append(dst, '\r', '\n')
-			e.i++
-			e.bol = true
-		case b == '\r':
-			dst = append(dst, ' ')
-		case b == '\n':
-			dst = append(dst, '\r', '\n')
-			e.bol = true
-		default:
-			dst = append(dst, b)
+		rest := e.body[e.i:]
+		n := min(e.find(&e.lf, '\n'), e.find(&e.cr, '\r')) - e.i // the run of ordinary bytes
+		if n > 0 {
+			// At least one byte, so a stuffed "." is never doubled again
+			// by the next call.
+			n = min(n, max(limit-len(dst), 1))
+			dst = append(dst, rest[:n]...)
+			e.i += n
+			e.bol = false
+			continue
 		}
+		dst, e.bol = e.lineEnd(dst, rest)
 	}
 	if e.i >= len(e.body) && !e.done && len(dst) < limit {
 		if !e.bol {
@@ -359,4 +418,20 @@ func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 		e.done = true
 	}
 	return dst
+}
+
+// lineEnd encodes the CR or LF that starts rest: CRLF and a bare LF end
+// the line with CRLF, a bare CR becomes a space. It reports whether a line
+// ended.
+func (e *bodyEncoder) lineEnd(dst, rest []byte) ([]byte, bool) {
+	switch {
+	case rest[0] == '\r' && len(rest) > 1 && rest[1] == '\n':
+		e.i += 2
+	case rest[0] == '\r':
+		e.i++
+		return append(dst, ' '), false
+	default:
+		e.i++
+	}
+	return append(dst, '\r', '\n'), true
 }
