@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -20,13 +22,30 @@ import (
 //
 // Binary rather than JSON because List and the Open scan decode every
 // recipient record; this codec does it without reflection.
-const codecVersion = 1
+//
+// Version 2 (recipients and histories; version 1 still decodes) makes them
+// smaller, because at 1,000,000 queued recipients their bytes are most of
+// the file, and bbolt maps the file into memory: a recipient's Domain is
+// not repeated when it is the part of Addr after the last '@'; an IP
+// address (source IP, MX address, an MX given as an address) takes its 4 or
+// 16 bytes, not its text; and a history stores each attempt against the
+// one after it, the newest against its recipient record, writing only the
+// fields that differ: a greylisting saga repeats the same route, reason and
+// reply. Times stay absolute: a field that grows on a later write makes
+// bbolt split a packed page (see setFillPercent).
+const (
+	codecVersion = 1 // messages, destinations, counters
+	rcptVersion  = 2
+	histVersion  = 2
+)
 
 var errCorrupt = errors.New("corrupt record")
 
 type enc struct{ b []byte }
 
-func newEnc() *enc { return &enc{b: []byte{codecVersion}} }
+func newEnc() *enc { return newEncV(codecVersion) }
+
+func newEncV(version byte) *enc { return &enc{b: []byte{version}} }
 
 func (e *enc) u(v uint64) { e.b = binary.AppendUvarint(e.b, v) }
 func (e *enc) i(v int64)  { e.b = binary.AppendVarint(e.b, v) }
@@ -39,12 +58,55 @@ func (e *enc) bool(v bool) {
 	}
 }
 
-func (e *enc) t(v time.Time) {
+func (e *enc) t(v time.Time) { e.i(nanos(v)) }
+
+// nanos is how a time is stored: Unix nanoseconds, 0 for the zero time.
+func nanos(v time.Time) int64 {
 	if v.IsZero() {
-		e.i(0)
+		return 0
+	}
+	return v.UnixNano()
+}
+
+// fromNanos inverts nanos.
+func fromNanos(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// addr writes s as s does, except an IP address in its canonical text form,
+// which takes its 4 or 16 bytes. The length is written doubled; the odd
+// values 1 and 3 announce an IPv4 and an IPv6 address.
+func (e *enc) addr(s string) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" && a.String() == s {
+		if a.Is4() {
+			b := a.As4()
+			e.u(1)
+			e.b = append(e.b, b[:]...)
+			return
+		}
+		b := a.As16()
+		e.u(3)
+		e.b = append(e.b, b[:]...)
 		return
 	}
-	e.i(v.UnixNano())
+	e.u(2 * uint64(len(s)))
+	e.b = append(e.b, s...)
+}
+
+// code writes s as the index of a known value, or as text: the doubled
+// length trick of addr, with odd values 2i+1 for known[i].
+func (e *enc) code(s string, known []string) {
+	for i, k := range known {
+		if k == s {
+			e.u(2*uint64(i) + 1)
+			return
+		}
+	}
+	e.u(2 * uint64(len(s)))
+	e.b = append(e.b, s...)
 }
 
 func (e *enc) reply(r Reply) { e.i(int64(r.Code)); e.s(r.Enhanced); e.s(r.Text) }
@@ -57,15 +119,23 @@ type dec struct {
 }
 
 func newDec(b []byte) *dec {
+	d, _ := newDecV(b, codecVersion)
+	return d
+}
+
+// newDecV accepts versions 1 to max and returns the one found.
+func newDecV(b []byte, max byte) (*dec, byte) {
 	d := &dec{b: b}
 	if len(b) == 0 {
 		d.fail("empty")
-	} else if b[0] != codecVersion {
-		d.fail(fmt.Sprintf("unknown version %d", b[0]))
-	} else {
-		d.b = b[1:]
+		return d, 0
 	}
-	return d
+	if b[0] < 1 || b[0] > max {
+		d.fail(fmt.Sprintf("unknown version %d", b[0]))
+		return d, 0
+	}
+	d.b = b[1:]
+	return d, b[0]
 }
 
 func (d *dec) fail(what string) {
@@ -129,12 +199,47 @@ func (d *dec) bool() bool {
 	return false
 }
 
-func (d *dec) t() time.Time {
-	n := d.i()
-	if n == 0 {
-		return time.Time{}
+func (d *dec) t() time.Time { return fromNanos(d.i()) }
+
+// bytes returns the next n bytes.
+func (d *dec) bytes(n uint64) []byte {
+	if n > uint64(len(d.b)) {
+		d.fail("length out of range")
+		return nil
 	}
-	return time.Unix(0, n)
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *dec) addr() string {
+	switch n := d.u(); {
+	case n == 1:
+		if b := d.bytes(4); b != nil {
+			return netip.AddrFrom4([4]byte(b)).String()
+		}
+	case n == 3:
+		if b := d.bytes(16); b != nil {
+			return netip.AddrFrom16([16]byte(b)).String()
+		}
+	case n%2 == 1:
+		d.fail("bad address tag")
+	default:
+		return string(d.bytes(n / 2))
+	}
+	return ""
+}
+
+func (d *dec) code(known []string) string {
+	n := d.u()
+	if n%2 == 1 {
+		if i := n / 2; i < uint64(len(known)) {
+			return known[i]
+		}
+		d.fail("unknown code")
+		return ""
+	}
+	return string(d.bytes(n / 2))
 }
 
 func (d *dec) reply() Reply {
@@ -227,11 +332,16 @@ func decodeMessage(id ID, b []byte) (Message, error) {
 // (stored separately so List and Due never decode it). Status and Reason come
 // first so cheap scans could stop early.
 func encodeRecipient(r *Recipient) []byte {
-	e := newEnc()
+	e := newEncV(rcptVersion)
 	e.b = append(e.b, statusByte(r.Status))
 	e.s(r.Reason)
 	e.s(r.Addr)
-	e.s(r.Domain)
+	if domainOf(r.Addr) == r.Domain && strings.Contains(r.Addr, "@") {
+		e.u(1) // as in Addr
+	} else {
+		e.u(2 * uint64(len(r.Domain)))
+		e.b = append(e.b, r.Domain...)
+	}
 	e.s(r.Notify)
 	e.s(r.ORCPT)
 	e.reply(r.Reply)
@@ -241,15 +351,38 @@ func encodeRecipient(r *Recipient) []byte {
 	e.t(r.LastAttempt)
 	e.t(r.FirstGreylisted)
 	e.i(int64(r.GreylistTries))
-	e.s(r.SourceIP)
-	e.s(r.MXHost)
-	e.s(r.MXAddr)
+	e.addr(r.SourceIP)
+	e.addr(r.MXHost)
+	e.addr(r.MXAddr)
 	e.i(int64(r.DelayWarnings))
 	return e.b
 }
 
+// domainOf returns the part of addr after its last '@'.
+func domainOf(addr string) string { return addr[strings.LastIndexByte(addr, '@')+1:] }
+
 func decodeRecipient(k Key, b []byte) (Recipient, error) {
-	d := newDec(b)
+	d, v := newDecV(b, rcptVersion)
+	if v == 1 {
+		return decodeRecipientV1(k, d)
+	}
+	r := Recipient{Key: k, Status: d.status(), Reason: d.s(), Addr: d.s()}
+	switch n := d.u(); {
+	case n == 1 && strings.Contains(r.Addr, "@"):
+		r.Domain = domainOf(r.Addr)
+	case n%2 == 1:
+		d.fail("bad domain")
+	default:
+		r.Domain = string(d.bytes(n / 2))
+	}
+	r.Notify, r.ORCPT, r.Reply = d.s(), d.s(), d.reply()
+	r.Attempts, r.NextAttempt, r.FirstAttempt, r.LastAttempt = d.int(), d.t(), d.t(), d.t()
+	r.FirstGreylisted, r.GreylistTries = d.t(), d.int()
+	r.SourceIP, r.MXHost, r.MXAddr, r.DelayWarnings = d.addr(), d.addr(), d.addr(), d.int()
+	return r, d.done()
+}
+
+func decodeRecipientV1(k Key, d *dec) (Recipient, error) {
 	r := Recipient{Key: k, Status: d.status(), Reason: d.s(),
 		Addr: d.s(), Domain: d.s(), Notify: d.s(), ORCPT: d.s(), Reply: d.reply(),
 		Attempts: d.int(), NextAttempt: d.t(), FirstAttempt: d.t(), LastAttempt: d.t(),
@@ -258,26 +391,150 @@ func decodeRecipient(k Key, b []byte) (Recipient, error) {
 	return r, d.done()
 }
 
-func encodeHistory(h []Attempt) []byte {
-	e := newEnc()
+// History fields an attempt can share with its reference (see
+// encodeHistory), as bits of the mask written before each attempt.
+const (
+	sameStart = 1 << iota
+	sameSourceIP
+	sameMXHost
+	sameMXAddr
+	sameStage
+	sameReason
+	sameReply
+	zeroEnd
+	maskAll = 1<<iota - 1
+)
+
+// outcomes are the usual Attempt.Outcome values, stored as small codes.
+var outcomes = []string{outcomeInProgress, outcomeInterrupted, string(Queued), string(Deferred),
+	string(Active), string(Held), string(Delivered), string(Relayed), string(Failed)}
+
+// historyRef is what the newest attempt of r's history is stored against:
+// the recipient record holds the start, route, reason and reply of its last
+// attempt. Only Begin and Apply change these fields, and both rewrite the
+// history in the same transaction (putRcpt sees to it).
+func historyRef(r *Recipient) Attempt {
+	if r == nil {
+		return Attempt{}
+	}
+	return Attempt{Start: r.LastAttempt, SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr,
+		Reason: r.Reason, Reply: r.Reply}
+}
+
+// encodeHistory writes h newest first, each attempt against a reference:
+// the attempt after it, or ref for the newest. A mask says which fields
+// equal the reference's and are left out. decodeHistory needs the same ref.
+func encodeHistory(h []Attempt, ref Attempt) []byte {
+	e := newEncV(histVersion)
 	e.u(uint64(len(h)))
-	for i := range h {
+	for i := len(h) - 1; i >= 0; i-- {
 		a := &h[i]
-		e.t(a.Start)
-		e.t(a.End)
-		e.s(a.SourceIP)
-		e.s(a.MXHost)
-		e.s(a.MXAddr)
-		e.s(a.Stage)
-		e.s(a.Outcome)
-		e.s(a.Reason)
-		e.reply(a.Reply)
+		m := sameMask(a, &ref)
+		e.u(uint64(m))
+		if m&sameStart == 0 {
+			e.t(a.Start)
+		}
+		if m&zeroEnd == 0 {
+			e.i(nanos(a.End) - nanos(a.Start)) // wraps and unwraps exactly
+		}
+		if m&sameSourceIP == 0 {
+			e.addr(a.SourceIP)
+		}
+		if m&sameMXHost == 0 {
+			e.addr(a.MXHost)
+		}
+		if m&sameMXAddr == 0 {
+			e.addr(a.MXAddr)
+		}
+		if m&sameStage == 0 {
+			e.s(a.Stage)
+		}
+		e.code(a.Outcome, outcomes)
+		if m&sameReason == 0 {
+			e.s(a.Reason)
+		}
+		if m&sameReply == 0 {
+			e.reply(a.Reply)
+		}
+		ref = *a
 	}
 	return e.b
 }
 
-func decodeHistory(b []byte) ([]Attempt, error) {
-	d := newDec(b)
+func sameMask(a, ref *Attempt) int {
+	m := 0
+	set := func(bit int, same bool) {
+		if same {
+			m |= bit
+		}
+	}
+	set(sameStart, nanos(a.Start) == nanos(ref.Start))
+	set(sameSourceIP, a.SourceIP == ref.SourceIP)
+	set(sameMXHost, a.MXHost == ref.MXHost)
+	set(sameMXAddr, a.MXAddr == ref.MXAddr)
+	set(sameStage, a.Stage == ref.Stage)
+	set(sameReason, a.Reason == ref.Reason)
+	set(sameReply, a.Reply == ref.Reply)
+	set(zeroEnd, a.End.IsZero())
+	return m
+}
+
+func decodeHistory(b []byte, ref Attempt) ([]Attempt, error) {
+	d, v := newDecV(b, histVersion)
+	if v == 1 {
+		return decodeHistoryV1(d)
+	}
+	n := d.count()
+	var h []Attempt
+	if n > 0 {
+		h = make([]Attempt, n)
+	}
+	for i := n - 1; i >= 0 && d.err == nil; i-- {
+		h[i] = decodeAttempt(d, &ref)
+		ref = h[i]
+	}
+	if d.err != nil {
+		return nil, d.err
+	}
+	return h, d.done()
+}
+
+func decodeAttempt(d *dec, ref *Attempt) Attempt {
+	m := d.u()
+	if m&^maskAll != 0 {
+		d.fail("bad history mask")
+		return Attempt{}
+	}
+	var a Attempt
+	pick := func(bit uint64, same string, read func() string) string {
+		if m&bit != 0 {
+			return same
+		}
+		return read()
+	}
+	if m&sameStart != 0 {
+		a.Start = fromNanos(nanos(ref.Start))
+	} else {
+		a.Start = d.t()
+	}
+	if m&zeroEnd == 0 {
+		a.End = fromNanos(nanos(a.Start) + d.i())
+	}
+	a.SourceIP = pick(sameSourceIP, ref.SourceIP, d.addr)
+	a.MXHost = pick(sameMXHost, ref.MXHost, d.addr)
+	a.MXAddr = pick(sameMXAddr, ref.MXAddr, d.addr)
+	a.Stage = pick(sameStage, ref.Stage, d.s)
+	a.Outcome = d.code(outcomes)
+	a.Reason = pick(sameReason, ref.Reason, d.s)
+	if m&sameReply != 0 {
+		a.Reply = ref.Reply
+	} else {
+		a.Reply = d.reply()
+	}
+	return a
+}
+
+func decodeHistoryV1(d *dec) ([]Attempt, error) {
 	n := d.count()
 	var h []Attempt
 	for i := 0; i < n && d.err == nil; i++ {

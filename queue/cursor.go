@@ -139,6 +139,10 @@ func (q *Queue) dueFrom(start []byte, now time.Time, limit int, skip func(domain
 			if isActive(v) {
 				continue
 			}
+			if len(v) < 1 || v[0] != flagDue { // damaged: fix puts the right value back
+				ps = append(ps, problem{staleDue, bDue, bytes.Clone(k), nil})
+				continue
+			}
 			if skip != nil && len(v) > 1 {
 				if due, key, good := parseDueKey(k); good && skip(string(v[1:]), key, due) {
 					continue

@@ -70,7 +70,7 @@ func (q *Queue) Show(id ID) (Message, error) {
 				continue
 			}
 			if hv := hist.Get(k); hv != nil {
-				if r.History, err = decodeHistory(hv); err != nil {
+				if r.History, err = decodeHistory(hv, historyRef(&r)); err != nil {
 					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(k), err})
 				}
 			}
@@ -82,17 +82,24 @@ func (q *Queue) Show(id ID) (Message, error) {
 	return m, err
 }
 
-// Body returns a copy of the stored body of message id.
+// Body returns a copy of the stored body of message id. A message whose
+// record exists but whose body is missing cannot be delivered: it is moved
+// to quarantine, and Body fails with ErrNotFound as for a deleted one.
 func (q *Queue) Body(id ID) ([]byte, error) {
 	var body []byte
+	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bBodies).Get(idKey(id))
 		if v == nil {
+			if tx.Bucket(bMsgs).Get(idKey(id)) != nil {
+				ps = append(ps, problem{missingBody, bMsgs, idKey(id), errMissing("message body")})
+			}
 			return fmt.Errorf("queue: body %s: %w", id, ErrNotFound)
 		}
 		body = bytes.Clone(v) // v points into the mmap, valid only inside the tx
 		return nil
 	})
+	q.fixup(ps)
 	return body, err
 }
 
@@ -235,10 +242,7 @@ func (w *wtx) begin(k Key, s *Start) error {
 	}
 	r.SourceIP, r.MXHost, r.MXAddr = s.SourceIP, s.MXHost, s.MXAddr
 	r.NextAttempt = s.LeaseUntil
-	if err := w.putRcpt(&before, &r); err != nil {
-		return err
-	}
-	return w.editHistory(k, func(h []Attempt) []Attempt {
+	return w.putRcptHistory(&before, &r, func(h []Attempt) []Attempt {
 		return append(h, Attempt{Start: s.Time, SourceIP: s.SourceIP, MXHost: s.MXHost,
 			MXAddr: s.MXAddr, Outcome: outcomeInProgress})
 	})
@@ -254,25 +258,6 @@ func inProgress(h []Attempt) int {
 	return -1
 }
 
-// editHistory loads the history of k, lets fn change it, caps and stores it.
-// An undecodable history is quarantined and restarted empty.
-func (w *wtx) editHistory(k Key, fn func([]Attempt) []Attempt) error {
-	hb, rk := w.b(bHist), rcptKey(k)
-	var h []Attempt
-	if v := hb.Get(rk); v != nil {
-		var err error
-		if h, err = decodeHistory(v); err != nil {
-			w.move(bHist, rk, err)
-			h = nil
-		}
-	}
-	h = fn(h)
-	if len(h) > historyFirst+historyLast {
-		h = append(h[:historyFirst:historyFirst], h[len(h)-historyLast:]...)
-	}
-	return hb.Put(rk, encodeHistory(h))
-}
-
 // Apply records attempt outcomes, enqueues DSNs and stores destination
 // state in ONE transaction, so a failed recipient and its bounce commit
 // together or not at all. Final recipients leave the due index; Deferred and
@@ -282,51 +267,7 @@ func (w *wtx) editHistory(k Key, fn func([]Attempt) []Attempt) error {
 // already final are ignored. A message whose recipients are all final is
 // deleted with its body. Apply returns the IDs of the enqueued DSNs.
 func (q *Queue) Apply(u Update) ([]ID, error) {
-	if err := validateUpdate(&u); err != nil {
-		return nil, err
-	}
-	var ids []ID
-	n, size := len(u.Results)+len(u.Destinations), 0
-	for i := range u.DSNs {
-		n, size = n+1, size+len(u.DSNs[i].Body)
-	}
-	// Nothing below refuses: results for missing or final recipients are
-	// ignored, so after validateUpdate only a storage error can fail.
-	err := q.submit(n, size, func(w *wtx) error {
-		ids = ids[:0]
-		touched := map[ID]bool{}
-		for i := range u.Results {
-			done, err := w.apply(&u.Results[i])
-			if err != nil {
-				return err
-			}
-			touched[u.Results[i].Key.ID] = touched[u.Results[i].Key.ID] || done
-		}
-		for i := range u.DSNs {
-			id, err := w.insertMessage(&u.DSNs[i])
-			if err != nil {
-				return err
-			}
-			ids = append(ids, id)
-		}
-		for i := range u.Destinations {
-			if err := w.putDestination(&u.Destinations[i]); err != nil {
-				return err
-			}
-		}
-		for id, done := range touched {
-			if done {
-				if err := w.finishIfDone(id); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("queue: apply: %w", err)
-	}
-	return ids, nil
+	return q.ApplyAsync(u).Wait()
 }
 
 func validateUpdate(u *Update) error {
@@ -373,10 +314,7 @@ func (w *wtx) apply(res *Result) (bool, error) {
 	default:
 		r.NextAttempt = res.End
 	}
-	if err := w.putRcpt(&before, &r); err != nil {
-		return false, err
-	}
-	err := w.editHistory(res.Key, func(h []Attempt) []Attempt {
+	err := w.putRcptHistory(&before, &r, func(h []Attempt) []Attempt {
 		i := inProgress(h)
 		if i < 0 { // an outcome without Begin, e.g. the operator's bounce-now
 			h = append(h, Attempt{Start: res.End, SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr})

@@ -17,7 +17,28 @@
 //     greylisting, throttling and dead hosts);
 //   - a quarantine bucket for records that fail to decode (Postfix's
 //     "corrupt" queue): they are moved there, reported through
-//     Options.OnQuarantine, and the rest of the queue keeps working.
+//     Options.OnQuarantine, and the rest of the queue keeps working;
+//   - the Stats counters, stored with the records they count (counters.go).
+//
+// Open reads only the stored counters, not the records: a start costs the
+// same at 1,000,000 recipients as at 10, and it does not pull the whole file
+// into memory (bbolt maps the file; every page read stays resident). The
+// counters cannot drift from the records, because every write transaction
+// stores its own change to them and bbolt commits a transaction whole or
+// not at all; a file written by anything else is detected (counters.go) and
+// counted again. What Open no longer does on every start is decode every
+// record to find damage. That is safe because every read path checks what
+// it reads and repairs it in a write transaction of its own: a recipient,
+// message, history or destination record that does not decode is
+// quarantined when it is first read (Due, Begin, Apply, List, Show, Select,
+// the operator actions, Destination); so is a message whose body is missing
+// (Body) and a recipient whose message is gone (Due, List); a due entry
+// that does not match its recipient is dropped or rewritten when the
+// scheduler reaches it. Damage that nothing reads harms nothing meanwhile.
+// Removing a record whose counts are unknown (it no longer decodes) makes
+// that transaction count all records again, so Stats stays exact.
+// Options.FullScan, and any start whose counters cannot be trusted, does
+// the old full scan: decode everything, quarantine, count.
 //
 // Lifecycle of a recipient: Queued → (Begin) Active → (Apply) Deferred,
 // Delivered, Relayed or Failed; Deferred → Active again when due. The

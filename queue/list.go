@@ -35,14 +35,15 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 }
 
 type lister struct {
-	f     Filter
-	msgs  *bolt.Bucket
-	id    ID
-	msg   Message
-	msgOK bool // msg is loaded for id and passes the message filters
-	seen  bool
-	rows  []Row
-	total int
+	f          Filter
+	msgs       *bolt.Bucket
+	id         ID
+	msg        Message
+	msgOK      bool // msg is loaded for id and passes the message filters
+	msgMissing bool // id has no message record
+	seen       bool
+	rows       []Row
+	total      int
 }
 
 func (l *lister) visit(k, v []byte) *problem {
@@ -52,7 +53,13 @@ func (l *lister) visit(k, v []byte) *problem {
 	}
 	if !l.seen || key.ID != l.id {
 		l.seen, l.id = true, key.ID
-		l.msgOK = l.loadMessage(key.ID)
+		var p *problem
+		if l.msgOK, l.msgMissing, p = l.loadMessage(key.ID); p != nil {
+			return p
+		}
+	}
+	if l.msgMissing {
+		return &problem{orphanRcpt, bRcpts, bytes.Clone(k), errMissing("message record")}
 	}
 	if !l.msgOK {
 		return nil
@@ -74,19 +81,24 @@ func (l *lister) visit(k, v []byte) *problem {
 }
 
 // loadMessage decodes message id and applies the message-level filters.
-// Recipients of a missing or undecodable message are not listed (Open has
-// quarantined such records already).
-func (l *lister) loadMessage(id ID) bool {
+// Recipients of a missing or undecodable message are not listed; they are
+// reported for repair (a missing record once per recipient, an
+// undecodable one once, which quarantines the whole message).
+func (l *lister) loadMessage(id ID) (ok, missing bool, p *problem) {
 	v := l.msgs.Get(idKey(id))
 	if v == nil {
-		return false
+		return false, true, nil
 	}
 	m, err := decodeMessage(id, v)
 	if err != nil {
-		return false
+		return false, false, &problem{corruptRecord, bMsgs, idKey(id), err}
 	}
 	l.msg = m
-	f := &l.f
+	return l.f.matchesMessage(&m), false, nil
+}
+
+// matchesMessage applies the message-level filters.
+func (f *Filter) matchesMessage(m *Message) bool {
 	if f.Sender != "" {
 		if f.Sender == "<>" {
 			if m.From != "" {
@@ -101,8 +113,9 @@ func (l *lister) loadMessage(id ID) bool {
 
 // Stats returns counts by status, by reason (live recipients with a
 // non-empty Reason), of messages and recipients, and the arrival time of the
-// oldest queued message. The counts come from memory: Open computes them
-// with one scan and every commit adds its delta (see counts), so Stats costs
+// oldest queued message. The counts come from memory: Open reads them from
+// the database, where every commit stores its delta with its records, and
+// every commit adds the same delta in memory (see counts), so Stats costs
 // the same at 1,000,000 recipients as at 10. Oldest reads the first message
 // record: IDs are assigned in enqueue order, so that is the message enqueued
 // first (Arrival is as the caller passed it).

@@ -73,9 +73,13 @@ func (r *refused) Unwrap() error { return r.err }
 // (0700) and the file (0600) if needed. It fails with an error matching
 // ErrLocked when another process holds the file longer than LockTimeout.
 //
-// Open scans every record once: it fills the Stats counters and quarantines
-// records that do not decode (reported through Options.OnQuarantine), so the
-// rest of the queue keeps working. Call Recover afterwards.
+// Open reads the Stats counters stored with the records. It decodes every
+// record only when they cannot be trusted (a database written by an older
+// greyrelay, or by anything else since), or when Options.FullScan asks: it
+// then counts again, quarantines the records that do not decode (reported
+// through Options.OnQuarantine) and stores the counters. Without the full
+// scan, a damaged record is quarantined when it is first read (see the
+// package comment). Call Recover afterwards.
 func Open(path string, opt Options) (*Queue, error) {
 	if opt.LockTimeout <= 0 {
 		opt.LockTimeout = DefaultLockTimeout
@@ -109,15 +113,7 @@ func Open(path string, opt Options) (*Queue, error) {
 }
 
 func (q *Queue) init(created bool, dir string) error {
-	err := q.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := q.createBuckets(); err != nil {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	if created {
@@ -127,7 +123,45 @@ func (q *Queue) init(created bool, dir string) error {
 			return fmt.Errorf("queue: %w", err)
 		}
 	}
-	return q.scan()
+	var stored bool
+	err := q.db.View(func(tx *bolt.Tx) error {
+		q.counts, stored = loadCounts(tx.Bucket(bCounts), tx.ID())
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("queue: init %s: %w", q.path, err)
+	}
+	if stored && !q.opt.FullScan {
+		return nil
+	}
+	if err := q.scan(); err != nil {
+		return fmt.Errorf("queue: scan %s: %w", q.path, err)
+	}
+	return nil
+}
+
+// createBuckets creates the buckets that do not exist yet. It writes only
+// if one is missing: every other write goes through update, which keeps
+// the stored counters (a write here makes Open count again).
+func (q *Queue) createBuckets() error {
+	missing := false
+	err := q.db.View(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			missing = missing || tx.Bucket(b) == nil
+		}
+		return nil
+	})
+	if err != nil || !missing {
+		return err
+	}
+	return q.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func syncDir(dir string) error {
@@ -336,13 +370,23 @@ func (w *wtx) insertMessage(m *NewMessage) (ID, error) {
 	return id, nil
 }
 
-// update runs fn in one write transaction. After a successful commit it
-// applies the counter delta, reports quarantined records and signals Wake.
+// update runs fn in one write transaction and stores the counter delta in
+// it (see counters.go). After a successful commit it applies the delta to
+// the in-memory counters, reports quarantined records and signals Wake.
+// Every write to the database goes through here, except the creation of
+// missing buckets in Open.
 func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
 	err := q.db.Update(func(tx *bolt.Tx) error {
 		w = &wtx{tx: tx, delta: newCounts()}
-		return fn(w)
+		w.setFillPercent()
+		if err := fn(w); err != nil {
+			return err
+		}
+		if w.recount {
+			w.setCounts(countAll(tx))
+		}
+		return w.saveCounts()
 	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) {

@@ -91,6 +91,11 @@ type Options struct {
 	// or body is missing, is moved to the quarantine bucket. It must not call
 	// back into the Queue.
 	OnQuarantine func(bucket string, key []byte, err error)
+	// FullScan makes Open decode every record, quarantine those that do not
+	// decode and count them all again, as it does by itself when the
+	// stored counters cannot be trusted. A check for an operator who
+	// suspects damage; a normal start does not need it.
+	FullScan bool
 }
 
 // NewRecipient is one envelope recipient of a NewMessage.
