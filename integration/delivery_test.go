@@ -6,6 +6,8 @@ package integration
 import (
 	"bytes"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -119,4 +121,50 @@ func TestDeliveryOneTransactionPerDomain(t *testing.T) {
 func head(msg []byte) string {
 	h, _, _ := bytes.Cut(msg, []byte("\r\n\r\n"))
 	return string(h)
+}
+
+// TestDeliveryLargeMessageSpooled sends a 3 MiB message, larger than the
+// queue keeps in its database: its body goes to a file in the spool
+// directory next to the queue, survives a SIGKILL and a restart, reaches
+// the MX byte for byte once it listens, and the file is removed when the
+// message is done.
+func TestDeliveryLargeMessageSpooled(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	mx := n.mxAddr("big.test") // nothing listens yet: connection refused, deferred
+	r := n.relay()
+	line := strings.Repeat("spooled body line ", 4) + "\r\n"
+	msg := append(message("a@src.test", "x@big.test", "large"), "\r\n"...)
+	msg = append(msg, strings.Repeat(line, 3<<20/len(line))+"tail"...)
+	r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"x@big.test"}, Data: msg})
+
+	spool := filepath.Join(r.Dir, "queue.db.bodies")
+	if files := dirNames(t, spool); len(files) != 1 {
+		t.Fatalf("spool %s holds %v after the 250, want one body file", spool, files)
+	}
+	r.Kill()
+	r.Restart(t)
+	sink := peers.StartSink(t, mx, peers.SinkOptions{Domain: "mx.big.test"})
+	got := sink.WaitFor(t, 1, 30*time.Second)[0]
+	if !bytes.Equal(withoutTrace(got.Data), onWire(msg)) {
+		t.Errorf("the MX got %d octets, not the %d sent (head %q)", len(got.Data), len(onWire(msg)), head(got.Data))
+	}
+	r.waitQueueEmpty(10 * time.Second)
+	if files := dirNames(t, spool); len(files) != 0 {
+		t.Errorf("spool still holds %v after delivery", files)
+	}
+}
+
+func dirNames(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
 }

@@ -86,11 +86,32 @@ func (q *Queue) Show(id ID) (Message, error) {
 // record exists but whose body is missing cannot be delivered: it is moved
 // to quarantine, and Body fails with ErrNotFound as for a deleted one.
 func (q *Queue) Body(id ID) ([]byte, error) {
+	c, err := q.OpenBody(id)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if c.unmap == nil {
+		return c.b, nil // already a copy
+	}
+	return bytes.Clone(c.b), nil
+}
+
+// OpenBody opens the body of message id for reading: a copy of a body kept
+// in the database, or a read-only mapping of a spooled one, so that sending
+// a large message does not copy it onto the heap. Close it when done.
+// Errors are as for Body.
+func (q *Queue) OpenBody(id ID) (*Content, error) {
 	var body []byte
+	var spooled string
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bBodies).Get(idKey(id))
 		if v == nil {
+			if name := tx.Bucket(bSpool).Get(idKey(id)); name != nil {
+				spooled = string(name)
+				return nil
+			}
 			if tx.Bucket(bMsgs).Get(idKey(id)) != nil {
 				ps = append(ps, problem{missingBody, bMsgs, idKey(id), errMissing("message body")})
 			}
@@ -100,7 +121,18 @@ func (q *Queue) Body(id ID) ([]byte, error) {
 		return nil
 	})
 	q.fixup(ps)
-	return body, err
+	if err != nil {
+		return nil, err
+	}
+	if spooled == "" {
+		return &Content{b: body}, nil
+	}
+	c, err := q.openSpooled(spooled)
+	if err != nil {
+		// The database names a file that is gone: as for a missing body.
+		return nil, fmt.Errorf("queue: body %s: %w (%v)", id, ErrNotFound, err)
+	}
+	return c, nil
 }
 
 // NextDue returns the time of the earliest due entry, skipping the leases of

@@ -53,5 +53,9 @@
 // fsync; a refused call (ErrState, ErrNotFound) writes nothing. Supported
 // filesystems are local ones with working fsync and flock (not NFS/CIFS).
 //
+// Bodies of SpoolThreshold octets or more are files in a spool directory
+// next to the database, named by the message record's transaction and
+// synced before it commits (spool.go explains why and in which order).
+//
 // Records are versioned and encoded with a small binary codec (codec.go).
 package queue

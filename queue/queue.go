@@ -107,6 +107,10 @@ func Open(path string, opt Options) (*Queue, error) {
 		db.Close()
 		return nil, err
 	}
+	if err := q.sweepSpool(); err != nil {
+		db.Close()
+		return nil, err
+	}
 	q.wg.Add(1)
 	go q.writer()
 	return q, nil
@@ -231,6 +235,9 @@ func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 		}
 		size += len(ms[i].Body)
 	}
+	if err := q.finishFiles(ms); err != nil {
+		return nil, err
+	}
 	var ids []ID
 	err := q.submit(len(ms), size, func(w *wtx) error {
 		ids = ids[:0]
@@ -265,6 +272,9 @@ func (q *Queue) submit(n, size int, fn func(w *wtx) error) error {
 }
 
 func validateNew(m *NewMessage) error {
+	if m.File != nil && m.Body != nil {
+		return fmt.Errorf("%w: both Body and File set", ErrInvalid)
+	}
 	if len(m.To) == 0 {
 		return fmt.Errorf("%w: message without recipients", ErrInvalid)
 	}
@@ -342,17 +352,17 @@ func (w *wtx) insertMessage(m *NewMessage) (ID, error) {
 		return 0, err
 	}
 	id := ID(seq)
-	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: int64(len(m.Body)),
+	size := int64(len(m.Body))
+	if m.File != nil {
+		size = m.File.Len()
+	}
+	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
 		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN}
 	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
 		return 0, err
 	}
-	body := m.Body
-	if body == nil {
-		body = []byte{} // bbolt stores nil as an empty value, but be explicit
-	}
-	if err := w.b(bBodies).Put(idKey(id), body); err != nil {
+	if err := w.putBody(id, m); err != nil {
 		return 0, err
 	}
 	w.delta.msgs++
@@ -368,6 +378,18 @@ func (w *wtx) insertMessage(m *NewMessage) (ID, error) {
 		}
 	}
 	return id, nil
+}
+
+// putBody stores m's body, or the name of its spool file.
+func (w *wtx) putBody(id ID, m *NewMessage) error {
+	if m.File != nil {
+		return w.b(bSpool).Put(idKey(id), []byte(m.File.name))
+	}
+	body := m.Body
+	if body == nil {
+		body = []byte{} // bbolt stores nil as an empty value, but be explicit
+	}
+	return w.b(bBodies).Put(idKey(id), body)
 }
 
 // update runs fn in one write transaction and stores the counter delta in
@@ -394,6 +416,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 		}
 		return err
 	}
+	q.removeFiles(w.unlink)
 	q.mu.Lock()
 	q.counts.add(w.delta)
 	q.lowerCursors(w.low) // before signal: a woken scan must see the mark

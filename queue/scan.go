@@ -42,7 +42,6 @@ func (q *Queue) scan() error {
 
 func scanMessages(tx *bolt.Tx, c *counts) []problem {
 	var ps []problem
-	bodies := tx.Bucket(bBodies)
 	cur := tx.Bucket(bMsgs).Cursor()
 	for k, v := cur.First(); k != nil; k, v = cur.Next() {
 		if err := validate(bMsgs, k, v); err != nil {
@@ -50,7 +49,7 @@ func scanMessages(tx *bolt.Tx, c *counts) []problem {
 			continue
 		}
 		c.msgs++
-		if bodies.Get(k) == nil {
+		if !hasBody(tx, k) {
 			ps = append(ps, problem{missingBody, bMsgs, bytes.Clone(k),
 				errMissing("message body")})
 		}

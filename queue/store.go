@@ -21,6 +21,7 @@ import (
 //	dests      lower(domain)              → destination record
 //	quarantine <bucket>/key               → raw bytes that failed to decode
 //	counts     name                       → a Stats counter (see counters.go)
+//	spool      id(8)                      → name of the body's file in the spool (spool.go)
 //
 // Invariant: a recipient has exactly one due entry, at NextAttempt, iff its
 // status is Queued, Deferred or Active (flag 'a'). Held and final recipients
@@ -34,7 +35,8 @@ var (
 	bDests      = []byte("dests")
 	bQuarantine = []byte("quarantine")
 	bCounts     = []byte("counts")
-	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts}
+	bSpool      = []byte("spool")
+	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool}
 )
 
 const (
@@ -128,8 +130,9 @@ type wtx struct {
 	recount bool    // a record whose counts are unknown left: count again before the commit
 	reset   *counts // set by setCounts: the counters replace the stored ones
 	quar    []quarantined
-	wake    bool   // the change may create earlier due work
-	low     []byte // smallest non-active due key put (see DueCursor)
+	wake    bool     // the change may create earlier due work
+	low     []byte   // smallest non-active due key put (see DueCursor)
+	unlink  []string // spool files to remove once the commit is done
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }
@@ -304,6 +307,12 @@ func (w *wtx) deleteMessage(id ID, rs []Recipient) error {
 	if err := w.b(bBodies).Delete(idKey(id)); err != nil {
 		return err
 	}
+	if name := w.b(bSpool).Get(idKey(id)); name != nil {
+		w.unlink = append(w.unlink, string(name))
+		if err := w.b(bSpool).Delete(idKey(id)); err != nil {
+			return err
+		}
+	}
 	return w.b(bMsgs).Delete(idKey(id))
 }
 
@@ -371,6 +380,7 @@ func (w *wtx) quarantineMessage(id ID, err error) {
 	}
 	w.move(bMsgs, idKey(id), err)
 	w.move(bBodies, idKey(id), err)
+	w.move(bSpool, idKey(id), err) // the file stays: Open keeps files quarantine names
 }
 
 // problem is something a reader found but could not fix in its read-only
@@ -417,7 +427,7 @@ func (w *wtx) fix(p problem) error {
 			w.recount = true // the message record left without us: was it counted?
 		}
 	case missingBody:
-		if w.b(bBodies).Get(p.key) == nil {
+		if !hasBody(w.tx, p.key) {
 			w.quarantineMessage(ID(binary.BigEndian.Uint64(p.key)), p.err)
 		}
 	case corruptRecord:
@@ -464,4 +474,10 @@ func validate(bucket, key, v []byte) error {
 		_, err = decodeDestination(v)
 	}
 	return err
+}
+
+// hasBody reports whether message key has a body, in the database or in
+// the spool.
+func hasBody(tx *bolt.Tx, key []byte) bool {
+	return tx.Bucket(bBodies).Get(key) != nil || tx.Bucket(bSpool).Get(key) != nil
 }

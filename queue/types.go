@@ -107,9 +107,13 @@ type NewRecipient struct {
 
 // NewMessage is a message to enqueue.
 type NewMessage struct {
-	From        string // "" is the null sender <>
-	To          []NewRecipient
-	Body        []byte // full message as stored (Received header prepended), CRLF lines
+	From string // "" is the null sender <>
+	To   []NewRecipient
+	Body []byte // full message as stored (Received header prepended), CRLF lines
+	// File holds the body instead of Body for a large message, written to
+	// the spool while it was read (see CreateBody); Enqueue syncs and
+	// closes it. At most one of Body and File is set.
+	File        *BodyFile
 	Arrival     time.Time
 	ClientAddr  string
 	AuthUser    string

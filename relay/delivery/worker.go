@@ -76,9 +76,12 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 // connection, and returns the connection to reuse (nil if none).
 func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *worker) *session {
 	msg, err := e.q.Message(j.id)
-	var body []byte
+	var body *queue.Content
 	if err == nil {
-		body, err = e.q.Body(j.id)
+		// A large body is a mapped spool file, not a heap copy; every use
+		// of it (the transactions, a DSN's returned content) ends before
+		// runJob returns.
+		body, err = e.q.OpenBody(j.id)
 	}
 	if err != nil {
 		e.unclaim(j.rcpts)
@@ -88,11 +91,12 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 		}
 		return s
 	}
+	defer body.Close()
 	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection) {
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body, start: e.now(), w: w}
+	a := &attempt{msg: msg, body: body.Bytes(), start: e.now(), w: w}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"syscall"
 	"time"
 
 	"github.com/emersion/go-smtp"
@@ -67,20 +68,25 @@ func (s *session) Data(r io.Reader) error {
 	}
 	buf := s.srv.getDataBuf()
 	defer s.srv.putDataBuf(buf) // Enqueue has returned: nothing refers to it
-	hdrLen, eightBit, err := s.readBody(r, buf, s.receivedInfo(env), env.size)
+	rb, err := s.readBody(r, buf, s.receivedInfo(env), env.size)
 	if err != nil {
 		return err
 	}
-	body := buf.body
 	final := s.srv.now() // the final dot
-	if n := countReceived(body[hdrLen:]); n > s.srv.cfg.Limits.MaxReceivedHeaders {
+	if err := s.checkBody(rb); err != nil {
+		rb.discard()
+		return err
+	}
+	return s.commit(env, rb, final)
+}
+
+// checkBody applies the checks made once the whole body is in.
+func (s *session) checkBody(rb readResult) error {
+	if rb.received > s.srv.cfg.Limits.MaxReceivedHeaders {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
 		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
-	if err := s.checkDisk(); err != nil {
-		return err
-	}
-	return s.commit(env, body, eightBit, final)
+	return s.checkDisk()
 }
 
 func (s *session) receivedInfo(env *envelope) receivedInfo {
@@ -93,20 +99,21 @@ func (s *session) receivedInfo(env *envelope) receivedInfo {
 }
 
 // commit enqueues the message and builds the 250 reply.
-func (s *session) commit(env *envelope, body []byte, eightBit bool, final time.Time) error {
+func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	msg := queue.NewMessage{
-		From: env.from, To: env.rcpts, Body: body, Arrival: final,
+		From: env.from, To: env.rcpts, Body: rb.body, File: rb.file, Arrival: final,
 		ClientAddr: s.clientIP, AuthUser: env.user, Helo: env.heloSafe,
-		RET: env.ret, EnvID: env.envID, SMTPUTF8: env.utf8, EightBit: env.eightBit || eightBit,
+		RET: env.ret, EnvID: env.envID, SMTPUTF8: env.utf8, EightBit: env.eightBit || rb.eightBit,
 	}
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
+		rb.discard()
 		s.srv.log.Error("enqueue failed", zap.String("client", s.clientS), zap.Error(err))
 		return s.refuse("queue", replyLocalError())
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
 	idS := id.String()
-	s.accepted(env, idS, len(body))
+	s.accepted(env, idS, int(rb.size))
 	s.conn.forgiveJunk()
 	return reply(250, 2, 0, 0, "OK queued as "+idS)
 }
@@ -135,47 +142,161 @@ func (s *session) accepted(env *envelope, id string, size int) {
 		zap.Int("rcpts", len(env.rcpts)), zap.Int("size", size), zap.Bool("tls", s.tlsState != nil))
 }
 
-// readBody reads r to its end into buf.body: the Received header ri
-// describes, then the normalised body. It returns the header's length. A
-// refusal is returned as the reply to give.
-//
-// The buffer starts at the size the client declared with SIZE= (capped at
-// the limit), so a large message is read into one allocation instead of a
-// chain of doublings that leaves twice its size behind for the collector.
-func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared int64) (int, bool, error) {
+// readResult is a body read in full: in memory (body) or, when it grew
+// past queue.SpoolThreshold, in a spool file (file).
+type readResult struct {
+	body     []byte          // the Received header and the normalised body; nil if spooled
+	file     *queue.BodyFile // the same, spooled; nil if in memory
+	size     int64
+	eightBit bool
+	received int // Received headers in the message (not counting ours)
+}
+
+// discard removes the spool file of a body that will not be queued.
+func (rb readResult) discard() {
+	if rb.file != nil {
+		rb.file.Discard()
+	}
+}
+
+// Spooler is the optional part of Queue that takes large bodies as files
+// (queue.Queue has it). Without it every body is held in memory.
+type Spooler interface {
+	CreateBody() (*queue.BodyFile, error)
+}
+
+// spillAt is how much normalised body readBody holds in memory before it
+// moves it to the spool file, once the body is known to be large.
+const spillAt = 64 << 10
+
+// readBody reads r to its end: the Received header ri describes, then the
+// normalised body, into buf.body or, past queue.SpoolThreshold, into a
+// spool file written as the data arrives, so a large message never sits
+// whole in memory (20 sessions of 10 MiB took the heap to hundreds of MiB
+// and bbolt's mapping to gigabytes). A refusal is returned as the reply
+// to give.
+func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared int64) (readResult, error) {
+	s.sizeBodyBuf(buf, declared)
+	hdr := appendReceived(buf.body[:0], ri)
+	n := normalizer{out: hdr, base: len(hdr),
+		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
+	sp := bodySpill{q: s.srv.queue}
+	for {
+		k, err := r.Read(buf.read)
+		n.write(buf.read[:k])
+		sp.maybeSpill(&n)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			sp.discard()
+			return readResult{}, s.readFailed(err)
+		}
+	}
+	n.finish()
+	sp.flush(&n)
+	buf.body = n.out // it may have grown
+	if err := s.bodyFault(n.fault, sp.err); err != nil {
+		sp.discard()
+		return readResult{}, err
+	}
+	rb := readResult{size: n.total(), eightBit: n.eightBit, received: sp.received, file: sp.file}
+	if sp.file == nil {
+		rb.body, rb.received = n.out, countReceived(n.out[n.base:])
+	}
+	return rb, nil
+}
+
+// sizeBodyBuf gives buf.body room for the body the client declared with
+// SIZE= (capped at the limit, and at what is held before spooling), so a
+// large message is read into one allocation instead of a chain of
+// doublings that leaves twice its size behind for the collector.
+func (s *session) sizeBodyBuf(buf *dataBuf, declared int64) {
 	want := int64(bodyBufSize)
 	if declared > bodyBufSize-receivedRoom {
 		// A little room for bare LFs that become CRLF.
 		want = receivedRoom + min(declared+declared/64, s.srv.cfg.Limits.MaxMessageBytes+1024)
 	}
+	if _, ok := s.srv.queue.(Spooler); ok {
+		want = min(want, queue.SpoolThreshold+readBufSize+receivedRoom)
+	}
 	if int64(cap(buf.body)) < want {
 		buf.body = make([]byte, 0, want)
 	}
-	hdr := appendReceived(buf.body[:0], ri)
-	n := normalizer{out: hdr, base: len(hdr),
-		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
-	for {
-		k, err := r.Read(buf.read)
-		n.write(buf.read[:k])
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return 0, false, s.readFailed(err)
-		}
-	}
-	n.finish()
-	buf.body = n.out // it may have grown
-	switch n.fault {
+}
+
+// bodyFault turns what went wrong while reading into the reply to give.
+func (s *session) bodyFault(fault string, spoolErr error) error {
+	switch fault {
 	case faultBareCR:
 		// chasquid's reply; RFC 3463 X.5.2 syntax error. 521 closes.
-		return 0, false, s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
+		return s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
 	case faultNUL:
-		return 0, false, s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
+		return s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
 	case faultSize:
-		return 0, false, s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
+		return s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
 	}
-	return n.base, n.eightBit, nil
+	if spoolErr != nil {
+		// Never 5xx for our own storage trouble: the client keeps the
+		// message and tries again.
+		s.srv.log.Error("spooling the body failed", zap.String("client", s.clientS), zap.Error(spoolErr))
+		if errors.Is(spoolErr, syscall.ENOSPC) {
+			return s.refuse("storage", replyNoStorage())
+		}
+		return s.refuse("storage", replyLocalError())
+	}
+	return nil
+}
+
+// bodySpill moves a large body from the normalizer's buffer to a spool
+// file as it is read. After a failure it keeps the first error and drops
+// the data (the body is still read to its end, to stay in sync).
+type bodySpill struct {
+	q        Queue
+	file     *queue.BodyFile
+	err      error
+	received int // Received headers seen in the part held before spooling
+}
+
+// maybeSpill starts spooling once the body reaches queue.SpoolThreshold,
+// and then writes it out whenever spillAt octets are held.
+func (sp *bodySpill) maybeSpill(n *normalizer) {
+	if n.fault != "" || sp.err != nil {
+		return
+	}
+	if sp.file == nil {
+		spooler, ok := sp.q.(Spooler)
+		if !ok || len(n.out) < queue.SpoolThreshold {
+			return
+		}
+		// The header section is in this first part for any real message:
+		// loop detection counts it here.
+		sp.received = countReceived(n.out[n.base:])
+		if sp.file, sp.err = spooler.CreateBody(); sp.err != nil {
+			return
+		}
+	}
+	if len(n.out) >= spillAt {
+		sp.flush(n)
+	}
+}
+
+// flush writes what the normalizer holds to the file, if spooling.
+func (sp *bodySpill) flush(n *normalizer) {
+	if sp.file == nil || sp.err != nil || n.fault != "" {
+		return
+	}
+	if _, err := sp.file.Write(n.out); err != nil {
+		sp.err = err
+	}
+	n.spilled += int64(len(n.out))
+	n.out = n.out[:0]
+}
+
+func (sp *bodySpill) discard() {
+	if sp.file != nil {
+		sp.file.Discard()
+	}
 }
 
 // dataBuf is the memory one Data call works in. Server.dataBufs keeps it
@@ -251,7 +372,12 @@ type normalizer struct {
 	pendingCR bool
 	eightBit  bool
 	fault     string
+	spilled   int64 // octets moved out of out to a spool file (bodySpill)
+	last      byte  // the last octet emitted
 }
+
+// total is the size of the stored message: header and normalised body.
+func (n *normalizer) total() int64 { return n.spilled + int64(len(n.out)) }
 
 // write normalises p, a piece of the body, working on runs between the
 // bytes that matter (LF, CR, NUL) rather than byte by byte. A CR at the
@@ -355,8 +481,12 @@ func (n *normalizer) emit(b ...byte) {
 	if n.fault != "" {
 		return
 	}
+	if len(b) == 0 {
+		return
+	}
 	n.out = append(n.out, b...)
-	if int64(len(n.out)-n.base) > n.max {
+	n.last = b[len(b)-1]
+	if n.total()-int64(n.base) > n.max {
 		n.setFault(faultSize)
 	}
 }
@@ -364,7 +494,7 @@ func (n *normalizer) emit(b ...byte) {
 func (n *normalizer) setFault(f string) {
 	if n.fault == "" {
 		n.fault = f
-		n.out = n.out[:n.base]
+		n.out = n.out[:min(n.base, len(n.out))] // once spilled, the file is dropped anyway
 	}
 }
 
@@ -374,7 +504,7 @@ func (n *normalizer) finish() {
 		n.pendingCR = false
 		n.strayCR()
 	}
-	if len(n.out) > n.base && n.out[len(n.out)-1] != '\n' {
+	if n.total() > int64(n.base) && n.last != '\n' {
 		n.emit('\r', '\n')
 	}
 }

@@ -1,0 +1,13 @@
+//go:build !unix
+
+package queue
+
+import (
+	"errors"
+	"os"
+)
+
+// mapFile is not available here: openSpooled reads the file instead.
+func mapFile(*os.File, int64) ([]byte, func([]byte) error, error) {
+	return nil, nil, errors.New("no mmap")
+}
