@@ -8,6 +8,7 @@ import (
 // Pending is an Apply handed to the writer by ApplyAsync whose result has
 // not been collected yet.
 type Pending struct {
+	q     *Queue
 	reply chan error // answered by the writer; nil if the call never reached it
 	ids   []ID       // set by the writer before it answers
 	err   error      // the result, once decided
@@ -31,7 +32,7 @@ type Pending struct {
 // tells. Close commits every update the writer has taken before it
 // returns.
 func (q *Queue) ApplyAsync(u Update) *Pending {
-	p := &Pending{}
+	p := &Pending{q: q}
 	if err := validateUpdate(&u); err != nil {
 		p.err = err
 		p.once.Do(func() {})
@@ -61,7 +62,7 @@ func (q *Queue) ApplyAsync(u Update) *Pending {
 // same result. Wait is safe for concurrent use.
 func (p *Pending) Wait() ([]ID, error) {
 	p.once.Do(func() {
-		if err := <-p.reply; err != nil {
+		if err := p.q.await(p.reply); err != nil {
 			p.ids, p.err = nil, fmt.Errorf("queue: apply: %w", err)
 		}
 	})

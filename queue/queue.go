@@ -41,8 +41,12 @@ type Queue struct {
 	db     *bolt.DB
 	path   string
 	opt    Options
-	reqs   chan request // unbuffered: a send succeeds only while the writer listens
-	done   chan struct{}
+	// reqs is buffered so that a caller who does not wait for the commit
+	// (ApplyAsync) is not held up by the one in progress; the order of
+	// the channel is the order of the commits.
+	reqs    chan request
+	done    chan struct{}
+	stopped chan struct{} // closed by the writer when it has answered its last request
 	wg     sync.WaitGroup
 	wake   chan struct{}
 	closed atomic.Bool
@@ -101,8 +105,8 @@ func Open(path string, opt Options) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: open %s: %w", path, err)
 	}
-	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request),
-		done: make(chan struct{}), wake: make(chan struct{}, 1), counts: newCounts()}
+	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
+		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1), counts: newCounts()}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
 		return nil, err
@@ -268,7 +272,27 @@ func (q *Queue) submit(n, size int, fn func(w *wtx) error) error {
 	case <-q.done:
 		return ErrClosed
 	}
-	return <-r.reply
+	return q.await(r.reply)
+}
+
+// reqBuffer is how many requests may wait for the writer: more than the
+// sessions and workers that ever wait at once, so a send rarely blocks.
+const reqBuffer = 1024
+
+// await waits for the writer's answer to a request. One that reached the
+// buffer after the writer's last look at it gets no answer: it never ran.
+func (q *Queue) await(reply chan error) error {
+	select {
+	case err := <-reply:
+		return err
+	case <-q.stopped:
+		select {
+		case err := <-reply:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
 }
 
 func validateNew(m *NewMessage) error {
@@ -293,11 +317,26 @@ func validateNew(m *NewMessage) error {
 // already waiting, commit once, answer everyone.
 func (q *Queue) writer() {
 	defer q.wg.Done()
+	defer close(q.stopped)
 	for {
 		select {
 		case r := <-q.reqs:
 			q.commit(q.gather(r))
 		case <-q.done:
+			q.drain()
+			return
+		}
+	}
+}
+
+// drain commits what was submitted before Close, so that a caller who did
+// not wait (ApplyAsync) still has its update stored.
+func (q *Queue) drain() {
+	for {
+		select {
+		case r := <-q.reqs:
+			q.commit(q.gather(r))
+		default:
 			return
 		}
 	}
