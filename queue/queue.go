@@ -38,19 +38,19 @@ const (
 // may run a function twice, and our functions allocate IDs and report to
 // callers.
 type Queue struct {
-	db     *bolt.DB
-	path   string
-	opt    Options
+	db   *bolt.DB
+	path string
+	opt  Options
 	// reqs is buffered so that a caller who does not wait for the commit
 	// (ApplyAsync) is not held up by the one in progress; the order of
 	// the channel is the order of the commits.
 	reqs    chan request
 	done    chan struct{}
 	stopped chan struct{} // closed by the writer when it has answered its last request
-	wg     sync.WaitGroup
-	wake   chan struct{}
-	closed atomic.Bool
-	once   sync.Once
+	wg      sync.WaitGroup
+	wake    chan struct{}
+	closed  atomic.Bool
+	once    sync.Once
 
 	mu      sync.Mutex
 	counts  counts
