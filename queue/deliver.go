@@ -2,7 +2,9 @@ package queue
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -128,11 +130,28 @@ func (q *Queue) OpenBody(id ID) (*Content, error) {
 		return &Content{b: body}, nil
 	}
 	c, err := q.openSpooled(spooled)
-	if err != nil {
-		// The database names a file that is gone: as for a missing body.
+	if errors.Is(err, fs.ErrNotExist) {
+		// The database names a file that is gone (removed by hand, a
+		// restore that missed it): as for a missing body, the message is
+		// quarantined rather than tried again and again.
+		q.quarantineSpooled(id, spooled, err)
 		return nil, fmt.Errorf("queue: body %s: %w (%v)", id, ErrNotFound, err)
 	}
+	if err != nil {
+		return nil, fmt.Errorf("queue: body %s: %w", id, err)
+	}
 	return c, nil
+}
+
+// quarantineSpooled quarantines message id if its body is still the spool
+// file name, which could not be found.
+func (q *Queue) quarantineSpooled(id ID, name string, cause error) {
+	_ = q.update(func(w *wtx) error {
+		if string(w.b(bSpool).Get(idKey(id))) == name {
+			w.quarantineMessage(id, fmt.Errorf("%w: spool file %s: %v", errCorrupt, name, cause))
+		}
+		return nil
+	})
 }
 
 // NextDue returns the time of the earliest due entry, skipping the leases of

@@ -457,7 +457,13 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	}
 	q.removeFiles(w.unlink)
 	q.mu.Lock()
-	q.counts.add(w.delta)
+	if w.reset != nil {
+		// A recount: take it as it is. Adding its delta would double the
+		// counters if the stored ones it was measured against were unusable.
+		q.counts = *w.reset
+	} else {
+		q.counts.add(w.delta)
+	}
 	q.lowerCursors(w.low) // before signal: a woken scan must see the mark
 	q.mu.Unlock()
 	q.report(w.quar)

@@ -142,8 +142,15 @@ func (q *Queue) removeFiles(names []string) {
 // spool bucket, one short entry per large message.
 func (q *Queue) sweepSpool() error {
 	dir := q.spoolDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("queue: spool: %w", err)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return fmt.Errorf("queue: spool: %w", err)
+		}
+		// The new directory's entry must be durable before a commit
+		// names a file in it.
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return fmt.Errorf("queue: spool: %w", err)
+		}
 	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {

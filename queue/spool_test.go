@@ -145,4 +145,11 @@ func TestSpool_MissingFile(t *testing.T) {
 	if _, err := q.OpenBody(id); !errors.Is(err, ErrNotFound) {
 		t.Errorf("OpenBody: %v, want ErrNotFound", err)
 	}
+	if _, err := q.Message(id); !errors.Is(err, ErrNotFound) {
+		t.Errorf("the message is still in the queue (%v); want it quarantined", err)
+	}
+	if st, _ := q.Stats(); st.Messages != 0 || st.Recipients != 0 {
+		t.Errorf("Stats after quarantine: %d messages, %d recipients; want none", st.Messages, st.Recipients)
+	}
+	checkStats(t, q)
 }

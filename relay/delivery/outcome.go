@@ -93,6 +93,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	e.learnThrottle(&rec, s, now)
 	pruneDead(&rec, now)
 	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
+	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
 	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
 	po.u = s.u
 	if sameDest(rec, d.stored) {

@@ -3,6 +3,8 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime/debug"
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
@@ -19,7 +21,7 @@ import (
 func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, rcpts []queue.Recipient) (*session, leftover) {
 	a.t, a.tried, a.relay = s.t, s.t, s.relay
 	for round := 0; ; round++ {
-		res, err := s.c.Send(ctx, envelope(a.msg, rcpts), a.body)
+		res, err := send(ctx, s, envelope(a.msg, rcpts), a.body)
 		s.count++
 		a.peerDSN = res.DSN
 		jd := e.judge(rcpts, res, err, round < maxFollowUps)
@@ -37,6 +39,28 @@ func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, 
 		}
 		rcpts = jd.again
 	}
+}
+
+// send runs one transaction on s. The body may be a mapped spool file
+// (queue.OpenBody), where an I/O error while reading it is a memory fault
+// (SIGBUS), not an error: it is turned into a panic for this goroutine
+// only (debug.SetPanicOnFault) and then into a connection-level error, so
+// that a bad sector defers the message instead of killing the relay at
+// every start.
+func send(ctx context.Context, s *session, env smtpclient.Envelope, body []byte) (res smtpclient.TxResult, err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if _, fault := r.(interface{ Addr() uintptr }); !fault {
+			panic(r)
+		}
+		s.c.Close() // left in the middle of DATA
+		err = &smtpclient.Error{Stage: classifier.StageDATA, Err: fmt.Errorf("reading the queued message failed: %v", r)}
+	}()
+	return s.c.Send(ctx, env, body)
 }
 
 // judgement is what one transaction decided.

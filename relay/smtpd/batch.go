@@ -39,6 +39,7 @@ type batchWriter struct {
 	err      error
 	deadline time.Time // the write deadline, as last set
 	applied  time.Time // the socket's: deadline is passed on at the next write
+	cut      time.Time // set by cutDeadline: no later deadline may replace it
 }
 
 // write buffers b, or writes it at once when it is too large to buffer.
@@ -105,6 +106,9 @@ func (w *batchWriter) writeLocked(b []byte) (int, error) {
 func (w *batchWriter) setDeadline(t time.Time) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if !w.cut.IsZero() && !earlier(t, w.cut) {
+		t = w.cut // a goodbye's bound stands against the session's own deadlines
+	}
 	if len(w.buf) > 0 && earlier(t, w.deadline) {
 		w.flushLocked() // a failure is kept in w.err
 	}
@@ -118,7 +122,7 @@ func (w *batchWriter) setDeadline(t time.Time) error {
 func (w *batchWriter) cutDeadline(t time.Time) {
 	w.nc.SetWriteDeadline(t)
 	w.mu.Lock()
-	w.deadline, w.applied = t, t
+	w.deadline, w.applied, w.cut = t, t, t
 	w.mu.Unlock()
 }
 

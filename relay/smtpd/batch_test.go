@@ -295,3 +295,17 @@ func expectEOF(t *testing.T, name string, c *client) {
 		t.Errorf("%s: after the last reply: %q, %v", name, rest, err)
 	}
 }
+
+// After a goodbye bounded the writes, the session's own later deadlines
+// (go-smtp sets now+WriteTimeout before each reply) must not lift it.
+func TestBatch_CutDeadlineStands(t *testing.T) {
+	c, rc := newRecConn(t)
+	cut := time.Now().Add(time.Second)
+	c.out.cutDeadline(cut)
+	c.SetWriteDeadline(time.Now().Add(time.Hour))
+	c.Write([]byte("250 late\r\n"))
+	c.Read(make([]byte, 1))
+	if len(rc.under) != 1 || !rc.under[0].Equal(cut) {
+		t.Errorf("written under %v, want the cut %v", rc.under, cut)
+	}
+}

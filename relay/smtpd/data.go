@@ -261,7 +261,14 @@ type bodySpill struct {
 // maybeSpill starts spooling once the body reaches queue.SpoolThreshold,
 // and then writes it out whenever spillAt octets are held.
 func (sp *bodySpill) maybeSpill(n *normalizer) {
-	if n.fault != "" || sp.err != nil {
+	if n.fault != "" {
+		return
+	}
+	if sp.err != nil {
+		// The message will be refused: read on to stay in sync, but hold
+		// nothing (the size limit still counts what was dropped).
+		n.spilled += int64(len(n.out))
+		n.out = n.out[:0]
 		return
 	}
 	if sp.file == nil {
