@@ -58,10 +58,11 @@ func serve(args []string, stderr io.Writer) error {
 // defaultGCPercent replaces Go's GOGC=100 unless GOGC is set. The relay's
 // live heap is small (tens of MB: bodies of 256 KiB and more are spooled,
 // smaller ones are pooled), so at 100 the collector ran several times a
-// second under load and took about a tenth of the CPU; at 400 the heap
-// peaks a few tens of MB higher (BENCHMARKS.md). GOMEMLIMIT, if set,
-// still caps it.
-const defaultGCPercent = 400
+// second under load and took about a tenth of the CPU. 200 got most of
+// the gain (accepted 4,480 → 5,100 msgs/s in the compare benchmark); 400
+// gained 3% more but took a 1,000,000-recipient queue's peak RSS from
+// 473 to 523 MB (BENCHMARKS.md). GOMEMLIMIT, if set, still caps the heap.
+const defaultGCPercent = 200
 
 func tuneGC() {
 	if _, set := os.LookupEnv("GOGC"); !set {
