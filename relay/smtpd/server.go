@@ -317,6 +317,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for s.inData.Load() > 0 {
 		time.Sleep(10 * time.Millisecond)
 	}
+	// A session whose Data just returned still has to write its 250 (it
+	// may sit in the reply buffer until the session's next read or close,
+	// which flush it). Each session now ends by itself at its next read;
+	// give them a moment before cutting the stragglers, or a committed
+	// message loses its 250 and the client sends it again.
+	for end := time.Now().Add(time.Second); len(s.lim.snapshot(true)) > 0 && time.Now().Before(end); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	for _, c := range s.lim.snapshot(true) {
 		c.kill() // a write still blocked now is cut, not waited for
 	}
