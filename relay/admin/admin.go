@@ -19,8 +19,9 @@
 //   - The server is private by default (127.0.0.1:8025). A non-loopback
 //     address requires admin.token; when a token is set every endpoint but
 //     /healthz requires "Authorization: Bearer TOKEN", compared in constant
-//     time. /healthz stays open so that a container runtime can probe
-//     liveness without the secret.
+//     time; reads (GET) also take the token as an HTTP Basic password, so
+//     that a browser can open the status page. /healthz stays open so that
+//     a container runtime can probe liveness without the secret.
 //   - Queue gauges are computed at scrape time from queue.Stats (kept in
 //     memory by the queue, no scan), so they are never stale and cost
 //     nothing between scrapes.
@@ -197,23 +198,37 @@ func (s *Server) auth(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || s.tokenOK(r.Header.Get("Authorization")) {
+		if r.URL.Path == "/healthz" || s.tokenOK(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="greyrelay"`)
+		// RFC 7235 §4.1: one challenge per scheme. A browser offers its
+		// login dialog for Basic, so the status page can be opened.
+		w.Header().Add("WWW-Authenticate", `Bearer realm="greyrelay"`)
+		w.Header().Add("WWW-Authenticate", `Basic realm="greyrelay", charset="UTF-8"`)
 		writeError(w, http.StatusUnauthorized, errors.New("missing or wrong admin token"))
 	})
 }
 
-// tokenOK compares hashes so that neither the content nor the length of
-// the token leaks through timing.
-func (s *Server) tokenOK(header string) bool {
-	got, ok := strings.CutPrefix(header, "Bearer ")
+// tokenOK reports whether r carries the token: as "Bearer TOKEN", or, for
+// reading only (GET, HEAD), as the password of HTTP Basic (RFC 7617; any
+// user name), which is what a browser can send. Basic is not enough to
+// act on the queue: a browser sends cached Basic credentials with any
+// request, also one a hostile page makes it send (cross-site request
+// forgery), and a bearer token is never sent that way. Hashes are
+// compared, so that neither the content nor the length of the token leaks
+// through timing.
+func (s *Server) tokenOK(r *http.Request) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if ok {
+		got = strings.TrimSpace(got)
+	} else if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		_, got, ok = r.BasicAuth()
+	}
 	if !ok {
 		return false
 	}
-	h := sha256.Sum256([]byte(strings.TrimSpace(got)))
+	h := sha256.Sum256([]byte(got))
 	return subtle.ConstantTimeCompare(h[:], s.token[:]) == 1
 }
 

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"net/http"
@@ -280,6 +281,39 @@ func TestTokenRequired(t *testing.T) {
 	}
 	if rec := f.do(t, "GET", "/healthz"); rec.Code != http.StatusOK {
 		t.Errorf("/healthz without token: %d", rec.Code)
+	}
+}
+
+// A browser can open the status page with the token as an HTTP Basic
+// password, but Basic credentials (which a browser also sends with forged
+// cross-site requests) never act on the queue.
+func TestTokenAsBasicPasswordReadsOnly(t *testing.T) {
+	const token = "s3cret-token"
+	f := newFixture(t, func(o *Options) { o.Config.Admin.Token = token })
+	basic := func(user, pass string) string {
+		return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
+	}
+	rec := f.do(t, "GET", "/")
+	if !slices.Contains(rec.Header().Values("WWW-Authenticate"), `Basic realm="greyrelay", charset="UTF-8"`) {
+		t.Errorf("401 challenges %q, want a Basic one too", rec.Header().Values("WWW-Authenticate"))
+	}
+	tests := []struct {
+		method, path, auth string
+		want               int
+	}{
+		{"GET", "/", basic("admin", token), http.StatusOK},
+		{"GET", "/api/stats", basic("", token), http.StatusOK},
+		{"GET", "/", basic("admin", token+"x"), http.StatusUnauthorized},
+		{"GET", "/", basic(token, ""), http.StatusUnauthorized},
+		{"POST", "/api/queue/delete?all=1", basic("admin", token), http.StatusUnauthorized},
+	}
+	for _, tt := range tests {
+		if rec := f.do(t, tt.method, tt.path, "Authorization", tt.auth); rec.Code != tt.want {
+			t.Errorf("%s %s with %q: %d, want %d", tt.method, tt.path, tt.auth, rec.Code, tt.want)
+		}
+	}
+	if st, _ := f.q.Stats(); st.Recipients != 5 {
+		t.Errorf("a Basic-authenticated POST changed the queue: %d recipients", st.Recipients)
 	}
 }
 
