@@ -50,12 +50,18 @@
 // Durability: every write is a bbolt transaction, committed with fsync
 // (NoSync is never set) before the method returns. Enqueue, Begin and
 // Apply group-commit: concurrent callers share one transaction and one
-// fsync; a refused call (ErrState, ErrNotFound) writes nothing. Supported
-// filesystems are local ones with working fsync and flock (not NFS/CIFS).
+// fsync; a refused call (ErrState, ErrNotFound) writes nothing. ApplyAsync
+// hands an Apply to the same writer without waiting; its commit comes
+// before that of any later call. bbolt's freelist is written only by
+// Close (NoFreelistSync; see Open for why); after a crash, Open rebuilds
+// it by walking the pages. Supported filesystems are local ones with
+// working fsync and flock (not NFS/CIFS).
 //
 // Bodies of SpoolThreshold octets or more are files in a spool directory
-// next to the database, named by the message record's transaction and
-// synced before it commits (spool.go explains why and in which order).
+// next to the database (path + ".bodies"), written by the caller while the
+// message is read, synced with their directory before the commit that
+// names them, and mapped while they are read back (spool.go explains why
+// and in which order).
 //
 // Records are versioned and encoded with a small binary codec (codec.go).
 package queue
