@@ -300,3 +300,80 @@ func rbShrink(t *testing.T, filler, dir string, want uint64) {
 	}
 	t.Logf("filler shrunk: %d bytes free", rbFree(t, dir))
 }
+
+// TestRobustDiskFullWhileSpooling: a 1.2 MB message, which the relay
+// writes to a spool file while it reads it (bodies from 256 KiB on), meets
+// a disk that fills up in the middle of its DATA. The answer is 452 4.3.1,
+// never 250 or 5xx, and no spool file is left behind. Once there is room
+// again, the same message is accepted, delivered intact, and its file is
+// removed.
+func TestRobustDiskFullWhileSpooling(t *testing.T) {
+	t.Parallel()
+	relayIP, sinkIP, clientIP := peers.Loopback(217), peers.Loopback(218), peers.Loopback(219)
+	mnt := rbMountTmpfs(t, "16m")
+	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
+	queuePath := filepath.Join(mnt, "q", "queue.db")
+	cfg := rbRelay{IP: relayIP, QueuePath: queuePath,
+		Limits: map[string]string{"max_message_bytes": fmt.Sprint(2 << 20)},
+		Routes: map[string]string{"dest.test": sink.Addr}}
+	r := peers.StartRelay(t, cfg.YAML(t))
+	const id = "spool.1@diskfull.test"
+	data := rbMessage(id, "spooled while the disk fills", 1200<<10, rand.New(rand.NewPCG(5, 5)))
+	filler := filepath.Join(mnt, "filler")
+	send := func(midBody func()) rbReply {
+		t.Helper()
+		c, err := rbDialSMTP(r.SMTPAddr, clientIP, false, "client.test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		rep, err := c.Send(rbTx{From: "app@src.test", Rcpts: []string{"user@dest.test"}, Data: data, MidBody: midBody})
+		if err != nil {
+			t.Fatalf("submission failed: %v", err)
+		}
+		return rep
+	}
+	spoolFiles := func() []string {
+		t.Helper()
+		ents, err := os.ReadDir(queuePath + ".bodies")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		return names
+	}
+
+	if rep := send(func() { rbFill(t, filler, mnt, 0) }); rep.Code != 452 || !strings.HasPrefix(rep.Text(), "4.3.1") {
+		t.Errorf("disk full in the middle of a spooled body: %v, want 452 4.3.1", rep)
+	}
+	if names := spoolFiles(); len(names) != 0 {
+		t.Errorf("spool files left after the refusal: %v", names)
+	}
+	if !strings.Contains(r.Log(), "spooling the body failed") {
+		t.Errorf("the refusal did not come from the spool file's write error:\n%s", rbGrep(r.Log(), "error"))
+	}
+	if !r.Running() {
+		t.Fatalf("the relay died:\n%s", r.Log())
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if rep := send(nil); rep.Code != 250 {
+		t.Fatalf("with room again: %v", rep)
+	}
+	var idx rbSinkIndex
+	rbWaitUntil(t, 30*time.Second, "delivery", func() bool {
+		idx = rbIndexSink(sink.Messages())
+		return len(idx.byID[id]["user@dest.test"]) > 0
+	})
+	if got := idx.byID[id]["user@dest.test"]; len(got) != 1 || got[0] != rbHash(data) {
+		t.Errorf("delivered %d times, hashes %v; want once, intact", len(got), got)
+	}
+	rbWaitUntil(t, 20*time.Second, "an empty queue", func() bool { return rbStats(t, r).Messages == 0 })
+	if names := spoolFiles(); len(names) != 0 {
+		t.Errorf("spool files left after delivery: %v", names)
+	}
+}
