@@ -292,3 +292,25 @@ func TestIntakeUserAddAuth(t *testing.T) {
 		}
 	}
 }
+
+// TestIntakeCheckQueueAtStart: `serve -check-queue` decodes every record
+// at start (after a disk problem) and says what it found; the queued
+// message is still there afterwards.
+func TestIntakeCheckQueueAtStart(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	n.mxAddr("dest.test") // nothing listens there: the message stays queued
+	ip := n.host("")
+	r := &testRelay{Relay: peers.StartRelay(t, n.relayYAML(ip), peers.WithArgs("-check-queue")), t: t, IP: ip}
+	id := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"x@dest.test"}, Data: message("a@src.test", "x@dest.test", "check")})
+	r.Restart(t)
+	log := r.Log()
+	if !strings.Contains(log, "queue checked: every record decoded") || !strings.Contains(log, `"recipients":1`) {
+		t.Errorf("no report of the check with the queued recipient in the log:\n%s", log)
+	}
+	res := r.cli("queue", "show", id)
+	if res.Code != 0 {
+		t.Errorf("queue show %s after the checked start: %s", id, res)
+	}
+}

@@ -79,7 +79,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 }
 
 const usage = `usage:
-  greyrelay [serve] [-config FILE]      run the relay (no file: the embedded default, loopback only)
+  greyrelay [serve] [-config FILE] [-check-queue]
+                                        run the relay (no file: the embedded default, loopback only);
+                                        -check-queue decodes every queue record at start first
   greyrelay config check -config FILE   validate a configuration
   greyrelay config default              print the complete default configuration
   greyrelay user add NAME [-sender ADDR,...]   read a password on stdin, print a users-file line

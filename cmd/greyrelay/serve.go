@@ -37,6 +37,7 @@ func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "configuration file (default: the embedded default)")
+	check := fs.Bool("check-queue", false, "decode every queue record at start and quarantine damaged ones (after a disk problem)")
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
@@ -52,7 +53,7 @@ func serve(args []string, stderr io.Writer) error {
 	tuneGC()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	return runRelay(ctx, cfg, log)
+	return runRelay(ctx, cfg, log, *check)
 }
 
 // defaultGCPercent replaces Go's GOGC=100 unless GOGC is set. The relay's
@@ -96,10 +97,13 @@ type relayParts struct {
 	admin  *admin.Server
 }
 
-func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
+// runRelay runs the relay until ctx ends. checkQueue makes the queue
+// decode every record at start (queue.Options.FullScan).
+func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQueue bool) error {
 	var ready atomic.Bool
 	q, err := queue.Open(cfg.Queue.Path, queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
+		FullScan:    checkQueue,
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
 		},
@@ -108,6 +112,11 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger) error {
 		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
 	}
 	defer q.Close()
+	if checkQueue {
+		st, _ := q.Stats()
+		log.Info("queue checked: every record decoded, damaged ones quarantined",
+			zap.Int("messages", st.Messages), zap.Int("recipients", st.Recipients))
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)

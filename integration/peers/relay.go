@@ -123,6 +123,7 @@ type Relay struct {
 	t       testing.TB
 	bin     string
 	env     []string
+	args    []string // after "serve -config FILE" (WithArgs)
 	modes   []string // listener modes, parallel to Listeners
 	token   string   // admin bearer token, if the config sets one
 	current *proc
@@ -138,6 +139,9 @@ func WithBinary(path string) RelayOption { return func(r *Relay) { r.bin = path 
 // inherited environment is passed on without any GREYRELAY_* variables, so
 // a developer's shell cannot change what a test configured.
 func WithEnv(kv ...string) RelayOption { return func(r *Relay) { r.env = append(r.env, kv...) } }
+
+// WithArgs adds arguments after "serve -config FILE" (e.g. "-check-queue").
+func WithArgs(args ...string) RelayOption { return func(r *Relay) { r.args = append(r.args, args...) } }
 
 // StartRelay writes yamlConfig into a fresh t.TempDir(), starts
 // `greyrelay serve -config` there and waits (up to 20 s) until every
@@ -225,7 +229,7 @@ func (r *Relay) readConfig(yamlConfig string) error {
 // start runs the process once and waits until it is ready.
 func (r *Relay) start(t testing.TB) {
 	t.Helper()
-	cmd := exec.Command(r.bin, "serve", "-config", r.ConfigPath)
+	cmd := exec.Command(r.bin, append([]string{"serve", "-config", r.ConfigPath}, r.args...)...)
 	cmd.Dir = r.Dir
 	cmd.Env = append(cleanEnv(), r.env...)
 	marker := fmt.Sprintf("--- peers: %s starting %s ---\n", time.Now().Format(time.RFC3339Nano), strings.Join(cmd.Args, " "))
