@@ -31,9 +31,10 @@
 //     backoff policy (when to try again), and is stored with its DSN and what
 //     was learned about the destination in one queue.Apply transaction.
 //     When nothing was learned about the destination, the worker does not
-//     wait for that commit: it starts its next attempt, whose Begin commits
-//     after it, and logs the outcome then (settle, finish). So a message
-//     costs a worker one commit wait, not two.
+//     wait for that commit: it logs the outcome and starts its next
+//     attempt, whose Begin commits after it, and checks that the commit
+//     succeeded then (settle, finish). So a message costs a worker one
+//     commit wait, not two.
 //   - Greylisting is a property of a (source IP, sender, recipient) triplet
 //     at one MX, so a recipient in the middle of a greylisting episode goes
 //     back to the MX address that greylisted it, from the same source

@@ -73,9 +73,9 @@ type pendingOutcome struct {
 //
 // When nothing was learned about the destination (the common case), a
 // worker does not wait for the commit: it submits the update
-// (queue.ApplyAsync) and goes on, and its next Begin, settle or its end
-// collects the result (finish): the log lines, the metrics, or the retries
-// of a failed write. Begin stays before anything is sent, so a crash
+// (queue.ApplyAsync), logs the attempt and goes on, and its next Begin,
+// settle or its end collects the result (finish): the retries of a failed
+// write, and an error line if they fail too. Begin stays before anything is sent, so a crash
 // before that commit only means a redelivery (queue.Recover), as a crash
 // before a synchronous Apply would.
 func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
@@ -129,11 +129,16 @@ func (e *Engine) submit(po *pendingOutcome) {
 	}
 	po.p = e.q.ApplyAsync(po.u)
 	w.open = po
+	// The attempt happened whether or not its record is stored yet: its
+	// log lines go out now, so that nobody who sees the queue change (an
+	// operator, a test waiting for an empty queue) reads the log before
+	// them. A failure to store it is logged when it is collected (finish).
+	e.report(po, nil)
 }
 
 // finish collects w's outcome in flight, if any: it waits for the commit
 // (usually decided already), retries a failed write as apply does, and
-// reports.
+// logs a failure.
 func (e *Engine) finish(w *worker) {
 	if w == nil || w.open == nil {
 		return
@@ -141,15 +146,16 @@ func (e *Engine) finish(w *worker) {
 	po := w.open
 	w.open = nil
 	_, err := po.p.Wait()
-	e.report(po, e.retry(po.u, err))
+	if err = e.retry(po.u, err); err != nil {
+		e.logStoreFailed(po, err) // its attempt lines are out already (submit)
+	}
 }
 
 // report logs a stored outcome, one line per recipient, and counts it and
 // its DSNs; or logs that storing it failed.
 func (e *Engine) report(po *pendingOutcome, err error) {
 	if err != nil {
-		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
-			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
+		e.logStoreFailed(po, err)
 		return
 	}
 	for _, action := range po.actions {
@@ -158,6 +164,12 @@ func (e *Engine) report(po *pendingOutcome, err error) {
 	for _, l := range po.lines {
 		e.logAttempt(&po.a, l)
 	}
+}
+
+// logStoreFailed logs that po's outcome could not be stored.
+func (e *Engine) logStoreFailed(po *pendingOutcome, err error) {
+	e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
+		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
 }
 
 // adopt makes rec d's current record. Called with d.mu held.
