@@ -47,7 +47,7 @@ func TestDeliveryThroughPostfix(t *testing.T) {
 		t.Errorf("no greyrelay Received field, or Postfix's does not show the source address %s:\n%s", r.IP, head(got.Data))
 	}
 
-	log := px.Log()
+	log := px.WaitLog(10*time.Second, "connect from unknown["+r.IP+"]", "client=unknown["+r.IP+"]")
 	if !strings.Contains(log, "connect from unknown["+r.IP+"]") || !strings.Contains(log, "client=unknown["+r.IP+"]") {
 		t.Errorf("Postfix did not see the pinned source address %s:\n%s", r.IP, log)
 	}

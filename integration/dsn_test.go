@@ -79,8 +79,8 @@ func TestDSNPostfixUserUnknown(t *testing.T) {
 	if !strings.HasPrefix(dc, "smtp;") || !strings.Contains(dc, "550 5.1.1") || !strings.Contains(dc, "User unknown in relay recipient table") {
 		t.Errorf("Diagnostic-Code %q does not quote Postfix's reply", dc)
 	}
-	if !strings.Contains(px.Log(), "550 5.1.1 <unknown@dest.test>") {
-		t.Errorf("Postfix's log has no 550 5.1.1 for unknown@dest.test:\n%s", px.Log())
+	if log := px.WaitLog(10*time.Second, "550 5.1.1 <unknown@dest.test>"); !strings.Contains(log, "550 5.1.1 <unknown@dest.test>") {
+		t.Errorf("Postfix's log has no 550 5.1.1 for unknown@dest.test:\n%s", log)
 	}
 	if !strings.Contains(rep.Original, "Subject: half known") {
 		t.Errorf("DSN does not return the original headers:\n%s", rep.Original)

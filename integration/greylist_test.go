@@ -63,7 +63,7 @@ func TestGreylistPostgreyPasses(t *testing.T) {
 	if gap := second.time("time").Sub(first.time("time")); gap < firstRetry-time.Second/10 {
 		t.Errorf("retry came %v after the greylisting, before greylist_first_retry (%v)", gap, firstRetry)
 	}
-	if c := strings.Count(px.Log(), "reject: RCPT from unknown["+r.IP+"]: 450 4.2.0"); c != 1 {
+	if c := strings.Count(px.WaitLog(10*time.Second, "reject: RCPT from unknown["+r.IP+"]: 450 4.2.0"), "reject: RCPT from unknown["+r.IP+"]: 450 4.2.0"); c != 1 {
 		t.Errorf("Postfix greylisted the relay %d times, want once:\n%s", c, px.Log())
 	}
 	glog := grey.Log()

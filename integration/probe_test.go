@@ -72,7 +72,7 @@ func TestProbe(t *testing.T) {
 		if rep.Reason != "greylisted" {
 			t.Errorf("probe reason %q, want greylisted", rep.Reason)
 		}
-		log := greyMX.Log()
+		log := greyMX.WaitLog(10*time.Second, "NOQUEUE: reject: RCPT from unknown["+ip+"]: 450 4.2.0")
 		if !strings.Contains(log, "NOQUEUE: reject: RCPT from unknown["+ip+"]: 450 4.2.0") {
 			t.Errorf("Postfix did not greylist the probe from %s:\n%s", ip, log)
 		}
@@ -91,7 +91,7 @@ func TestProbe(t *testing.T) {
 
 	t.Run("unknown recipient", func(t *testing.T) {
 		probe(t, "unknown@known.test", 2, "refused")
-		if log := knownMX.Log(); !strings.Contains(log, "550 5.1.1 <unknown@known.test>") || strings.Contains(log, "data=") {
+		if log := knownMX.WaitLog(10*time.Second, "550 5.1.1 <unknown@known.test>"); !strings.Contains(log, "550 5.1.1 <unknown@known.test>") || strings.Contains(log, "data=") {
 			t.Errorf("Postfix should have refused the recipient with 550 5.1.1 and seen no DATA:\n%s", log)
 		}
 	})

@@ -317,6 +317,25 @@ func (px *Postfix) check() string {
 // Log returns the instance's maillog so far.
 func (px *Postfix) Log() string { return readFile(px.LogPath) }
 
+// WaitLog returns the maillog once it contains every one of want, or as it
+// is after timeout. Postfix writes its log through postlogd, a little
+// after the SMTP reply that the line describes, so a test that has its
+// reply must still wait for the line (a loaded CI machine showed it).
+func (px *Postfix) WaitLog(timeout time.Duration, want ...string) string {
+	end := time.Now().Add(timeout)
+	for {
+		log := px.Log()
+		missing := false
+		for _, w := range want {
+			missing = missing || !strings.Contains(log, w)
+		}
+		if !missing || time.Now().After(end) {
+			return log
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // Sendmail injects a message through the instance's sendmail (-C DIR/etc),
 // as a local program would: it goes through pickup and the queue, then on to
 // RelayHost or the transport map.
