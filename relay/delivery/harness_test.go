@@ -3,6 +3,8 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
 	"strings"
@@ -101,17 +103,41 @@ func (h *harness) openQueue() {
 	h.q = q
 }
 
-// freePort returns a TCP port free on 127.0.0.20 (and in practice on every
-// loopback address: the kernel picks ports from one range).
+// freePort returns a TCP port free on 127.0.0.20, for the fake MXes of a
+// test (delivery.port is one port for every MX).
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.20:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 500 {
+		// Below Linux's ephemeral range (32768 and up): every fake MX of a
+		// test listens on this one port at its own address, and an
+		// ephemeral port may meanwhile become the local end of some
+		// outgoing connection on one of those addresses (seen once, as
+		// "address already in use", when the whole repository's tests ran
+		// at once).
+		port := 20000 + rand.IntN(12000)
+		if portsUsed[port] {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.20:%d", port))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		portsUsed[port] = true
+		return port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port below the ephemeral range")
+	return 0
 }
+
+// portsUsed holds the ports freePort handed out in this test process, so
+// that two parallel tests never share one.
+var (
+	portsMu   sync.Mutex
+	portsUsed = map[int]bool{}
+)
 
 // router routes through the test DNS server to h.port.
 func (h *harness) router() *mx.Router {
