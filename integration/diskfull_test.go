@@ -333,23 +333,11 @@ func TestRobustDiskFullWhileSpooling(t *testing.T) {
 		}
 		return rep
 	}
-	spoolFiles := func() []string {
-		t.Helper()
-		ents, err := os.ReadDir(queuePath + ".bodies")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		return names
-	}
 
 	if rep := send(func() { rbFill(t, filler, mnt, 0) }); rep.Code != 452 || !strings.HasPrefix(rep.Text(), "4.3.1") {
 		t.Errorf("disk full in the middle of a spooled body: %v, want 452 4.3.1", rep)
 	}
-	if names := spoolFiles(); len(names) != 0 {
+	if names := dirNames(t, queuePath+".bodies"); len(names) != 0 {
 		t.Errorf("spool files left after the refusal: %v", names)
 	}
 	if !strings.Contains(r.Log(), "spooling the body failed") {
@@ -373,7 +361,7 @@ func TestRobustDiskFullWhileSpooling(t *testing.T) {
 		t.Errorf("delivered %d times, hashes %v; want once, intact", len(got), got)
 	}
 	rbWaitUntil(t, 20*time.Second, "an empty queue", func() bool { return rbStats(t, r).Messages == 0 })
-	if names := spoolFiles(); len(names) != 0 {
+	if names := dirNames(t, queuePath+".bodies"); len(names) != 0 {
 		t.Errorf("spool files left after delivery: %v", names)
 	}
 }

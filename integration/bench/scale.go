@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"sort"
 	"time"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
 // runScale is `bench scale`: fill the relay's queue with recipients for a
@@ -196,7 +198,7 @@ func (sc *scaleRun) listing(g *greyrelay) {
 		for range 3 {
 			args := append([]string{"queue", "-config", g.cfgPath, "list"}, c.args...)
 			cmd := exec.Command(g.bin, args...)
-			cmd.Env = cleanEnv()
+			cmd.Env = peers.CleanEnv()
 			t0 := time.Now()
 			out, err := cmd.CombinedOutput()
 			times = append(times, time.Since(t0))

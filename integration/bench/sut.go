@@ -161,7 +161,7 @@ func (g *greyrelay) start(timeout time.Duration) (time.Duration, error) {
 	defer logf.Close()
 	cmd := exec.Command(g.bin, "serve", "-config", g.cfgPath)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = g.dir, logf, logf
-	cmd.Env = cleanEnv()
+	cmd.Env = peers.CleanEnv()
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
 		return 0, err
@@ -266,18 +266,6 @@ func (g *greyrelay) Stop() error {
 		<-g.done
 		return errors.New("greyrelay: killed after 30 s")
 	}
-}
-
-// cleanEnv is the environment without GREYRELAY_* variables, so that a
-// developer's shell cannot change the benchmark's config.
-func cleanEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GREYRELAY_") {
-			env = append(env, kv)
-		}
-	}
-	return env
 }
 
 func tailFile(path string, n int) string {

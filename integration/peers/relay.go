@@ -231,7 +231,7 @@ func (r *Relay) start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(r.bin, append([]string{"serve", "-config", r.ConfigPath}, r.args...)...)
 	cmd.Dir = r.Dir
-	cmd.Env = append(cleanEnv(), r.env...)
+	cmd.Env = append(CleanEnv(), r.env...)
 	marker := fmt.Sprintf("--- peers: %s starting %s ---\n", time.Now().Format(time.RFC3339Nano), strings.Join(cmd.Args, " "))
 	appendFile(r.LogPath, marker)
 	p, err := startProc(cmd, r.LogPath)
@@ -366,8 +366,9 @@ func Greets(addr string, implicitTLS bool) error {
 	return nil
 }
 
-// cleanEnv is the process environment without GREYRELAY_* variables.
-func cleanEnv() []string {
+// CleanEnv is the process environment without GREYRELAY_* variables, so
+// that a developer's shell cannot change the relay's configuration.
+func CleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "GREYRELAY_") {
