@@ -69,6 +69,9 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 	if err := sel.validate(); err != nil {
 		return 0, err
 	}
+	if err := q.settle(); err != nil {
+		return 0, err
+	}
 	n := 0
 	err := q.update(func(w *wtx) error {
 		n = 0
@@ -185,6 +188,9 @@ func (q *Queue) Delete(sel Selector) (int, error) {
 // Select returns the selected recipients that are not final, e.g. for a
 // bounce-now the caller performs through Apply. History is not filled.
 func (q *Queue) Select(sel Selector) ([]Recipient, error) {
+	if err := q.settle(); err != nil {
+		return nil, err
+	}
 	if err := sel.validate(); err != nil {
 		return nil, err
 	}

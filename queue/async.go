@@ -92,7 +92,7 @@ func (w *wtx) applyUpdate(u *Update) ([]ID, error) {
 		touched[u.Results[i].Key.ID] = touched[u.Results[i].Key.ID] || done
 	}
 	for i := range u.DSNs {
-		id, err := w.insertMessage(&u.DSNs[i])
+		id, err := w.insertMessage(&u.DSNs[i], 0)
 		if err != nil {
 			return nil, err
 		}

@@ -28,6 +28,9 @@ const (
 
 // Message returns the envelope of message id, without recipients.
 func (q *Queue) Message(id ID) (Message, error) {
+	if err := q.settleID(id); err != nil {
+		return Message{}, err
+	}
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -54,6 +57,9 @@ func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
 
 // Show returns message id with all its recipients, including their history.
 func (q *Queue) Show(id ID) (Message, error) {
+	if err := q.settleID(id); err != nil {
+		return Message{}, err
+	}
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -88,6 +94,9 @@ func (q *Queue) Show(id ID) (Message, error) {
 // record exists but whose body is missing cannot be delivered: it is moved
 // to quarantine, and Body fails with ErrNotFound as for a deleted one.
 func (q *Queue) Body(id ID) ([]byte, error) {
+	if err := q.settleID(id); err != nil {
+		return nil, err
+	}
 	c, err := q.OpenBody(id)
 	if err != nil {
 		return nil, err
@@ -104,6 +113,9 @@ func (q *Queue) Body(id ID) ([]byte, error) {
 // a large message does not copy it onto the heap. Close it when done.
 // Errors are as for Body.
 func (q *Queue) OpenBody(id ID) (*Content, error) {
+	if err := q.settleID(id); err != nil {
+		return nil, err
+	}
 	var body []byte
 	var spooled string
 	var ps []problem
@@ -190,6 +202,9 @@ func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
 // leave out recipients it already holds and destinations with no free
 // capacity, so a large backlog for one domain costs little per scan.
 func (q *Queue) DueSkip(now time.Time, limit int, skip func(domain string, k Key) bool) ([]Recipient, error) {
+	if err := q.settle(); err != nil {
+		return nil, err
+	}
 	var f func(string, Key, time.Time) bool
 	if skip != nil {
 		f = func(domain string, k Key, _ time.Time) bool { return skip(domain, k) }

@@ -47,8 +47,11 @@
 // into a Deferred one, due at once. That may deliver a message twice; it
 // never loses one.
 //
-// Durability: every write is a bbolt transaction, committed with fsync
-// (NoSync is never set) before the method returns. Enqueue, Begin and
+// Durability: Enqueue returns once its messages are in the intake journal
+// (journal.go: one fdatasync shared by concurrent callers); the writer then
+// inserts them into the database, and Open replays what a crash left in
+// the journal only. Every other write is a bbolt transaction, committed
+// with fsync (NoSync is never set) before the method returns. Begin and
 // Apply group-commit: concurrent callers share one transaction and one
 // fsync; a refused call (ErrState, ErrNotFound) writes nothing. ApplyAsync
 // hands an Apply to the same writer without waiting; its commit comes

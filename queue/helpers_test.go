@@ -84,6 +84,9 @@ func keysOf(rs []Recipient) []Key {
 // recipient, and no other entries.
 func fullScan(t testing.TB, q *Queue) counts {
 	t.Helper()
+	if err := q.settle(); err != nil { // journaled messages in the database first
+		t.Fatal(err)
+	}
 	c := newCounts()
 	err := q.db.View(func(tx *bolt.Tx) error {
 		c.msgs = tx.Bucket(bMsgs).Stats().KeyN

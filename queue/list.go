@@ -15,6 +15,9 @@ import (
 // each record with the reflection-free codec and each message envelope once
 // (recipients of a message are adjacent). History is not filled.
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
+	if err := q.settle(); err != nil {
+		return nil, 0, err
+	}
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
@@ -120,8 +123,14 @@ func (f *Filter) matchesMessage(m *Message) bool {
 // record: IDs are assigned in enqueue order, so that is the message enqueued
 // first (Arrival is as the caller passed it).
 func (q *Queue) Stats() (Stats, error) {
+	if err := q.settle(); err != nil {
+		return Stats{}, fmt.Errorf("queue: stats: %w", err)
+	}
 	q.mu.Lock()
-	s := q.counts.stats()
+	c := newCounts()
+	c.add(q.counts)
+	c.add(q.inflight) // acknowledged by the journal: queued, if not in the database yet
+	s := c.stats()
 	q.mu.Unlock()
 	err := q.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bMsgs).Cursor()

@@ -52,9 +52,23 @@ type Queue struct {
 	closed  atomic.Bool
 	once    sync.Once
 
-	mu      sync.Mutex
-	counts  counts
-	cursors []*DueCursor
+	mu       sync.Mutex
+	counts   counts
+	inflight counts // acknowledged by the journal, not yet in the database
+	cursors  []*DueCursor
+
+	// The intake journal (journal.go, journaler.go); jrnl is nil when
+	// Options.JournalSize is negative.
+	jrnl       *journal
+	jreqs      chan jrequest
+	jdone      chan struct{}
+	jstopped   chan struct{} // closed by the journaler when it has answered its last request
+	jwg        sync.WaitGroup
+	lastID     atomic.Uint64  // the last message ID handed out
+	acked      atomic.Uint64  // the last journal record handed to the writer
+	applied    atomic.Uint64  // the last journal record in the database
+	insertedID atomic.Uint64  // the highest message ID inserted from the journal
+	pending    []*insertBatch // writer only: journaled batches not inserted yet
 }
 
 // request is one call waiting for the writer. fn runs inside the shared
@@ -62,7 +76,8 @@ type Queue struct {
 type request struct {
 	fn      func(w *wtx) error
 	n, size int
-	reply   chan error // buffered 1: the writer never blocks on it
+	reply   chan error   // buffered 1: the writer never blocks on it
+	ins     *insertBatch // instead of fn: journaled messages to insert; no reply
 }
 
 // refused wraps an error that fails one call of a batch and no other. An
@@ -87,6 +102,12 @@ func (r *refused) Unwrap() error { return r.err }
 func Open(path string, opt Options) (*Queue, error) {
 	if opt.LockTimeout <= 0 {
 		opt.LockTimeout = DefaultLockTimeout
+	}
+	if opt.JournalSize == 0 {
+		opt.JournalSize = DefaultJournalSize
+	}
+	if opt.JournalSize > 0 && opt.JournalSize < minJournalSize {
+		opt.JournalSize = minJournalSize
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -115,17 +136,30 @@ func Open(path string, opt Options) (*Queue, error) {
 		return nil, fmt.Errorf("queue: open %s: %w", path, err)
 	}
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
-		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1), counts: newCounts()}
+		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
+		counts: newCounts(), inflight: newCounts(),
+		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
 		return nil, err
 	}
+	// The journal before the sweep: records not yet in the database name
+	// spool files too.
+	if err := q.startJournal(); err != nil {
+		db.Close()
+		return nil, err
+	}
 	if err := q.sweepSpool(); err != nil {
+		q.closeJournal()
 		db.Close()
 		return nil, err
 	}
 	q.wg.Add(1)
 	go q.writer()
+	if q.jrnl != nil {
+		q.jwg.Add(1)
+		go q.journaler()
+	}
 	return q, nil
 }
 
@@ -209,9 +243,14 @@ func (q *Queue) Close() error {
 	err := ErrClosed
 	q.once.Do(func() {
 		q.closed.Store(true)
+		// The journaler first: what it has acknowledged reaches the
+		// writer, which commits it before it stops.
+		close(q.jdone)
+		q.jwg.Wait()
 		close(q.done)
 		q.wg.Wait()
 		q.syncFreelist()
+		q.closeJournal()
 		err = q.db.Close()
 	})
 	return err
@@ -264,11 +303,18 @@ func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 	if err := q.finishFiles(ms); err != nil {
 		return nil, err
 	}
+	if q.jrnl != nil {
+		ids, err := q.enqueueJournal(ms, size)
+		if err != nil {
+			return nil, fmt.Errorf("queue: enqueue: %w", err)
+		}
+		return ids, nil
+	}
 	var ids []ID
 	err := q.submit(len(ms), size, func(w *wtx) error {
 		ids = ids[:0]
 		for i := range ms {
-			id, err := w.insertMessage(&ms[i])
+			id, err := w.insertMessage(&ms[i], 0)
 			if err != nil {
 				return err
 			}
@@ -379,11 +425,26 @@ func (q *Queue) gather(first request) []request {
 	return batch
 }
 
-// commit runs every request of the batch in one transaction. A refused
-// request fails alone; any other error rolls back the batch and fails all.
-func (q *Queue) commit(batch []request) {
+// commit runs every request of the batch in one transaction, after the
+// journaled messages not inserted yet (oldest first; they stay pending until
+// a commit holding them succeeds). A refused request fails alone; any other
+// error rolls back the batch and fails all.
+func (q *Queue) commit(all []request) {
+	batch := all[:0:0]
+	for _, r := range all {
+		if r.ins != nil {
+			q.pending = append(q.pending, r.ins)
+		} else {
+			batch = append(batch, r)
+		}
+	}
 	errs := make([]error, len(batch))
+	pending := q.pending
 	err := q.update(func(w *wtx) error {
+		if err := w.insertJournaled(pending); err != nil {
+			return err
+		}
+		w.settled = pending
 		for i, r := range batch {
 			errs[i] = nil
 			if err := r.fn(w); err != nil {
@@ -396,6 +457,12 @@ func (q *Queue) commit(batch []request) {
 		}
 		return nil
 	})
+	if err == nil && len(pending) > 0 {
+		q.pending = nil
+		last := pending[len(pending)-1]
+		q.insertedID.Store(uint64(last.ids[len(last.ids)-1]))
+		q.applied.Store(last.seq)
+	}
 	for i, r := range batch {
 		if err != nil {
 			r.reply <- err
@@ -407,12 +474,17 @@ func (q *Queue) commit(batch []request) {
 
 // insertMessage writes one new message: record, body, and one Queued
 // recipient record (with its due entry) per recipient.
-func (w *wtx) insertMessage(m *NewMessage) (ID, error) {
-	seq, err := w.b(bMsgs).NextSequence()
-	if err != nil {
-		return 0, err
+// A zero id takes the next one; the bucket's sequence keeps the highest
+// ID stored, from which Open starts counting.
+func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
+	if id == 0 {
+		id = ID(w.lastID.Add(1))
 	}
-	id := ID(seq)
+	if b := w.b(bMsgs); uint64(id) > b.Sequence() {
+		if err := b.SetSequence(uint64(id)); err != nil {
+			return 0, err
+		}
+	}
 	size := int64(len(m.Body))
 	if m.File != nil {
 		size = m.File.Len()
@@ -461,7 +533,7 @@ func (w *wtx) putBody(id ID, m *NewMessage) error {
 func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
 	err := q.db.Update(func(tx *bolt.Tx) error {
-		w = &wtx{tx: tx, delta: newCounts()}
+		w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID}
 		w.setFillPercent()
 		if err := fn(w); err != nil {
 			return err
@@ -485,6 +557,9 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 		q.counts = *w.reset
 	} else {
 		q.counts.add(w.delta)
+	}
+	for _, b := range w.settled {
+		q.inflight.add(inflightCounts(b.ms, -1))
 	}
 	q.lowerCursors(w.low) // before signal: a woken scan must see the mark
 	q.mu.Unlock()

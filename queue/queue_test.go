@@ -542,6 +542,10 @@ func TestWakeCoalesces(t *testing.T) {
 	q, _ := newQ(t)
 	mustEnqueue(t, q, msg("s@x.test", "r@a.test"))
 	mustEnqueue(t, q, msg("s@x.test", "r@a.test"))
+	// The wake comes with the commit that puts them in the database.
+	if err := q.settle(); err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-q.Wake():
 	default:

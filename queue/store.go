@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -36,7 +37,7 @@ var (
 	bQuarantine = []byte("quarantine")
 	bCounts     = []byte("counts")
 	bSpool      = []byte("spool")
-	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool}
+	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal}
 )
 
 const (
@@ -130,9 +131,11 @@ type wtx struct {
 	recount bool    // a record whose counts are unknown left: count again before the commit
 	reset   *counts // set by setCounts: the counters replace the stored ones
 	quar    []quarantined
-	wake    bool     // the change may create earlier due work
-	low     []byte   // smallest non-active due key put (see DueCursor)
-	unlink  []string // spool files to remove once the commit is done
+	wake    bool           // the change may create earlier due work
+	low     []byte         // smallest non-active due key put (see DueCursor)
+	unlink  []string       // spool files to remove once the commit is done
+	lastID  *atomic.Uint64 // Queue.lastID: message IDs
+	settled []*insertBatch // journaled batches this transaction inserts
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }

@@ -96,6 +96,10 @@ type Options struct {
 	// stored counters cannot be trusted. A check for an operator who
 	// suspects damage; a normal start does not need it.
 	FullScan bool
+	// JournalSize is the size the intake journal (path + ".journal", see
+	// journal.go) grows to. Zero means DefaultJournalSize; a negative size
+	// turns the journal off, so that Enqueue waits for a database commit.
+	JournalSize int64
 }
 
 // NewRecipient is one envelope recipient of a NewMessage.

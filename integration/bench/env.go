@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"sync"
 	"testing"
@@ -119,4 +120,22 @@ func freeAddr(ip string) (string, error) {
 	}
 	defer ln.Close()
 	return net.JoinHostPort(ip, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)), nil
+}
+
+// profileHarness writes a CPU profile of this process (load generator and
+// sink) to path until the workspace is closed: the harness shares the CPUs
+// with the system under test, so what it costs is part of every result.
+func (e *env) profileHarness(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return err
+	}
+	e.mu.Lock()
+	e.cleanups = append(e.cleanups, func() { pprof.StopCPUProfile(); f.Close() })
+	e.mu.Unlock()
+	return nil
 }

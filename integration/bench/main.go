@@ -66,6 +66,7 @@ type common struct {
 	keep     bool
 	jsonPath string
 	sets     setFlags
+	cpuProf  string
 }
 
 // setFlags collects repeated -set path=value flags.
@@ -84,6 +85,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.binary, "binary", "", "greyrelay binary to run (default: build ./cmd/greyrelay)")
 	fs.BoolVar(&c.keep, "keep", false, "keep the workspace (queues, configs, logs) under $TMPDIR")
 	fs.StringVar(&c.jsonPath, "json", "", "append every phase's results to this file as JSON lines")
+	fs.StringVar(&c.cpuProf, "cpuprofile", "", "write a CPU profile of the harness itself (load generator and sink) to this file")
 	fs.Var(&c.sets, "set", "override a greyrelay config key for every relay started, e.g. -set delivery.max_per_destination=20 (repeatable; the value is YAML)")
 }
 
@@ -95,6 +97,9 @@ func (c *common) setup() (*env, string, error) {
 	}
 	e.sets = c.sets
 	bin, err := buildRelay(e, c.binary)
+	if err == nil && c.cpuProf != "" {
+		err = e.profileHarness(c.cpuProf)
+	}
 	if err != nil {
 		e.close()
 		return nil, "", err

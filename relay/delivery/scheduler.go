@@ -189,6 +189,13 @@ func (e *Engine) scan(now time.Time) error {
 		e.requestRescan()
 		return err
 	}
+	if len(rs) == scanBatch {
+		// The limit cut the walk short: more due work, perhaps for other
+		// destinations, lies beyond it. Look again at once instead of at
+		// the next change, which may never come (a quiet queue whose
+		// backlog is stuck at one destination).
+		e.Kick()
+	}
 	e.mu.Lock()
 	push := e.claim(rs, now)
 	for name, at := range hit {

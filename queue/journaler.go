@@ -1,0 +1,287 @@
+package queue
+
+import (
+	"encoding/binary"
+	"fmt"
+	"path/filepath"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// This file connects the journal (journal.go) to the queue: the journaler
+// goroutine that group-commits Enqueue calls into journal records, the
+// writer's side that inserts them into the database, and the replay at Open.
+
+var (
+	bJournal   = []byte("journal")
+	keyApplied = []byte("applied") // number of the last journal record in the database
+)
+
+// startJournal opens the journal, replays what the database lacks and
+// sets the ID counter above every ID in use. Called by Open with the
+// writer not yet running.
+func (q *Queue) startJournal() error {
+	var seq uint64
+	err := q.db.View(func(tx *bolt.Tx) error {
+		q.lastID.Store(tx.Bucket(bMsgs).Sequence())
+		seq = appliedSeq(tx)
+		return nil
+	})
+	if err != nil || q.opt.JournalSize < 0 {
+		return err
+	}
+	path := q.path + ".journal"
+	j, created, err := openJournal(path, q.opt.JournalSize)
+	if err != nil {
+		return fmt.Errorf("queue: journal: %w", err)
+	}
+	if created {
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			j.f.Close()
+			return fmt.Errorf("queue: journal: %w", err)
+		}
+	}
+	if seq, err = q.replay(j, seq); err != nil {
+		j.f.Close()
+		return fmt.Errorf("queue: journal: %w", err)
+	}
+	j.seq = seq
+	q.jrnl = j
+	q.acked.Store(seq)
+	q.applied.Store(seq)
+	return nil
+}
+
+func appliedSeq(tx *bolt.Tx) uint64 {
+	if b := tx.Bucket(bJournal); b != nil {
+		if v := b.Get(keyApplied); len(v) == 8 {
+			return binary.BigEndian.Uint64(v)
+		}
+	}
+	return 0
+}
+
+// replay inserts the records numbered above applied, in order, and
+// returns the number of the last record in the file (or applied).
+func (q *Queue) replay(j *journal, applied uint64) (uint64, error) {
+	recs, err := j.records()
+	if err != nil {
+		return 0, err
+	}
+	last := applied
+	for _, r := range recs {
+		last = max(last, r.seq)
+		ms, ids, err := decodeRecord(r.payload)
+		if err != nil {
+			// A record whose CRC matched but which does not decode was
+			// written by something else: refuse to guess.
+			return 0, fmt.Errorf("record %d: %w", r.seq, err)
+		}
+		for _, id := range ids {
+			if uint64(id) > q.lastID.Load() {
+				q.lastID.Store(uint64(id))
+			}
+		}
+		if r.seq <= applied {
+			continue
+		}
+		b := &insertBatch{seq: r.seq, ms: ms, ids: ids}
+		if err := q.update(func(w *wtx) error { return w.insertJournaled([]*insertBatch{b}) }); err != nil {
+			return 0, err
+		}
+	}
+	return last, nil
+}
+
+// insertJournaled inserts journaled batches, oldest first, and records the
+// last one's number as applied, in the same transaction.
+func (w *wtx) insertJournaled(bs []*insertBatch) error {
+	if len(bs) == 0 {
+		return nil
+	}
+	for _, b := range bs {
+		for i := range b.ms {
+			if _, err := w.insertMessage(&b.ms[i], b.ids[i]); err != nil {
+				return err
+			}
+		}
+	}
+	jb, err := w.tx.CreateBucketIfNotExists(bJournal)
+	if err != nil {
+		return err
+	}
+	return jb.Put(keyApplied, binary.BigEndian.AppendUint64(nil, bs[len(bs)-1].seq))
+}
+
+// enqueueJournal hands ms to the journaler and waits for its answer.
+func (q *Queue) enqueueJournal(ms []NewMessage, size int) ([]ID, error) {
+	r := jrequest{ms: ms, size: size, reply: make(chan jresult, 1)}
+	select {
+	case q.jreqs <- r:
+	case <-q.jdone:
+		return nil, ErrClosed
+	}
+	select {
+	case res := <-r.reply:
+		return res.ids, res.err
+	case <-q.jstopped:
+		select {
+		case res := <-r.reply:
+			return res.ids, res.err
+		default:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// journaler is the journal's group-commit loop: take one Enqueue, add
+// whatever else is waiting, write one record, sync once, answer everyone.
+func (q *Queue) journaler() {
+	defer q.jwg.Done()
+	defer close(q.jstopped)
+	for {
+		select {
+		case r := <-q.jreqs:
+			q.journalBatch(q.jgather(r))
+		case <-q.jdone:
+			for {
+				select {
+				case r := <-q.jreqs:
+					q.journalBatch(q.jgather(r))
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (q *Queue) jgather(first jrequest) []jrequest {
+	batch := []jrequest{first}
+	n, size := len(first.ms), first.size
+	for n < maxBatchMsgs && int64(size) < q.jrnl.max/4 {
+		select {
+		case r := <-q.jreqs:
+			batch = append(batch, r)
+			n, size = n+len(r.ms), size+r.size
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// journalBatch writes one record for the batch and hands its messages to
+// the writer before answering, so that a call made after Enqueue returned
+// commits after the insert (ApplyAsync's ordering promise holds).
+func (q *Queue) journalBatch(batch []jrequest) {
+	j := q.jrnl
+	var ms []NewMessage
+	for _, r := range batch {
+		ms = append(ms, r.ms...)
+	}
+	ids := make([]ID, len(ms))
+	for i := range ids {
+		ids[i] = ID(q.lastID.Add(1))
+	}
+	rec, copies := encodeRecord(j.salt, j.seq+1, ms, ids)
+	if j.bad != nil || int64(len(rec)) > (j.max-journalFileHead)/2 {
+		q.answer(batch, ids, q.insertDirect(ms, ids))
+		return
+	}
+	if j.off+int64(len(rec)) > j.max {
+		// Start again at the front once the database holds every record
+		// behind us; a failure there is the database's, and fails this
+		// batch only.
+		if err := q.settle(); err != nil {
+			q.answer(batch, nil, err)
+			return
+		}
+		j.off = journalFileHead
+	}
+	if err := j.append(rec); err != nil {
+		j.bad = err
+		q.answer(batch, nil, fmt.Errorf("journal: %w", err))
+		return
+	}
+	j.seq++
+	q.addInflight(copies)
+	q.acked.Store(j.seq)
+	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
+	q.answer(batch, ids, nil)
+}
+
+// insertDirect stores ms with their IDs in a transaction of their own,
+// without the journal.
+func (q *Queue) insertDirect(ms []NewMessage, ids []ID) error {
+	size := 0
+	for i := range ms {
+		size += len(ms[i].Body)
+	}
+	return q.submit(len(ms), size, func(w *wtx) error {
+		for i := range ms {
+			if _, err := w.insertMessage(&ms[i], ids[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// answer replies to each request of the batch with its share of ids.
+func (q *Queue) answer(batch []jrequest, ids []ID, err error) {
+	for _, r := range batch {
+		if err != nil {
+			r.reply <- jresult{err: err}
+			continue
+		}
+		r.reply <- jresult{ids: ids[:len(r.ms):len(r.ms)]}
+		ids = ids[len(r.ms):]
+	}
+}
+
+// addInflight counts journaled messages that the database does not hold
+// yet, so that Stats shows them as queued.
+func (q *Queue) addInflight(ms []NewMessage) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.inflight.add(inflightCounts(ms, +1))
+}
+
+func inflightCounts(ms []NewMessage, sign int) counts {
+	c := newCounts()
+	for i := range ms {
+		c.msgs += sign
+		for range ms[i].To {
+			c.rcpt(&Recipient{Status: Queued}, sign)
+		}
+	}
+	return c
+}
+
+// settle waits until the database holds every message an Enqueue has
+// acknowledged, so that a read sees what an Enqueue that returned before
+// it stored. It costs nothing when nothing is on its way.
+func (q *Queue) settle() error {
+	if q.acked.Load() == q.applied.Load() {
+		return nil
+	}
+	return q.submit(0, 0, func(*wtx) error { return nil })
+}
+
+// closeJournal closes the journal file (after the journaler has stopped).
+func (q *Queue) closeJournal() {
+	if q.jrnl != nil {
+		q.jrnl.f.Close()
+	}
+}
+
+// settleID is settle for a read of message id: it waits only when id may
+// be journaled and not yet in the database, so the delivery workers, who
+// read messages the database already holds, do not wait.
+func (q *Queue) settleID(id ID) error {
+	if uint64(id) <= q.insertedID.Load() {
+		return nil
+	}
+	return q.settle()
+}
