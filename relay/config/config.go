@@ -112,6 +112,7 @@ type Delivery struct {
 	GreetingTimeout             time.Duration     `yaml:"greeting_timeout"`
 	CommandTimeout              time.Duration     `yaml:"command_timeout"`
 	DataTimeout                 time.Duration     `yaml:"data_timeout"`
+	Chunking                    bool              `yaml:"chunking"` // BDAT (RFC 3030) when the peer offers CHUNKING
 	Smarthost                   Smarthost         `yaml:"smarthost"`
 	Routes                      map[string]string `yaml:"routes"`
 }

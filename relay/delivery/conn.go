@@ -209,7 +209,7 @@ func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.C
 	d := e.cfg.Delivery
 	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: e.opt.TLSConfig,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout,
-		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout}
+		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout, Chunking: d.Chunking}
 	if kind == mx.KindSmarthost {
 		opt.Username, opt.Password = d.Smarthost.Username, d.Smarthost.Password
 	}

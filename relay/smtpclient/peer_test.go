@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -152,7 +153,9 @@ func (p *peer) run(conn net.Conn, script []step) {
 	}
 }
 
-// expect reads the lines s expects.
+// expect reads the lines s expects, and after a BDAT line its chunk (RFC
+// 3030 §2: the size on the command line, then exactly that many octets),
+// which is recorded as a payload.
 func (p *peer) expect(br *bufio.Reader, s step) bool {
 	want := s.pipe
 	if s.expect != "" {
@@ -165,7 +168,28 @@ func (p *peer) expect(br *bufio.Reader, s step) bool {
 			p.t.Errorf("peer: got %q (%v), want %q", line, err, w)
 			return false
 		}
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "BDAT" && !p.readChunk(br, f[1]) {
+			return false
+		}
 	}
+	return true
+}
+
+// readChunk reads a BDAT chunk of size octets.
+func (p *peer) readChunk(br *bufio.Reader, size string) bool {
+	n, err := strconv.Atoi(size)
+	if err != nil {
+		p.t.Errorf("peer: BDAT size %q: %v", size, err)
+		return false
+	}
+	buf := make([]byte, n)
+	if _, err := io.ReadFull(br, buf); err != nil {
+		p.t.Errorf("peer: reading a chunk of %d octets: %v", n, err)
+		return false
+	}
+	p.mu.Lock()
+	p.data = append(p.data, buf)
+	p.mu.Unlock()
 	return true
 }
 
@@ -226,6 +250,8 @@ var (
 	ehloPlain   = step{expect: "EHLO client.test", send: "250-mx.test\r\n250-8BITMIME\r\n250 SIZE 100000\r\n"}
 	ehloTLS     = step{expect: "EHLO client.test", send: "250-mx.test\r\n250 STARTTLS\r\n"}
 	ehloPipe    = step{expect: "EHLO client.test", send: "250-mx.test\r\n250-8BITMIME\r\n250 PIPELINING\r\n"}
+	ehloChunk   = step{expect: "EHLO client.test", send: "250-mx.test\r\n250-PIPELINING\r\n250 CHUNKING\r\n"}
+	ehloChunk1  = step{expect: "EHLO client.test", send: "250-mx.test\r\n250 CHUNKING\r\n"} // without PIPELINING
 	mailOK      = step{expect: "MAIL FROM:", send: "250 2.1.0 ok\r\n"}
 	rcptOK      = step{expect: "RCPT TO:", send: "250 2.1.5 ok\r\n"}
 	dataGo      = step{expect: "DATA", send: "354 go ahead\r\n"}

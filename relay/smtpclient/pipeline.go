@@ -31,43 +31,120 @@ type command struct {
 // before that 354. If MAIL was refused or no recipient accepted and DATA
 // got a 354 anyway, only the final dot is sent and its reply ignored (RFC
 // 2920 §3.1), so nothing is delivered.
-func (c *Client) sendPipelined(ctx context.Context, env Envelope, mail string, rcpts []string, body []byte) (TxResult, error) {
-	dsn, _ := c.Extension("DSN")
-	res := TxResult{DSN: dsn}
-	var cmds []command
+//
+// With CHUNKING, "BDAT <size> LAST" takes the place of DATA and its chunk
+// follows it in the same write (RFC 3030 §4.2 pipelines BDAT): the whole
+// transaction costs one round trip. The chunk always follows its command
+// and the peer reads it even when it refuses the BDAT (RFC 3030 §2), so
+// the dialogue stays in step whatever MAIL and the RCPT got; the refusal
+// of a BDAT without recipients is read and left out, and the transaction
+// is reset before the next one, as after a refused DATA. When the chunk
+// may not go with the envelope (see inlineChunk), the group ends with the
+// last RCPT, and BDAT and its chunk follow once a recipient was accepted.
+func (c *Client) sendPipelined(ctx context.Context, t tx) (TxResult, error) {
+	res := TxResult{DSN: t.dsn}
 	reset := c.inTx
-	if reset {
-		cmds = append(cmds, command{"RSET", classifier.StageMAIL})
-	}
-	cmds = append(cmds, command{mail, classifier.StageMAIL})
-	for _, l := range rcpts {
-		cmds = append(cmds, command{l, classifier.StageRCPT})
-	}
-	cmds = append(cmds, command{"DATA", classifier.StageDATA})
+	cmds, inline := group(t, reset)
 	c.inTx = true
-	replies, err := c.pipeline(ctx, cmds)
-	next := func() (*classifier.Reply, bool) {
-		if len(replies) == 0 {
-			return nil, false // reading it failed: err says why
-		}
-		r := replies[0]
-		replies = replies[1:]
-		return r, true
-	}
+	replies, err := c.pipeline(ctx, cmds, inline)
+	q := &replyQueue{rs: replies}
 	if reset {
-		if r, ok := next(); !ok || r.Code/100 != 2 {
+		if r, ok := q.next(); !ok || r.Code/100 != 2 {
 			return res, c.resetRefused(r, err)
 		}
 	}
-	r, ok := next()
+	accepted, ok := q.envelope(&res, t.env)
 	if !ok {
 		return res, err
 	}
+	if t.chunk != nil && inline == nil { // a large chunk: only now, and only if someone takes it
+		if accepted > 0 && err == nil { // err: a 421 to the last RCPT
+			res.Data, err = c.bdat(ctx, t.chunk)
+		}
+		return res, err
+	}
+	r, ok := q.next()
+	switch {
+	case !ok:
+	case accepted == 0 && inline == nil:
+		if err == nil && r.Code == 354 {
+			err = c.emptyData(ctx)
+		}
+	case accepted == 0:
+		// The BDAT was refused (or, from a lenient peer, accepted for no
+		// one): the reply does not count.
+	case inline != nil:
+		res.Data, err = c.afterChunk(r, err)
+	default:
+		res.Data, err = c.afterData(ctx, r, err, t.body)
+	}
+	return res, err
+}
+
+// group returns the commands of t's pipelined group, RSET first if reset,
+// and the chunk that goes out with it (nil if none).
+func group(t tx, reset bool) ([]command, *chunk) {
+	cmds := make([]command, 0, len(t.rcpts)+3)
+	if reset {
+		cmds = append(cmds, command{"RSET", classifier.StageMAIL})
+	}
+	cmds = append(cmds, command{t.mail, classifier.StageMAIL})
+	for _, l := range t.rcpts {
+		cmds = append(cmds, command{l, classifier.StageRCPT})
+	}
+	switch {
+	case t.chunk == nil:
+		return append(cmds, command{"DATA", classifier.StageDATA}), nil
+	case inlineChunk(t, reset):
+		// Its reply is the final one: StageEndOfData (see afterChunk).
+		return append(cmds, command{t.chunk.command(), classifier.StageEndOfData}), t.chunk
+	}
+	return cmds, nil
+}
+
+// inlineChunk reports whether t's chunk may go out in the group with its
+// envelope, before any reply is known. Only when every refusal that would
+// make us give up on the group also makes the peer refuse the BDAT, so
+// that the peer cannot deliver what we report as not delivered:
+//   - one recipient: a refused MAIL or RCPT leaves no recipient, and BDAT
+//     without one is refused (RFC 3030 §2). With several, a 421 to one
+//     RCPT ends our reading while a peer that does not close after it
+//     (go-smtp does not, when its backend returns 421) delivers the chunk
+//     to the others, which we would then try again elsewhere;
+//   - no RSET in front: after a refused RSET the peer may still hold the
+//     previous transaction, and the chunk could go to its recipients;
+//   - at most maxInlineChunk octets.
+func inlineChunk(t tx, reset bool) bool {
+	return len(t.rcpts) == 1 && !reset && t.chunk.size <= maxInlineChunk
+}
+
+// replyQueue hands out a pipelined group's replies in order.
+type replyQueue struct{ rs []*classifier.Reply }
+
+// next returns the next reply; false if reading it failed (the error from
+// pipeline says why).
+func (q *replyQueue) next() (*classifier.Reply, bool) {
+	if len(q.rs) == 0 {
+		return nil, false
+	}
+	r := q.rs[0]
+	q.rs = q.rs[1:]
+	return r, true
+}
+
+// envelope takes the replies to MAIL and to each RCPT of env into res
+// (the RCPT replies only if MAIL was accepted) and returns how many
+// recipients were accepted; false if a reply is missing.
+func (q *replyQueue) envelope(res *TxResult, env Envelope) (int, bool) {
+	r, ok := q.next()
+	if !ok {
+		return 0, false
+	}
 	res.Mail = *r
 	mailOK, accepted := r.Code/100 == 2, 0
-	for i := range rcpts {
-		if r, ok = next(); !ok {
-			return res, err
+	for i := range env.Rcpts {
+		if r, ok = q.next(); !ok {
+			return accepted, false
 		}
 		if mailOK {
 			res.Rcpts = append(res.Rcpts, RcptResult{Rcpt: env.Rcpts[i], Reply: *r})
@@ -76,17 +153,7 @@ func (c *Client) sendPipelined(ctx context.Context, env Envelope, mail string, r
 			}
 		}
 	}
-	if r, ok = next(); !ok {
-		return res, err
-	}
-	if !mailOK || accepted == 0 {
-		if err == nil && r.Code == 354 {
-			err = c.emptyData(ctx)
-		}
-		return res, err
-	}
-	res.Data, err = c.afterData(ctx, r, err, body)
-	return res, err
+	return accepted, true
 }
 
 // resetRefused is the error for a pipelined RSET that did not get a 2xx:
@@ -102,11 +169,14 @@ func (c *Client) resetRefused(r *classifier.Reply, err error) error {
 }
 
 // pipeline writes cmds in groups of at most maxGroup octets and reads one
-// reply per command, in order, each under the command timeout. It returns
-// the replies read; on the first failure (I/O, timeout, unreadable reply,
-// or a 421, which is then the last reply returned) it stops with an *Error
-// at the failing command's stage, and the connection is closed.
-func (c *Client) pipeline(ctx context.Context, cmds []command) ([]*classifier.Reply, error) {
+// reply per command, in order, each under the command timeout (the data
+// timeout for a reply at StageEndOfData, the final one). If inline is not
+// nil, the last command is its BDAT and the chunk goes out in the same
+// write as the last group. It returns the replies read; on the first
+// failure (I/O, timeout, unreadable reply, or a 421, which is then the
+// last reply returned) it stops with an *Error at the failing command's
+// stage, and the connection is closed.
+func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) ([]*classifier.Reply, error) {
 	for _, cmd := range cmds {
 		if len(cmd.line) > maxCommandLine || strings.ContainsAny(cmd.line, "\r\n") {
 			// Our own bug or unchecked input: never put it on the wire.
@@ -120,11 +190,19 @@ func (c *Client) pipeline(ctx context.Context, cmds []command) ([]*classifier.Re
 			size += len(cmds[n].line) + 2
 			n++
 		}
-		if err := c.writeGroup(ctx, cmds[:n]); err != nil {
+		var ch *chunk
+		if n == len(cmds) {
+			ch = inline
+		}
+		if err := c.writeGroup(ctx, cmds[:n], ch); err != nil {
 			return replies, err
 		}
 		for _, cmd := range cmds[:n] {
-			r, _, err := c.exchange(ctx, cmd.stage, c.opt.CommandTimeout, "", "")
+			timeout := c.opt.CommandTimeout
+			if cmd.stage == classifier.StageEndOfData {
+				timeout = c.opt.DataTimeout
+			}
+			r, _, err := c.exchange(ctx, cmd.stage, timeout, "", "")
 			if r != nil {
 				replies = append(replies, r)
 			}
@@ -137,13 +215,18 @@ func (c *Client) pipeline(ctx context.Context, cmds []command) ([]*classifier.Re
 	return replies, nil
 }
 
-// writeGroup writes the lines of cmds in one write.
-func (c *Client) writeGroup(ctx context.Context, cmds []command) error {
+// writeGroup writes the lines of cmds in one write, followed by ch if it
+// is not nil. The peer's replies to a group are small, so it never stops
+// reading a chunk for want of our reading them (RFC 2920 §3.2).
+func (c *Client) writeGroup(ctx context.Context, cmds []command, ch *chunk) error {
 	var buf []byte
 	now := time.Now()
 	for _, cmd := range cmds {
 		c.trace(Event{Time: now, Stage: cmd.stage, Sent: cmd.line})
 		buf = append(append(buf, cmd.line...), '\r', '\n')
+	}
+	if ch != nil {
+		return c.writeChunk(ctx, cmds[0].stage, buf, ch)
 	}
 	return c.write(ctx, cmds[0].stage, c.opt.CommandTimeout, buf)
 }

@@ -43,25 +43,30 @@ type TxResult struct {
 	Mail  classifier.Reply // reply to MAIL
 	Rcpts []RcptResult     // replies to the RCPTs sent, in order
 	// Data is the reply that ended the DATA phase: the reply to the final
-	// dot, or the refusal of the DATA command itself. nil if no recipient
-	// was accepted (DATA was not sent, or, pipelined, its reply does not
-	// count) or no reply was read.
+	// dot, the refusal of the DATA command itself, or the reply to BDAT
+	// LAST. nil if no recipient was accepted (DATA or BDAT was not sent,
+	// or, pipelined, its reply does not count) or no reply was read.
 	Data *classifier.Reply
 	DSN  bool // the peer advertised DSN, so NOTIFY/ORCPT/RET/ENVID were passed on
 }
 
-// Send runs one transaction: MAIL, one RCPT per recipient, and DATA with
-// the body if at least one RCPT was accepted. If the previous transaction
-// on the connection did not complete (see Reset), Send first sends RSET; a
+// Send runs one transaction: MAIL, one RCPT per recipient, and the body
+// if at least one RCPT was accepted. If the previous transaction on the
+// connection did not complete (see Reset), Send first sends RSET; a
 // completed one needs none (RFC 5321 §4.1.1.4: the reply to the final dot
 // ends the transaction and clears its buffers).
 //
+// The body goes with DATA, or, when Options.Chunking is set and the peer
+// advertises CHUNKING, as one "BDAT <size> LAST" chunk (RFC 3030 §2; see
+// chunk): the same octets reach the peer either way.
+//
 // When the peer advertises PIPELINING (RFC 2920), the RSET, MAIL, the
-// RCPTs and DATA go out as one group and their replies are read in order
-// after it (see sendPipelined): one round trip instead of one per command.
-// TxResult means the same either way: replies to commands that could not
-// have been sent without pipelining (RCPT and DATA after a refused MAIL,
-// DATA when no recipient was accepted) are read and left out.
+// RCPTs and DATA (or BDAT with its chunk) go out as one group and their
+// replies are read in order after it (see sendPipelined): one round trip
+// instead of one per command. TxResult means the same either way: replies
+// to commands that could not have been sent without pipelining (RCPT and
+// DATA or BDAT after a refused MAIL, DATA or BDAT when no recipient was
+// accepted) are read and left out.
 //
 // MAIL carries SIZE when advertised, BODY=8BITMIME when EightBit and
 // advertised (8-bit data to a peer without 8BITMIME is sent as is, as
@@ -69,11 +74,12 @@ type TxResult struct {
 // DSN is advertised; RCPT carries NOTIFY/ORCPT when DSN is advertised.
 //
 // SMTP replies are results: a refused MAIL or RCPT, or a 4xx/5xx after the
-// dot, comes back in TxResult with a nil error. The error is non-nil only
-// for connection-level trouble (I/O, timeout, unreadable reply, 421), as
-// an *Error; TxResult then holds the replies received so far and the
-// connection is closed. A timeout after the final dot may mean the message
-// was delivered anyway (RFC 1047); the caller can only retry.
+// dot (or to BDAT), comes back in TxResult with a nil error. The error is
+// non-nil only for connection-level trouble (I/O, timeout, unreadable
+// reply, 421), as an *Error; TxResult then holds the replies received so
+// far and the connection is closed. A timeout after the final dot, or after
+// the whole chunk was sent, may mean the message was delivered anyway (RFC
+// 1047): the error is then at StageEndOfData and the caller can only retry.
 //
 // An envelope that cannot be expressed (control characters, over-long
 // command lines, bad DSN values) is a plain error; nothing is sent.
@@ -91,24 +97,37 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 			Text: "local: peer does not support SMTPUTF8, required by this message (RFC 6531)"}
 		return res, nil
 	}
-	if ok, _ := c.Extension("PIPELINING"); ok {
-		return c.sendPipelined(ctx, env, mail, rcpts, body)
+	t := tx{env: env, mail: mail, rcpts: rcpts, body: body, dsn: dsn}
+	if ok, _ := c.Extension("CHUNKING"); ok && c.opt.Chunking {
+		t.chunk = newChunk(body)
 	}
-	return c.sendStepwise(ctx, env, mail, rcpts, body)
+	if ok, _ := c.Extension("PIPELINING"); ok {
+		return c.sendPipelined(ctx, t)
+	}
+	return c.sendStepwise(ctx, t)
+}
+
+// tx is one transaction, checked and ready to go on the wire.
+type tx struct {
+	env   Envelope
+	mail  string   // the MAIL command line
+	rcpts []string // one RCPT command line per env.Rcpts
+	body  []byte
+	chunk *chunk // the body as a BDAT chunk; nil: the body goes with DATA
+	dsn   bool   // the peer advertised DSN
 }
 
 // sendStepwise runs the transaction one command and reply at a time, for
 // peers without PIPELINING.
-func (c *Client) sendStepwise(ctx context.Context, env Envelope, mail string, rcpts []string, body []byte) (TxResult, error) {
-	dsn, _ := c.Extension("DSN")
-	res := TxResult{DSN: dsn}
+func (c *Client) sendStepwise(ctx context.Context, t tx) (TxResult, error) {
+	res := TxResult{DSN: t.dsn}
 	if c.inTx {
 		if err := c.ResetContext(ctx); err != nil {
 			return res, err
 		}
 	}
 	c.inTx = true
-	r, _, err := c.cmd(ctx, classifier.StageMAIL, mail)
+	r, _, err := c.cmd(ctx, classifier.StageMAIL, t.mail)
 	if r != nil {
 		res.Mail = *r
 	}
@@ -116,10 +135,10 @@ func (c *Client) sendStepwise(ctx context.Context, env Envelope, mail string, rc
 		return res, err
 	}
 	accepted := 0
-	for i, line := range rcpts {
+	for i, line := range t.rcpts {
 		r, _, err := c.cmd(ctx, classifier.StageRCPT, line)
 		if r != nil {
-			res.Rcpts = append(res.Rcpts, RcptResult{Rcpt: env.Rcpts[i], Reply: *r})
+			res.Rcpts = append(res.Rcpts, RcptResult{Rcpt: t.env.Rcpts[i], Reply: *r})
 		}
 		if err != nil {
 			return res, err
@@ -128,11 +147,14 @@ func (c *Client) sendStepwise(ctx context.Context, env Envelope, mail string, rc
 			accepted++
 		}
 	}
-	if accepted == 0 {
-		return res, nil
+	switch {
+	case accepted == 0:
+	case t.chunk != nil:
+		res.Data, err = c.bdat(ctx, t.chunk)
+	default:
+		r, _, err = c.cmd(ctx, classifier.StageDATA, "DATA")
+		res.Data, err = c.afterData(ctx, r, err, t.body)
 	}
-	r, _, err = c.cmd(ctx, classifier.StageDATA, "DATA")
-	res.Data, err = c.afterData(ctx, r, err, body)
 	return res, err
 }
 
@@ -153,17 +175,16 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 		return nil, &Error{Stage: classifier.StageDATA, Err: textproto.ProtocolError("unexpected reply to DATA: " + r.Error())}
 	}
 	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(body))})
-	// The payload is encoded chunk by chunk into one reused buffer: a large
-	// message is never copied whole a second time on its way out.
-	const chunk = 64 << 10
+	// The payload is encoded a piece at a time into one reused buffer: a
+	// large message is never copied whole a second time on its way out.
 	enc := newBodyEncoder(body)
-	buf := make([]byte, 0, chunk+8)
+	buf := make([]byte, 0, dataPiece+8)
 	for {
-		buf = enc.next(buf[:0], chunk)
+		buf = enc.next(buf[:0], dataPiece)
 		if len(buf) == 0 {
 			break
 		}
-		// The deadline is renewed per chunk: a large message on a slow link
+		// The deadline is renewed per piece: a large message on a slow link
 		// is fine as long as it makes progress (Postfix smtp_data_xfer_timeout).
 		if err := c.write(ctx, classifier.StageDATA, c.opt.DataTimeout, buf); err != nil {
 			return nil, err
@@ -358,12 +379,14 @@ func encodeBody(body []byte) []byte {
 // (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line
 // endings of SMTP smuggling (bad-inputs c2); lines starting with "." get
 // another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. Long lines are not
-// folded.
+// folded. For a BDAT chunk (newChunkEncoder) the line endings are the same
+// but there is no dot-stuffing and no final dot (RFC 3030 §2).
 type bodyEncoder struct {
 	body []byte
 	i    int  // next byte of body to encode
 	bol  bool // at the beginning of a line
-	done bool // the final ".\r\n" was produced
+	done bool // the final ".\r\n" (BDAT: the final CRLF) was produced
+	bdat bool // a BDAT chunk: no dot-stuffing, no final dot
 	// lf and cr are where the next LF and CR are (len(body): none), valid
 	// while not behind i. Kept between runs, so each byte is scanned once
 	// for each (bytes.IndexByte is vectorised; IndexAny is a byte loop and
@@ -373,6 +396,13 @@ type bodyEncoder struct {
 
 func newBodyEncoder(body []byte) *bodyEncoder {
 	return &bodyEncoder{body: body, bol: true, lf: -1, cr: -1}
+}
+
+// newChunkEncoder is newBodyEncoder for a BDAT chunk (see chunk).
+func newChunkEncoder(body []byte) *bodyEncoder {
+	e := newBodyEncoder(body)
+	e.bdat = true
+	return e
 }
 
 // find returns the position of the next c at or after e.i (len(e.body):
@@ -394,7 +424,7 @@ func (e *bodyEncoder) find(pos *int, c byte) int {
 // its own.
 func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 	for e.i < len(e.body) && len(dst) < limit {
-		if e.bol && e.body[e.i] == '.' {
+		if e.bol && e.body[e.i] == '.' && !e.bdat {
 			dst = append(dst, '.') // the line's own "." follows in the run below
 		}
 		rest := e.body[e.i:]
@@ -414,7 +444,9 @@ func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 		if !e.bol {
 			dst = append(dst, '\r', '\n')
 		}
-		dst = append(dst, '.', '\r', '\n')
+		if !e.bdat {
+			dst = append(dst, '.', '\r', '\n')
+		}
 		e.done = true
 	}
 	return dst
