@@ -244,3 +244,31 @@ func FuzzJournal(f *testing.F) {
 		}
 	})
 }
+
+// A journal that does not belong to the database (the database file was
+// deleted to start afresh, or replaced) is not replayed: its records would
+// bring back messages the database never had or has delivered long ago.
+func TestJournal_ForeignJournalNotReplayed(t *testing.T) {
+	path := dbPath(t)
+	q := openAt(t, path, Options{})
+	snap := snapshot(t, q) // empty, but knows this journal
+	mustEnqueue(t, q, msg("", "a@a.test"))
+	q.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	q = openAt(t, path, Options{})
+	if st, _ := q.Stats(); st.Messages != 0 {
+		t.Errorf("a new database replayed %d messages from the old journal", st.Messages)
+	}
+	q.Close()
+	// The old database back: its journal was restarted for the new one, so
+	// the salts differ again and nothing is replayed.
+	if err := os.WriteFile(path, snap, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q = openAt(t, path, Options{})
+	if st, _ := q.Stats(); st.Messages != 0 {
+		t.Errorf("the old database got %d messages from the new database's journal", st.Messages)
+	}
+}

@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 var (
 	bJournal   = []byte("journal")
 	keyApplied = []byte("applied") // number of the last journal record in the database
+	keySalt    = []byte("salt")    // the salt of this database's journal
 )
 
 // startJournal opens the journal, replays what the database lacks and
@@ -35,11 +37,9 @@ func (q *Queue) startJournal() error {
 	if err != nil {
 		return fmt.Errorf("queue: journal: %w", err)
 	}
-	if created {
-		if err := syncDir(filepath.Dir(path)); err != nil {
-			j.f.Close()
-			return fmt.Errorf("queue: journal: %w", err)
-		}
+	if err := q.claimJournal(j, created); err != nil {
+		j.f.Close()
+		return fmt.Errorf("queue: journal: %w", err)
 	}
 	if seq, err = q.replay(j, seq); err != nil {
 		j.f.Close()
@@ -50,6 +50,36 @@ func (q *Queue) startJournal() error {
 	q.acked.Store(seq)
 	q.applied.Store(seq)
 	return nil
+}
+
+// claimJournal makes sure the journal belongs to this database: its salt
+// is stored in the database when the journal is created. A journal whose
+// salt the database does not hold (the database was deleted or replaced,
+// or the journal copied from elsewhere) is started again rather than
+// replayed: its records would bring back messages this database never had
+// or has long delivered.
+func (q *Queue) claimJournal(j *journal, created bool) error {
+	var stored []byte
+	if err := q.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bJournal); b != nil {
+			stored = bytes.Clone(b.Get(keySalt))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	if !created && bytes.Equal(stored, j.salt[:]) {
+		return nil
+	}
+	if !created {
+		if err := j.create(); err != nil {
+			return err
+		}
+	}
+	if err := syncDir(filepath.Dir(j.f.Name())); err != nil {
+		return err
+	}
+	return q.update(func(w *wtx) error { return w.b(bJournal).Put(keySalt, j.salt[:]) })
 }
 
 func appliedSeq(tx *bolt.Tx) uint64 {
@@ -106,11 +136,7 @@ func (w *wtx) insertJournaled(bs []*insertBatch) error {
 			}
 		}
 	}
-	jb, err := w.tx.CreateBucketIfNotExists(bJournal)
-	if err != nil {
-		return err
-	}
-	return jb.Put(keyApplied, binary.BigEndian.AppendUint64(nil, bs[len(bs)-1].seq))
+	return w.b(bJournal).Put(keyApplied, binary.BigEndian.AppendUint64(nil, bs[len(bs)-1].seq))
 }
 
 // enqueueJournal hands ms to the journaler and waits for its answer.

@@ -457,11 +457,8 @@ func (q *Queue) commit(all []request) {
 		}
 		return nil
 	})
-	if err == nil && len(pending) > 0 {
+	if err == nil {
 		q.pending = nil
-		last := pending[len(pending)-1]
-		q.insertedID.Store(uint64(last.ids[len(last.ids)-1]))
-		q.applied.Store(last.seq)
 	}
 	for i, r := range batch {
 		if err != nil {
@@ -560,6 +557,13 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	}
 	for _, b := range w.settled {
 		q.inflight.add(inflightCounts(b.ms, -1))
+	}
+	if n := len(w.settled); n > 0 {
+		// Before the signal: a woken worker reading the message must not
+		// think it is still on its way.
+		last := w.settled[n-1]
+		q.insertedID.Store(uint64(last.ids[len(last.ids)-1]))
+		q.applied.Store(last.seq)
 	}
 	q.lowerCursors(w.low) // before signal: a woken scan must see the mark
 	q.mu.Unlock()
