@@ -1,10 +1,12 @@
 package queue
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"os"
 )
 
@@ -154,42 +156,55 @@ func (j *journal) create() error {
 	return j.f.Sync()
 }
 
-// records reads the file and returns its run of consecutive valid records
-// from the front.
-func (j *journal) records() ([]jrecord, error) {
-	b := make([]byte, j.size)
-	if _, err := j.f.ReadAt(b, 0); err != nil {
-		return nil, err
-	}
-	return parseJournal(b, j.salt), nil
-}
-
 // parseJournal returns the records of a journal file image b, in order,
 // up to the first one that is not whole, not valid, or not numbered one
 // above the previous.
 func parseJournal(b []byte, salt [8]byte) []jrecord {
 	var out []jrecord
-	if len(b) < journalFileHead {
-		return nil
-	}
-	b = b[journalFileHead:]
-	for len(b) >= journalRecHead {
-		if binary.BigEndian.Uint32(b) != journalMagic {
-			break
-		}
-		n := uint64(binary.BigEndian.Uint32(b[4:]))
-		seq := binary.BigEndian.Uint64(b[8:])
-		if n > uint64(len(b)-journalRecHead) || (len(out) > 0 && seq != out[len(out)-1].seq+1) {
-			break
-		}
-		payload := b[journalRecHead : journalRecHead+n]
-		if binary.BigEndian.Uint32(b[16:]) != recordCRC(salt, seq, payload) {
-			break
-		}
+	_, _ = scanJournal(bytes.NewReader(b), int64(len(b)), salt, 0, func(seq uint64, payload []byte) error {
 		out = append(out, jrecord{seq: seq, payload: payload})
-		b = b[journalRecHead+n:]
-	}
+		return nil
+	})
 	return out
+}
+
+// scanJournal walks the run of consecutive records from the front of a
+// journal file r of size octets and returns the number of the last one (or
+// applied). A record numbered up to applied is only stepped over: the
+// database holds it, so its payload is neither read nor checked, and a
+// restart after a clean stop reads a header per record, not the file. Every
+// later record must pass its CRC and is handed to fn. The walk stops at
+// the first record that is not whole, not valid, or not numbered one above
+// the previous.
+func scanJournal(r io.ReaderAt, size int64, salt [8]byte, applied uint64, fn func(seq uint64, payload []byte) error) (uint64, error) {
+	var h [journalRecHead]byte
+	last := applied
+	for off, prev := int64(journalFileHead), uint64(0); off+journalRecHead <= size; {
+		if _, err := r.ReadAt(h[:], off); err != nil {
+			return last, err
+		}
+		n := int64(binary.BigEndian.Uint32(h[4:]))
+		seq := binary.BigEndian.Uint64(h[8:])
+		if binary.BigEndian.Uint32(h[:]) != journalMagic || n > size-off-journalRecHead ||
+			(off > journalFileHead && seq != prev+1) {
+			break
+		}
+		if seq > applied {
+			payload := make([]byte, n)
+			if _, err := r.ReadAt(payload, off+journalRecHead); err != nil {
+				return last, err
+			}
+			if binary.BigEndian.Uint32(h[16:]) != recordCRC(salt, seq, payload) {
+				break
+			}
+			if err := fn(seq, payload); err != nil {
+				return last, err
+			}
+		}
+		prev, last = seq, max(last, seq)
+		off += journalRecHead + n
+	}
+	return last, nil
 }
 
 func recordCRC(salt [8]byte, seq uint64, payload []byte) uint32 {

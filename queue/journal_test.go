@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -270,5 +271,30 @@ func TestJournal_ForeignJournalNotReplayed(t *testing.T) {
 	q = openAt(t, path, Options{})
 	if st, _ := q.Stats(); st.Messages != 0 {
 		t.Errorf("the old database got %d messages from the new database's journal", st.Messages)
+	}
+}
+
+// Journaled messages with many recipients reach the database over several
+// transactions (insertBudget) and all of them arrive, in order.
+func TestJournal_InsertBudget(t *testing.T) {
+	q, _ := newQ(t)
+	var rcpts []string
+	for i := range 1000 {
+		rcpts = append(rcpts, "r"+strconv.Itoa(i)+"@a.test")
+	}
+	const n = 45 // 45,000 recipients: more than two transactions' worth
+	var ids []ID
+	for range n {
+		ids = append(ids, mustEnqueue(t, q, msg("s@x.test", rcpts...)))
+	}
+	if got := insertBudget([]*insertBatch{{ms: make([]NewMessage, 1)}}); got != 1 {
+		t.Errorf("budget for one batch = %d, want 1 (never zero)", got)
+	}
+	checkStats(t, q)
+	if st, _ := q.Stats(); st.Messages != n || st.Recipients != n*1000 {
+		t.Errorf("Stats %d messages, %d recipients; want %d, %d", st.Messages, st.Recipients, n, n*1000)
+	}
+	if m := mustShow(t, q, ids[n-1]); len(m.Recipients) != 1000 {
+		t.Errorf("last message has %d recipients", len(m.Recipients))
 	}
 }

@@ -94,33 +94,21 @@ func appliedSeq(tx *bolt.Tx) uint64 {
 // replay inserts the records numbered above applied, in order, and
 // returns the number of the last record in the file (or applied).
 func (q *Queue) replay(j *journal, applied uint64) (uint64, error) {
-	recs, err := j.records()
-	if err != nil {
-		return 0, err
-	}
-	last := applied
-	for _, r := range recs {
-		last = max(last, r.seq)
-		ms, ids, err := decodeRecord(r.payload)
+	return scanJournal(j.f, j.size, j.salt, applied, func(seq uint64, payload []byte) error {
+		ms, ids, err := decodeRecord(payload)
 		if err != nil {
 			// A record whose CRC matched but which does not decode was
 			// written by something else: refuse to guess.
-			return 0, fmt.Errorf("record %d: %w", r.seq, err)
+			return fmt.Errorf("record %d: %w", seq, err)
 		}
 		for _, id := range ids {
 			if uint64(id) > q.lastID.Load() {
 				q.lastID.Store(uint64(id))
 			}
 		}
-		if r.seq <= applied {
-			continue
-		}
-		b := &insertBatch{seq: r.seq, ms: ms, ids: ids}
-		if err := q.update(func(w *wtx) error { return w.insertJournaled([]*insertBatch{b}) }); err != nil {
-			return 0, err
-		}
-	}
-	return last, nil
+		b := &insertBatch{seq: seq, ms: ms, ids: ids}
+		return q.update(func(w *wtx) error { return w.insertJournaled([]*insertBatch{b}) })
+	})
 }
 
 // insertJournaled inserts journaled batches, oldest first, and records the
@@ -215,6 +203,14 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		q.answer(batch, ids, q.insertDirect(ms, ids))
 		return
 	}
+	if q.inflightRcpts() > maxInflightRcpts {
+		// Intake is far ahead of the database: wait for it rather than
+		// hold ever more messages in memory.
+		if err := q.settle(); err != nil {
+			q.answer(batch, nil, err)
+			return
+		}
+	}
 	if j.off+int64(len(rec)) > j.max {
 		// Start again at the front once the database holds every record
 		// behind us; a failure there is the database's, and fails this
@@ -266,6 +262,16 @@ func (q *Queue) answer(batch []jrequest, ids []ID, err error) {
 	}
 }
 
+// maxInflightRcpts bounds the recipients acknowledged by the journal and
+// not yet in the database (they are held in memory until then).
+const maxInflightRcpts = 100000
+
+func (q *Queue) inflightRcpts() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.inflight.rcpts
+}
+
 // addInflight counts journaled messages that the database does not hold
 // yet, so that Stats shows them as queued.
 func (q *Queue) addInflight(ms []NewMessage) {
@@ -289,10 +295,13 @@ func inflightCounts(ms []NewMessage, sign int) counts {
 // acknowledged, so that a read sees what an Enqueue that returned before
 // it stored. It costs nothing when nothing is on its way.
 func (q *Queue) settle() error {
-	if q.acked.Load() == q.applied.Load() {
-		return nil
+	for target := q.acked.Load(); q.applied.Load() < target; {
+		// Each commit inserts some of what is pending (insertBudget).
+		if err := q.submit(0, 0, func(*wtx) error { return nil }); err != nil {
+			return err
+		}
 	}
-	return q.submit(0, 0, func(*wtx) error { return nil })
+	return nil
 }
 
 // closeJournal closes the journal file (after the journaler has stopped).

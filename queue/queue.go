@@ -22,6 +22,7 @@ const DefaultLockTimeout = 2 * time.Second
 const (
 	maxBatchMsgs  = 512
 	maxBatchBytes = 64 << 20
+	maxBatchRcpts = 20000 // journaled recipients inserted by one transaction
 )
 
 // Queue is the durable store. All methods are safe for concurrent use.
@@ -69,6 +70,7 @@ type Queue struct {
 	applied    atomic.Uint64  // the last journal record in the database
 	insertedID atomic.Uint64  // the highest message ID inserted from the journal
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
+	stuck      bool           // writer only: the last commit holding pending batches failed
 }
 
 // request is one call waiting for the writer. fn runs inside the shared
@@ -387,6 +389,12 @@ func (q *Queue) writer() {
 	defer q.wg.Done()
 	defer close(q.stopped)
 	for {
+		if len(q.pending) > 0 && !q.stuck {
+			// Journaled messages left over by a commit's budget go on
+			// with whatever else is waiting.
+			q.commit(q.gatherMore(nil))
+			continue
+		}
 		select {
 		case r := <-q.reqs:
 			q.commit(q.gather(r))
@@ -405,14 +413,24 @@ func (q *Queue) drain() {
 		case r := <-q.reqs:
 			q.commit(q.gather(r))
 		default:
-			return
+			if len(q.pending) == 0 || q.stuck {
+				return // a failing database keeps them in the journal for the next Open
+			}
+			q.commit(nil)
 		}
 	}
 }
 
 func (q *Queue) gather(first request) []request {
-	batch := []request{first}
-	n, size := first.n, first.size
+	return q.gatherMore([]request{first})
+}
+
+// gatherMore adds the requests already waiting to batch, within the limits.
+func (q *Queue) gatherMore(batch []request) []request {
+	n, size := 0, 0
+	for _, r := range batch {
+		n, size = n+r.n, size+r.size
+	}
 	for n < maxBatchMsgs && size < maxBatchBytes {
 		select {
 		case r := <-q.reqs:
@@ -439,7 +457,7 @@ func (q *Queue) commit(all []request) {
 		}
 	}
 	errs := make([]error, len(batch))
-	pending := q.pending
+	pending := q.pending[:insertBudget(q.pending)]
 	err := q.update(func(w *wtx) error {
 		if err := w.insertJournaled(pending); err != nil {
 			return err
@@ -457,8 +475,9 @@ func (q *Queue) commit(all []request) {
 		}
 		return nil
 	})
+	q.stuck = err != nil && len(pending) > 0
 	if err == nil {
-		q.pending = nil
+		q.pending = q.pending[len(pending):]
 	}
 	for i, r := range batch {
 		if err != nil {
@@ -467,6 +486,24 @@ func (q *Queue) commit(all []request) {
 			r.reply <- errs[i]
 		}
 	}
+}
+
+// insertBudget is how many of the pending journaled batches (at least one)
+// the next transaction inserts: a transaction's dirty pages stay in memory
+// until its commit, and a burst of messages with a thousand recipients
+// each would otherwise build one of hundreds of megabytes.
+func insertBudget(bs []*insertBatch) int {
+	rcpts, size := 0, 0
+	for i, b := range bs {
+		for j := range b.ms {
+			rcpts += len(b.ms[j].To)
+			size += len(b.ms[j].Body)
+		}
+		if i > 0 && (rcpts > maxBatchRcpts || size > maxBatchBytes) {
+			return i
+		}
+	}
+	return len(bs)
 }
 
 // insertMessage writes one new message: record, body, and one Queued
