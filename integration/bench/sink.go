@@ -59,8 +59,64 @@ func startSink(addr string, deferAll bool) (*sink, error) {
 	s.srv.MaxMessageBytes = 64 << 20
 	s.srv.MaxRecipients = 1000
 	s.srv.ErrorLog = log.New(io.Discard, "", 0)
-	go func() { _ = s.srv.Serve(ln) }()
+	go func() { _ = s.srv.Serve(coalescingListener{ln}) }()
 	return s, nil
+}
+
+// coalescingListener hands go-smtp connections whose replies wait until
+// the server is about to read again, as RFC 2920 §3.2 asks of a pipelining
+// server and as Postfix's smtpd does: the replies to a pipelined group
+// (MAIL, RCPT…, DATA or BDAT) leave in one write instead of one each.
+// go-smtp flushes every reply; left alone, the sink would cost every
+// sender (greyrelay or Postfix) a wakeup and a read per reply, and the
+// shared CPUs a write per reply.
+type coalescingListener struct{ net.Listener }
+
+func (l coalescingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &coalescingConn{Conn: c}, nil
+}
+
+// coalescingConn buffers writes until the next Read or Close. go-smtp
+// reads only when its own buffer holds no more input, so a reply waits at
+// most until the commands already received have been answered.
+type coalescingConn struct {
+	net.Conn
+	mu  sync.Mutex
+	out []byte
+}
+
+func (c *coalescingConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.out = append(c.out, p...)
+	return len(p), nil
+}
+
+func (c *coalescingConn) flush() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.out) == 0 {
+		return nil
+	}
+	_, err := c.Conn.Write(c.out)
+	c.out = c.out[:0]
+	return err
+}
+
+func (c *coalescingConn) Read(p []byte) (int, error) {
+	if err := c.flush(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *coalescingConn) Close() error {
+	_ = c.flush()
+	return c.Conn.Close()
 }
 
 // expect resets the counters for a run of n messages with the given body.
