@@ -97,7 +97,7 @@ func (p *profileFlags) record(ctx context.Context, perf, data string, g *greyrel
 	} else {
 		secs := float64(p.traceSeconds)
 		fmt.Printf("fdatasync (perf trace, %d s, same load): %.0f calls/s, %.3f ms on average, busy %.0f%% of wall time"+
-			" (bbolt commits one write transaction at a time, each with 2 fdatasyncs).\n\n",
+			" (the journal's, one per group of accepted messages, and bbolt's, two per commit).\n\n",
 			p.traceSeconds, syncs.calls/secs, syncs.msec/max(syncs.calls, 1), syncs.msec/10/secs)
 	}
 	self, err := perfReport(perf, data, "--no-children")
