@@ -135,6 +135,33 @@ func TestDeliver_LostFinalReplyDefers(t *testing.T) {
 	}
 }
 
+// TestDeliver_InlineChunkLostReplyDefers: a one-recipient message goes
+// out whole with its envelope (MAIL, RCPT, BDAT and the chunk in one
+// write). When the RCPT's reply never comes, the peer holds the whole
+// message and may deliver it; here it does, once its slow RCPT check
+// returns. The recipient is deferred, not offered to the next MX at once.
+func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Delivery.CommandTimeout = 200 * time.Millisecond })
+	h.dns.MX("slowrcpt.test", 10, "mx1.slowrcpt.test").A("mx1.slowrcpt.test", "127.0.0.83").
+		MX("slowrcpt.test", 20, "mx2.slowrcpt.test").A("mx2.slowrcpt.test", "127.0.0.84")
+	first := startMX(t, "127.0.0.83", h.port, fakeOpt{rcpt: func(int, string) error {
+		time.Sleep(500 * time.Millisecond)
+		return nil
+	}})
+	second := startMX(t, "127.0.0.84", h.port, fakeOpt{})
+	h.enqueue("alice@sender.test", "a@slowrcpt.test")
+	h.start()
+	eventually(t, wait, "the first attempt", func() bool { return len(h.outcomes("a@slowrcpt.test")) > 0 })
+	if outs := h.outcomes("a@slowrcpt.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != "127.0.0.83" {
+		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
+	}
+	eventually(t, wait, "the first MX to take the message anyway", func() bool { return len(first.delivered()) == 1 })
+	if n := len(second.transactions()); n != 0 {
+		t.Errorf("the second MX got %d transactions in the same attempt, want none (a duplicate)", n)
+	}
+}
+
 // TestGreylisting_StickyThrough421: a recipient greylisted by the second
 // MX (reached after a 421 from the first) stays bound to it when every MX
 // answers 421 on the next attempt, and is delivered there afterwards.

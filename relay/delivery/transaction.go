@@ -102,6 +102,12 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 			rep = res.Rcpts[i].Reply
 		}
 		o, answered := e.judgeOne(r, rep, res.Data, errV, lostAfterDot)
+		if rep.Code == 0 && lostAfterDot && res.Inline {
+			// Its RCPT went out with the whole body and no reply came
+			// back: as with a lost reply to the final dot, the peer may
+			// have it (RFC 1047). Deferred, not offered to the next MX.
+			answered = true
+		}
 		switch {
 		case !answered && connFailed:
 			jd.rest.rcpts = append(jd.rest.rcpts, r)

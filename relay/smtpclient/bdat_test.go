@@ -188,6 +188,16 @@ func TestChunking(t *testing.T) {
 			}
 		}
 	}
+	inlineLost := func(check func(*testing.T, error)) func(*testing.T, TxResult, error) {
+		return func(t *testing.T, res TxResult, err error) {
+			t.Helper()
+			var se *Error
+			if !errors.As(err, &se) || se.Stage != classifier.StageEndOfData || res.Data != nil || !res.Inline {
+				t.Fatalf("Send = %+v, %v; want an error at %s with Inline set", res, err, classifier.StageEndOfData)
+			}
+			check(t, err)
+		}
+	}
 	lost := func(stage classifier.Stage, check func(*testing.T, error)) func(*testing.T, TxResult, error) {
 		return func(t *testing.T, res TxResult, err error) {
 			check(t, stageErr(t, err, stage))
@@ -252,6 +262,20 @@ func TestChunking(t *testing.T) {
 			check: lost(classifier.StageEndOfData, isEOF), closedOK: true},
 		{name: "silence after the chunk", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n", hang: true}},
 			check: lost(classifier.StageEndOfData, isTimeout), closedOK: true},
+		// The whole message went with the envelope: a reply lost before
+		// the RCPT's is as ambiguous as a lost reply to the final dot.
+		{name: "dropped before any reply, chunk sent", body: "hi\r\n", script: []step{{pipe: group1(4), close: true}},
+			check: inlineLost(isEOF), closedOK: true},
+		{name: "silence before the RCPT reply, chunk sent", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n", hang: true}},
+			check: inlineLost(isTimeout), closedOK: true},
+		{name: "421 to RCPT: the peer closes, nothing is ambiguous", body: "hi\r\n",
+			script: []step{{pipe: group1(4), send: "250 ok\r\n421 4.3.2 bye\r\n", close: true}},
+			check: func(t *testing.T, res TxResult, err error) {
+				var se *Error
+				if !errors.As(err, &se) || se.Stage != classifier.StageRCPT || res.Data != nil {
+					t.Errorf("Send = %+v, %v; want a 421 at RCPT", res, err)
+				}
+			}, closedOK: true},
 		{name: "without PIPELINING, dropped after the chunk", ehlo: ehloChunk1, body: "hi\r\n",
 			script: []step{mailOK, rcptOK, {expect: "BDAT 4 LAST", close: true}},
 			check:  lost(classifier.StageEndOfData, isEOF), closedOK: true},

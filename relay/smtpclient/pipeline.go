@@ -2,6 +2,7 @@ package smtpclient
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -46,7 +47,8 @@ func (c *Client) sendPipelined(ctx context.Context, t tx) (TxResult, error) {
 	reset := c.inTx
 	cmds, inline := group(t, reset)
 	c.inTx = true
-	replies, err := c.pipeline(ctx, cmds, inline)
+	replies, sent, err := c.pipeline(ctx, cmds, inline)
+	res.Inline = inline != nil && sent
 	q := &replyQueue{rs: replies}
 	if reset {
 		if r, ok := q.next(); !ok || r.Code/100 != 2 {
@@ -176,14 +178,20 @@ func (c *Client) resetRefused(r *classifier.Reply, err error) error {
 // failure (I/O, timeout, unreadable reply, or a 421, which is then the
 // last reply returned) it stops with an *Error at the failing command's
 // stage, and the connection is closed.
-func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) ([]*classifier.Reply, error) {
+//
+// sent reports whether the inline chunk went out whole. Once it has, a
+// reply that cannot be read (the connection failed or timed out) fails at
+// StageEndOfData whatever command it answered: the peer has the whole
+// message and may deliver it (RFC 1047), as when the reply to a final dot
+// is lost.
+func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (replies []*classifier.Reply, sent bool, err error) {
 	for _, cmd := range cmds {
 		if len(cmd.line) > maxCommandLine || strings.ContainsAny(cmd.line, "\r\n") {
 			// Our own bug or unchecked input: never put it on the wire.
-			return nil, fmt.Errorf("smtpclient: refusing to send malformed command line (%d octets)", len(cmd.line))
+			return nil, false, fmt.Errorf("smtpclient: refusing to send malformed command line (%d octets)", len(cmd.line))
 		}
 	}
-	replies := make([]*classifier.Reply, 0, len(cmds))
+	replies = make([]*classifier.Reply, 0, len(cmds))
 	for len(cmds) > 0 {
 		n, size := 0, 0
 		for n < len(cmds) && (n == 0 || size+len(cmds[n].line)+2 <= maxGroup) {
@@ -195,8 +203,9 @@ func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) ([
 			ch = inline
 		}
 		if err := c.writeGroup(ctx, cmds[:n], ch); err != nil {
-			return replies, err
+			return replies, false, err
 		}
+		sent = ch != nil
 		for _, cmd := range cmds[:n] {
 			timeout := c.opt.CommandTimeout
 			if cmd.stage == classifier.StageEndOfData {
@@ -206,13 +215,17 @@ func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) ([
 			if r != nil {
 				replies = append(replies, r)
 			}
+			var se *Error
+			if err != nil && r == nil && sent && errors.As(err, &se) {
+				se.Stage = classifier.StageEndOfData
+			}
 			if err != nil {
-				return replies, err
+				return replies, sent, err
 			}
 		}
 		cmds = cmds[n:]
 	}
-	return replies, nil
+	return replies, sent, nil
 }
 
 // writeGroup writes the lines of cmds in one write, followed by ch if it

@@ -48,6 +48,11 @@ type TxResult struct {
 	// or, pipelined, its reply does not count) or no reply was read.
 	Data *classifier.Reply
 	DSN  bool // the peer advertised DSN, so NOTIFY/ORCPT/RET/ENVID were passed on
+	// Inline: the body went out whole in the same write as MAIL and the
+	// RCPT (BDAT under PIPELINING, see inlineChunk), before any reply was
+	// read. If the replies then never came, the peer may hold the message
+	// although no RCPT reply was seen (the error is at StageEndOfData).
+	Inline bool
 }
 
 // Send runs one transaction: MAIL, one RCPT per recipient, and the body
