@@ -243,13 +243,14 @@ func (g *generator) transaction(id int) (time.Duration, time.Time, error) {
 	if err := g.commands(cmds); err != nil {
 		return 0, time.Time{}, err
 	}
+	// The body and the final dot leave in one write, as from Postfix's
+	// client and most libraries (a dot in a packet of its own costs the
+	// server a read and a wakeup more per message). The clock starts
+	// just before that write: loopback carries 4 KiB in microseconds.
 	_, _ = g.w.Write(g.msg.header(id, g.spec.Rcpts[0]))
 	_, _ = g.w.Write(g.msg.body)
-	if err := g.w.Flush(); err != nil {
-		return 0, time.Time{}, err
-	}
-	t0 := time.Now()
 	_, _ = g.w.WriteString(".\r\n")
+	t0 := time.Now()
 	if err := g.w.Flush(); err != nil {
 		return 0, time.Time{}, err
 	}
