@@ -79,6 +79,9 @@ func TestJournal_ReplayAfterCrash(t *testing.T) {
 
 		for round := range 2 { // a second Open replays nothing
 			q2 := openAt(t, path, Options{})
+			if want := []int{len(ids) - inDB, 0}[round]; q2.Replayed() != want {
+				t.Errorf("inDB=%d round %d: Replayed() = %d, want %d", inDB, round, q2.Replayed(), want)
+			}
 			for id, body := range want {
 				if got, err := q2.Body(id); err != nil || !bytes.Equal(got, body) {
 					t.Errorf("inDB=%d round %d: message %v body %q, %v; want %q", inDB, round, id, got, err, body)

@@ -71,6 +71,7 @@ type Queue struct {
 	insertedID atomic.Uint64  // the highest message ID inserted from the journal
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
+	replayed   int            // messages Open inserted from the journal
 }
 
 // request is one call waiting for the writer. fn runs inside the shared

@@ -112,6 +112,11 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
 	}
 	defer q.Close()
+	if n := q.Replayed(); n > 0 {
+		// Accepted (250 sent) but not yet in the database when the last
+		// run stopped: a crash, not a clean stop.
+		log.Warn("queue journal replayed after an unclean stop", zap.Int("messages", n))
+	}
 	if checkQueue {
 		st, _ := q.Stats()
 		log.Info("queue checked: every record decoded, damaged ones quarantined",
