@@ -220,7 +220,7 @@ func (j *journal) append(rec []byte) error {
 	end := j.off + int64(len(rec))
 	if end > j.size {
 		if err := j.grow(end); err != nil {
-			return err
+			return &growError{err}
 		}
 	}
 	if _, err := j.f.WriteAt(rec, j.off); err != nil {
@@ -232,6 +232,13 @@ func (j *journal) append(rec []byte) error {
 	j.off = end
 	return nil
 }
+
+// growError is a failure to make the file larger (typically ENOSPC). It
+// leaves the file as it was, so the journal stays usable within its size.
+type growError struct{ err error }
+
+func (e *growError) Error() string { return "growing the journal: " + e.err.Error() }
+func (e *growError) Unwrap() error { return e.err }
 
 // grow zero-fills the file up to the next step at or above end, so that
 // the writes that follow overwrite allocated blocks: their fdatasync then

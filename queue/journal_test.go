@@ -3,9 +3,11 @@ package queue
 import (
 	"bytes"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"syscall"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -139,7 +141,8 @@ func TestJournal_Wrap(t *testing.T) {
 // directly.
 func TestJournal_WriteFailureFallsBack(t *testing.T) {
 	q, _ := newQ(t)
-	q.jrnl.f.Close() // every later write fails
+	mustEnqueue(t, q, msg("", "first@a.test")) // the file has grown: the next record needs no growth
+	q.jrnl.f.Close()                           // every later write fails
 	if _, err := q.Enqueue(msg("", "a@a.test")); err == nil {
 		t.Fatal("Enqueue succeeded with a broken journal")
 	}
@@ -299,5 +302,47 @@ func TestJournal_InsertBudget(t *testing.T) {
 	}
 	if m := mustShow(t, q, ids[n-1]); len(m.Recipients) != 1000 {
 		t.Errorf("last message has %d recipients", len(m.Recipients))
+	}
+}
+
+// When the file cannot grow (a full disk; here a file size limit), the
+// journal goes on within the size it has, starting again at the front,
+// instead of failing or giving up.
+func TestJournal_CannotGrow(t *testing.T) {
+	q, _ := newQ(t)
+	m := msg("s@x.test", "r@a.test")
+	m.Body = bytes.Repeat([]byte("0123456789abcdef"), 256) // 4 KiB
+	mustEnqueue(t, q, m)                                   // the journal grows to its first step
+	if q.jrnl.size != journalStep {
+		t.Fatalf("journal size %d, want %d", q.jrnl.size, journalStep)
+	}
+	// No file of this process may grow past the journal's size now
+	// (EFBIG instead of SIGXFSZ). The database stays below it: every
+	// round is deleted before the next.
+	signal.Ignore(syscall.SIGXFSZ)
+	defer signal.Reset(syscall.SIGXFSZ)
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = journalStep
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old)
+	for round := range 10 { // about 1.3 MiB of records in all
+		for range 30 {
+			mustEnqueue(t, q, m)
+		}
+		if _, err := q.Delete(Selector{All: true}); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+	if q.jrnl.bad != nil || q.jrnl.size != journalStep {
+		t.Errorf("journal bad=%v size=%d; want usable at %d", q.jrnl.bad, q.jrnl.size, journalStep)
+	}
+	if q.jrnl.seq < 300 {
+		t.Errorf("%d records written; the journal was left for the database", q.jrnl.seq)
 	}
 }

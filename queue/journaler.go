@@ -3,6 +3,7 @@ package queue
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"path/filepath"
 
@@ -225,8 +226,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		}
 		j.off = journalFileHead
 	}
-	if err := j.append(rec); err != nil {
-		j.bad = err
+	if err := q.appendRecord(rec); err != nil {
 		q.answer(batch, nil, fmt.Errorf("journal: %w", err))
 		return
 	}
@@ -235,6 +235,36 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	q.acked.Store(j.seq)
 	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
 	q.answer(batch, ids, nil)
+}
+
+// appendRecord writes rec at the write position. When the file cannot
+// grow (the disk is full), the journal goes on within the size it has: it
+// starts again at the front if rec fits there, or fails this record only.
+// Any other failure (a write or fdatasync of the record itself) leaves the
+// file's contents unknown, so the journal is not used again (bad) and
+// later Enqueues go to the database directly.
+func (q *Queue) appendRecord(rec []byte) error {
+	j := q.jrnl
+	err := j.append(rec)
+	var ge *growError
+	if !errors.As(err, &ge) {
+		if err != nil {
+			j.bad = err
+		}
+		return err
+	}
+	if j.off == journalFileHead || int64(len(rec)) > j.size-journalFileHead {
+		return err
+	}
+	if err := q.settle(); err != nil { // the database's failure, not the journal's
+		return err
+	}
+	j.off = journalFileHead
+	if err := j.append(rec); err != nil { // fits: no growth needed
+		j.bad = err
+		return err
+	}
+	return nil
 }
 
 // insertDirect stores ms with their IDs in a transaction of their own,
