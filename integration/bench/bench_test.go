@@ -150,3 +150,13 @@ func TestSetPath(t *testing.T) {
 		t.Errorf("retry: %v", c["retry"])
 	}
 }
+
+func TestCPUTimes(t *testing.T) {
+	a, err := cpuTimes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.total == 0 || a.idle > a.total {
+		t.Errorf("cpuTimes = %+v", a)
+	}
+}

@@ -266,3 +266,60 @@ func (m *monitor) finish() usage {
 	m.mu.Unlock()
 	return u
 }
+
+// quietIdle is the share of the machine's CPU time that must be idle over
+// quietWindow before a measured phase starts, and quietMax how long to wait
+// for it. A system stopped just before (Postfix's processes winding down,
+// the kernel writing back what they left) otherwise takes CPU from the
+// next round, whichever system that is.
+const (
+	quietIdle   = 0.90
+	quietWindow = 500 * time.Millisecond
+	quietMax    = 20 * time.Second
+)
+
+// waitQuiet waits until the machine has been mostly idle for quietWindow,
+// or quietMax has passed, and returns how long it waited.
+func waitQuiet() time.Duration {
+	start := time.Now()
+	for time.Since(start) < quietMax {
+		a, errA := cpuTimes()
+		time.Sleep(quietWindow)
+		b, errB := cpuTimes()
+		if errA != nil || errB != nil {
+			break
+		}
+		if total := b.total - a.total; total > 0 && float64(b.idle-a.idle)/float64(total) >= quietIdle {
+			break
+		}
+	}
+	return time.Since(start)
+}
+
+type cpuSample struct{ idle, total uint64 }
+
+// cpuTimes reads the machine's first line of /proc/stat: idle (idle +
+// iowait) and total jiffies.
+func cpuTimes() (cpuSample, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return cpuSample{}, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return cpuSample{}, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var s cpuSample
+	for i, v := range f[1:] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return cpuSample{}, err
+		}
+		s.total += n
+		if i == 3 || i == 4 { // idle, iowait
+			s.idle += n
+		}
+	}
+	return s, nil
+}

@@ -51,6 +51,9 @@ func measure(ctx context.Context, s sut, sk *sink, rs roundSpec) (roundResult, e
 	spec.Addr = s.SMTPAddr()
 	msg := newMessage(spec.Size)
 	sk.expect(spec.FirstID+spec.Messages, msg.body)
+	if d := waitQuiet(); d > quietWindow+100*time.Millisecond {
+		fmt.Fprintf(os.Stderr, "bench: %s: waited %.1f s for an idle machine\n", s.Name(), d.Seconds())
+	}
 	mon, err := startMonitor(s.Pids, s.QueueDir())
 	if err != nil {
 		return roundResult{}, err
