@@ -68,6 +68,9 @@ func (l *quarantineLog) take() []report {
 // readers drop when they reach them).
 func sameCounts(t *testing.T, q *Queue, when string) {
 	t.Helper()
+	if err := q.settle(); err != nil { // journaled messages in the database, and counted
+		t.Fatal(err)
+	}
 	want := newCounts()
 	q.db.View(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bMsgs).Cursor()
