@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -273,6 +274,15 @@ func (c *conn) Read(b []byte) (int, error) {
 		c.dataDeadline = minTime(c.dataDeadline.Add(credit), time.Now().Add(limits.CommandTimeout))
 	}
 	if err != nil {
+		if errors.Is(err, io.EOF) && c.inData {
+			// The client went away inside a message. For DATA, go-smtp's
+			// reader already says so (no final dot), but a BDAT chunk is
+			// copied through an io.LimitReader, for which io.EOF is a
+			// normal end: go-smtp would take the short chunk for the whole
+			// message and we would queue it truncated (RFC 3030 §2: the
+			// chunk is exactly its declared size).
+			err = io.ErrUnexpectedEOF
+		}
 		if c.broken == nil {
 			c.broken = err
 			var ne net.Error

@@ -125,6 +125,25 @@ func TestLimits_BDATChunkTimeout(t *testing.T) {
 	}
 }
 
+// TestBDATClientGoneMidChunk: a client that closes its side in the middle
+// of a BDAT LAST chunk has not sent a message. go-smtp copies the chunk
+// through an io.LimitReader, which takes the connection's EOF for a normal
+// end; the short chunk must not be queued as the whole message.
+func TestBDATClientGoneMidChunk(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<b@y.example>", "250 ")
+	c.write(fmt.Sprintf("BDAT %d LAST\r\n%s", 1000, "Subject: cut\r\n\r\nonly part of it"))
+	time.Sleep(50 * time.Millisecond) // the chunk's start is being read
+	c.conn.(*net.TCPConn).CloseWrite()
+	time.Sleep(200 * time.Millisecond)
+	if n := len(e.q.messages()); n != 0 {
+		t.Fatalf("%d messages stored from a chunk cut short", n)
+	}
+}
+
 func TestEscaping(t *testing.T) {
 	if got := printable("a\r\nb\x00ü"); got != `a\r\nb\x00ü` {
 		t.Errorf("printable: %q", got)
