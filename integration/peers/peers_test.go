@@ -270,6 +270,33 @@ func TestSinkRecordsAndScripts(t *testing.T) {
 	}
 }
 
+// A client that goes away inside a BDAT chunk has not delivered a message:
+// the sink (go-smtp underneath) must not record the short chunk as one.
+func TestSinkIgnoresCutBDATChunk(t *testing.T) {
+	sink := StartSink(t, "", SinkOptions{})
+	c, err := net.Dial("tcp", sink.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	fmt.Fprintf(c, "EHLO client.test\r\nMAIL FROM:<a@x.test>\r\nRCPT TO:<b@y.test>\r\nBDAT 1000 LAST\r\nSubject: cut\r\n\r\npart")
+	for replies := 0; replies < 4; { // the greeting, EHLO's last line, MAIL and RCPT
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(line) > 3 && line[3] == ' ' {
+			replies++
+		}
+	}
+	c.(*net.TCPConn).CloseWrite()
+	time.Sleep(200 * time.Millisecond)
+	if n := len(sink.Messages()); n != 0 {
+		t.Fatalf("the sink recorded %d messages from a cut chunk", n)
+	}
+}
+
 func TestSinkTLSAndAuth(t *testing.T) {
 	cert := NewCert(t)
 	users := map[string]string{"user": "secret"}

@@ -3,6 +3,8 @@ package peers
 import (
 	"bytes"
 	"crypto/tls"
+	"errors"
+	"io"
 	"net"
 	"strconv"
 	"strings"
@@ -73,6 +75,14 @@ func (c *wireConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
 	c.client(p[:n])
+	if errors.Is(err, io.EOF) && c.mode == wireBDAT && c.bdat > 0 {
+		// The client went away inside a BDAT chunk. go-smtp copies a chunk
+		// through an io.LimitReader, which takes io.EOF for a normal end,
+		// and would store the short chunk as the whole message (greyrelay's
+		// own server guards against it the same way). A real MTA does not
+		// deliver a cut message, so neither does the sink.
+		err = io.ErrUnexpectedEOF
+	}
 	c.mu.Unlock()
 	return n, err
 }
