@@ -3,7 +3,9 @@ package smtpclient
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
+	"net"
 	"net/textproto"
 	"strconv"
 	"time"
@@ -131,7 +133,7 @@ func (c *Client) writeChunk(ctx context.Context, stage classifier.Stage, head []
 	for first := true; ; first = false {
 		p, err := r.next()
 		if err != nil {
-			c.Close()
+			c.abort()
 			return &Error{Stage: classifier.StageDATA, Err: err}
 		}
 		if first {
@@ -140,11 +142,41 @@ func (c *Client) writeChunk(ctx context.Context, stage classifier.Stage, head []
 		if len(p) == 0 {
 			return nil
 		}
-		if err := c.write(ctx, stage, c.opt.DataTimeout, p); err != nil {
+		if err := c.writePiece(ctx, stage, p); err != nil {
 			return err
 		}
 		stage = classifier.StageDATA
 	}
+}
+
+// writePiece writes a piece of a chunk; if that fails, the connection is
+// aborted (see abort) rather than closed.
+func (c *Client) writePiece(ctx context.Context, stage classifier.Stage, p []byte) error {
+	err := c.within(ctx, c.opt.DataTimeout, func() error {
+		_, err := c.conn.Write(p)
+		return err
+	})
+	if err != nil {
+		c.abort()
+		return &Error{Stage: stage, Err: err}
+	}
+	return nil
+}
+
+// abort closes the connection with a TCP reset instead of a FIN, for a
+// chunk cut short (a failed write, a body that cannot be read). A peer
+// reading the chunk then gets an error, not an end of stream: some servers
+// (go-smtp's, for one) take an end of stream inside a chunk for its end
+// and would store the message cut short.
+func (c *Client) abort() {
+	conn := c.conn
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn()
+	}
+	if tcp, ok := conn.(*net.TCPConn); ok {
+		_ = tcp.SetLinger(0)
+	}
+	c.Close()
 }
 
 // bdat sends the whole body as one chunk, "BDAT <size> LAST" and the chunk

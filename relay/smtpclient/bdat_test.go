@@ -497,3 +497,37 @@ func FuzzChunkedReplies(f *testing.F) {
 		}
 	})
 }
+
+// abort resets the connection: a peer in the middle of reading a chunk
+// gets an error, not an end of stream it could take for the chunk's end.
+func TestAbortResets(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan error, 1)
+	go func() {
+		s, err := ln.Accept()
+		if err != nil {
+			got <- err
+			return
+		}
+		defer s.Close()
+		_, err = io.ReadAll(s) // nil on a FIN, ECONNRESET on a reset
+		got <- err
+	}()
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{conn: conn}
+	if _, err := conn.Write([]byte("BDAT 1000 LAST\r\npart of it")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	c.abort()
+	if err := <-got; err == nil {
+		t.Fatal("the peer saw a clean end of stream; want a reset")
+	}
+}
