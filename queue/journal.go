@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
@@ -46,10 +45,11 @@ import (
 //
 // Reads: between its Enqueue and the writer's commit (about one commit) a
 // message is durable but not yet in the database. The reads a caller may
-// make right after Enqueue (Message, Show, Body, Due, NextDue, List, Stats,
-// Select and the operator actions) first wait for that commit (settle).
-// The delivery hot path (DueCursor, Begin, OpenBody) does not wait: the
-// scheduler is woken by the commit that inserts a message.
+// make right after Enqueue (Message, Show, Body, OpenBody, Due, List,
+// Stats, Select and the operator actions) first wait for that commit
+// (settle; for one message only if its ID may still be on its way, so the
+// delivery workers never wait). The scheduler's reads (DueCursor, NextDue)
+// do not: the commit that inserts a message wakes it.
 
 // DefaultJournalSize is the size the journal file grows to by default.
 const DefaultJournalSize = 32 << 20
@@ -97,12 +97,6 @@ type journal struct {
 	size int64  // zero-filled length of the file
 	seq  uint64 // number of the last record written
 	bad  error  // a write or sync failed: the journal is not used any more
-}
-
-// jrecord is one record read back from the file.
-type jrecord struct {
-	seq     uint64
-	payload []byte
 }
 
 // openJournal opens or creates the journal file at path. A file shorter
@@ -154,18 +148,6 @@ func (j *journal) create() error {
 	}
 	j.size = journalFileHead
 	return j.f.Sync()
-}
-
-// parseJournal returns the records of a journal file image b, in order,
-// up to the first one that is not whole, not valid, or not numbered one
-// above the previous.
-func parseJournal(b []byte, salt [8]byte) []jrecord {
-	var out []jrecord
-	_, _ = scanJournal(bytes.NewReader(b), int64(len(b)), salt, 0, func(seq uint64, payload []byte) error {
-		out = append(out, jrecord{seq: seq, payload: payload})
-		return nil
-	})
-	return out
 }
 
 // scanJournal walks the run of consecutive records from the front of a

@@ -153,6 +153,24 @@ func TestJournal_WriteFailureFallsBack(t *testing.T) {
 	checkStats(t, q)
 }
 
+// jrecord is one record read back from the file.
+type jrecord struct {
+	seq     uint64
+	payload []byte
+}
+
+// parseJournal returns the records of a journal file image b, in order,
+// up to the first one that is not whole, not valid, or not numbered one
+// above the previous.
+func parseJournal(b []byte, salt [8]byte) []jrecord {
+	var out []jrecord
+	_, _ = scanJournal(bytes.NewReader(b), int64(len(b)), salt, 0, func(seq uint64, payload []byte) error {
+		out = append(out, jrecord{seq: seq, payload: payload})
+		return nil
+	})
+	return out
+}
+
 // journalImage builds a journal file of the given records.
 func journalImage(salt [8]byte, recs ...[]byte) []byte {
 	b := append([]byte(journalFileMagic), salt[:]...)

@@ -203,12 +203,16 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	for i := range ids {
 		ids[i] = ID(q.lastID.Add(1))
 	}
-	rec, copies := encodeRecord(j.salt, j.seq+1, ms, ids)
-	if j.bad != nil || int64(len(rec)) > (j.max-journalFileHead)/2 {
+	if j.bad != nil {
 		q.answer(batch, ids, q.insertDirect(ms, ids))
 		return
 	}
-	if q.inflightRcpts() > maxInflightRcpts {
+	rec, copies := encodeRecord(j.salt, j.seq+1, ms, ids)
+	if int64(len(rec)) > (j.max-journalFileHead)/2 {
+		q.answer(batch, ids, q.insertDirect(ms, ids))
+		return
+	}
+	if q.inflight.Load() > maxInflightRcpts {
 		// Intake is far ahead of the database: wait for it rather than
 		// hold ever more messages in memory.
 		if err := q.settle(); err != nil {
@@ -231,7 +235,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		return
 	}
 	j.seq++
-	q.addInflight(copies)
+	q.inflight.Add(int64(rcptsOf([]*insertBatch{{ms: copies}})))
 	q.acked.Store(j.seq)
 	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
 	q.answer(batch, ids, nil)
@@ -300,29 +304,15 @@ func (q *Queue) answer(batch []jrequest, ids []ID, err error) {
 // not yet in the database (they are held in memory until then).
 const maxInflightRcpts = 100000
 
-func (q *Queue) inflightRcpts() int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.inflight.rcpts
-}
-
-// addInflight counts journaled messages that the database does not hold
-// yet, so that Stats shows them as queued.
-func (q *Queue) addInflight(ms []NewMessage) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.inflight.add(inflightCounts(ms, +1))
-}
-
-func inflightCounts(ms []NewMessage, sign int) counts {
-	c := newCounts()
-	for i := range ms {
-		c.msgs += sign
-		for range ms[i].To {
-			c.rcpt(&Recipient{Status: Queued}, sign)
+// rcptsOf counts the recipients of journaled batches.
+func rcptsOf(bs []*insertBatch) int {
+	n := 0
+	for _, b := range bs {
+		for i := range b.ms {
+			n += len(b.ms[i].To)
 		}
 	}
-	return c
+	return n
 }
 
 // settle waits until the database holds every message an Enqueue has

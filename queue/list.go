@@ -127,10 +127,7 @@ func (q *Queue) Stats() (Stats, error) {
 		return Stats{}, fmt.Errorf("queue: stats: %w", err)
 	}
 	q.mu.Lock()
-	c := newCounts()
-	c.add(q.counts)
-	c.add(q.inflight) // acknowledged by the journal: queued, if not in the database yet
-	s := c.stats()
+	s := q.counts.stats()
 	q.mu.Unlock()
 	err := q.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bMsgs).Cursor()

@@ -53,10 +53,9 @@ type Queue struct {
 	closed  atomic.Bool
 	once    sync.Once
 
-	mu       sync.Mutex
-	counts   counts
-	inflight counts // acknowledged by the journal, not yet in the database
-	cursors  []*DueCursor
+	mu      sync.Mutex
+	counts  counts
+	cursors []*DueCursor
 
 	// The intake journal (journal.go, journaler.go); jrnl is nil when
 	// Options.JournalSize is negative.
@@ -68,6 +67,7 @@ type Queue struct {
 	lastID     atomic.Uint64  // the last message ID handed out
 	acked      atomic.Uint64  // the last journal record handed to the writer
 	applied    atomic.Uint64  // the last journal record in the database
+	inflight   atomic.Int64   // recipients acknowledged by the journal, not yet in the database
 	insertedID atomic.Uint64  // the highest message ID inserted from the journal
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
@@ -140,8 +140,8 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		counts: newCounts(), inflight: newCounts(),
-		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
+		counts: newCounts(),
+		jreqs:  make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
 		return nil, err
@@ -478,6 +478,7 @@ func (q *Queue) commit(all []request) {
 	})
 	q.stuck = err != nil && len(pending) > 0
 	if err == nil {
+		clear(pending) // the array outlives the slice: let the inserted bodies go
 		q.pending = q.pending[len(pending):]
 	}
 	for i, r := range batch {
@@ -593,10 +594,8 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	} else {
 		q.counts.add(w.delta)
 	}
-	for _, b := range w.settled {
-		q.inflight.add(inflightCounts(b.ms, -1))
-	}
 	if n := len(w.settled); n > 0 {
+		q.inflight.Add(-int64(rcptsOf(w.settled)))
 		// Before the signal: a woken worker reading the message must not
 		// think it is still on its way.
 		last := w.settled[n-1]

@@ -89,7 +89,8 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 	}
 	var se *smtpclient.Error
 	connFailed := errors.As(err, &se)
-	lostAfterDot := connFailed && se.Stage == classifier.StageEndOfData && res.Data == nil
+	end := txEnd{data: res.Data, errV: errV, inline: res.Inline,
+		lostAfterDot: connFailed && se.Stage == classifier.StageEndOfData && res.Data == nil}
 	if res.Mail.Code >= 400 && res.Mail.Code != 421 {
 		// MAIL refused: one verdict for everyone (a 5xx at MAIL bounces all).
 		jd.outs = outcomesOf(rs, e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail))
@@ -101,13 +102,7 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 		if i < len(res.Rcpts) {
 			rep = res.Rcpts[i].Reply
 		}
-		o, answered := e.judgeOne(r, rep, res.Data, errV, lostAfterDot)
-		if rep.Code == 0 && lostAfterDot && res.Inline {
-			// Its RCPT went out with the whole body and no reply came
-			// back: as with a lost reply to the final dot, the peer may
-			// have it (RFC 1047). Deferred, not offered to the next MX.
-			answered = true
-		}
+		o, answered := e.judgeOne(r, rep, end)
 		switch {
 		case !answered && connFailed:
 			jd.rest.rcpts = append(jd.rest.rcpts, r)
@@ -128,18 +123,32 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 	return jd
 }
 
+// txEnd is how a transaction's DATA phase ended, for judgeOne.
+type txEnd struct {
+	data         *classifier.Reply  // the final reply; nil if none
+	errV         classifier.Verdict // the verdict on the transaction's error, if any
+	lostAfterDot bool               // the whole body went out and the final reply never came
+	inline       bool               // the body went out with MAIL and RCPT (smtpclient.TxResult.Inline)
+}
+
 // judgeOne decides the recipient r whose RCPT got rep (zero if none) in a
-// transaction whose DATA phase ended with data (nil if it did not). answered
-// is false when r has no definite answer (see judge); o then carries errV.
-func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, data *classifier.Reply, errV classifier.Verdict, lostAfterDot bool) (o outcome, answered bool) {
-	o = outcome{r: r, v: errV}
+// transaction that ended as end says. answered is false when r has no
+// definite answer (see judge); o then carries end.errV.
+func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, end txEnd) (o outcome, answered bool) {
+	o = outcome{r: r, v: end.errV}
+	data := end.data
 	switch {
+	case rep.Code == 0 && end.inline && end.lostAfterDot:
+		// Its RCPT went out with the whole body and no reply came back:
+		// as with a lost reply to the final dot, the peer may have it
+		// (RFC 1047). Deferred, not offered to the next MX.
+		return o, true
 	case rep.Code == 0 || rep.Code == 421: // never asked, or the server closed instead of answering
 		return o, false
 	case rep.Code/100 != 2:
 		o.v = e.opt.Classifier.Classify(classifier.StageRCPT, &rep)
 	case data == nil: // accepted at RCPT; the DATA phase failed
-		return o, lostAfterDot
+		return o, end.lostAfterDot
 	case data.Code/100 == 2:
 		o.ok, o.reply = true, *data
 	case data.Code == 421:

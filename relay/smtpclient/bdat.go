@@ -142,25 +142,12 @@ func (c *Client) writeChunk(ctx context.Context, stage classifier.Stage, head []
 		if len(p) == 0 {
 			return nil
 		}
-		if err := c.writePiece(ctx, stage, p); err != nil {
+		// A piece cut short aborts the connection (see abort).
+		if err := c.writeOr(ctx, stage, c.opt.DataTimeout, p, c.abort); err != nil {
 			return err
 		}
 		stage = classifier.StageDATA
 	}
-}
-
-// writePiece writes a piece of a chunk; if that fails, the connection is
-// aborted (see abort) rather than closed.
-func (c *Client) writePiece(ctx context.Context, stage classifier.Stage, p []byte) error {
-	err := c.within(ctx, c.opt.DataTimeout, func() error {
-		_, err := c.conn.Write(p)
-		return err
-	})
-	if err != nil {
-		c.abort()
-		return &Error{Stage: stage, Err: err}
-	}
-	return nil
 }
 
 // abort closes the connection with a TCP reset instead of a FIN, for a

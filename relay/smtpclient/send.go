@@ -205,12 +205,17 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 // write writes p under a deadline of timeout; a failure closes the
 // connection and comes back as *Error at stage.
 func (c *Client) write(ctx context.Context, stage classifier.Stage, timeout time.Duration, p []byte) error {
+	return c.writeOr(ctx, stage, timeout, p, func() { c.Close() })
+}
+
+// writeOr is write with the way the connection ends on a failure.
+func (c *Client) writeOr(ctx context.Context, stage classifier.Stage, timeout time.Duration, p []byte, end func()) error {
 	err := c.within(ctx, timeout, func() error {
 		_, err := c.conn.Write(p)
 		return err
 	})
 	if err != nil {
-		c.Close()
+		end()
 		return &Error{Stage: stage, Err: err}
 	}
 	return nil
