@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestGroupCommitMixedOps runs Enqueue, Begin, refused Begins and Apply
@@ -114,4 +116,69 @@ func mixedRound(t *testing.T, q *Queue, at time.Time, n int) (ID, bool) {
 		return 0, false
 	}
 	return id, true
+}
+
+// TestCommitDelay checks when the writer lingers (Options.CommitDelay): not
+// for a request that finds it idle, and after a commit that ended with a
+// request waiting, for the delay, gathering what arrives meanwhile into the
+// same transaction.
+func TestCommitDelay(t *testing.T) {
+	lingering := make(chan time.Duration, 4)
+	gate := make(chan time.Time)
+	after := func(d time.Duration) <-chan time.Time {
+		lingering <- d
+		return gate
+	}
+	q := openAt(t, dbPath(t), Options{CommitDelay: 3 * time.Millisecond, After: after})
+	txs := make([]*bolt.Tx, 4)
+	entered := make(chan struct{})
+	// send hands the writer request i directly, so that the test knows it
+	// is waiting; block, if set, holds the writer inside its transaction.
+	send := func(i int, block chan struct{}) chan error {
+		reply := make(chan error, 1)
+		q.reqs <- request{n: 1, reply: reply, fn: func(w *wtx) error {
+			txs[i] = w.tx
+			if block != nil {
+				entered <- struct{}{}
+				<-block
+			}
+			return nil
+		}}
+		return reply
+	}
+	release := make(chan struct{})
+	replies := []chan error{send(0, release)}
+	<-entered // the writer is in request 0's transaction, which found it idle
+	replies = append(replies, send(1, nil))
+	close(release) // that commit ends with request 1 waiting: linger
+	select {
+	case d := <-lingering:
+		if d != 3*time.Millisecond {
+			t.Fatalf("lingered %v, want 3ms", d)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writer did not linger after a commit that ended with a request waiting")
+	}
+	replies = append(replies, send(2, nil))
+	gate <- time.Time{}
+	for i, r := range replies {
+		if err := <-r; err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+	}
+	if txs[0] == txs[1] || txs[1] != txs[2] {
+		t.Fatalf("transactions %p %p %p, want the second shared by requests 1 and 2 only", txs[0], txs[1], txs[2])
+	}
+	// That commit ended with nothing waiting: the next request finds the
+	// writer idle and is committed at once.
+	r3 := send(3, nil)
+	select {
+	case err := <-r3:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-lingering:
+		gate <- time.Time{}
+		t.Fatal("lingered for a request that found the writer idle")
+	}
 }

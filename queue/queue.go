@@ -29,8 +29,8 @@ const (
 //
 // Writers: Enqueue, EnqueueBatch, Begin and Apply (the hot path: intake and
 // every delivery attempt) go through one writer goroutine that group-commits
-// whatever is waiting into one transaction (one fsync for many calls; no
-// timers, batching comes only from callers already waiting). Each call still
+// whatever is waiting into one transaction (one fsync for many calls; a busy
+// writer may also wait Options.CommitDelay for more). Each call still
 // returns only after the commit holding its writes. A call that is refused
 // (ErrState, ErrNotFound) decides so before it writes anything, so it leaves
 // nothing in the shared transaction and fails alone; a storage error fails
@@ -389,6 +389,7 @@ func validateNew(m *NewMessage) error {
 func (q *Queue) writer() {
 	defer q.wg.Done()
 	defer close(q.stopped)
+	busy := false // requests were waiting when the last commit ended
 	for {
 		if len(q.pending) > 0 && !q.stuck {
 			// Journaled messages left over by a commit's budget go on
@@ -398,11 +399,33 @@ func (q *Queue) writer() {
 		}
 		select {
 		case r := <-q.reqs:
+			if busy {
+				q.linger()
+			}
 			q.commit(q.gather(r))
+			busy = len(q.reqs) > 0
 		case <-q.done:
 			q.drain()
 			return
 		}
+	}
+}
+
+// linger waits Options.CommitDelay (or until Close) so that the requests
+// arriving meanwhile share the next commit. Under load the writer would
+// otherwise start a commit the moment the last one ends, with whatever
+// few requests arrived during its fdatasyncs: each commit rewrites the
+// pages it touches and syncs twice, so more of them cost more CPU and
+// disk flushes per message, which the intake sessions on the same CPUs
+// then lack. Only the writer's callers wait for it, not the clients of
+// journaled messages (answered by the journal's own fdatasync).
+func (q *Queue) linger() {
+	if q.opt.CommitDelay <= 0 || q.opt.After == nil {
+		return
+	}
+	select {
+	case <-q.opt.After(q.opt.CommitDelay):
+	case <-q.done:
 	}
 }
 

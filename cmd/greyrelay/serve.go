@@ -125,6 +125,8 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	var ready atomic.Bool
 	q, err := queue.Open(cfg.Queue.Path, queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
+		CommitDelay: cfg.Queue.CommitDelay,
+		After:       time.After,
 		FullScan:    checkQueue,
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))

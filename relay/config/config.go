@@ -81,6 +81,7 @@ type Limits struct {
 type Queue struct {
 	Path        string        `yaml:"path"`
 	LockTimeout time.Duration `yaml:"lock_timeout"`
+	CommitDelay time.Duration `yaml:"commit_delay"`
 }
 
 // Admin configures the admin HTTP server.

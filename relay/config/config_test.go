@@ -173,6 +173,8 @@ func TestValidate_Refusals(t *testing.T) {
 		{"bad tls", "delivery:\n  tls: maybe\n", "delivery.tls"},
 		{"warning past lifetime", "retry:\n  lifetime: 1h\n  delay_warnings: [2h]\n", "delay_warnings"},
 		{"bad rule", "retry:\n  rules: [{pattern: \"(\", reason: greylisted}]\n", "retry.rules"},
+		{"long commit delay", "queue:\n  commit_delay: 1s\n", "queue.commit_delay"},
+		{"negative commit delay", "queue:\n  commit_delay: -1ms\n", "queue.commit_delay"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"time"
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/classifier"
@@ -25,6 +26,8 @@ func (c *Config) Validate() error {
 	v.oneOf("bare_cr", c.BareCR, "normalize", "reject")
 	v.check(c.Queue.Path != "", "queue.path: empty")
 	v.positive("queue.lock_timeout", int64(c.Queue.LockTimeout))
+	v.check(c.Queue.CommitDelay >= 0 && c.Queue.CommitDelay <= 100*time.Millisecond,
+		"queue.commit_delay: %v, want 0 (none) to 100ms", c.Queue.CommitDelay)
 	v.admin(c.Admin)
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
