@@ -84,7 +84,7 @@ func (s *session) checkBody(rb readResult) error {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
 		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
-	return s.checkDisk()
+	return s.checkDisk(false)
 }
 
 func (s *session) receivedInfo(env *envelope) receivedInfo {

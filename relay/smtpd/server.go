@@ -99,6 +99,7 @@ type Server struct {
 	metrics  *metrics.Metrics
 	now      func() time.Time
 	diskFree func(string) (uint64, error)
+	room     room // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
 	tls      []*tls.Config // per listener; nil without a certificate
 	authLim  *authLimiter

@@ -191,7 +191,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
 		return s.refuse("syntax", reply(501, 5, 5, 4, "ENVID too long"))
 	}
-	if err := s.checkDisk(); err != nil {
+	if err := s.checkDisk(true); err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -305,13 +305,16 @@ func isControl(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 
 // checkDisk refuses work when the queue's filesystem has less than 1.5
 // times the largest message free (Postfix queue_minfree): 452 4.3.1, so the
 // client tries again later. A failing statfs is a local error (451 4.3.0).
-func (s *session) checkDisk() error {
-	free, err := s.srv.diskFree(s.srv.queueDir())
+// At MAIL a recent measurement may do (reuse, see room.go); after the
+// final dot, the last check before a 250, the disk is measured.
+func (s *session) checkDisk(reuse bool) error {
+	need := uint64(s.srv.cfg.Limits.MaxMessageBytes) * 3 / 2
+	free, err := s.srv.freeSpace(need, reuse)
 	if err != nil {
 		s.srv.log.Warn("cannot measure free disk space", zap.Error(err))
 		return s.refuse("storage", replyLocalError())
 	}
-	if free < uint64(s.srv.cfg.Limits.MaxMessageBytes)*3/2 {
+	if free < need {
 		return s.refuse("storage", replyNoStorage())
 	}
 	return nil
