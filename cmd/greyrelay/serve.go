@@ -97,6 +97,9 @@ func newLogger(c config.Log) (*zap.Logger, error) {
 	zc := zap.NewProductionConfig()
 	zc.Encoding = c.Format
 	zc.Sampling = nil // a delivery log must not drop lines
+	// No "caller" field: a source location means nothing to an operator,
+	// and finding it walks the stack for every line.
+	zc.DisableCaller = true
 	zc.EncoderConfig.TimeKey = "time"
 	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	if c.Format == "console" {
