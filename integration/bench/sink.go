@@ -44,6 +44,10 @@ type sink struct {
 	last     time.Time
 
 	mails atomic.Int64 // MAIL commands seen (deferred ones too)
+
+	// readers are Data's 64 KiB buffers, reused: a new one per message
+	// (allocated and zeroed) was 7% of the harness's CPU at full rate.
+	readers sync.Pool
 }
 
 // startSink listens on addr ("ip:0" for a free port).
@@ -185,7 +189,15 @@ func (ss *sinkSession) Rcpt(string, *smtp.RcptOptions) error { ss.rcpts++; retur
 // Data reads the header section for the bench id, then hashes the body as
 // it streams by: a 10 MB message never sits in memory.
 func (ss *sinkSession) Data(r io.Reader) error {
-	br := bufio.NewReaderSize(r, 64<<10)
+	br, _ := ss.s.readers.Get().(*bufio.Reader)
+	if br == nil {
+		br = bufio.NewReaderSize(r, 64<<10)
+	}
+	br.Reset(r)
+	defer func() {
+		br.Reset(nil) // keep no reference to the finished message
+		ss.s.readers.Put(br)
+	}()
 	id := -1
 	for {
 		line, err := br.ReadSlice('\n')
