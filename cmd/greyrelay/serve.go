@@ -62,12 +62,12 @@ func serve(args []string, stderr io.Writer) error {
 // live heap is small (tens of MB: bodies of 256 KiB and more are spooled,
 // smaller ones are pooled), so at 100 the collector ran several times a
 // second under load and took about a tenth of the CPU. 200 got most of
-// the gain (accepted 4,480 → 5,100 msgs/s in the compare benchmark); 300
-// another 2–5% (relay CPU per message −3–6%) for a 1,000,000-recipient
-// queue's peak RSS 436 → 465 MB; 400 took that peak to 492 MB, too close
-// to the 512 MB we hold it under (BENCHMARKS.md). GOMEMLIMIT, if set,
-// still caps the heap.
-const defaultGCPercent = 300
+// the gain (accepted 4,480 → 5,100 msgs/s in the compare benchmark). 300
+// gained another 2–5% but took a 1,000,000-recipient queue's peak RSS
+// from 436–443 MB to 465–490 MB, too close to the 512 MB we hold it under
+// (BENCHMARKS.md); 400, to 492–523 MB. GOMEMLIMIT, if set, still caps
+// the heap.
+const defaultGCPercent = 200
 
 func tuneGC() {
 	if _, set := os.LookupEnv("GOGC"); !set {
