@@ -41,7 +41,9 @@ import (
 // waits until the database holds every record in the file and starts
 // again at the front. A batch too large for the file, and every Enqueue
 // after a journal write failed, go to the database directly, as before
-// the journal.
+// the journal. The record whose write failed is marked applied without
+// its messages (their clients were refused, and it may have reached the
+// disk all the same), so that no later Open replays it.
 //
 // Reads: between its Enqueue and the writer's commit (about one commit) a
 // message is durable but not yet in the database. The reads a caller may

@@ -153,6 +153,42 @@ func TestJournal_WriteFailureFallsBack(t *testing.T) {
 	checkStats(t, q)
 }
 
+// A record whose write failed may have reached the disk all the same (a
+// failed fdatasync says nothing of what did). Its client was refused, so
+// the next Open must not bring the message back.
+func TestJournal_FailedRecordNotReplayed(t *testing.T) {
+	q, path := newQ(t)
+	mustEnqueue(t, q, msg("", "first@a.test"))
+	j := q.jrnl
+	m := msg("", "refused@a.test")
+	rec, _ := encodeRecord(j.salt, j.seq+1, []NewMessage{m}, []ID{ID(q.lastID.Load() + 1)})
+	off := j.off
+	j.f.Close() // the next write fails
+	if _, err := q.Enqueue(m); err == nil {
+		t.Fatal("Enqueue succeeded with a broken journal")
+	}
+	f, err := os.OpenFile(path+".journal", os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(rec, off); err != nil { // the record landed after all
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := q.settle(); err != nil {
+		t.Fatal(err)
+	}
+	q.Close()
+	q2 := openAt(t, path, Options{})
+	if n := q2.Replayed(); n != 0 {
+		t.Errorf("Replayed() = %d, want 0: the refused message came back", n)
+	}
+	if st, err := q2.Stats(); err != nil || st.Messages != 1 {
+		t.Errorf("Stats() = %+v, %v; want the first message only", st, err)
+	}
+	checkStats(t, q2)
+}
+
 // jrecord is one record read back from the file.
 type jrecord struct {
 	seq     uint64

@@ -231,6 +231,9 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		j.off = journalFileHead
 	}
 	if err := q.appendRecord(rec); err != nil {
+		if j.bad != nil {
+			q.disown(ids)
+		}
 		q.answer(batch, nil, fmt.Errorf("journal: %w", err))
 		return
 	}
@@ -239,6 +242,20 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	q.acked.Store(j.seq)
 	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
 	q.answer(batch, ids, nil)
+}
+
+// disown makes sure the record whose write just failed (numbered j.seq+1,
+// for the messages ids) is never replayed: a failed write or fdatasync
+// says nothing of what reached the disk, and its clients are told the
+// messages were not accepted, so a client that retries would otherwise
+// get them delivered twice after the next Open. The writer stores the
+// record's number as applied, with no message, in its next commit; settle
+// waits for that commit like any other.
+func (q *Queue) disown(ids []ID) {
+	j := q.jrnl
+	j.seq++
+	q.acked.Store(j.seq)
+	q.reqs <- request{ins: &insertBatch{seq: j.seq, ids: ids}}
 }
 
 // appendRecord writes rec at the write position. When the file cannot
