@@ -167,6 +167,9 @@ func Open(path string, opt Options) (*Queue, error) {
 }
 
 func (q *Queue) init(created bool, dir string) error {
+	if err := q.checkFormat(); err != nil {
+		return err
+	}
 	if err := q.createBuckets(); err != nil {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
@@ -185,11 +188,13 @@ func (q *Queue) init(created bool, dir string) error {
 	if err != nil {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
-	if stored && !q.opt.FullScan {
-		return nil
+	if !stored || q.opt.FullScan {
+		if err := q.scan(); err != nil {
+			return fmt.Errorf("queue: scan %s: %w", q.path, err)
+		}
 	}
-	if err := q.scan(); err != nil {
-		return fmt.Errorf("queue: scan %s: %w", q.path, err)
+	if err := q.stampFormat(); err != nil {
+		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	return nil
 }

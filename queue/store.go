@@ -23,6 +23,7 @@ import (
 //	quarantine <bucket>/key               → raw bytes that failed to decode
 //	counts     name                       → a Stats counter (see counters.go)
 //	spool      id(8)                      → name of the body's file in the spool (spool.go)
+//	journal    "applied", "salt", "format" → the intake journal's state (journaler.go), the file's format (format.go)
 //
 // Invariant: a recipient has exactly one due entry, at NextAttempt, iff its
 // status is Queued, Deferred or Active (flag 'a'). Held and final recipients
