@@ -34,7 +34,10 @@
 //     wait for that commit: it logs the outcome and starts its next
 //     attempt, whose Begin commits after it, and checks that the commit
 //     succeeded then (settle, finish). So a message costs a worker one
-//     commit wait, not two.
+//     commit wait, not two. An outcome the queue cannot store (a full
+//     disk) is held in memory and stored again by the scheduler until the
+//     queue takes it (held.go): its recipients are Active meanwhile, and
+//     would otherwise stay so until the next start.
 //   - Greylisting is a property of a (source IP, sender, recipient) triplet
 //     at one MX, so a recipient in the middle of a greylisting episode goes
 //     back to the MX address that greylisted it, from the same source
@@ -115,6 +118,8 @@ type Engine struct {
 	claimed map[queue.Key]bool
 
 	cur *queue.DueCursor // the scan's position; used by Run's goroutine only
+
+	held held // outcomes waiting to be stored (held.go)
 }
 
 // New checks opt and returns an engine.

@@ -166,10 +166,35 @@ func (e *Engine) report(po *pendingOutcome, err error) {
 	}
 }
 
-// logStoreFailed logs that po's outcome could not be stored.
+// logStoreFailed logs that po's outcome could not be stored, and holds it
+// to be stored later (see held) unless the queue is closing or refused it.
 func (e *Engine) logStoreFailed(po *pendingOutcome, err error) {
-	e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
+	if errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
+		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
+			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
+		return
+	}
+	e.held.add(po.u)
+	e.log.Error("delivery: recording outcome failed; held, and stored again once the queue takes it",
 		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
+	e.Kick()
+}
+
+// storeHeld stores the outcomes held since their Apply failed. It reports
+// whether some are still held (the scheduler then looks again within
+// heldRetry).
+func (e *Engine) storeHeld() bool {
+	stored, left, err := e.held.flush(func(u queue.Update) error {
+		_, err := e.q.Apply(u)
+		return err
+	})
+	if stored > 0 {
+		e.log.Info("delivery: held outcomes stored", zap.Int("updates", stored))
+	}
+	if left > 0 {
+		e.log.Warn("delivery: held outcomes still cannot be stored", zap.Int("updates", left), zap.Error(err))
+	}
+	return left > 0
 }
 
 // adopt makes rec d's current record. Called with d.mu held.

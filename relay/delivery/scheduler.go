@@ -120,12 +120,17 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
+	stillHeld := e.storeHeld()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true
 	}
 	e.dispatch(ctx, wg)
-	return e.nextWake()
+	wait, ok := e.nextWake()
+	if stillHeld && (!ok || wait > heldRetry) {
+		return heldRetry, true
+	}
+	return wait, ok
 }
 
 // nextWake returns how long to sleep: until the earliest due time, or
