@@ -22,39 +22,48 @@ const heldRetry = time.Second
 // lost from memory only: the recipients are Active in the queue and
 // recovered at the next start, as after a crash.
 type held struct {
-	mu sync.Mutex
-	us []queue.Update
+	mu  sync.Mutex
+	pos []heldOutcome
 }
 
-// add holds u's results and DSNs.
-func (h *held) add(u queue.Update) {
+// heldOutcome is one outcome waiting to be stored; logged tells whether
+// its attempt lines went out already (an asynchronous Apply logs them
+// before its commit, see submit).
+type heldOutcome struct {
+	po     *pendingOutcome
+	logged bool
+}
+
+// add holds po.
+func (h *held) add(po *pendingOutcome, logged bool) {
 	h.mu.Lock()
-	h.us = append(h.us, queue.Update{Results: u.Results, DSNs: u.DSNs})
+	h.pos = append(h.pos, heldOutcome{po, logged})
 	h.mu.Unlock()
 }
 
-// flush stores everything held in one update with store. It returns how
-// many held updates it stored and how many are left (all of them if store
-// failed), and store's error.
-func (h *held) flush(store func(queue.Update) error) (stored, left int, err error) {
+// flush stores everything held in one update with store (the results and
+// DSNs, oldest first, without destination records). It returns what it
+// stored, how many are left (all of them if store failed), and store's
+// error.
+func (h *held) flush(store func(queue.Update) error) (stored []heldOutcome, left int, err error) {
 	h.mu.Lock()
-	us := h.us
-	h.us = nil
+	hs := h.pos
+	h.pos = nil
 	h.mu.Unlock()
-	if len(us) == 0 {
-		return 0, 0, nil
+	if len(hs) == 0 {
+		return nil, 0, nil
 	}
 	var all queue.Update
-	for _, u := range us {
-		all.Results = append(all.Results, u.Results...)
-		all.DSNs = append(all.DSNs, u.DSNs...)
+	for _, ho := range hs {
+		all.Results = append(all.Results, ho.po.u.Results...)
+		all.DSNs = append(all.DSNs, ho.po.u.DSNs...)
 	}
 	if err := store(all); err != nil {
 		h.mu.Lock()
-		h.us = append(slices.Clip(us), h.us...) // older first, ahead of any added meanwhile
-		left = len(h.us)
+		h.pos = append(slices.Clip(hs), h.pos...) // older first, ahead of any added meanwhile
+		left = len(h.pos)
 		h.mu.Unlock()
-		return 0, left, err
+		return nil, left, err
 	}
-	return len(us), 0, nil
+	return hs, 0, nil
 }

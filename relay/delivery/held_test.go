@@ -2,41 +2,110 @@ package delivery
 
 import (
 	"errors"
+	"os"
+	"os/signal"
 	"reflect"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // TestHeldFlush checks that held outcomes are stored together, oldest
 // first, without the destination records, and kept while storing fails.
 func TestHeldFlush(t *testing.T) {
 	res := func(id queue.ID) queue.Result { return queue.Result{Key: queue.Key{ID: id}, Status: queue.Delivered} }
-	dsnFor := func(from string) queue.NewMessage { return queue.NewMessage{From: from} }
+	po := func(u queue.Update) *pendingOutcome { return &pendingOutcome{u: u} }
 	var h held
 	calls := 0
 	var got queue.Update
 	fail := func(u queue.Update) error { calls++; got = u; return errors.New("ENOSPC") }
 	ok := func(u queue.Update) error { calls++; got = u; return nil }
 
-	if stored, left, err := h.flush(fail); stored != 0 || left != 0 || err != nil || calls != 0 {
-		t.Fatalf("empty flush = %d, %d, %v after %d calls; want nothing, no call", stored, left, err, calls)
+	if stored, left, err := h.flush(fail); stored != nil || left != 0 || err != nil || calls != 0 {
+		t.Fatalf("empty flush = %v, %d, %v after %d calls; want nothing, no call", stored, left, err, calls)
 	}
-	h.add(queue.Update{Results: []queue.Result{res(1)}, Destinations: []queue.Destination{{Domain: "a.test"}}})
-	h.add(queue.Update{Results: []queue.Result{res(2)}, DSNs: []queue.NewMessage{dsnFor("")}})
-	if stored, left, err := h.flush(fail); stored != 0 || left != 2 || err == nil {
-		t.Fatalf("failing flush = %d, %d, %v; want 0 stored, 2 left, the error", stored, left, err)
+	first := po(queue.Update{Results: []queue.Result{res(1)}, Destinations: []queue.Destination{{Domain: "a.test"}}})
+	second := po(queue.Update{Results: []queue.Result{res(2)}, DSNs: []queue.NewMessage{{From: ""}}})
+	h.add(first, true)
+	h.add(second, false)
+	if stored, left, err := h.flush(fail); stored != nil || left != 2 || err == nil {
+		t.Fatalf("failing flush = %v, %d, %v; want nothing stored, 2 left, the error", stored, left, err)
 	}
-	h.add(queue.Update{Results: []queue.Result{res(3)}})
+	third := po(queue.Update{Results: []queue.Result{res(3)}})
+	h.add(third, false)
 	stored, left, err := h.flush(ok)
-	if stored != 3 || left != 0 || err != nil {
-		t.Fatalf("flush = %d, %d, %v; want 3 stored, none left", stored, left, err)
+	want := []heldOutcome{{first, true}, {second, false}, {third, false}}
+	if !reflect.DeepEqual(stored, want) || left != 0 || err != nil {
+		t.Fatalf("flush = %v, %d, %v; want the three in order, none left", stored, left, err)
 	}
-	want := queue.Update{Results: []queue.Result{res(1), res(2), res(3)}, DSNs: []queue.NewMessage{dsnFor("")}}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("stored %+v, want %+v (oldest first, no destinations)", got, want)
+	wantU := queue.Update{Results: []queue.Result{res(1), res(2), res(3)}, DSNs: []queue.NewMessage{{From: ""}}}
+	if !reflect.DeepEqual(got, wantU) {
+		t.Fatalf("stored %+v, want %+v (oldest first, no destinations)", got, wantU)
 	}
-	if stored, left, _ := h.flush(fail); stored != 0 || left != 0 || calls != 2 {
-		t.Fatalf("flush after success = %d, %d after %d calls; want nothing held", stored, left, calls)
+	if stored, left, _ := h.flush(fail); stored != nil || left != 0 || calls != 2 {
+		t.Fatalf("flush after success = %v, %d after %d calls; want nothing held", stored, left, calls)
 	}
+}
+
+// An outcome the queue cannot store (here a file-size limit, as a full
+// disk would do) is held and stored once the queue takes it, without a
+// restart: the message leaves the queue and its DSN goes out. The bounce
+// returns a 200 KB body (RET=FULL), so its commit must grow the database
+// file, which the limit set between the attempt's Begin and its outcome
+// forbids.
+func TestHeldOutcomeStoredOnceRoomReturns(t *testing.T) {
+	h := newHarness(t, func(c *config.Config) { c.DSN.MaxReturnedBytes = 256 << 10 })
+	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.62")
+	restore := make(chan func(), 1)
+	startMX(t, "127.0.0.62", h.port, fakeOpt{data: func(int) error {
+		restore <- limitFileSize(t, h.path) // the attempt is recorded: Begin has committed
+		return reply(550, [3]int{5, 1, 1}, "no such user")
+	}})
+	body := "From: <s@sender.test>\r\nSubject: big\r\n\r\n" + strings.Repeat("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd\r\n", 3200)
+	id := h.enqueueMsg(queue.NewMessage{From: "s@sender.test", RET: "FULL", Body: []byte(body)}, "r@full.test")
+	h.start()
+	eventually(t, 10*time.Second, "the outcome to be held", func() bool {
+		return h.logs.FilterMessageSnippet("held, and stored again").Len() > 0
+	})
+	(<-restore)()
+	eventually(t, 10*time.Second, "the held outcome to be stored", func() bool { return h.gone(id) })
+	eventually(t, 10*time.Second, "the bounce", func() bool { return len(h.dsns()) == 1 })
+}
+
+// limitFileSize stops every file of this process from growing past the
+// size path has now (EFBIG instead of SIGXFSZ), and returns what lifts
+// the limit again. The limit holds for the whole process, so the test
+// using it must not be parallel (parallel tests never overlap it then).
+func limitFileSize(t *testing.T, path string) func() {
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Error(err)
+		return func() {}
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Error(err)
+		return func() {}
+	}
+	lim := old
+	lim.Cur = uint64(fi.Size())
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Error(err)
+		return func() {}
+	}
+	var once sync.Once
+	restore := func() {
+		once.Do(func() {
+			_ = syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old)
+			signal.Reset(syscall.SIGXFSZ)
+		})
+	}
+	t.Cleanup(restore) // also if the test ends early
+	return restore
 }

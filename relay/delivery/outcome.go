@@ -147,7 +147,7 @@ func (e *Engine) finish(w *worker) {
 	w.open = nil
 	_, err := po.p.Wait()
 	if err = e.retry(po.u, err); err != nil {
-		e.logStoreFailed(po, err) // its attempt lines are out already (submit)
+		e.logStoreFailed(po, err, true) // its attempt lines are out already (submit)
 	}
 }
 
@@ -155,7 +155,7 @@ func (e *Engine) finish(w *worker) {
 // its DSNs; or logs that storing it failed.
 func (e *Engine) report(po *pendingOutcome, err error) {
 	if err != nil {
-		e.logStoreFailed(po, err)
+		e.logStoreFailed(po, err, false)
 		return
 	}
 	for _, action := range po.actions {
@@ -168,31 +168,37 @@ func (e *Engine) report(po *pendingOutcome, err error) {
 
 // logStoreFailed logs that po's outcome could not be stored, and holds it
 // to be stored later (see held) unless the queue is closing or refused it.
-func (e *Engine) logStoreFailed(po *pendingOutcome, err error) {
+// logged tells whether po's attempt lines went out already.
+func (e *Engine) logStoreFailed(po *pendingOutcome, err error, logged bool) {
 	if errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
 		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
 			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
 		return
 	}
-	e.held.add(po.u)
+	e.held.add(po, logged)
 	e.log.Error("delivery: recording outcome failed; held, and stored again once the queue takes it",
 		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
 	e.Kick()
 }
 
-// storeHeld stores the outcomes held since their Apply failed. It reports
-// whether some are still held (the scheduler then looks again within
-// heldRetry).
+// storeHeld stores the outcomes held since their Apply failed and logs
+// the attempts of those whose lines had not gone out. It reports whether
+// some are still held (the scheduler then looks again within heldRetry).
 func (e *Engine) storeHeld() bool {
 	stored, left, err := e.held.flush(func(u queue.Update) error {
 		_, err := e.q.Apply(u)
 		return err
 	})
-	if stored > 0 {
-		e.log.Info("delivery: held outcomes stored", zap.Int("updates", stored))
+	if len(stored) > 0 {
+		e.log.Info("delivery: held outcomes stored", zap.Int("outcomes", len(stored)))
+	}
+	for _, ho := range stored {
+		if !ho.logged {
+			e.report(ho.po, nil)
+		}
 	}
 	if left > 0 {
-		e.log.Warn("delivery: held outcomes still cannot be stored", zap.Int("updates", left), zap.Error(err))
+		e.log.Warn("delivery: held outcomes still cannot be stored", zap.Int("outcomes", left), zap.Error(err))
 	}
 	return left > 0
 }
