@@ -66,6 +66,9 @@ func build() (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
+	if err := statSources(root); err != nil {
+		return "", err
+	}
 	final := filepath.Join(dir, "greyrelay")
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())
 	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
@@ -83,6 +86,35 @@ func build() (string, error) {
 		return "", err
 	}
 	return final, nil
+}
+
+// statSources stats every file of the module that the binary is built
+// from. go test caches a package's result keyed on the files its test
+// process opened or stated; the binary is built by a child process, whose
+// reads it does not see, so without this a change to the relay alone
+// (not to the packages the integration tests import) would let
+// `go test ./...` answer from the cache with results of the old binary.
+func statSources(root string) error {
+	return filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir // .git, .ci
+			}
+			return nil
+		}
+		switch filepath.Ext(path) {
+		case ".go", ".yaml", ".yml", ".json", ".mod", ".sum", ".cf", ".service", ".html":
+		default:
+			if d.Name() != "Dockerfile" {
+				return nil
+			}
+		}
+		_, err = os.Stat(path)
+		return err
+	})
 }
 
 // moduleRoot finds the greyrelay module: walking up from the working
