@@ -33,27 +33,24 @@ func storedFormat(tx *bolt.Tx) uint64 {
 	return 0
 }
 
-// checkFormat refuses a database stamped with a newer format. It only
-// reads, so a refused file is left as it was.
-func (q *Queue) checkFormat() error {
+// checkFormat refuses a database stamped with a newer format, and returns
+// the stamp it found. It only reads, so a refused file is left as it was.
+func (q *Queue) checkFormat() (uint64, error) {
 	var v uint64
 	if err := q.db.View(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
-		return err
+		return 0, err
 	}
 	if v > formatVersion {
-		return fmt.Errorf("%w: %s has format %d, this version knows %d", ErrNewerFormat, q.path, v, formatVersion)
+		return 0, fmt.Errorf("%w: %s has format %d, this version knows %d", ErrNewerFormat, q.path, v, formatVersion)
 	}
-	return nil
+	return v, nil
 }
 
-// stampFormat records formatVersion if the database holds an older one.
-// It runs once the counters are settled (update stores them with it).
-func (q *Queue) stampFormat() error {
-	var v uint64
-	if err := q.db.View(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
-		return err
-	}
-	if v == formatVersion {
+// stampFormat records formatVersion over an older stamp (found, as read by
+// checkFormat). It runs once the counters are settled (update stores them
+// with it).
+func (q *Queue) stampFormat(found uint64) error {
+	if found == formatVersion {
 		return nil
 	}
 	return q.update(func(w *wtx) error {

@@ -167,7 +167,8 @@ func Open(path string, opt Options) (*Queue, error) {
 }
 
 func (q *Queue) init(created bool, dir string) error {
-	if err := q.checkFormat(); err != nil {
+	format, err := q.checkFormat()
+	if err != nil {
 		return err
 	}
 	if err := q.createBuckets(); err != nil {
@@ -181,7 +182,7 @@ func (q *Queue) init(created bool, dir string) error {
 		}
 	}
 	var stored bool
-	err := q.db.View(func(tx *bolt.Tx) error {
+	err = q.db.View(func(tx *bolt.Tx) error {
 		q.counts, stored = loadCounts(tx.Bucket(bCounts), tx.ID())
 		return nil
 	})
@@ -193,7 +194,7 @@ func (q *Queue) init(created bool, dir string) error {
 			return fmt.Errorf("queue: scan %s: %w", q.path, err)
 		}
 	}
-	if err := q.stampFormat(); err != nil {
+	if err := q.stampFormat(format); err != nil {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	return nil
