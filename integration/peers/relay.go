@@ -1,6 +1,7 @@
 package peers
 
 import (
+	"crypto/sha256"
 	"bufio"
 	"crypto/tls"
 	"fmt"
@@ -62,7 +63,10 @@ func build() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("greyrelay-peers-%d", os.Getuid()))
+	// One directory per checkout: two checkouts tested at the same time
+	// (git worktrees) must never run each other's build.
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("greyrelay-peers-%d-%x", os.Getuid(), sum[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
