@@ -1,8 +1,8 @@
 package peers
 
 import (
-	"crypto/sha256"
 	"bufio"
+	"crypto/sha256"
 	"crypto/tls"
 	"fmt"
 	"io"
