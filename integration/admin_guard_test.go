@@ -74,8 +74,8 @@ func adminRequest(t *testing.T, r *testRelay, method, path, host, body string, h
 	return resp.StatusCode, string(b)
 }
 
-// short keeps error messages readable when a body is a whole page.
-func short(s string) string {
+// guardExcerpt keeps error messages readable when a body is a whole page.
+func guardExcerpt(s string) string {
 	if len(s) > 200 {
 		return s[:200] + "..."
 	}
@@ -102,7 +102,7 @@ func TestAdminRefusesWebPages(t *testing.T) {
 		"Origin", "http://evil.example", "Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate",
 		"Sec-Fetch-Dest", "document", "User-Agent", "Mozilla/5.0")
 	if code != http.StatusForbidden {
-		t.Errorf("cross-site form POST: HTTP %d %q, want 403", code, short(body))
+		t.Errorf("cross-site form POST: HTTP %d %q, want 403", code, guardExcerpt(body))
 	}
 	code, _ = adminRequest(t, r, "POST", "/api/queue/"+id+"/bounce", "", "x=1", "Origin", "http://evil.example")
 	if code != http.StatusForbidden {
@@ -112,7 +112,7 @@ func TestAdminRefusesWebPages(t *testing.T) {
 	for _, path := range []string{"/api/queue", "/api/queue/" + id, "/", "/metrics"} {
 		code, body = adminRequest(t, r, "GET", path, "evil.example:"+port, "")
 		if code != http.StatusForbidden || strings.Contains(body, "owner@src.test") {
-			t.Errorf("GET %s with a rebound Host: HTTP %d %q, want 403 without data", path, code, short(body))
+			t.Errorf("GET %s with a rebound Host: HTTP %d %q, want 403 without data", path, code, guardExcerpt(body))
 		}
 	}
 	if code, _ = adminRequest(t, r, "POST", "/api/queue/delete?all=1", "evil.example:"+port, ""); code != http.StatusForbidden {
@@ -133,7 +133,7 @@ func TestAdminRefusesWebPages(t *testing.T) {
 		t.Errorf("queue hold: %s", res)
 	}
 	if code, body = adminRequest(t, r, "POST", "/api/queue/"+id+"/release", "", "", "User-Agent", "curl/8.5.0"); code != http.StatusOK {
-		t.Errorf("curl-like POST release: HTTP %d %q", code, short(body))
+		t.Errorf("curl-like POST release: HTTP %d %q", code, guardExcerpt(body))
 	}
 	code, body = adminRequest(t, r, "GET", "/metrics", "", "", "User-Agent", "Prometheus/3.0.0",
 		"Accept", "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "X-Prometheus-Scrape-Timeout-Seconds", "10")
