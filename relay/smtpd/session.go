@@ -187,6 +187,10 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// "Delivery not authorized": Postfix reject_sender_login_mismatch.
 		return s.refuse("sender", reply(553, 5, 7, 1, "Sender address not allowed for this user"))
 	}
+	if s.user != "" && env.from != "" && s.srv.users != nil && s.srv.users.ownedByOther(s.user, fromAddr) {
+		// The same reply as Postfix's reject_known_sender_login_mismatch.
+		return s.refuse("sender", reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
+	}
 	if len(env.envID) > 100 {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
 		return s.refuse("syntax", reply(501, 5, 5, 4, "ENVID too long"))
