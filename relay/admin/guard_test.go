@@ -3,7 +3,9 @@ package admin
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
@@ -224,4 +226,30 @@ func TestHostPolicy(t *testing.T) {
 			t.Errorf("listen %s allowed %v: Host %q allowed = %v, want %v", tt.listen, tt.allowed, tt.host, got, tt.ok)
 		}
 	}
+}
+
+// FuzzHostPolicy: whatever the Host header holds, a server on 127.0.0.1
+// with no admin.allowed_hosts answers only loopback names and addresses.
+func FuzzHostPolicy(f *testing.F) {
+	for _, s := range []string{"127.0.0.1:8025", "[::1]:1", "localhost.", "a.localhost", "evil.example:8025",
+		"[::ffff:127.0.0.1]", "127.0.0.1.nip.io", "[fe80::1%lo]:80", ":80", "[", "LOCALHOST"} {
+		f.Add(s)
+	}
+	p := newHostPolicy("127.0.0.1:8025", nil)
+	f.Fuzz(func(t *testing.T, host string) {
+		if host == "" || !p.allows(host) {
+			return
+		}
+		h := host
+		if hh, _, err := net.SplitHostPort(host); err == nil {
+			h = hh
+		}
+		h = normalHost(h)
+		if ip, err := netip.ParseAddr(h); err == nil && ip.Unmap().IsLoopback() {
+			return
+		}
+		if h != "localhost" && !strings.HasSuffix(h, ".localhost") {
+			t.Errorf("Host %q (%q) allowed", host, h)
+		}
+	})
 }

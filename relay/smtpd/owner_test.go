@@ -119,3 +119,35 @@ func TestAuth_SenderOwnedByAnotherUser(t *testing.T) {
 	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
 	c.cmd("MAIL FROM:<Alice@a.test>", "250 ")
 }
+
+// FuzzUsersSenders parses users files whose sender lists are arbitrary. A
+// file that loads must give every listed address to its user and to no
+// one else: the owner may send as it, a user without a list may not.
+func FuzzUsersSenders(f *testing.F) {
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"a@b.test", "*@B.Test,<>", "@x.test, A@x.test", "\"a b\"@c.test", "a@[192.0.2.1]", ",,", "*@", "x@y@z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, senders string) {
+		u, err := ParseUsers(strings.NewReader("owner:" + string(h) + ":" + senders + "\nother:" + string(h) + "\n"))
+		if err != nil {
+			return
+		}
+		_, allowed := u.Authenticate("owner", "pw")
+		for _, e := range allowed {
+			if e == "<>" || strings.HasPrefix(e, "@") {
+				continue
+			}
+			a, err := address.Parse(e, address.Options{SMTPUTF8: true, Sender: true})
+			if err != nil {
+				t.Fatalf("listed sender %q does not parse again: %v", e, err)
+			}
+			if u.ownedByOther("owner", a) || !u.ownedByOther("other", a) {
+				t.Errorf("%q (from %q): owner refused or other allowed", e, senders)
+			}
+		}
+	})
+}
