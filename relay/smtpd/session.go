@@ -215,7 +215,8 @@ func (s *session) checkHelo(helo string) (ok bool, safe string) {
 }
 
 // senderAllowed applies a user's allowed senders (Users file): none listed
-// means any sender; "<>" allows the null sender, "@domain" any address at
+// means any sender (other users' addresses are refused separately, by
+// Users.ownedByOther); "<>" allows the null sender, "@domain" any address at
 // that domain, and a full address itself (local part compared without
 // case, since mail systems hardly ever distinguish it).
 func senderAllowed(allowed []string, from string, a address.Address) bool {

@@ -194,7 +194,7 @@ func userLine(name, password string, allowedSenders []string, cost int) (string,
 // Authenticate checks name and password. An unknown name is compared
 // against a dummy hash, so it takes about as long as a wrong password and
 // the caller gives the same reply for both. allowed is the account's
-// allowed-sender list (nil: any sender).
+// allowed-sender list (nil: any sender that ownedByOther does not refuse).
 func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) {
 	acc, known := u.byName[name]
 	hash := acc.hash
