@@ -66,16 +66,25 @@ func displayName(path string) string {
 }
 
 // userCmd prints a users-file line; the password is read from stdin so that
-// it never appears in the process list or shell history.
+// it never appears in the process list or shell history. The allowed
+// senders are the arguments after NAME (and, as before, -sender's list).
 func userCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	if len(args) < 2 || args[0] != "add" {
-		return &exitError{2, errors.New("usage: greyrelay user add NAME [-sender ADDR,...] < password")}
+		return &exitError{2, errors.New("usage: greyrelay user add NAME [SENDER...] < password")}
 	}
 	fs := flag.NewFlagSet("user add", flag.ContinueOnError)
 	senders := fs.String("sender", "", "comma-separated senders this user may use (default: any)")
 	name := args[1]
-	if err := fs.Parse(args[2:]); err != nil {
-		return &exitError{2, err}
+	var allowed []string
+	// Flags may come before, between or after the senders.
+	for rest := args[2:]; ; rest = fs.Args()[1:] {
+		if err := fs.Parse(rest); err != nil {
+			return &exitError{2, err}
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		allowed = append(allowed, fs.Arg(0))
 	}
 	line, err := bufio.NewReader(stdin).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -85,9 +94,8 @@ func userCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	if password == "" {
 		return &exitError{2, errors.New("no password on standard input")}
 	}
-	var allowed []string
 	if *senders != "" {
-		allowed = strings.Split(*senders, ",")
+		allowed = append(allowed, strings.Split(*senders, ",")...)
 	}
 	out, err := smtpd.UserLine(name, password, allowed)
 	if err != nil {

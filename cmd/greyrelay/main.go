@@ -5,7 +5,7 @@
 //	greyrelay [serve] [-config FILE]     run the relay (the default subcommand)
 //	greyrelay config check -config FILE  validate a configuration (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
-//	greyrelay user add NAME              read a password on stdin, print a users-file line
+//	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
 //	greyrelay queue list|show|retry|hold|release|delete|bounce …
 //	greyrelay destinations               what greyrelay learned about destinations
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
@@ -84,7 +84,9 @@ const usage = `usage:
                                         -check-queue decodes every queue record at start first
   greyrelay config check -config FILE   validate a configuration
   greyrelay config default              print the complete default configuration
-  greyrelay user add NAME [-sender ADDR,...]   read a password on stdin, print a users-file line
+  greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
+                                        SENDER: an address, *@domain or <> this user may send as
+                                        (default: any address no other user lists)
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay destinations [-json]

@@ -22,6 +22,10 @@
 //     time; reads (GET) also take the token as an HTTP Basic password, so
 //     that a browser can open the status page. /healthz stays open so that
 //     a container runtime can probe liveness without the secret.
+//   - Web pages cannot drive it (guard.go): a state-changing request a
+//     browser marks as cross-origin gets 403, and so does any request whose
+//     Host is not admin.address's host, a loopback name or address, or a
+//     name in admin.allowed_hosts (DNS rebinding).
 //   - Queue gauges are computed at scrape time from queue.Stats (kept in
 //     memory by the queue, no scan), so they are never stale and cost
 //     nothing between scrapes.
@@ -29,8 +33,9 @@
 //     injected as Options.Now.
 //
 // Routes (JSON unless noted; errors are {"error": "..."} with 400 for a bad
-// filter or selector, 401 for a missing or wrong token, 404 for an unknown
-// id, 409 for a state conflict, 503 when a feature is not available):
+// filter or selector, 401 for a missing or wrong token, 403 for a refused
+// Host or a cross-origin request, 404 for an unknown id, 409 for a state
+// conflict, 503 when a feature is not available):
 //
 //	GET  /                    HTML status page (refreshes every 10 s)
 //	GET  /healthz             "ok": the process serves HTTP (no token needed)
@@ -189,7 +194,7 @@ func (s *Server) routes() http.Handler {
 	if s.opt.Probe != nil {
 		mux.HandleFunc("GET /api/probe", s.probe)
 	}
-	return s.auth(mux)
+	return s.guard(s.auth(mux))
 }
 
 // auth requires the bearer token on everything except /healthz.

@@ -146,6 +146,7 @@ func (f *fixture) populate(t testing.TB) {
 func (f *fixture) do(t testing.TB, method, target string, header ...string) *httptest.ResponseRecorder {
 	t.Helper()
 	req := httptest.NewRequest(method, target, nil)
+	req.Host = "127.0.0.1:8025" // as the CLI sends it; httptest's default example.com is refused
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])
 	}

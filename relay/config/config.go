@@ -86,9 +86,10 @@ type Queue struct {
 
 // Admin configures the admin HTTP server.
 type Admin struct {
-	Address   string `yaml:"address"`
-	Token     string `yaml:"token"`
-	TokenFile string `yaml:"token_file"`
+	Address      string   `yaml:"address"`
+	Token        string   `yaml:"token"`
+	TokenFile    string   `yaml:"token_file"`
+	AllowedHosts []string `yaml:"allowed_hosts"`
 }
 
 // Log configures zap.

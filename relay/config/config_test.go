@@ -169,6 +169,9 @@ func TestValidate_Refusals(t *testing.T) {
 		{"unreadable users", "users_file: /nonexistent/users\n", "users_file"},
 		{"bad mode", "listeners:\n  - address: 127.0.0.1:25\n    mode: lmtp\n", "mode"},
 		{"public admin without token", "admin:\n  address: 0.0.0.0:8025\n", "admin.token"},
+		{"allowed host with port", "admin:\n  allowed_hosts: [\"relay.example:8025\"]\n", "admin.allowed_hosts"},
+		{"allowed host as URL", "admin:\n  allowed_hosts: [\"http://relay.example\"]\n", "admin.allowed_hosts"},
+		{"allowed host wildcard", "admin:\n  allowed_hosts: [\"*\"]\n", "admin.allowed_hosts"},
 		{"bad source", "delivery:\n  source_ipv4: \"::1\"\n", "source_ipv4"},
 		{"bad tls", "delivery:\n  tls: maybe\n", "delivery.tls"},
 		{"warning past lifetime", "retry:\n  lifetime: 1h\n  delay_warnings: [2h]\n", "delay_warnings"},
@@ -209,5 +212,23 @@ func TestValidate_ReportsEverything(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want mention of %s", err, want)
 		}
+	}
+}
+
+func TestValidate_AdminAllowedHosts(t *testing.T) {
+	c, err := load(t, "admin:\n  allowed_hosts: [greyrelay, relay.example.com., 192.0.2.1, \"[2001:db8::1]\", \"::1\", my_host.lan]\n",
+		map[string]string{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Errorf("valid allowed_hosts refused: %v", err)
+	}
+	c, err = load(t, "", map[string]string{"GREYRELAY_ADMIN_ALLOWED_HOSTS": "greyrelay, relay.example.com"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(c.Admin.AllowedHosts, "|") != "greyrelay|relay.example.com" {
+		t.Errorf("from the environment: %q", c.Admin.AllowedHosts)
 	}
 }

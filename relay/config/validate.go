@@ -6,7 +6,9 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/greyrelay/greyrelay/backoff"
@@ -125,6 +127,10 @@ func (v *validator) limits(l Limits) {
 }
 
 func (v *validator) admin(a Admin) {
+	for _, h := range a.AllowedHosts {
+		v.check(hostNameRE.MatchString(h) || isIP(h),
+			"admin.allowed_hosts: %q is not a host name or IP address (no port, scheme or wildcard)", h)
+	}
 	if a.Address == "" {
 		return
 	}
@@ -134,6 +140,16 @@ func (v *validator) admin(a Admin) {
 	loopback := err == nil && ip.IsLoopback() || host == "localhost"
 	v.check(loopback || a.Token != "", "admin.address: %s is not loopback, so admin.token (or admin.token_file) is required", a.Address)
 	v.readable("admin.token_file", a.TokenFile)
+}
+
+// hostNameRE matches a DNS name as it appears in an HTTP Host header
+// (letters, digits, '-' and '_' in dot-separated labels).
+var hostNameRE = regexp.MustCompile(`^(?i)[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?$`)
+
+// isIP reports whether s is an IP address, IPv6 with or without brackets.
+func isIP(s string) bool {
+	_, err := netip.ParseAddr(strings.TrimSuffix(strings.TrimPrefix(s, "["), "]"))
+	return err == nil
 }
 
 var tlsModes = []string{"none", "may", "encrypt", "verify"}

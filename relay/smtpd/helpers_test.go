@@ -259,7 +259,7 @@ func plainAuth(authz, user, pass string) string {
 
 func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
-// testUsers: alice may send as anyone; bob only as listed.
+// testUsers: alice may send as any address nobody lists; bob only as listed.
 func testUsers(t testing.TB) *Users {
 	t.Helper()
 	hash := func(pw string) string {

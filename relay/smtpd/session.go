@@ -187,6 +187,10 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// "Delivery not authorized": Postfix reject_sender_login_mismatch.
 		return s.refuse("sender", reply(553, 5, 7, 1, "Sender address not allowed for this user"))
 	}
+	if s.user != "" && env.from != "" && s.srv.users != nil && s.srv.users.ownedByOther(s.user, fromAddr) {
+		// The same reply as Postfix's reject_known_sender_login_mismatch.
+		return s.refuse("sender", reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
+	}
 	if len(env.envID) > 100 {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
 		return s.refuse("syntax", reply(501, 5, 5, 4, "ENVID too long"))
@@ -211,7 +215,8 @@ func (s *session) checkHelo(helo string) (ok bool, safe string) {
 }
 
 // senderAllowed applies a user's allowed senders (Users file): none listed
-// means any sender; "<>" allows the null sender, "@domain" any address at
+// means any sender (other users' addresses are refused separately, by
+// Users.ownedByOther); "<>" allows the null sender, "@domain" any address at
 // that domain, and a full address itself (local part compared without
 // case, since mail systems hardly ever distinguish it).
 func senderAllowed(allowed []string, from string, a address.Address) bool {

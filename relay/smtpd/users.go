@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"golang.org/x/crypto/bcrypt"
@@ -18,13 +19,20 @@ import (
 //
 // The file has one account per line, "name:bcrypt-hash[:sender,...]";
 // blank lines and lines starting with "#" are ignored. A sender entry is a
-// full address, "@domain" for any address at that domain, or "<>" for the
-// null sender; with no entries the account may use any sender
-// (reliability-and-security S6: give every credential its list, and "<>"
-// only to a smarthost that sends its own bounces).
+// full address, "@domain" (or "*@domain") for any address at that domain,
+// or "<>" for the null sender; with no entries the account may use any
+// sender (so give every credential its list, and "<>" only to a smarthost
+// that sends its own bounces).
+//
+// A listed address also has an owner: like Postfix's
+// reject_known_sender_login_mismatch, no other user may send as it, not
+// even one without a list. The most specific entry decides, as in
+// Postfix's smtpd_sender_login_maps lookups: an address listed for a user
+// belongs to that user alone, even inside a domain another user lists.
 type Users struct {
 	byName map[string]account
-	dummy  []byte // compared against for unknown names, for similar timing
+	owners map[string][]string // ownerKey of an entry → the users listing it
+	dummy  []byte              // compared against for unknown names, for similar timing
 }
 
 type account struct {
@@ -51,7 +59,7 @@ func LoadUsers(path string) (*Users, error) {
 
 // ParseUsers reads users-file lines from r. Errors name the line.
 func ParseUsers(r io.Reader) (*Users, error) {
-	u := &Users{byName: make(map[string]account)}
+	u := &Users{byName: make(map[string]account), owners: make(map[string][]string)}
 	cost := bcrypt.MinCost
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -67,6 +75,12 @@ func ParseUsers(r io.Reader) (*Users, error) {
 			return nil, fmt.Errorf("line %d: user %q listed twice", n, name)
 		}
 		u.byName[name] = acc
+		for _, e := range acc.allowed {
+			if e != "<>" {
+				k := ownerKey(e)
+				u.owners[k] = append(u.owners[k], name)
+			}
+		}
 		c, _ := bcrypt.Cost(acc.hash)
 		cost = max(cost, c)
 	}
@@ -120,7 +134,8 @@ func checkName(name string) error {
 }
 
 // parseSenders normalises allowed-sender entries: addresses in the form
-// address.Address.String gives, domains lowercased after "@".
+// address.Address.String gives, domains lowercased after "@" ("*@domain"
+// is written "@domain").
 func parseSenders(list []string) ([]string, error) {
 	var out []string
 	opt := address.Options{SMTPUTF8: true, Sender: true}
@@ -131,8 +146,8 @@ func parseSenders(list []string) ([]string, error) {
 			continue
 		case e == "<>":
 			out = append(out, e)
-		case strings.HasPrefix(e, "@"):
-			d, err := address.ParseDomain(e[1:], opt)
+		case strings.HasPrefix(e, "@") || strings.HasPrefix(e, "*@"):
+			d, err := address.ParseDomain(e[strings.IndexByte(e, '@')+1:], opt)
 			if err != nil {
 				return nil, fmt.Errorf("allowed sender %q: %w", e, err)
 			}
@@ -179,7 +194,7 @@ func userLine(name, password string, allowedSenders []string, cost int) (string,
 // Authenticate checks name and password. An unknown name is compared
 // against a dummy hash, so it takes about as long as a wrong password and
 // the caller gives the same reply for both. allowed is the account's
-// allowed-sender list (nil: any sender).
+// allowed-sender list (nil: any sender that ownedByOther does not refuse).
 func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) {
 	acc, known := u.byName[name]
 	hash := acc.hash
@@ -191,4 +206,22 @@ func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) 
 		return false, nil
 	}
 	return true, append([]string(nil), acc.allowed...)
+}
+
+// ownerKey is the form in which sender entries and MAIL FROM addresses are
+// compared for ownership: addresses as address.Address.String writes them,
+// without case (mail systems hardly ever distinguish the local part's).
+func ownerKey(addr string) string { return strings.ToLower(addr) }
+
+// ownedByOther reports whether from, a MAIL FROM address other than <>, is
+// listed in the users file for users that do not include name, and so may
+// not be used by name. The address's own entry decides when there is one,
+// its domain's "@domain" entry otherwise; an address nobody lists is owned
+// by nobody.
+func (u *Users) ownedByOther(name string, from address.Address) bool {
+	owners, ok := u.owners[ownerKey(from.String())]
+	if !ok {
+		owners, ok = u.owners["@"+ownerKey(from.Domain)]
+	}
+	return ok && !slices.Contains(owners, name)
 }

@@ -1,0 +1,149 @@
+package integration
+
+// The admin API against web pages, with the real binary: a cross-site form
+// POST as a browser sends it and a request through a rebound DNS name are
+// refused and change nothing, while the CLI, curl-like clients, Prometheus
+// and the names README.md's admin.allowed_hosts example lists keep working.
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+// readmeAllowedHosts returns admin.allowed_hosts from README.md's example,
+// so that the snippet is run as written.
+func readmeAllowedHosts(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(admin:\n  allowed_hosts:.*?)```").FindSubmatch(b)
+	if m == nil {
+		t.Fatal("README.md has no admin.allowed_hosts example")
+	}
+	var v struct {
+		Admin struct {
+			AllowedHosts []string `yaml:"allowed_hosts"`
+		} `yaml:"admin"`
+	}
+	if err := yaml.Unmarshal(m[1], &v); err != nil || len(v.Admin.AllowedHosts) == 0 {
+		t.Fatalf("README.md's admin.allowed_hosts example: %v %q", err, m[1])
+	}
+	return v.Admin.AllowedHosts
+}
+
+// adminRequest sends one request to the relay's admin server; host, when
+// set, is the Host header.
+func adminRequest(t *testing.T, r *testRelay, method, path, host, body string, header ...string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, "http://"+r.AdminAddr+path, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host != "" {
+		req.Host = host
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// guardExcerpt keeps error messages readable when a body is a whole page.
+func guardExcerpt(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
+}
+
+func TestAdminRefusesWebPages(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	n.sink("slow.test", peers.SinkOptions{Rcpt: func(string, int) *smtp.SMTPError {
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try later"}
+	}})
+	n.sink("src.test", peers.SinkOptions{})
+	hosts := readmeAllowedHosts(t)
+	r := n.relay("retry.initial_interval=1m", "retry.max_interval=10m",
+		"admin.allowed_hosts=["+strings.Join(hosts, ",")+"]")
+	id := r.send(peers.SwaksMessage{From: "owner@src.test", To: []string{"x@slow.test"},
+		Data: message("owner@src.test", "x@slow.test", "admin guard")})
+	_, port, _ := net.SplitHostPort(r.AdminAddr)
+
+	// A page on evil.example submits a form to the admin server.
+	code, body := adminRequest(t, r, "POST", "/api/queue/delete?all=1", "", "all=1",
+		"Origin", "http://evil.example", "Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate",
+		"Sec-Fetch-Dest", "document", "User-Agent", "Mozilla/5.0")
+	if code != http.StatusForbidden {
+		t.Errorf("cross-site form POST: HTTP %d %q, want 403", code, guardExcerpt(body))
+	}
+	code, _ = adminRequest(t, r, "POST", "/api/queue/"+id+"/bounce", "", "x=1", "Origin", "http://evil.example")
+	if code != http.StatusForbidden {
+		t.Errorf("cross-site POST with Origin only: HTTP %d, want 403", code)
+	}
+	// The same page, its name re-pointed at the relay, reads the queue.
+	for _, path := range []string{"/api/queue", "/api/queue/" + id, "/", "/metrics"} {
+		code, body = adminRequest(t, r, "GET", path, "evil.example:"+port, "")
+		if code != http.StatusForbidden || strings.Contains(body, "owner@src.test") {
+			t.Errorf("GET %s with a rebound Host: HTTP %d %q, want 403 without data", path, code, guardExcerpt(body))
+		}
+	}
+	if code, _ = adminRequest(t, r, "POST", "/api/queue/delete?all=1", "evil.example:"+port, ""); code != http.StatusForbidden {
+		t.Errorf("POST with a rebound Host: HTTP %d, want 403", code)
+	}
+	if rows := r.rowsOf(id); len(rows) != 1 || rows[0].Status == "held" {
+		t.Fatalf("refused requests changed the queue: %+v", rows)
+	}
+
+	// What operators use keeps working: the names README lists, the CLI,
+	// a plain POST as curl sends it, and a Prometheus scrape.
+	for _, h := range hosts {
+		if code, body = adminRequest(t, r, "GET", "/api/queue", h+":"+port, ""); code != http.StatusOK || !strings.Contains(body, id) {
+			t.Errorf("GET /api/queue with Host %s (admin.allowed_hosts): HTTP %d", h, code)
+		}
+	}
+	if res := r.cli("queue", "hold", id); res.Code != 0 {
+		t.Errorf("queue hold: %s", res)
+	}
+	if code, body = adminRequest(t, r, "POST", "/api/queue/"+id+"/release", "", "", "User-Agent", "curl/8.5.0"); code != http.StatusOK {
+		t.Errorf("curl-like POST release: HTTP %d %q", code, guardExcerpt(body))
+	}
+	code, body = adminRequest(t, r, "GET", "/metrics", "", "", "User-Agent", "Prometheus/3.0.0",
+		"Accept", "text/plain;version=0.0.4;q=0.5,*/*;q=0.1", "X-Prometheus-Scrape-Timeout-Seconds", "10")
+	if code != http.StatusOK || !strings.Contains(body, "greyrelay_queue") {
+		t.Errorf("Prometheus scrape: HTTP %d", code)
+	}
+	if res := r.cli("queue", "delete", id); res.Code != 0 {
+		t.Errorf("queue delete: %s", res)
+	}
+	if rows := r.rowsOf(id); len(rows) != 0 {
+		t.Errorf("queue delete through the CLI left %+v", rows)
+	}
+}

@@ -1,0 +1,153 @@
+package smtpd
+
+import (
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/greyrelay/greyrelay/relay/address"
+)
+
+// ownerUsers is a users file where addresses have owners:
+//
+//	alice  alice@a.test
+//	bob    (no list: any address nobody else lists)
+//	carol  *@corp.example
+//	dave   dave@corp.example and <>
+//	erin   Shared@a.test  and frank shared@A.TEST (one address, two owners)
+func ownerUsers(t testing.TB) *Users {
+	t.Helper()
+	var b strings.Builder
+	for _, l := range []struct{ name, senders string }{
+		{"alice", "alice@a.test"}, {"bob", ""}, {"carol", "*@corp.example"},
+		{"dave", "dave@corp.example,<>"}, {"erin", "Shared@a.test"}, {"frank", "shared@A.TEST"},
+	} {
+		h, err := bcrypt.GenerateFromPassword([]byte(l.name+"-pw"), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(l.name + ":" + string(h))
+		if l.senders != "" {
+			b.WriteString(":" + l.senders)
+		}
+		b.WriteString("\n")
+	}
+	u, err := ParseUsers(strings.NewReader(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+func TestUsers_OwnedByOther(t *testing.T) {
+	u := ownerUsers(t)
+	tests := []struct {
+		user, from string
+		other      bool
+	}{
+		{"bob", "alice@a.test", true},
+		{"bob", "ALICE@A.Test", true},
+		{"bob", "other@a.test", false}, // a.test has no "@a.test" entry
+		{"bob", "bob@b.test", false},
+		{"bob", "x@corp.example", true}, // carol's *@corp.example
+		{"bob", "x@sub.corp.example", false},
+		{"bob", "dave@corp.example", true},
+		{"carol", "dave@corp.example", true}, // the address's own entry decides
+		{"carol", "anyone@CORP.example", false},
+		{"dave", "Dave@corp.example", false},
+		{"alice", "alice@a.test", false},
+		{"alice", "shared@a.test", true},
+		{"erin", "shared@a.test", false},
+		{"frank", "SHARED@a.test", false},
+		{"nobody", "alice@a.test", true},
+	}
+	for _, tt := range tests {
+		a, err := address.Parse(tt.from, address.Options{Sender: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := u.ownedByOther(tt.user, a); got != tt.other {
+			t.Errorf("%s as %s: owned by another user = %v, want %v", tt.user, tt.from, got, tt.other)
+		}
+	}
+}
+
+// TestAuth_SenderOwnedByAnotherUser: an authenticated user without a
+// sender list may not use an address listed for someone else (553 5.7.1
+// with Postfix's text), and nothing is queued; unlisted addresses and <>
+// stay open to them, and the owner is not affected.
+func TestAuth_SenderOwnedByAnotherUser(t *testing.T) {
+	e := startServer(t, testConfig(t), withUsers(ownerUsers(t)))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "bob", "bob-pw"), "235 ")
+	for from, want := range map[string]string{
+		"<alice@a.test>":      "553 5.7.1 <alice@a.test>: Sender address rejected: not owned by user bob",
+		"<ALICE@A.TEST>":      "553 5.7.1 <ALICE@a.test>: Sender address rejected: not owned by user bob",
+		"<x@corp.example>":    "553 5.7.1 <x@corp.example>: Sender address rejected: not owned by user bob",
+		"<dave@corp.example>": "553 5.7.1",
+		"<Shared@a.test>":     "553 5.7.1",
+		"<other@a.test>":      "250 ",
+		"<bob@b.test>":        "250 ",
+		"<>":                  "250 ",
+	} {
+		c.cmd("MAIL FROM:"+from, want)
+		if strings.HasPrefix(want, "553") {
+			c.cmd("RCPT TO:<x@target.example>", "50") // no transaction was started
+		}
+		c.cmd("RSET", "250 ")
+	}
+	if got := c.sendMessage("bob@b.test", []string{"x@target.example"}, "Subject: x\r\n\r\nx\r\n"); !strings.HasPrefix(got, "250 ") {
+		t.Fatalf("bob as bob@b.test: %q", got)
+	}
+	if ms := e.q.messages(); len(ms) != 1 || ms[0].From != "bob@b.test" {
+		t.Fatalf("queued %+v, want only bob@b.test's message", ms)
+	}
+
+	// A user with a list is held to it and to the owners: carol's
+	// *@corp.example does not cover dave's own address.
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "carol", "carol-pw"), "235 ")
+	c.cmd("MAIL FROM:<dave@corp.example>", "553 5.7.1 <dave@corp.example>: Sender address rejected: not owned by user carol")
+	c.cmd("MAIL FROM:<carol@corp.example>", "250 ")
+
+	// The owner sends as usual.
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
+	c.cmd("MAIL FROM:<Alice@a.test>", "250 ")
+}
+
+// FuzzUsersSenders parses users files whose sender lists are arbitrary. A
+// file that loads must give every listed address to its user and to no
+// one else: the owner may send as it, a user without a list may not.
+func FuzzUsersSenders(f *testing.F) {
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"a@b.test", "*@B.Test,<>", "@x.test, A@x.test", "\"a b\"@c.test", "a@[192.0.2.1]", ",,", "*@", "x@y@z"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, senders string) {
+		u, err := ParseUsers(strings.NewReader("owner:" + string(h) + ":" + senders + "\nother:" + string(h) + "\n"))
+		if err != nil {
+			return
+		}
+		_, allowed := u.Authenticate("owner", "pw")
+		for _, e := range allowed {
+			if e == "<>" || strings.HasPrefix(e, "@") {
+				continue
+			}
+			a, err := address.Parse(e, address.Options{SMTPUTF8: true, Sender: true})
+			if err != nil {
+				t.Fatalf("listed sender %q does not parse again: %v", e, err)
+			}
+			if u.ownedByOther("owner", a) || !u.ownedByOther("other", a) {
+				t.Errorf("%q (from %q): owner refused or other allowed", e, senders)
+			}
+		}
+	})
+}
