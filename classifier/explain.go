@@ -137,6 +137,9 @@ func catalogue(key string) (Explanation, bool) {
 	case "X.5.x":
 		return e(FaultUnknown, "The SMTP dialogue broke the protocol.", "Capture the dialogue with greyrelay probe and compare it with the reply text.")
 	// X.6.x: media and content.
+	case "X.6.7", "X.6.8", "X.6.9":
+		return e(FaultRecipientServer, "The message needs SMTPUTF8 (RFC 6531: a non-ASCII address or UTF-8 header fields) and the next hop does not support it, so it cannot be passed on unchanged.",
+			"Retrying will not help: send it again between all-ASCII addresses (ask the recipient for an ASCII alias), or ask the recipient's postmaster to enable SMTPUTF8.")
 	case "X.6.x":
 		return e(FaultSender, "The receiver refused the message's content or encoding.", "Check the message format: 8-bit content, encodings, and non-ASCII addresses (SMTPUTF8).")
 	// X.7.x: security and policy.
@@ -187,6 +190,8 @@ func catalogue(key string) (Explanation, bool) {
 		return e(FaultNetwork, "The destination stopped answering within the time limit.", "If it repeats, probe the MX with greyrelay probe and check the path for packet loss.")
 	case string(MessageTooBig):
 		return catalogue("X.3.4")
+	case string(SMTPUTF8Unsupported):
+		return catalogue("X.6.7")
 	case string(Protocol):
 		return e(FaultRecipientServer, "The destination sent a reply greyrelay could not understand.", "Capture the dialogue with greyrelay probe and send it to the recipient's postmaster.")
 	case string(Unknown):
