@@ -39,6 +39,30 @@ const commonAdvice = "Read the enhanced code, decide which side is misconfigured
 // them under arbitrary codes (postgrey 4.2.0, rspamd 4.7.1, Gmail 4.2.1), so
 // for them the reason comes first. A class 4 or 5 adds what greyrelay does.
 func Explain(reason Reason, enhanced string) Explanation {
+	x, e, ok := entry(reason, enhanced)
+	switch {
+	case ok && e[0] == 4:
+		x.Action += " Class 4 (temporary): greyrelay keeps retrying until the message expires."
+	case ok && e[0] == 5:
+		x.Action += " Class 5 (permanent): greyrelay returns the message to its sender with a DSN."
+	}
+	return x
+}
+
+// ExplainExpired explains the last deferral of a recipient whose lifetime
+// ran out (status 4.4.7): the entry Explain would choose, but saying that
+// greyrelay gave up, where Explain's class 4 note would promise retries
+// that no longer happen.
+func ExplainExpired(reason Reason, enhanced string) Explanation {
+	x, _, _ := entry(reason, enhanced)
+	x.Action += " The problem was temporary, but it lasted until the message expired: greyrelay gave up, " +
+		"returned the message to its sender and no longer retries."
+	return x
+}
+
+// entry finds the catalogue entry for a reason and an enhanced code (see
+// Explain), and returns the parsed code.
+func entry(reason Reason, enhanced string) (Explanation, [3]int, bool) {
 	var keys []string
 	if reason == Greylisted || reason == RateLimited {
 		keys = append(keys, string(reason))
@@ -55,13 +79,7 @@ func Explain(reason Reason, enhanced string) Explanation {
 			break
 		}
 	}
-	switch {
-	case ok && e[0] == 4:
-		x.Action += " Class 4 (temporary): greyrelay keeps retrying until the message expires."
-	case ok && e[0] == 5:
-		x.Action += " Class 5 (permanent): greyrelay returns the message to its sender with a DSN."
-	}
-	return x
+	return x, e, ok
 }
 
 // catalogue holds the explanations, keyed by "X.<subject>.<detail>",

@@ -120,3 +120,23 @@ func ExampleExplain() {
 	// server-config 4.3.5
 	// The receiving system is misconfigured; nothing is wrong with the message. Usually at fault: recipient-server. If it lasts past a day, contact the recipient's postmaster with the reply text and time. Class 4 (temporary): greyrelay keeps retrying until the message expires.
 }
+
+// TestExplainExpired: the explanation of an expired recipient's last
+// deferral says greyrelay gave up, not that it keeps retrying.
+func TestExplainExpired(t *testing.T) {
+	for _, c := range []struct {
+		reason   Reason
+		enhanced string
+	}{{Greylisted, "4.7.1"}, {ServerError, "4.3.0"}, {Connect, "4.4.1"}, {RateLimited, ""}} {
+		live, expired := Explain(c.reason, c.enhanced), ExplainExpired(c.reason, c.enhanced)
+		if c.enhanced != "" && !strings.Contains(live.Action, "keeps retrying") {
+			t.Errorf("%s %s: Explain %q does not say it keeps retrying", c.reason, c.enhanced, live.Action)
+		}
+		if strings.Contains(expired.String(), "keeps retrying") || !strings.Contains(expired.Action, "gave up") {
+			t.Errorf("%s %s: ExplainExpired %q, want it to say greyrelay gave up", c.reason, c.enhanced, expired)
+		}
+		if expired.Meaning != live.Meaning || expired.Fault != live.Fault {
+			t.Errorf("%s %s: ExplainExpired chose another entry: %+v vs %+v", c.reason, c.enhanced, expired, live)
+		}
+	}
+}

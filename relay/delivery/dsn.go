@@ -76,17 +76,20 @@ func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status s
 	case o.v.Code != 0:
 		rc.Diagnostic = replyLine(o.v.Code, o.v.Enhanced, o.v.Text)
 	}
-	ex := classifier.Explain(o.v.Reason, o.v.Status()).String()
+	expired := action == dsn.Failed && status == "4.4.7"
+	explain := classifier.Explain
+	if expired {
+		explain = classifier.ExplainExpired // no "keeps retrying": it gave up
+	}
+	ex := explain(o.v.Reason, o.v.Status()).String()
 	if o.v.Code == 0 && o.v.Text != "" {
 		ex = o.v.Text + ". " + ex // no remote reply: our own diagnosis
 	}
-	switch action {
-	case dsn.Delayed:
+	switch {
+	case action == dsn.Delayed:
 		rc.WillRetryUntil = e.deadline(a.msg)
-	case dsn.Failed:
-		if status == "4.4.7" {
-			ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.lifetime(a.msg), ex)
-		}
+	case expired:
+		ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.lifetime(a.msg), ex)
 	}
 	rc.Explanation = ex
 	return rc
