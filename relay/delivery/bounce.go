@@ -127,7 +127,8 @@ func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, 
 	if err != nil {
 		return err
 	}
-	if !now.Before(e.deadline(msg)) {
+	dl := e.deadline(msg)
+	if !now.Before(dl) {
 		body, err := e.q.Body(id)
 		if err != nil {
 			return err
@@ -136,8 +137,11 @@ func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, 
 		for i, r := range rs {
 			outs[i] = outcome{r: r, v: storedVerdict(r)}
 		}
-		e.settle(d, &attempt{msg: msg, body: body, start: now}, outs)
+		e.settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
 		return nil
+	}
+	if until.After(dl) {
+		until = dl // it expires at its deadline, not at the end of a longer pause
 	}
 	var u queue.Update
 	for _, r := range rs {

@@ -64,7 +64,11 @@ func notifies(notify, what string) bool {
 func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status string, now time.Time) dsn.Recipient {
 	rc := dsn.Recipient{Final: o.r.Addr, Original: o.r.ORCPT, Action: action, Status: status,
 		RemoteMTA: a.t.host, LastAttempt: now}
-	if rc.RemoteMTA == "" && o.v.Code != 0 {
+	switch {
+	case rc.RemoteMTA != "" || o.v.Code == 0:
+	case a.none:
+		rc.RemoteMTA = o.r.MXHost // no attempt now: the reply came from the last real one
+	default:
 		rc.RemoteMTA = a.tried.host // the reply came from the last host tried (overHosts)
 	}
 	switch {

@@ -32,6 +32,10 @@ type attempt struct {
 	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
 	start   time.Time
 	w       *worker // the worker making the attempt; nil for the scheduler's expiries
+	// none: no attempt is made (the scheduler expires recipients of a
+	// paused destination), so the log and the DSN name each recipient's
+	// last real route (queue.Recipient's), not an empty one.
+	none bool
 }
 
 // settlement collects what one attempt changes, before it is stored.
@@ -42,6 +46,7 @@ type settlement struct {
 	rated   classifier.Verdict // a rate-limit verdict seen in this attempt
 	limited bool
 	success bool
+	expired bool // some recipient's lifetime ran out
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -93,6 +98,9 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
+	if s.expired {
+		e.decayThrottle(&rec, s.u.Results)
+	}
 	pruneDead(&rec, now)
 	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
 	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
@@ -263,6 +271,7 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 		// expired"), keeping the last reason and reply for the diagnosis. An
 		// expired DSN is only logged: no DSN is ever sent about a DSN.
 		e.failed(s, a, o, &res, "4.4.7", true)
+		s.expired = true
 	default:
 		e.deferred(s, rec, a, o, &res, now)
 	}
@@ -388,14 +397,18 @@ func (e *Engine) warningsDue(arrival, now time.Time) int {
 // logAttempt writes the one line per recipient and attempt, and counts it.
 func (e *Engine) logAttempt(a *attempt, l logLine) {
 	e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+	mx, mxAddr, source, n := a.tried.host, a.tried.addrString(), a.tried.source, l.r.Attempts+1
+	if a.none {
+		mx, mxAddr, source, n = l.r.MXHost, l.r.MXAddr, l.r.SourceIP, l.r.Attempts
+	}
 	fields := []zap.Field{
 		zap.String("queue_id", l.r.Key.ID.String()),
 		zap.String("rcpt", l.r.Addr),
 		zap.String("domain", l.r.Domain),
-		zap.String("mx", a.tried.host),
-		zap.String("mx_addr", a.tried.addrString()),
-		zap.String("source_ip", a.tried.source),
-		zap.Int("attempt", l.r.Attempts+1),
+		zap.String("mx", mx),
+		zap.String("mx_addr", mxAddr),
+		zap.String("source_ip", source),
+		zap.Int("attempt", n),
 		zap.String("outcome", l.outcome),
 		zap.String("reason", l.reason),
 		zap.Int("code", l.code),
