@@ -128,6 +128,14 @@ func pruneDead(rec *queue.Destination, now time.Time) {
 	}
 }
 
+// unpause forgets rec's dead hosts and throttle pause (the operator says
+// the destination is back; see flush.go) and reports whether it had any.
+func unpause(rec *queue.Destination) bool {
+	had := len(rec.DeadHosts) > 0 || !rec.ThrottledUntil.IsZero()
+	rec.DeadHosts, rec.ThrottledUntil = nil, time.Time{}
+	return had
+}
+
 // cloneDest copies rec deeply enough to change it without touching rec.
 func cloneDest(rec queue.Destination) queue.Destination {
 	rec.DeadHosts = maps.Clone(rec.DeadHosts)
