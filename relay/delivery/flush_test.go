@@ -138,3 +138,38 @@ func TestFlush_Forget(t *testing.T) {
 		t.Errorf("destinations left: %+v", ds)
 	}
 }
+
+// TestFlush_RetryWhileAttemptInFlight: the flush also reaches what a
+// running attempt has learned but not stored yet. The first MX refuses
+// the connection (a dead host, noted in memory), the second holds the
+// transaction open; a retry of the domain meanwhile forgets the dead host,
+// so the outcome stored afterwards does not bring it back.
+func TestFlush_RetryWhileAttemptInFlight(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, longDeadHosts)
+	// mx1 refuses (nothing listens there); mx2 holds the transaction.
+	h.dns.MX("inflight.test", 10, "mx1.inflight.test").A("mx1.inflight.test", "127.0.0.93")
+	h.dns.MX("inflight.test", 20, "mx2.inflight.test").A("mx2.inflight.test", "127.0.0.94")
+	inRcpt, release := make(chan struct{}), make(chan struct{})
+	startMX(t, "127.0.0.94", h.port, fakeOpt{rcpt: func(int, string) error {
+		close(inRcpt)
+		<-release
+		return nil
+	}})
+	id := h.enqueue("alice@sender.test", "f@inflight.test")
+	h.start()
+	select {
+	case <-inRcpt:
+	case <-time.After(wait):
+		t.Fatal("no transaction at the second MX")
+	}
+	if _, err := h.eng.Retry(queue.Selector{Domain: "inflight.test"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+	dst, ok, _ := h.q.Destination("inflight.test")
+	if !ok || len(dst.DeadHosts) != 0 {
+		t.Errorf("destination %+v (stored %v), want no dead host after the flush", dst, ok)
+	}
+}
