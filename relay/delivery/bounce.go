@@ -125,9 +125,9 @@ func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time) {
 // postponement says why recipients are moved without an attempt.
 type postponement struct {
 	stage string             // the stage stored in their attempt history
-	v     classifier.Verdict // why, for recipients never attempted: on expiry, and stored if label
-	label bool
-	log   string // if set, the line logged for each recipient postponed
+	v     classifier.Verdict // why, for recipients never attempted: the reason of their expiry
+	label bool               // also store v's reason and reply on such recipients when postponing
+	log   string             // if set, the line logged for each recipient postponed
 }
 
 // throttled is the postponement of a paused destination's recipients.

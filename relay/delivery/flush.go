@@ -17,10 +17,10 @@ import (
 // connection can be made, so no attempt is made either: the recipients are
 // moved to when the first address may be dialed again, as a paused
 // destination's are (push), their attempt count does not grow and their
-// backoff does not advance (RFC 5321 §4.5.4.1 keeps the list of
-// unreachable hosts precisely so that queued mail is not "retried"
-// against them). Postfix does the same ("delivery temporarily
-// suspended").
+// backoff does not advance. RFC 5321 §4.5.4.1: "A client SHOULD keep a
+// list of hosts it cannot reach and corresponding connection timeouts,
+// rather than just retrying queued mail items." Postfix defers such mail
+// without a connection too ("delivery temporarily suspended").
 //
 // An operator's `queue retry` is a flush, as `postqueue -f` is for
 // Postfix, whose queue manager then forgets its dead destinations: the
