@@ -97,6 +97,8 @@ func (o Outcome) String() string {
 type Reason string
 
 // Reasons. Protocol means the peer's reply was garbage or unparseable.
+// SMTPUTF8Unsupported means the message needs SMTPUTF8 (RFC 6531: a
+// non-ASCII address or UTF-8 header fields) and the next hop lacks it.
 const (
 	Greylisted    Reason = "greylisted"
 	RateLimited   Reason = "rate-limited"
@@ -112,12 +114,14 @@ const (
 	MessageTooBig Reason = "message-too-big"
 	Protocol      Reason = "protocol"
 	Unknown       Reason = "unknown"
+
+	SMTPUTF8Unsupported Reason = "smtputf8-unsupported"
 )
 
 // Reasons returns every Reason, in a fixed order.
 func Reasons() []Reason {
 	return []Reason{Greylisted, RateLimited, MailboxFull, ServerConfig, ServerError, Policy,
-		NoSuchUser, DNS, Connect, TLS, Timeout, MessageTooBig, Protocol, Unknown}
+		NoSuchUser, DNS, Connect, TLS, Timeout, MessageTooBig, Protocol, Unknown, SMTPUTF8Unsupported}
 }
 
 // DNSKind says how a destination lookup failed.
@@ -210,7 +214,7 @@ func reasonStatus(r Reason, o Outcome) string {
 	}
 	s, ok := map[Reason]string{Greylisted: "7.1", RateLimited: "4.5", MailboxFull: "2.2", ServerConfig: "3.5",
 		ServerError: "3.0", Policy: "7.0", NoSuchUser: "1.1", DNS: "4.3", Connect: "4.1", TLS: "7.5",
-		Timeout: "4.2", MessageTooBig: "3.4", Protocol: "5.0"}[r]
+		Timeout: "4.2", MessageTooBig: "3.4", Protocol: "5.0", SMTPUTF8Unsupported: "6.7"}[r]
 	if !ok {
 		return "0.0"
 	}

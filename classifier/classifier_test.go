@@ -108,6 +108,11 @@ var replyCases = []replyCase{
 	{"gmail size", StageEndOfData, "552-5.3.4 Your message exceeded Google's message size limits. Please visit\n552-5.3.4  https://support.google.com/mail/?p=MaxSizeError to view our size\n552 5.3.4 guidelines. a1si1 - gsmtp", Failed, MessageTooBig, "5.3.4", 0},
 	{"size at mail", StageMAIL, "552 Message size exceeds maximum permitted", Failed, MessageTooBig, "5.3.4", 0},
 	{"bare 552 at data", StageEndOfData, "552 Requested mail action aborted", Failed, MessageTooBig, "5.3.4", 0},
+	// SMTPUTF8 (RFC 6531): its own reason, not "policy".
+	{"smtputf8 missing at next hop", StageMAIL, "553 5.6.7 local: peer does not support SMTPUTF8, required by this message (RFC 6531)", Failed, SMTPUTF8Unsupported, "5.6.7", 0},
+	{"non-ascii address refused", StageRCPT, "553 5.6.7 Non-ASCII addresses not permitted for that sender/recipient", Failed, SMTPUTF8Unsupported, "5.6.7", 0},
+	{"utf-8 header refused", StageEndOfData, "550 5.6.9 UTF-8 header message cannot be transferred to one or more recipients", Failed, SMTPUTF8Unsupported, "5.6.9", 0},
+	{"other media problem", StageEndOfData, "554 5.6.0 Message content rejected", Failed, Policy, "5.6.0", 0},
 	// TLS, timeouts, routing.
 	{"starttls unavailable", StageSTARTTLS, "454 4.7.0 TLS not available due to local problem", Deferred, TLS, "4.7.0", 0},
 	{"starttls required", StageMAIL, "530 5.7.0 Must issue a STARTTLS command first", Failed, TLS, "5.7.0", 0},
@@ -405,8 +410,8 @@ func TestReasons_CompleteAndMapped(t *testing.T) {
 			t.Errorf("reason %q has status subject %s", r, st)
 		}
 	}
-	if len(seen) != 14 {
-		t.Errorf("got %d reasons, want 14", len(seen))
+	if len(seen) != 15 {
+		t.Errorf("got %d reasons, want 15", len(seen))
 	}
 }
 

@@ -39,6 +39,30 @@ const commonAdvice = "Read the enhanced code, decide which side is misconfigured
 // them under arbitrary codes (postgrey 4.2.0, rspamd 4.7.1, Gmail 4.2.1), so
 // for them the reason comes first. A class 4 or 5 adds what greyrelay does.
 func Explain(reason Reason, enhanced string) Explanation {
+	x, e, ok := entry(reason, enhanced)
+	switch {
+	case ok && e[0] == 4:
+		x.Action += " Class 4 (temporary): greyrelay keeps retrying until the message expires."
+	case ok && e[0] == 5:
+		x.Action += " Class 5 (permanent): greyrelay returns the message to its sender with a DSN."
+	}
+	return x
+}
+
+// ExplainExpired explains the last deferral of a recipient whose lifetime
+// ran out (status 4.4.7): the entry Explain would choose, but saying that
+// greyrelay gave up, where Explain's class 4 note would promise retries
+// that no longer happen.
+func ExplainExpired(reason Reason, enhanced string) Explanation {
+	x, _, _ := entry(reason, enhanced)
+	x.Action += " The problem was temporary, but it lasted until the message expired: greyrelay gave up, " +
+		"returned the message to its sender and no longer retries."
+	return x
+}
+
+// entry finds the catalogue entry for a reason and an enhanced code (see
+// Explain), and returns the parsed code.
+func entry(reason Reason, enhanced string) (Explanation, [3]int, bool) {
 	var keys []string
 	if reason == Greylisted || reason == RateLimited {
 		keys = append(keys, string(reason))
@@ -55,13 +79,7 @@ func Explain(reason Reason, enhanced string) Explanation {
 			break
 		}
 	}
-	switch {
-	case ok && e[0] == 4:
-		x.Action += " Class 4 (temporary): greyrelay keeps retrying until the message expires."
-	case ok && e[0] == 5:
-		x.Action += " Class 5 (permanent): greyrelay returns the message to its sender with a DSN."
-	}
-	return x
+	return x, e, ok
 }
 
 // catalogue holds the explanations, keyed by "X.<subject>.<detail>",
@@ -137,6 +155,9 @@ func catalogue(key string) (Explanation, bool) {
 	case "X.5.x":
 		return e(FaultUnknown, "The SMTP dialogue broke the protocol.", "Capture the dialogue with greyrelay probe and compare it with the reply text.")
 	// X.6.x: media and content.
+	case "X.6.7", "X.6.8", "X.6.9":
+		return e(FaultRecipientServer, "The message needs SMTPUTF8 (RFC 6531: a non-ASCII address or UTF-8 header fields) and the next hop does not support it, so it cannot be passed on unchanged.",
+			"Retrying will not help: send it again between all-ASCII addresses (ask the recipient for an ASCII alias), or ask the recipient's postmaster to enable SMTPUTF8.")
 	case "X.6.x":
 		return e(FaultSender, "The receiver refused the message's content or encoding.", "Check the message format: 8-bit content, encodings, and non-ASCII addresses (SMTPUTF8).")
 	// X.7.x: security and policy.
@@ -187,6 +208,8 @@ func catalogue(key string) (Explanation, bool) {
 		return e(FaultNetwork, "The destination stopped answering within the time limit.", "If it repeats, probe the MX with greyrelay probe and check the path for packet loss.")
 	case string(MessageTooBig):
 		return catalogue("X.3.4")
+	case string(SMTPUTF8Unsupported):
+		return catalogue("X.6.7")
 	case string(Protocol):
 		return e(FaultRecipientServer, "The destination sent a reply greyrelay could not understand.", "Capture the dialogue with greyrelay probe and send it to the recipient's postmaster.")
 	case string(Unknown):

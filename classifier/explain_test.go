@@ -35,7 +35,7 @@ func TestCatalogue_CommonCodes(t *testing.T) {
 	codes := []string{"1.1", "1.2", "1.3", "1.6", "1.7", "1.8", "1.10", "2.0", "2.1", "2.2", "2.3",
 		"3.0", "3.1", "3.2", "3.4", "3.5", "4.1", "4.2", "4.3", "4.4", "4.5", "4.6", "4.7",
 		"5.1", "5.2", "5.3", "5.4", "7.0", "7.1", "7.4", "7.5", "7.8", "7.10", "7.11",
-		"7.25", "7.26", "7.27", "7.28", "7.500"}
+		"6.7", "6.8", "6.9", "7.25", "7.26", "7.27", "7.28", "7.500"}
 	subjects := []string{"1", "2", "3", "4", "5", "6", "7"}
 	for _, c := range codes {
 		e, ok := catalogue("X." + c)
@@ -119,4 +119,24 @@ func ExampleExplain() {
 	// Output:
 	// server-config 4.3.5
 	// The receiving system is misconfigured; nothing is wrong with the message. Usually at fault: recipient-server. If it lasts past a day, contact the recipient's postmaster with the reply text and time. Class 4 (temporary): greyrelay keeps retrying until the message expires.
+}
+
+// TestExplainExpired: the explanation of an expired recipient's last
+// deferral says greyrelay gave up, not that it keeps retrying.
+func TestExplainExpired(t *testing.T) {
+	for _, c := range []struct {
+		reason   Reason
+		enhanced string
+	}{{Greylisted, "4.7.1"}, {ServerError, "4.3.0"}, {Connect, "4.4.1"}, {RateLimited, ""}} {
+		live, expired := Explain(c.reason, c.enhanced), ExplainExpired(c.reason, c.enhanced)
+		if c.enhanced != "" && !strings.Contains(live.Action, "keeps retrying") {
+			t.Errorf("%s %s: Explain %q does not say it keeps retrying", c.reason, c.enhanced, live.Action)
+		}
+		if strings.Contains(expired.String(), "keeps retrying") || !strings.Contains(expired.Action, "gave up") {
+			t.Errorf("%s %s: ExplainExpired %q, want it to say greyrelay gave up", c.reason, c.enhanced, expired)
+		}
+		if expired.Meaning != live.Meaning || expired.Fault != live.Fault {
+			t.Errorf("%s %s: ExplainExpired chose another entry: %+v vs %+v", c.reason, c.enhanced, expired, live)
+		}
+	}
 }

@@ -71,6 +71,13 @@ func DefaultRules() []Rule {
 		{Enhanced: "x.4.7", Reason: Timeout},
 		{Enhanced: "x.5.3", Reason: RateLimited}, // too many recipients
 		{Enhanced: "x.5.x", Reason: Protocol},
+		// RFC 6531 §3.7.1 / RFC 6533: the message needs SMTPUTF8 (a
+		// non-ASCII address or UTF-8 header fields) where it is missing;
+		// 553 5.6.7 is also what smtpclient reports itself when the next
+		// hop does not offer the extension (RFC 6531 §3.2).
+		{Enhanced: "x.6.7", Reason: SMTPUTF8Unsupported},
+		{Enhanced: "x.6.8", Reason: SMTPUTF8Unsupported},
+		{Enhanced: "x.6.9", Reason: SMTPUTF8Unsupported},
 		{Enhanced: "x.6.x", Reason: Policy},
 		{Enhanced: "x.7.4", Reason: TLS},
 		{Enhanced: "x.7.5", Reason: TLS},

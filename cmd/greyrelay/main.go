@@ -7,7 +7,7 @@
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
 //	greyrelay queue list|show|retry|hold|release|delete|bounce …
-//	greyrelay destinations               what greyrelay learned about destinations
+//	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay health                     exit 0 when the running relay is healthy
 //	greyrelay version
@@ -89,7 +89,8 @@ const usage = `usage:
                                         (default: any address no other user lists)
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
-  greyrelay destinations [-json]
+  greyrelay destinations [-json] [DOMAIN]
+  greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN
   greyrelay health [-config FILE]
   greyrelay version

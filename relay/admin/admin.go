@@ -50,11 +50,16 @@
 //	POST /api/queue/{id}/{action}           action on one message
 //	POST /api/queue/{action}?domain=D|all=1 action on a domain or on everything
 //	                          action: retry, hold, release, delete, bounce;
-//	                          answers {"action", "recipients": n}
+//	                          answers {"action", "recipients": n}; retry also
+//	                          forgets the dead hosts and throttle pause of the
+//	                          recipients' destinations (a flush)
 //	GET  /api/destinations    what was learned per destination domain:
 //	                          greylisting and its learned delay, throttling, dead hosts
 //	GET  /api/destinations/{domain}         the same shape, with one destination
 //	                          (404 when nothing was learned about it)
+//	POST /api/destinations/forget?domain=D|all=1  forget what was learned about
+//	                          a destination or all of them; answers
+//	                          {"action": "forget", "destinations": n}
 //	GET  /api/probe?target=X  only when Options.Probe is set: its result as JSON
 package admin
 
@@ -86,6 +91,13 @@ type Engine interface {
 	// Bounce fails the selected live recipients now, generating DSNs as
 	// expiry would, and returns how many it failed.
 	Bounce(sel queue.Selector, now time.Time) (int, error)
+	// Retry is the operator's flush: it forgets the dead hosts and the
+	// throttle pause of the selected recipients' destinations and makes
+	// the recipients due now; it returns how many it made due.
+	Retry(sel queue.Selector, now time.Time) (int, error)
+	// Forget drops what was learned about domain, or about every
+	// destination with all, and returns how many destinations changed.
+	Forget(domain string, all bool, now time.Time) (int, error)
 	// Kick asks the scheduler to look for due work now.
 	Kick()
 }
@@ -94,7 +106,7 @@ type Engine interface {
 type Options struct {
 	Config   *config.Config
 	Queue    *queue.Queue
-	Engine   Engine               // nil: bounce answers 503
+	Engine   Engine               // nil: bounce and forget answer 503, retry only makes recipients due
 	Ready    func() error         // nil: always ready
 	Registry *prometheus.Registry // nil: a private registry with only the queue gauges
 	Logger   *zap.Logger          // nil: no logging
@@ -191,6 +203,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/queue/{action}", s.actionMany)
 	mux.HandleFunc("GET /api/destinations", s.destinations)
 	mux.HandleFunc("GET /api/destinations/{domain}", s.destination)
+	mux.HandleFunc("POST /api/destinations/forget", s.forget)
 	if s.opt.Probe != nil {
 		mux.HandleFunc("GET /api/probe", s.probe)
 	}

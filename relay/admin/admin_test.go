@@ -169,6 +169,9 @@ func TestActions(t *testing.T) {
 				if f.engine.kicks != 1 {
 					t.Errorf("kicks %d, want 1", f.engine.kicks)
 				}
+				if want := []queue.Selector{{All: true}}; !slices.Equal(f.engine.retry, want) {
+					t.Errorf("engine retried %v, want %v (the flush goes through the engine)", f.engine.retry, want)
+				}
 			}},
 		{"retry domain", func(f *fixture) string { return "/api/queue/retry?domain=slow.test" }, 200, 1, nil},
 		{"delete one", func(f *fixture) string { return "/api/queue/" + f.m3.String() + "/delete" }, 200, 1,
@@ -544,4 +547,28 @@ func BenchmarkList100k(b *testing.B) {
 			b.Fatal(rec.Code)
 		}
 	}
+}
+
+// TestForgetDestinations: POST /api/destinations/forget hands exactly one
+// selector to the engine; without an engine it is not available.
+func TestForgetDestinations(t *testing.T) {
+	f := newFixture(t)
+	var res ForgetResult
+	f.getJSON(t, "POST", "/api/destinations/forget?domain=slow.test", http.StatusOK, &res)
+	if res.Action != "forget" || res.Destinations != 1 {
+		t.Errorf("answer %+v", res)
+	}
+	f.getJSON(t, "POST", "/api/destinations/forget?all=1", http.StatusOK, nil)
+	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.forget, want) {
+		t.Errorf("engine forgot %v, want %v", f.engine.forget, want)
+	}
+	for _, q := range []string{"", "?domain=a.test&all=1", "?all=0", "?domain=%20"} {
+		f.getJSON(t, "POST", "/api/destinations/forget"+q, http.StatusBadRequest, nil)
+	}
+	f.do(t, "GET", "/api/destinations/forget?all=1") // reads the destination "forget"
+	if len(f.engine.forget) != 2 {
+		t.Errorf("refused requests or a GET reached the engine: %v", f.engine.forget)
+	}
+	f = newFixture(t, func(o *Options) { o.Engine = nil })
+	f.getJSON(t, "POST", "/api/destinations/forget?all=1", http.StatusServiceUnavailable, nil)
 }

@@ -180,7 +180,11 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 	var err error
 	switch action {
 	case "retry":
-		n, err = s.opt.Queue.Retry(sel, now)
+		if s.opt.Engine != nil {
+			n, err = s.opt.Engine.Retry(sel, now)
+		} else {
+			n, err = s.opt.Queue.Retry(sel, now)
+		}
 	case "hold":
 		n, err = s.opt.Queue.Hold(sel)
 	case "release":

@@ -252,6 +252,9 @@ func queueAction(action string, args []string, c *Client, stdout, stderr io.Writ
 // RunDestinations runs `greyrelay destinations [-json] [DOMAIN]`: what the
 // relay learned per destination (greylisting, throttling, dead hosts).
 func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "forget" {
+		return destinationsForget(args[1:], c, stdout, stderr)
+	}
 	fs := newFlags("destinations", stderr)
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	pos, err := parseArgs(fs, args)
@@ -265,7 +268,7 @@ func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
 	case 1:
 		d, err = c.destination(context.Background(), pos[0])
 	default:
-		return errors.New("usage: greyrelay destinations [-json] [DOMAIN]")
+		return errors.New(destinationsUsage)
 	}
 	if err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"net"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,6 +183,29 @@ func TestCLIDestinations(t *testing.T) {
 	var d Destinations
 	if err := json.Unmarshal([]byte(out.String()), &d); err != nil || len(d.Destinations) != 1 || d.Destinations[0].ThrottleLevel != 2 {
 		t.Errorf("-json: %v %s", err, out.String())
+	}
+}
+
+func TestCLIDestinationsForget(t *testing.T) {
+	f, c := cliFixture(t)
+	run := func(args ...string) (string, error) {
+		var out strings.Builder
+		err := RunDestinations(append([]string{"forget"}, args...), c, &out, &out)
+		return out.String(), err
+	}
+	if out, err := run("slow.test"); err != nil || out != "forget: 1 destination(s) changed\n" {
+		t.Errorf("forget slow.test: %v %q", err, out)
+	}
+	if out, err := run("-all", "-json"); err != nil || !strings.Contains(out, `"destinations": 1`) {
+		t.Errorf("forget -all -json: %v %q", err, out)
+	}
+	for _, args := range [][]string{{}, {"a.test", "-all"}, {"a.test", "b.test"}} {
+		if _, err := run(args...); err == nil {
+			t.Errorf("forget %v: no error", args)
+		}
+	}
+	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.forget, want) {
+		t.Errorf("engine forgot %v, want %v", f.engine.forget, want)
 	}
 }
 

@@ -43,7 +43,26 @@ type fakeEngine struct {
 	q      *queue.Queue
 	mu     sync.Mutex
 	bounce []queue.Selector
+	retry  []queue.Selector
+	forget []string // domain, or "all"
 	kicks  int
+}
+
+func (e *fakeEngine) Retry(sel queue.Selector, now time.Time) (int, error) {
+	e.mu.Lock()
+	e.retry = append(e.retry, sel)
+	e.mu.Unlock()
+	return e.q.Retry(sel, now)
+}
+
+func (e *fakeEngine) Forget(domain string, all bool, _ time.Time) (int, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if all {
+		domain = "all"
+	}
+	e.forget = append(e.forget, domain)
+	return 1, nil
 }
 
 func (e *fakeEngine) Bounce(sel queue.Selector, _ time.Time) (int, error) {

@@ -114,7 +114,7 @@ func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time) {
 		byMsg[r.Key.ID] = append(byMsg[r.Key.ID], r)
 	}
 	for id, group := range byMsg {
-		if err := e.pushMessage(d, id, group, until, now); err != nil {
+		if err := e.pushMessage(d, id, group, until, now, throttled); err != nil {
 			e.requestRescan() // not moved: still behind the scan position
 			e.log.Error("delivery: postponing recipients of a throttled destination failed",
 				zap.String("queue_id", id.String()), zap.String("domain", d.name), zap.Error(err))
@@ -122,40 +122,68 @@ func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time) {
 	}
 }
 
-func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, now time.Time) error {
+// postponement says why recipients are moved without an attempt.
+type postponement struct {
+	stage string             // the stage stored in their attempt history
+	v     classifier.Verdict // why, for recipients never attempted: the reason of their expiry
+	label bool               // also store v's reason and reply on such recipients when postponing
+	log   string             // if set, the line logged for each recipient postponed
+}
+
+// throttled is the postponement of a paused destination's recipients.
+var throttled = postponement{stage: "throttled", v: classifier.Verdict{Reason: classifier.RateLimited}}
+
+// pushMessage moves rs, recipients of message id, to until without an
+// attempt (see push), or expires them if their lifetime is over.
+func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, now time.Time, why postponement) error {
 	msg, err := e.q.Message(id)
 	if err != nil {
 		return err
 	}
-	if !now.Before(e.deadline(msg)) {
+	dl := e.deadline(msg)
+	if !now.Before(dl) {
 		body, err := e.q.Body(id)
 		if err != nil {
 			return err
 		}
 		outs := make([]outcome, len(rs))
 		for i, r := range rs {
-			outs[i] = outcome{r: r, v: storedVerdict(r)}
+			outs[i] = outcome{r: r, v: storedVerdict(r, why.v)}
 		}
-		e.settle(d, &attempt{msg: msg, body: body, start: now}, outs)
+		e.settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
 		return nil
+	}
+	if until.After(dl) {
+		until = dl // it expires at its deadline, not at the end of a longer pause
 	}
 	var u queue.Update
 	for _, r := range rs {
-		u.Results = append(u.Results, queue.Result{Key: r.Key, Status: r.Status, Reason: r.Reason, Reply: r.Reply,
-			Stage: "throttled", End: now, NextAttempt: until, FirstGreylisted: r.FirstGreylisted,
+		reason, reply := r.Reason, r.Reply
+		if reason == "" && why.label {
+			reason, reply = string(why.v.Reason), queue.Reply{Code: why.v.Code, Enhanced: why.v.Enhanced, Text: why.v.Text}
+		}
+		u.Results = append(u.Results, queue.Result{Key: r.Key, Status: r.Status, Reason: reason, Reply: reply,
+			Stage: why.stage, End: now, NextAttempt: until, FirstGreylisted: r.FirstGreylisted,
 			GreylistTries: r.GreylistTries, DelayWarnings: r.DelayWarnings})
 	}
-	_, err = e.q.Apply(u)
-	return err
+	if _, err = e.q.Apply(u); err != nil || why.log == "" {
+		return err
+	}
+	for _, r := range rs {
+		e.log.Info(why.log, zap.String("queue_id", r.Key.ID.String()), zap.String("rcpt", r.Addr),
+			zap.String("domain", r.Domain), zap.Int("attempts", r.Attempts), zap.Time("next_attempt", until))
+	}
+	return nil
 }
 
 // storedVerdict rebuilds the verdict of a recipient's last deferral from
-// what the queue stored, for an expiry without a new attempt.
-func storedVerdict(r queue.Recipient) classifier.Verdict {
-	reason := classifier.Reason(r.Reason)
-	if reason == "" {
-		reason = classifier.RateLimited
+// what the queue stored, for an expiry without a new attempt; a recipient
+// never attempted gets fallback (why it was postponed).
+func storedVerdict(r queue.Recipient, fallback classifier.Verdict) classifier.Verdict {
+	if r.Reason == "" {
+		fallback.Outcome = classifier.Deferred
+		return fallback
 	}
-	return classifier.Verdict{Outcome: classifier.Deferred, Reason: reason,
+	return classifier.Verdict{Outcome: classifier.Deferred, Reason: classifier.Reason(r.Reason),
 		Code: r.Reply.Code, Enhanced: r.Reply.Enhanced, Text: r.Reply.Text}
 }

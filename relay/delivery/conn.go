@@ -81,6 +81,10 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		} // else the attempt stays Active and is recovered
 		return nil
 	case len(ts) == 0 && !begun:
+		if wake := e.deadWake(d, rt, a.start); !wake.IsZero() {
+			e.postpone(d, j, v, wake, a.start) // no connection, so no attempt (flush.go)
+			return nil
+		}
 		e.early(d, j, a, v)
 		return nil
 	case len(ts) == 0:

@@ -64,7 +64,11 @@ func notifies(notify, what string) bool {
 func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status string, now time.Time) dsn.Recipient {
 	rc := dsn.Recipient{Final: o.r.Addr, Original: o.r.ORCPT, Action: action, Status: status,
 		RemoteMTA: a.t.host, LastAttempt: now}
-	if rc.RemoteMTA == "" && o.v.Code != 0 {
+	switch {
+	case rc.RemoteMTA != "" || o.v.Code == 0:
+	case a.none:
+		rc.RemoteMTA = o.r.MXHost // no attempt now: the reply came from the last real one
+	default:
 		rc.RemoteMTA = a.tried.host // the reply came from the last host tried (overHosts)
 	}
 	switch {
@@ -76,17 +80,20 @@ func (e *Engine) dsnRecipient(a *attempt, o outcome, action dsn.Action, status s
 	case o.v.Code != 0:
 		rc.Diagnostic = replyLine(o.v.Code, o.v.Enhanced, o.v.Text)
 	}
-	ex := classifier.Explain(o.v.Reason, o.v.Status()).String()
+	expired := action == dsn.Failed && status == "4.4.7"
+	explain := classifier.Explain
+	if expired {
+		explain = classifier.ExplainExpired // no "keeps retrying": it gave up
+	}
+	ex := explain(o.v.Reason, o.v.Status()).String()
 	if o.v.Code == 0 && o.v.Text != "" {
 		ex = o.v.Text + ". " + ex // no remote reply: our own diagnosis
 	}
-	switch action {
-	case dsn.Delayed:
+	switch {
+	case action == dsn.Delayed:
 		rc.WillRetryUntil = e.deadline(a.msg)
-	case dsn.Failed:
-		if status == "4.4.7" {
-			ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.lifetime(a.msg), ex)
-		}
+	case expired:
+		ex = fmt.Sprintf("greyrelay gave up after retrying for %v. The last problem: %s", e.lifetime(a.msg), ex)
 	}
 	rc.Explanation = ex
 	return rc

@@ -119,6 +119,11 @@ type Engine struct {
 
 	cur *queue.DueCursor // the scan's position; used by Run's goroutine only
 
+	// fmu orders loading a destination's record (loadDests) with the
+	// operator's changes to it (flush.go), so that a record read before
+	// a change is never adopted after it. Taken before d.mu and e.mu.
+	fmu sync.Mutex
+
 	held held // outcomes waiting to be stored (held.go)
 }
 

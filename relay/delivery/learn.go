@@ -71,6 +71,29 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 	rec.ThrottleLevel, rec.ThrottledUntil = t.Level, t.Until
 }
 
+// decayThrottle ends a destination's throttling when recipients of it
+// expired (results holds this settlement's) and no other recipient of it
+// is waiting: the relay gave up on what the throttle was pacing, and a
+// level kept from that episode would slow the next message, perhaps days
+// later, for a congestion long gone (and `destinations` would show it
+// for ever). While other mail waits, the level stays: their next real
+// attempt decides. A queue error keeps the level too.
+func (e *Engine) decayThrottle(rec *queue.Destination, results []queue.Result) {
+	if rec.ThrottleLevel == 0 && rec.ThrottledUntil.IsZero() {
+		return
+	}
+	var done []queue.Key
+	for _, r := range results {
+		if r.Status.Final() {
+			done = append(done, r.Key)
+		}
+	}
+	if waiting, err := e.q.Waiting(rec.Domain, done); err != nil || waiting {
+		return
+	}
+	rec.ThrottleLevel, rec.ThrottledUntil = 0, time.Time{}
+}
+
 // markDead remembers that addr refused or ignored a connection, so that no
 // attempt dials it again before until (RFC 5321 §4.5.4.1: "A client SHOULD
 // keep a list of hosts it cannot reach and corresponding connection
@@ -103,6 +126,14 @@ func pruneDead(rec *queue.Destination, now time.Time) {
 			delete(rec.DeadHosts, a)
 		}
 	}
+}
+
+// unpause forgets rec's dead hosts and throttle pause (the operator says
+// the destination is back; see flush.go) and reports whether it had any.
+func unpause(rec *queue.Destination) bool {
+	had := len(rec.DeadHosts) > 0 || !rec.ThrottledUntil.IsZero()
+	rec.DeadHosts, rec.ThrottledUntil = nil, time.Time{}
+	return had
 }
 
 // cloneDest copies rec deeply enough to change it without touching rec.

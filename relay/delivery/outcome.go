@@ -32,6 +32,10 @@ type attempt struct {
 	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
 	start   time.Time
 	w       *worker // the worker making the attempt; nil for the scheduler's expiries
+	// none: no attempt is made (the scheduler expires recipients of a
+	// paused destination), so the log and the DSN name each recipient's
+	// last real route (queue.Recipient's), not an empty one.
+	none bool
 }
 
 // settlement collects what one attempt changes, before it is stored.
@@ -42,6 +46,7 @@ type settlement struct {
 	rated   classifier.Verdict // a rate-limit verdict seen in this attempt
 	limited bool
 	success bool
+	expired bool // some recipient's lifetime ran out
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -67,13 +72,15 @@ type pendingOutcome struct {
 }
 
 // settle turns the outcomes of one attempt into results, DSNs and what was
-// learned about the destination, stores them in one queue.Apply and then
-// logs one line per recipient. It holds d.mu so that concurrent workers of
-// one destination never store stale destination state.
+// learned about the destination, logs one line per recipient and then
+// stores them in one queue.Apply: whoever sees the queue change finds the
+// attempt in the log and the metrics already. It holds d.mu so that
+// concurrent workers of one destination never store stale destination
+// state.
 //
 // When nothing was learned about the destination (the common case), a
-// worker does not wait for the commit: it submits the update
-// (queue.ApplyAsync), logs the attempt and goes on, and its next Begin,
+// worker does not wait for the commit: it logs the attempt, submits the
+// update (queue.ApplyAsync) and goes on, and its next Begin,
 // settle or its end collects the result (finish): the retries of a failed
 // write, and an error line if they fail too. Begin stays before anything is sent, so a crash
 // before that commit only means a redelivery (queue.Recover), as a crash
@@ -91,6 +98,9 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
+	if s.expired {
+		e.decayThrottle(&rec, s.u.Results)
+	}
 	pruneDead(&rec, now)
 	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
 	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
@@ -107,16 +117,20 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		return
 	}
 	// The record changed: stored synchronously under d.mu, so that no
-	// other worker of d stores an older one after it.
+	// other worker of d stores an older one after it. The attempt is
+	// logged first, as in submit.
 	rec.Updated = now
 	po.u.Destinations = []queue.Destination{rec}
+	e.report(po, nil)
 	err := e.apply(po.u)
 	if err == nil {
 		e.adopt(d, rec)
 		d.stored = cloneDest(rec)
 	}
 	d.mu.Unlock()
-	e.report(po, err)
+	if err != nil {
+		e.logStoreFailed(po, err, true)
+	}
 }
 
 // submit stores po. A worker hands it to the queue and goes on (see
@@ -124,16 +138,20 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 func (e *Engine) submit(po *pendingOutcome) {
 	w := po.a.w
 	if w == nil {
-		e.report(po, e.apply(po.u))
+		e.report(po, nil)
+		if err := e.apply(po.u); err != nil {
+			e.logStoreFailed(po, err, true)
+		}
 		return
 	}
+	// The attempt happened whether or not its record is stored yet: its
+	// log lines and counts go out before it is handed to the queue, so
+	// that nobody who sees the queue change (an operator, a test waiting
+	// for an empty queue) finds the log or the metrics behind it. A
+	// failure to store it is logged when it is collected (finish).
+	e.report(po, nil)
 	po.p = e.q.ApplyAsync(po.u)
 	w.open = po
-	// The attempt happened whether or not its record is stored yet: its
-	// log lines go out now, so that nobody who sees the queue change (an
-	// operator, a test waiting for an empty queue) reads the log before
-	// them. A failure to store it is logged when it is collected (finish).
-	e.report(po, nil)
 }
 
 // finish collects w's outcome in flight, if any: it waits for the commit
@@ -151,8 +169,8 @@ func (e *Engine) finish(w *worker) {
 	}
 }
 
-// report logs a stored outcome, one line per recipient, and counts it and
-// its DSNs; or logs that storing it failed.
+// report logs an outcome, one line per recipient, and counts it and its
+// DSNs (before it is stored; see settle); or logs that storing it failed.
 func (e *Engine) report(po *pendingOutcome, err error) {
 	if err != nil {
 		e.logStoreFailed(po, err, false)
@@ -253,6 +271,7 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 		// expired"), keeping the last reason and reply for the diagnosis. An
 		// expired DSN is only logged: no DSN is ever sent about a DSN.
 		e.failed(s, a, o, &res, "4.4.7", true)
+		s.expired = true
 	default:
 		e.deferred(s, rec, a, o, &res, now)
 	}
@@ -378,14 +397,18 @@ func (e *Engine) warningsDue(arrival, now time.Time) int {
 // logAttempt writes the one line per recipient and attempt, and counts it.
 func (e *Engine) logAttempt(a *attempt, l logLine) {
 	e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+	mx, mxAddr, source, n := a.tried.host, a.tried.addrString(), a.tried.source, l.r.Attempts+1
+	if a.none {
+		mx, mxAddr, source, n = l.r.MXHost, l.r.MXAddr, l.r.SourceIP, l.r.Attempts
+	}
 	fields := []zap.Field{
 		zap.String("queue_id", l.r.Key.ID.String()),
 		zap.String("rcpt", l.r.Addr),
 		zap.String("domain", l.r.Domain),
-		zap.String("mx", a.tried.host),
-		zap.String("mx_addr", a.tried.addrString()),
-		zap.String("source_ip", a.tried.source),
-		zap.Int("attempt", l.r.Attempts+1),
+		zap.String("mx", mx),
+		zap.String("mx_addr", mxAddr),
+		zap.String("source_ip", source),
+		zap.Int("attempt", n),
 		zap.String("outcome", l.outcome),
 		zap.String("reason", l.reason),
 		zap.Int("code", l.code),

@@ -135,6 +135,17 @@ func TestLifetimeExpiry(t *testing.T) {
 			t.Errorf("DSN lacks %q:\n%s", want, ds[0].data)
 		}
 	}
+	// The text says the relay gave up: neither a "permanent error" nor
+	// the class 4 promise to keep retrying.
+	text := strings.Join(strings.Fields(strings.ReplaceAll(ds[0].data, "=\r\n", "")), " ")
+	for _, bad := range []string{"permanent error", "keeps retrying"} {
+		if strings.Contains(text, bad) {
+			t.Errorf("expiry DSN says %q:\n%s", bad, ds[0].data)
+		}
+	}
+	if !strings.Contains(text, "greyrelay gave up") || !strings.Contains(text, "time in the queue ran out") {
+		t.Errorf("expiry DSN does not say the relay gave up:\n%s", ds[0].data)
+	}
 	outs := h.outcomes("x@slowgrey.test")
 	if last := outs[len(outs)-1]; last["outcome"] != "failed" || last["reason"] != "greylisted" {
 		t.Errorf("last attempt %v, want failed, reason greylisted", last)

@@ -290,6 +290,8 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 // loadDests creates the scheduler state of every domain in rs it does not
 // know yet, reading what is stored about it.
 func (e *Engine) loadDests(rs []queue.Recipient) error {
+	e.fmu.Lock()
+	defer e.fmu.Unlock()
 	e.mu.Lock()
 	missing := map[string]bool{}
 	for _, r := range rs {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"flag"
+	"fmt"
 	"net/mail"
 	"os"
 	"path/filepath"
@@ -455,5 +456,31 @@ func TestBoundaryAvoidsContent(t *testing.T) {
 	}
 	if len(p.parts) != 3 || !strings.Contains(string(p.parts[2].body), first) {
 		t.Errorf("returned headers were cut:\n%s", p.parts[2].body)
+	}
+}
+
+// TestFailedIntroExpiry: a failure DSN calls the error permanent only when
+// every recipient failed permanently; an expiry (4.4.7) says the relay
+// kept trying and gave up.
+func TestFailedIntroExpiry(t *testing.T) {
+	for _, c := range []struct {
+		statuses      []string
+		want, notWant string
+	}{
+		{[]string{"5.1.1"}, "This is a permanent error", "ran out"},
+		{[]string{"4.4.7"}, "before its time in the queue ran out", "permanent"},
+		{[]string{"4.4.7", "4.4.7"}, "has now given up", "permanent"},
+		{[]string{"5.1.1", "4.4.7"}, "the note for each recipient says why", "permanent"},
+	} {
+		r := report(Failed)
+		r.Recipients = nil
+		for i, st := range c.statuses {
+			r.Recipients = append(r.Recipients, Recipient{Final: fmt.Sprintf("r%d@example.com", i),
+				Action: Failed, Status: st, Explanation: "x"})
+		}
+		human := strings.Join(strings.Fields(humanText(r, "relay.example.org", "")), " ")
+		if !strings.Contains(human, c.want) || strings.Contains(human, c.notWant) {
+			t.Errorf("statuses %v: human part %q, want %q and not %q", c.statuses, human, c.want, c.notWant)
+		}
 	}
 }

@@ -98,7 +98,7 @@ func textPart(text string) part {
 // recipient, the remote server's reply, and what to do about it.
 func humanText(r Report, host, note string) string {
 	out := []string{"This is the mail delivery system at " + host + ".", ""}
-	out = append(out, wrap(intro(r.Recipients[0].Action), "", 72)...)
+	out = append(out, wrap(intro(r.Recipients[0].Action, r.Recipients), "", 72)...)
 	for _, rc := range r.Recipients {
 		out = append(out, "")
 		out = append(out, recipientText(rc)...)
@@ -114,11 +114,10 @@ func humanText(r Report, host, note string) string {
 }
 
 // intro is the opening paragraph for a DSN about action.
-func intro(a Action) string {
+func intro(a Action, rcpts []Recipient) string {
 	switch a {
 	case Failed:
-		return "Your message could not be delivered to the recipients listed below. " +
-			"This is a permanent error: the mail system has given up and will not try again."
+		return failedIntro(rcpts)
 	case Delayed:
 		return "Your message has not yet been delivered to the recipients listed below. " +
 			"This is only a warning: the mail system keeps trying, so you do not need " +
@@ -129,6 +128,30 @@ func intro(a Action) string {
 			"you will get about it."
 	default:
 		return "Your message was delivered to the recipients listed below."
+	}
+}
+
+// failedIntro opens a failure DSN. A failure with a class 4 status is an
+// expiry (4.4.7): the problem was temporary but outlasted the queue
+// lifetime, so it is not called a permanent error.
+func failedIntro(rcpts []Recipient) string {
+	expired := 0
+	for _, rc := range rcpts {
+		if strings.HasPrefix(rc.Status, "4.") {
+			expired++
+		}
+	}
+	switch expired {
+	case 0:
+		return "Your message could not be delivered to the recipients listed below. " +
+			"This is a permanent error: the mail system has given up and will not try again."
+	case len(rcpts):
+		return "Your message could not be delivered to the recipients listed below before its time " +
+			"in the queue ran out. The mail system kept trying while the problem lasted, has now " +
+			"given up and will not try again."
+	default:
+		return "Your message could not be delivered to the recipients listed below. " +
+			"The mail system has given up and will not try again; the note for each recipient says why."
 	}
 }
 
