@@ -13,7 +13,10 @@ import (
 // f.Limit (<= 0: all); total is the number of matches. It walks the
 // recipient bucket with one cursor in one short read transaction, decoding
 // each record with the reflection-free codec and each message envelope once
-// (recipients of a message are adjacent). History is not filled.
+// (recipients of a message are adjacent). History is not filled. A filter
+// on a final status (Delivered, Relayed, Failed) also lists the recipients
+// of finished messages that are kept (Options.History), in the same key
+// order, with Message.Finished set.
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	if err := q.settle(); err != nil {
 		return nil, 0, err
@@ -21,12 +24,7 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
-		c := tx.Bucket(bRcpts).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if p := l.visit(k, v); p != nil {
-				ps = append(ps, *p)
-			}
-		}
+		ps = l.walk(tx, f.Status.Final())
 		rows, total = l.rows, l.total
 		return nil
 	})
@@ -37,8 +35,57 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	return rows, total, nil
 }
 
+// Walk calls fn for every queued (not finished) recipient that f selects,
+// in key order, ignoring f.Offset and f.Limit, inside one read transaction:
+// fn must be quick and must not call the Queue. Summaries over the whole
+// queue (the admin API's shape) use it without building every row.
+func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient)) error {
+	if err := q.settle(); err != nil {
+		return err
+	}
+	var ps []problem
+	err := q.view(func(tx *bolt.Tx) error {
+		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
+		ps = l.walk(tx, false)
+		return nil
+	})
+	q.fixup(ps)
+	if err != nil {
+		return fmt.Errorf("queue: walk: %w", err)
+	}
+	return nil
+}
+
+// walk visits the recipient records, and with finished the finished
+// records too: both are keyed by message ID first, and a message is in
+// one or the other, so the two cursors merge in key order.
+func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
+	var ps []problem
+	c := tx.Bucket(bRcpts).Cursor()
+	k, v := c.First()
+	var fc *bolt.Cursor
+	var fk, fv []byte
+	if finished {
+		fc = tx.Bucket(bFinished).Cursor()
+		fk, fv = fc.First()
+	}
+	for k != nil || fk != nil {
+		if fk != nil && (k == nil || bytes.Compare(fk, k[:min(len(k), 8)]) < 0) {
+			l.visitFinished(fk, fv)
+			fk, fv = fc.Next()
+			continue
+		}
+		if p := l.visit(k, v); p != nil {
+			ps = append(ps, *p)
+		}
+		k, v = c.Next()
+	}
+	return ps
+}
+
 type lister struct {
 	f          Filter
+	fn         func(*Message, *Recipient) // instead of collecting rows
 	msgs       *bolt.Bucket
 	id         ID
 	msg        Message
@@ -71,16 +118,25 @@ func (l *lister) visit(k, v []byte) *problem {
 	if err != nil {
 		return &problem{corruptRecord, bRcpts, bytes.Clone(k), err}
 	}
+	l.add(&l.msg, &r)
+	return nil
+}
+
+// add applies the recipient-level filters and takes r if they pass.
+func (l *lister) add(m *Message, r *Recipient) {
 	f := &l.f
 	if (f.Status != "" && r.Status != f.Status) || (f.Reason != "" && r.Reason != f.Reason) ||
 		(f.Domain != "" && !strings.EqualFold(r.Domain, f.Domain)) {
-		return nil
+		return
+	}
+	if l.fn != nil {
+		l.fn(m, r)
+		return
 	}
 	l.total++
 	if l.total > f.Offset && (f.Limit <= 0 || len(l.rows) < f.Limit) {
-		l.rows = append(l.rows, Row{Message: l.msg, Recipient: r})
+		l.rows = append(l.rows, Row{Message: *m, Recipient: *r})
 	}
-	return nil
 }
 
 // loadMessage decodes message id and applies the message-level filters.

@@ -378,6 +378,7 @@ func (e *Engine) warningsDue(arrival, now time.Time) int {
 // logAttempt writes the one line per recipient and attempt, and counts it.
 func (e *Engine) logAttempt(a *attempt, l logLine) {
 	e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+	e.m.Recent.Add(l.outcome, l.res.End)
 	fields := []zap.Field{
 		zap.String("queue_id", l.r.Key.ID.String()),
 		zap.String("rcpt", l.r.Addr),
