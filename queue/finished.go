@@ -23,28 +23,37 @@ import (
 // (no decoding, no new encoding on the hot path), and never the body. The
 // readers decode them with the usual decoders.
 //
-//	finished    id(8)            → finished record (encodeFinished)
-//	finished-at nanos(8)|id(8)   → empty; the time index, oldest first.
-//	                               Its bucket sequence counts its entries.
+//	finished   nanos(8)|id(8)   → finished record (keepFinished); the
+//	                              bucket's sequence counts the records
+//
+// Records are keyed by the time they finished, so new ones are appended
+// and old ones leave from the front: a commit that retires a message
+// writes the last page of one bucket, and now and then the first. Show
+// finds a finished message by walking the keys (no values), which an
+// operator's look-up can afford; an index by ID would cost every delivery
+// a second bucket's pages.
 //
 // The records are bounded by age (HistoryOptions.Retention) and by number
 // (HistoryOptions.MaxMessages), pruned oldest first by the writer as it adds
-// new ones, a few at a time so that no transaction grows with the backlog.
-// The queue never reads the clock: a record's time is that of the outcome
-// that finished it, and age is measured against the newest one.
+// new ones. The queue never reads the clock: a record's time is that of the
+// outcome that finished it, and age is measured against the newest one.
+// Pruning waits until pruneStep records are due and then removes them
+// together, so that most commits leave the first pages alone; up to
+// pruneStep-1 records may stay past either bound. At most pruneMax go in
+// one transaction, so that none grows with a backlog (a shortened
+// retention, a lowered maximum): the backlog drains as new messages finish.
 
-var (
-	bFinished   = []byte("finished")
-	bFinishedAt = []byte("finished-at")
-)
+var bFinished = []byte("finished")
 
 // finishedVersion is the layout of a finished record.
 const finishedVersion = 1
 
-// pruneStep is how many old records one new record may remove: more than
-// one, so that a backlog (a shortened retention, a lowered maximum) drains
-// as new messages finish.
-const pruneStep = 8
+// Pruning removes records once pruneStep are due, at most pruneMax in one
+// transaction.
+const (
+	pruneStep = 16
+	pruneMax  = 64
+)
 
 // HistoryOptions bound the records of finished messages (see Options).
 type HistoryOptions struct {
@@ -58,7 +67,7 @@ type HistoryOptions struct {
 
 func (h HistoryOptions) enabled() bool { return h.Retention > 0 }
 
-func finishedAtKey(t time.Time, id ID) []byte { return append(timeKey(t), idKey(id)...) }
+func finishedKey(t time.Time, id ID) []byte { return append(timeKey(t), idKey(id)...) }
 
 // raw writes b length-prefixed, as s writes a string, without a copy to a
 // string first.
@@ -96,49 +105,56 @@ func (w *wtx) keepFinished(id ID, rs []Recipient, raws [][]byte) error {
 		e.raw(raws[i])
 		e.raw(hist.Get(rcptKey(rs[i].Key)))
 	}
-	fb, ib := w.b(bFinished), w.b(bFinishedAt)
-	fb.FillPercent, ib.FillPercent = 1.0, 1.0 // keys mostly grow, as for messages
-	if err := fb.Put(idKey(id), e.b); err != nil {
+	fb := w.b(bFinished)
+	fb.FillPercent = 1.0 // keys mostly grow, as for messages
+	if err := fb.Put(finishedKey(at, id), e.b); err != nil {
 		return err
 	}
-	if err := ib.Put(finishedAtKey(at, id), nil); err != nil {
-		return err
-	}
-	if err := ib.SetSequence(ib.Sequence() + 1); err != nil {
+	if err := fb.SetSequence(fb.Sequence() + 1); err != nil {
 		return err
 	}
 	return w.pruneFinished(at)
 }
 
-// pruneFinished removes up to pruneStep records that are older than the
-// retention before now, or beyond the maximum number.
+// pruneFinished removes the oldest records when at least pruneStep of them
+// are older than the retention before now or beyond the maximum number (at
+// most pruneMax).
 func (w *wtx) pruneFinished(now time.Time) error {
-	fb, ib := w.b(bFinished), w.b(bFinishedAt)
-	n := ib.Sequence()
+	fb := w.b(bFinished)
+	n := fb.Sequence()
+	over := uint64(0)
+	if w.history.MaxMessages > 0 && n > uint64(w.history.MaxMessages) {
+		over = n - uint64(w.history.MaxMessages)
+	}
 	cutoff := timeKey(now.Add(-w.history.Retention))
+	if over < pruneStep && !expiredAt(fb, cutoff, pruneStep-1) {
+		return nil
+	}
 	var old [][]byte
-	c := ib.Cursor()
-	for k, _ := c.First(); k != nil && len(old) < pruneStep; k, _ = c.Next() {
-		over := w.history.MaxMessages > 0 && n-uint64(len(old)) > uint64(w.history.MaxMessages)
-		if !over && bytes.Compare(k[:min(len(k), 8)], cutoff) >= 0 {
+	c := fb.Cursor()
+	for k, _ := c.First(); k != nil && len(old) < pruneMax; k, _ = c.Next() {
+		if uint64(len(old)) >= over && bytes.Compare(k[:min(len(k), 8)], cutoff) >= 0 {
 			break
 		}
 		old = append(old, bytes.Clone(k))
 	}
 	for _, k := range old {
-		if len(k) == 16 {
-			if err := fb.Delete(k[8:]); err != nil {
-				return err
-			}
-		}
-		if err := ib.Delete(k); err != nil {
+		if err := fb.Delete(k); err != nil {
 			return err
 		}
 	}
-	if len(old) == 0 {
-		return nil
+	return fb.SetSequence(n - uint64(len(old)))
+}
+
+// expiredAt reports whether the record at position i (from 0, oldest
+// first) finished before cutoff.
+func expiredAt(fb *bolt.Bucket, cutoff []byte, i int) bool {
+	c := fb.Cursor()
+	k, _ := c.First()
+	for ; k != nil && i > 0; i-- {
+		k, _ = c.Next()
 	}
-	return ib.SetSequence(n - uint64(len(old)))
+	return k != nil && bytes.Compare(k[:min(len(k), 8)], cutoff) < 0
 }
 
 // finishedRecord is a decoded finished record. Recipient histories are
@@ -192,16 +208,20 @@ func decodeFinished(id ID, b []byte, withHistory bool) (finishedRecord, error) {
 // showFinished returns the finished record of id as Show does, or
 // ErrNotFound.
 func showFinished(tx *bolt.Tx, id ID) (Message, error) {
-	v := tx.Bucket(bFinished).Get(idKey(id))
-	if v == nil {
-		return Message{}, fmt.Errorf("queue: message %s: %w", id, ErrNotFound)
+	want := idKey(id)
+	c := tx.Bucket(bFinished).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 16 || !bytes.Equal(k[8:], want) {
+			continue
+		}
+		f, err := decodeFinished(id, v, true)
+		if err != nil {
+			return Message{}, fmt.Errorf("queue: finished message %s: %w", id, err)
+		}
+		f.msg.Recipients = f.rcpts
+		return f.msg, nil
 	}
-	f, err := decodeFinished(id, v, true)
-	if err != nil {
-		return Message{}, fmt.Errorf("queue: finished message %s: %w", id, err)
-	}
-	f.msg.Recipients = f.rcpts
-	return f.msg, nil
+	return Message{}, fmt.Errorf("queue: message %s: %w", id, ErrNotFound)
 }
 
 // Finished returns how many finished messages are kept (see
@@ -209,7 +229,7 @@ func showFinished(tx *bolt.Tx, id ID) (Message, error) {
 func (q *Queue) Finished() (int, error) {
 	var n uint64
 	err := q.view(func(tx *bolt.Tx) error {
-		n = tx.Bucket(bFinishedAt).Sequence()
+		n = tx.Bucket(bFinished).Sequence()
 		return nil
 	})
 	return int(n), err
@@ -218,10 +238,10 @@ func (q *Queue) Finished() (int, error) {
 // visitFinished lists the recipients of one finished record (List with a
 // final status).
 func (l *lister) visitFinished(k, v []byte) {
-	if len(k) != 8 {
+	if len(k) != 16 {
 		return
 	}
-	f, err := decodeFinished(ID(binary.BigEndian.Uint64(k)), v, false)
+	f, err := decodeFinished(ID(binary.BigEndian.Uint64(k[8:])), v, false)
 	if err != nil || !l.f.matchesMessage(&f.msg) {
 		return // a damaged record only hides itself; Show reports it
 	}

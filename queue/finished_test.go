@@ -86,38 +86,40 @@ func TestFinishedNotKeptByDefault(t *testing.T) {
 	}
 }
 
-// List with a final status merges queued and finished messages in key
-// order, so paging works across both.
-func TestFinishedListMergesInKeyOrder(t *testing.T) {
+// List with a final status lists the queued messages' final recipients,
+// then the finished messages in the order they finished, so paging works
+// across both and the last page holds the latest.
+func TestFinishedListedAfterQueued(t *testing.T) {
 	q := openAt(t, dbPath(t), Options{History: keepWeek})
 	var ids []ID
 	for i := range 5 {
 		ids = append(ids, mustEnqueue(t, q, msg("a@src.test", fmt.Sprintf("r%d@dst.test", i), fmt.Sprintf("s%d@dst.test", i))))
 	}
-	// Messages 0, 2, 4 finish (both recipients delivered); 1 and 3 keep a
-	// live recipient next to a delivered one.
-	for i, id := range ids {
+	// Messages 0, 2, 4 finish (both recipients delivered; 4 first); 1 and
+	// 3 keep a live recipient next to a delivered one.
+	for i, at := range []time.Duration{3, 5, 2, 5, 1} {
+		id := ids[i]
 		if i%2 == 0 {
-			finish(t, q, t0.Add(time.Duration(i)*time.Minute), Delivered, "", Key{id, 0}, Key{id, 1})
+			finish(t, q, t0.Add(at*time.Minute), Delivered, "", Key{id, 0}, Key{id, 1})
 		} else {
-			finish(t, q, t0.Add(time.Duration(i)*time.Minute), Delivered, "", Key{id, 0})
+			finish(t, q, t0.Add(at*time.Minute), Delivered, "", Key{id, 0})
 		}
 	}
 	rows, total, err := q.List(Filter{Status: Delivered})
 	if err != nil || total != 8 || len(rows) != 8 {
 		t.Fatalf("List = %d rows of %d, %v", len(rows), total, err)
 	}
-	want := []string{"r0", "s0", "r1", "r2", "s2", "r3", "r4", "s4"}
+	want := []string{"r1", "r3", "r4", "s4", "r2", "s2", "r0", "s0"}
 	for i, r := range rows {
 		if r.Recipient.Addr[:2] != want[i] {
 			t.Errorf("row %d = %s, want %s@…", i, r.Recipient.Addr, want[i])
 		}
-		if finished := !r.Message.Finished.IsZero(); finished != (r.Message.ID != ids[1] && r.Message.ID != ids[3]) {
+		if finished := !r.Message.Finished.IsZero(); finished != (i >= 2) {
 			t.Errorf("row %d (%s): Finished = %v", i, r.Recipient.Addr, r.Message.Finished)
 		}
 	}
 	page, total, _ := q.List(Filter{Status: Delivered, Offset: 3, Limit: 2})
-	if total != 8 || len(page) != 2 || page[0].Recipient.Addr != "r2@dst.test" || page[1].Recipient.Addr != "s2@dst.test" {
+	if total != 8 || len(page) != 2 || page[0].Recipient.Addr != "s4@dst.test" || page[1].Recipient.Addr != "r2@dst.test" {
 		t.Errorf("page = %+v, total %d", page, total)
 	}
 	if _, total, _ := q.List(Filter{Status: Delivered, Domain: "other.test"}); total != 0 {
@@ -128,23 +130,27 @@ func TestFinishedListMergesInKeyOrder(t *testing.T) {
 	}
 }
 
+// Records past either bound go in batches of pruneStep, oldest first.
 func TestFinishedPruned(t *testing.T) {
 	tests := []struct {
 		name string
 		opt  HistoryOptions
 		gap  time.Duration // between one finished message and the next
-		keep int           // of 12
+		keep int           // of 40
 	}{
-		{"by age", HistoryOptions{Retention: time.Hour}, 20 * time.Minute, 4},
-		{"by number", HistoryOptions{Retention: 24 * time.Hour, MaxMessages: 5}, time.Minute, 5},
-		{"neither", HistoryOptions{Retention: 24 * time.Hour, MaxMessages: 100}, time.Minute, 12},
+		// The 16 oldest go once 16 are past the bound: at the 21st
+		// message and the 37th, leaving 5+3.
+		{"by number", HistoryOptions{Retention: 24 * time.Hour, MaxMessages: 5}, time.Minute, 8},
+		// The newest and six more fit in the hour; the 23rd finds 16
+		// older ones, the 39th the next 16.
+		{"by age", HistoryOptions{Retention: time.Hour, MaxMessages: 1000}, 10 * time.Minute, 8},
+		{"neither", HistoryOptions{Retention: 24 * time.Hour, MaxMessages: 100}, time.Minute, 40},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			path := dbPath(t)
-			q := openAt(t, path, Options{History: tc.opt})
+			q := openAt(t, dbPath(t), Options{History: tc.opt})
 			var ids []ID
-			for i := range 12 {
+			for i := range 40 {
 				id := mustEnqueue(t, q, msg("a@src.test", "b@dst.test"))
 				ids = append(ids, id)
 				finish(t, q, t0.Add(time.Duration(i)*tc.gap), Delivered, "", Key{id, 0})
@@ -165,33 +171,27 @@ func TestFinishedPruned(t *testing.T) {
 	}
 }
 
-// A backlog (a retention shortened between two starts) drains a few
-// records per new one, never all in one transaction, and survives a
-// restart.
+// A backlog (a retention shortened between two starts) drains pruneMax
+// records per transaction, never all at once.
 func TestFinishedBacklogDrains(t *testing.T) {
 	path := dbPath(t)
 	q := openAt(t, path, Options{History: HistoryOptions{Retention: 24 * time.Hour}})
-	for range 30 {
+	for range 100 {
 		id := mustEnqueue(t, q, msg("a@src.test", "b@dst.test"))
 		finish(t, q, t0, Delivered, "", Key{id, 0})
 	}
 	q.Close()
 	q = openAt(t, path, Options{History: HistoryOptions{Retention: time.Hour}})
-	if n, _ := q.Finished(); n != 30 {
-		t.Fatalf("after reopening: %d kept, want 30", n)
+	if n, _ := q.Finished(); n != 100 {
+		t.Fatalf("after reopening: %d kept, want 100", n)
 	}
 	later := t0.Add(2 * time.Hour)
-	id := mustEnqueue(t, q, msg("a@src.test", "b@dst.test"))
-	finish(t, q, later, Delivered, "", Key{id, 0})
-	if n, _ := q.Finished(); n != 31-pruneStep {
-		t.Errorf("after one new record: %d kept, want %d", n, 31-pruneStep)
-	}
-	for range 4 {
+	for i, want := range []int{101 - pruneMax, 2} {
 		id := mustEnqueue(t, q, msg("a@src.test", "b@dst.test"))
 		finish(t, q, later, Delivered, "", Key{id, 0})
-	}
-	if n, _ := q.Finished(); n != 5 {
-		t.Errorf("after five new records: %d kept, want 5 (the old ones pruned)", n)
+		if n, _ := q.Finished(); n != want {
+			t.Errorf("after %d new records: %d kept, want %d", i+1, n, want)
+		}
 	}
 }
 

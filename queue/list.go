@@ -15,8 +15,9 @@ import (
 // each record with the reflection-free codec and each message envelope once
 // (recipients of a message are adjacent). History is not filled. A filter
 // on a final status (Delivered, Relayed, Failed) also lists the recipients
-// of finished messages that are kept (Options.History), in the same key
-// order, with Message.Finished set.
+// of finished messages that are kept (Options.History), with
+// Message.Finished set: after the queued ones, in the order they finished
+// (so the last page holds the latest).
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	if err := q.settle(); err != nil {
 		return nil, 0, err
@@ -56,29 +57,21 @@ func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient)) error {
 	return nil
 }
 
-// walk visits the recipient records, and with finished the finished
-// records too: both are keyed by message ID first, and a message is in
-// one or the other, so the two cursors merge in key order.
+// walk visits the recipient records in key order and, with finished, then
+// the finished records, oldest first.
 func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
 	var ps []problem
 	c := tx.Bucket(bRcpts).Cursor()
-	k, v := c.First()
-	var fc *bolt.Cursor
-	var fk, fv []byte
-	if finished {
-		fc = tx.Bucket(bFinished).Cursor()
-		fk, fv = fc.First()
-	}
-	for k != nil || fk != nil {
-		if fk != nil && (k == nil || bytes.Compare(fk, k[:min(len(k), 8)]) < 0) {
-			l.visitFinished(fk, fv)
-			fk, fv = fc.Next()
-			continue
-		}
+	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if p := l.visit(k, v); p != nil {
 			ps = append(ps, *p)
 		}
-		k, v = c.Next()
+	}
+	if finished {
+		c := tx.Bucket(bFinished).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			l.visitFinished(k, v)
+		}
 	}
 	return ps
 }

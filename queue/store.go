@@ -24,7 +24,7 @@ import (
 //	counts     name                       → a Stats counter (see counters.go)
 //	spool      id(8)                      → name of the body's file in the spool (spool.go)
 //	journal    "applied", "salt", "format" → the intake journal's state (journaler.go), the file's format (format.go)
-//	finished, finished-at                 → records of finished messages (finished.go)
+//	finished   nanos(8)|id(8)             → record of a finished message (finished.go)
 //
 // Invariant: a recipient has exactly one due entry, at NextAttempt, iff its
 // status is Queued, Deferred or Active (flag 'a'). Held and final recipients
@@ -40,7 +40,7 @@ var (
 	bCounts     = []byte("counts")
 	bSpool      = []byte("spool")
 	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal,
-		bFinished, bFinishedAt}
+		bFinished}
 )
 
 const (
