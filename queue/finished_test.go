@@ -1,10 +1,13 @@
 package queue
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 var keepWeek = HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}
@@ -207,4 +210,28 @@ func TestWalkVisitsLiveRecipients(t *testing.T) {
 	if err != nil || len(got) != 1 || got[0] != a.String()+" b@one.test" {
 		t.Errorf("Walk = %v, %v", got, err)
 	}
+}
+
+// FuzzDecodeFinished: a finished record that does not decode is an error
+// wrapping errCorrupt, never a panic.
+func FuzzDecodeFinished(f *testing.F) {
+	q := openAt(f, dbPath(f), Options{History: keepWeek})
+	id := mustEnqueue(f, q, msg("a@src.test", "b@dst.test", "c@dst.test"))
+	finish(f, q, t0, Failed, "no-such-user", Key{id, 0}, Key{id, 1})
+	err := q.view(func(tx *bolt.Tx) error {
+		_, v := tx.Bucket(bFinished).Cursor().First()
+		f.Add(bytes.Clone(v))
+		return nil
+	})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add([]byte{})
+	f.Add([]byte{finishedVersion})
+	f.Add([]byte{2, 0, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if _, err := decodeFinished(1, b, true); err != nil && !errors.Is(err, errCorrupt) {
+			t.Fatalf("error %v does not wrap errCorrupt", err)
+		}
+	})
 }
