@@ -64,25 +64,36 @@ func showContent(c *Client, id string, co contentOpts, stdout, stderr io.Writer)
 }
 
 // safeWriter turns CRLF into LF and every other control character but tab
-// and LF (escape sequences, bare CR, backspace, DEL) into '?', streaming.
+// and LF (escape sequences, bare CR, backspace, DEL, and the C1 controls
+// U+0080 to U+009F in UTF-8, which some terminals obey too) into '?',
+// streaming: a CR or a 0xC2 at the end of one Write waits for the next.
 type safeWriter struct {
-	w   io.Writer
-	cr  bool // the last octet written was a CR, held back
-	buf []byte
+	w    io.Writer
+	held byte // a CR or 0xC2 held back from the last Write; 0: none
+	buf  []byte
 }
 
 func (s *safeWriter) Write(p []byte) (int, error) {
 	s.buf = s.buf[:0]
 	for _, b := range p {
-		if s.cr {
-			s.cr = false
-			if b != '\n' {
-				s.buf = append(s.buf, '?')
-			}
+		switch held := s.held; {
+		case held == '\r' && b == '\n':
+			s.held = 0
+			s.buf = append(s.buf, '\n')
+			continue
+		case held == 0xc2 && b >= 0x80 && b <= 0x9f:
+			s.held = 0
+			s.buf = append(s.buf, '?')
+			continue
+		case held == '\r':
+			s.buf = append(s.buf, '?')
+		case held != 0:
+			s.buf = append(s.buf, held)
 		}
+		s.held = 0
 		switch {
-		case b == '\r':
-			s.cr = true
+		case b == '\r' || b == 0xc2:
+			s.held = b
 		case b == '\n' || b == '\t':
 			s.buf = append(s.buf, b)
 		case b < 0x20 || b == 0x7f:
@@ -97,13 +108,17 @@ func (s *safeWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// flush writes a CR held back at the end.
+// flush writes what the last Write held back.
 func (s *safeWriter) flush() error {
-	if !s.cr {
+	held := s.held
+	s.held = 0
+	switch held {
+	case 0:
 		return nil
+	case '\r':
+		held = '?'
 	}
-	s.cr = false
-	_, err := s.w.Write([]byte{'?'})
+	_, err := s.w.Write([]byte{held})
 	return err
 }
 

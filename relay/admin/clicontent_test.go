@@ -48,17 +48,31 @@ func TestCLIQueueShowContent(t *testing.T) {
 	}
 }
 
-func TestSafeWriterAcrossWrites(t *testing.T) {
-	var out strings.Builder
-	w := &safeWriter{w: &out}
-	for _, p := range []string{"a\r", "\nb\r", "c\x7f\td\r"} {
-		w.Write([]byte(p))
+func TestSafeWriter(t *testing.T) {
+	tests := []struct {
+		writes []string
+		want   string
+	}{
+		{[]string{"a\r", "\nb\r", "c\x7f\td\r"}, "a\nb?c?\td?"},
+		{[]string{"\x1b[2J\x08x\n"}, "?[2J?x\n"},
+		{[]string{"csi \xc2", "\x9b31m é \xc2\xa0"}, "csi ?31m é \xc2\xa0"}, // C1 CSI; é and NBSP stay
+		{[]string{"end \xc2"}, "end \xc2"},
+		{[]string{"\r\r\n"}, "?\n"},
 	}
-	if err := w.flush(); err != nil {
-		t.Fatal(err)
-	}
-	if got, want := out.String(), "a\nb?c?\td?"; got != want {
-		t.Errorf("got %q, want %q", got, want)
+	for _, tc := range tests {
+		var out strings.Builder
+		w := &safeWriter{w: &out}
+		for _, p := range tc.writes {
+			if n, err := w.Write([]byte(p)); n != len(p) || err != nil {
+				t.Fatalf("Write: %d, %v", n, err)
+			}
+		}
+		if err := w.flush(); err != nil {
+			t.Fatal(err)
+		}
+		if out.String() != tc.want {
+			t.Errorf("%q: got %q, want %q", tc.writes, out.String(), tc.want)
+		}
 	}
 }
 
