@@ -245,7 +245,7 @@ func (l *lister) visitFinished(k, v []byte) {
 	if err != nil || !l.f.matchesMessage(&f.msg) {
 		return // a damaged record only hides itself; Show reports it
 	}
-	for i := range f.rcpts {
+	for i := 0; i < len(f.rcpts) && !l.stop; i++ {
 		l.add(&f.msg, &f.rcpts[i])
 	}
 }

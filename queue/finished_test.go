@@ -198,17 +198,36 @@ func TestFinishedBacklogDrains(t *testing.T) {
 	}
 }
 
-func TestWalkVisitsLiveRecipients(t *testing.T) {
+func TestWalk(t *testing.T) {
 	q := openAt(t, dbPath(t), Options{History: keepWeek})
-	a := mustEnqueue(t, q, msg("a@src.test", "b@one.test", "c@two.test"))
+	a := mustEnqueue(t, q, msg("a@src.test", "b@one.test", "c@two.test", "e@one.test"))
 	b := mustEnqueue(t, q, msg("a@src.test", "d@one.test"))
-	finish(t, q, t0, Delivered, "", Key{b, 0}) // finished: not walked
-	var got []string
-	err := q.Walk(Filter{Domain: "ONE.test", Limit: 1, Offset: 5}, func(m *Message, r *Recipient) {
-		got = append(got, m.ID.String()+" "+r.Addr)
-	})
-	if err != nil || len(got) != 1 || got[0] != a.String()+" b@one.test" {
-		t.Errorf("Walk = %v, %v", got, err)
+	finish(t, q, t0, Delivered, "", Key{b, 0}) // finished: walked for a final status only
+	walk := func(f Filter, max int) []string {
+		var got []string
+		err := q.Walk(f, func(m *Message, r *Recipient) bool {
+			got = append(got, m.ID.String()+" "+r.Addr)
+			return len(got) < max
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	tests := []struct {
+		f    Filter
+		max  int
+		want []string
+	}{
+		{Filter{Domain: "ONE.test", Limit: 1, Offset: 5}, 10, []string{a.String() + " b@one.test", a.String() + " e@one.test"}},
+		{Filter{}, 2, []string{a.String() + " b@one.test", a.String() + " c@two.test"}}, // stopped early
+		{Filter{Status: Delivered}, 10, []string{b.String() + " d@one.test"}},
+		{Filter{Status: Deferred}, 10, nil},
+	}
+	for _, tc := range tests {
+		if got := walk(tc.f, tc.max); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("Walk(%+v) = %v, want %v", tc.f, got, tc.want)
+		}
 	}
 }
 

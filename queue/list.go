@@ -36,18 +36,20 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	return rows, total, nil
 }
 
-// Walk calls fn for every queued (not finished) recipient that f selects,
-// in key order, ignoring f.Offset and f.Limit, inside one read transaction:
-// fn must be quick and must not call the Queue. Summaries over the whole
-// queue (the admin API's shape) use it without building every row.
-func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient)) error {
+// Walk calls fn for every recipient that f selects, in List's order (with
+// a final status, the finished messages too), ignoring f.Offset and
+// f.Limit, until fn returns false. It runs inside one read transaction: fn
+// must be quick and must not call the Queue. Summaries over the whole
+// queue (the admin API's shape, the status page) use it without building
+// every row.
+func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
 	if err := q.settle(); err != nil {
 		return err
 	}
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
-		ps = l.walk(tx, false)
+		ps = l.walk(tx, f.Status.Final())
 		return nil
 	})
 	q.fixup(ps)
@@ -58,18 +60,18 @@ func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient)) error {
 }
 
 // walk visits the recipient records in key order and, with finished, then
-// the finished records, oldest first.
+// the finished records, oldest first; it stops early when fn says so.
 func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
 	var ps []problem
 	c := tx.Bucket(bRcpts).Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
+	for k, v := c.First(); k != nil && !l.stop; k, v = c.Next() {
 		if p := l.visit(k, v); p != nil {
 			ps = append(ps, *p)
 		}
 	}
 	if finished {
 		c := tx.Bucket(bFinished).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
+		for k, v := c.First(); k != nil && !l.stop; k, v = c.Next() {
 			l.visitFinished(k, v)
 		}
 	}
@@ -78,7 +80,8 @@ func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
 
 type lister struct {
 	f          Filter
-	fn         func(*Message, *Recipient) // instead of collecting rows
+	fn         func(*Message, *Recipient) bool // instead of collecting rows; false stops
+	stop       bool                            // fn returned false
 	msgs       *bolt.Bucket
 	id         ID
 	msg        Message
@@ -123,7 +126,7 @@ func (l *lister) add(m *Message, r *Recipient) {
 		return
 	}
 	if l.fn != nil {
-		l.fn(m, r)
+		l.stop = l.stop || !l.fn(m, r)
 		return
 	}
 	l.total++

@@ -68,9 +68,9 @@ func (l *Local) Shape(_ context.Context, sq ShapeQuery) (Shape, error) {
 	now := l.now()
 	rows := map[string]*ShapeRow{}
 	total := newShapeRow("TOTAL")
-	err = l.q.Walk(queue.Filter{Status: sq.Status}, func(m *queue.Message, r *queue.Recipient) {
+	err = l.q.Walk(queue.Filter{Status: sq.Status}, func(m *queue.Message, r *queue.Recipient) bool {
 		if r.Status.Final() {
-			return // a finished recipient of a message still queued
+			return true // a finished recipient of a message still queued
 		}
 		name := strings.ToLower(r.Domain)
 		if sq.By == "reason" {
@@ -89,6 +89,7 @@ func (l *Local) Shape(_ context.Context, sq ShapeQuery) (Shape, error) {
 		row.Counts[b]++
 		total.Total++
 		total.Counts[b]++
+		return true
 	})
 	if err != nil {
 		return Shape{}, err

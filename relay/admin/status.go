@@ -144,7 +144,11 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	d.Shape.Rows = byDomain.Rows[:min(len(byDomain.Rows), pageShapeRows)]
 	d.Shape.More = byDomain.More + len(byDomain.Rows) - len(d.Shape.Rows)
 	// IDs are assigned in enqueue order, so the first rows are the oldest.
-	oldest, _, err := s.opt.Queue.List(queue.Filter{Limit: pageOldest})
+	var oldest []queue.Row
+	err = s.opt.Queue.Walk(queue.Filter{}, func(m *queue.Message, r *queue.Recipient) bool {
+		oldest = append(oldest, queue.Row{Message: *m, Recipient: *r})
+		return len(oldest) < pageOldest
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -164,20 +168,22 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	return d, nil
 }
 
-// latest returns the recipients with status st of the newest messages,
-// the most recent attempt first. The queue lists in key order, so the last
-// page of the filter holds the newest messages; this costs two list walks,
-// independent of how many rows are shown. For Failed it includes finished
-// messages.
+// latest returns the last n recipients with status st in List's order
+// (the newest messages; for Failed, the latest finished ones last), the
+// most recent attempt first, and how many there are: one walk of the
+// queue, keeping n rows.
 func (s *Server) latest(d *pageData, st queue.Status, n int, now time.Time) ([]pageRow, int, error) {
-	_, total, err := s.opt.Queue.List(queue.Filter{Status: st, Limit: 1})
+	ring := make([]queue.Row, n)
+	total := 0
+	err := s.opt.Queue.Walk(queue.Filter{Status: st}, func(m *queue.Message, r *queue.Recipient) bool {
+		ring[total%n] = queue.Row{Message: *m, Recipient: *r}
+		total++
+		return true
+	})
 	if err != nil || total == 0 {
 		return nil, total, err
 	}
-	rows, total, err := s.opt.Queue.List(queue.Filter{Status: st, Offset: max(0, total-n), Limit: n})
-	if err != nil {
-		return nil, 0, err
-	}
+	rows := ring[:min(total, n)]
 	sort.SliceStable(rows, func(i, j int) bool {
 		return rows[i].Recipient.LastAttempt.After(rows[j].Recipient.LastAttempt)
 	})
