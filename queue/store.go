@@ -288,8 +288,8 @@ func (w *wtx) rcptsOf(id ID) (keys []Key, vals [][]byte) {
 
 // finishIfDone deletes message id (record, body, recipients, histories) when
 // none of its recipients is live any more, keeping its finished record
-// (finished.go). Bodies are never rewritten; this
-// is the only place besides Delete that removes one.
+// (finished.go). Bodies are never rewritten; this is the only place besides
+// Delete that removes one.
 func (w *wtx) finishIfDone(id ID) error {
 	keys, vals := w.rcptsOf(id)
 	var rs []Recipient

@@ -9,10 +9,11 @@
 //     same); the API is the one place that reads and changes the queue on an
 //     operator's behalf.
 //   - One definition of each view (views.go): the handlers encode it, Client
-//     decodes it through typed methods (List, Message, Act, Destinations,
-//     Destination), and Local builds it straight from the queue for code
-//     inside the daemon, such as the status page's probe. The handlers are
-//     built on Local, so in process and over HTTP cannot disagree.
+//     decodes it through typed methods (List, Message, Shape, Act,
+//     Destinations, Destination), and Local builds it straight from the
+//     queue for code inside the daemon, such as the status page's probe.
+//     The handlers are built on Local, so in process and over HTTP cannot
+//     disagree.
 //   - Handlers do constant work per returned row: filtering, counting and
 //     paging happen inside the queue, so listing or retrying 100,000
 //     recipients costs what the queue costs (see BenchmarkList100k).
