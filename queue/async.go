@@ -3,6 +3,7 @@ package queue
 import (
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Pending is an Apply handed to the writer by ApplyAsync whose result has
@@ -84,6 +85,12 @@ func updateWeight(u *Update) (n, size int) {
 func (w *wtx) applyUpdate(u *Update) ([]ID, error) {
 	var ids []ID
 	touched := map[ID]bool{}
+	w.finishedAt = time.Time{} // the time a message finished by u is kept under
+	for i := range u.Results {
+		if u.Results[i].End.After(w.finishedAt) {
+			w.finishedAt = u.Results[i].End
+		}
+	}
 	for i := range u.Results {
 		done, err := w.apply(&u.Results[i])
 		if err != nil {

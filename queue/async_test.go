@@ -122,11 +122,19 @@ func TestApplyAsyncCommitsBeforeLaterCalls(t *testing.T) {
 // stand-in for the SMTP transaction, the outcome; with Apply, or with
 // ApplyAsync collected after the next Begin. Measure only; nothing is
 // asserted about time.
+// The History variants keep finished records (at most 1000, so that the
+// steady state prunes one per message).
 func BenchmarkDeliveryCycle(b *testing.B) {
-	for _, async := range []bool{false, true} {
+	for _, c := range []struct{ async, history bool }{{false, false}, {true, false}, {true, true}} {
+		async := c.async
 		name := map[bool]string{false: "Apply", true: "ApplyAsync"}[async]
+		opt := Options{}
+		if c.history {
+			name += "History"
+			opt.History = keepWeek
+		}
 		b.Run(name, func(b *testing.B) {
-			q := openAt(b, dbPath(b), Options{})
+			q := openAt(b, dbPath(b), opt)
 			b.SetParallelism(10)
 			b.RunParallel(func(pb *testing.PB) {
 				var p *Pending

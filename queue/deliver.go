@@ -56,6 +56,8 @@ func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
 }
 
 // Show returns message id with all its recipients, including their history.
+// A message that has finished is shown from its finished record (with
+// Message.Finished set) while it is kept (Options.History).
 func (q *Queue) Show(id ID) (Message, error) {
 	if err := q.settleID(id); err != nil {
 		return Message{}, err
@@ -64,6 +66,10 @@ func (q *Queue) Show(id ID) (Message, error) {
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		var err error
+		if tx.Bucket(bMsgs).Get(idKey(id)) == nil {
+			m, err = showFinished(tx, id)
+			return err
+		}
 		if m, err = getMessage(tx, id, &ps); err != nil {
 			return err
 		}

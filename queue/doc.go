@@ -20,7 +20,10 @@
 //   - a quarantine bucket for records that fail to decode (Postfix's
 //     "corrupt" queue): they are moved there, reported through
 //     Options.OnQuarantine, and the rest of the queue keeps working;
-//   - the Stats counters, stored with the records they count (counters.go).
+//   - the Stats counters, stored with the records they count (counters.go);
+//   - when Options.History asks, a compact record of each finished message
+//     (envelope, recipients, attempts; no body), written by the commit that
+//     retires it and pruned by age and number (finished.go).
 //
 // Open reads only the stored counters, not the records: a start costs the
 // same at 1,000,000 recipients as at 10, and it does not pull the whole file

@@ -13,7 +13,11 @@ import (
 // f.Limit (<= 0: all); total is the number of matches. It walks the
 // recipient bucket with one cursor in one short read transaction, decoding
 // each record with the reflection-free codec and each message envelope once
-// (recipients of a message are adjacent). History is not filled.
+// (recipients of a message are adjacent). History is not filled. A filter
+// on a final status (Delivered, Relayed, Failed) also lists the recipients
+// of finished messages that are kept (Options.History), with
+// Message.Finished set: after the queued ones, in the order they finished
+// (so the last page holds the latest).
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	if err := q.settle(); err != nil {
 		return nil, 0, err
@@ -21,12 +25,7 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
-		c := tx.Bucket(bRcpts).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if p := l.visit(k, v); p != nil {
-				ps = append(ps, *p)
-			}
-		}
+		ps = l.walk(tx, f.Status.Final())
 		rows, total = l.rows, l.total
 		return nil
 	})
@@ -37,8 +36,52 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	return rows, total, nil
 }
 
+// Walk calls fn for every recipient that f selects, in List's order (with
+// a final status, the finished messages too), ignoring f.Offset and
+// f.Limit, until fn returns false. It runs inside one read transaction: fn
+// must be quick and must not call the Queue. Summaries over the whole
+// queue (the admin API's shape, the status page) use it without building
+// every row.
+func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
+	if err := q.settle(); err != nil {
+		return err
+	}
+	var ps []problem
+	err := q.view(func(tx *bolt.Tx) error {
+		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
+		ps = l.walk(tx, f.Status.Final())
+		return nil
+	})
+	q.fixup(ps)
+	if err != nil {
+		return fmt.Errorf("queue: walk: %w", err)
+	}
+	return nil
+}
+
+// walk visits the recipient records in key order and, with finished, then
+// the finished records, oldest first; it stops early when fn says so.
+func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
+	var ps []problem
+	c := tx.Bucket(bRcpts).Cursor()
+	for k, v := c.First(); k != nil && !l.stop; k, v = c.Next() {
+		if p := l.visit(k, v); p != nil {
+			ps = append(ps, *p)
+		}
+	}
+	if finished {
+		c := tx.Bucket(bFinished).Cursor()
+		for k, v := c.First(); k != nil && !l.stop; k, v = c.Next() {
+			l.visitFinished(k, v)
+		}
+	}
+	return ps
+}
+
 type lister struct {
 	f          Filter
+	fn         func(*Message, *Recipient) bool // instead of collecting rows; false stops
+	stop       bool                            // fn returned false
 	msgs       *bolt.Bucket
 	id         ID
 	msg        Message
@@ -71,16 +114,25 @@ func (l *lister) visit(k, v []byte) *problem {
 	if err != nil {
 		return &problem{corruptRecord, bRcpts, bytes.Clone(k), err}
 	}
+	l.add(&l.msg, &r)
+	return nil
+}
+
+// add applies the recipient-level filters and takes r if they pass.
+func (l *lister) add(m *Message, r *Recipient) {
 	f := &l.f
 	if (f.Status != "" && r.Status != f.Status) || (f.Reason != "" && r.Reason != f.Reason) ||
 		(f.Domain != "" && !strings.EqualFold(r.Domain, f.Domain)) {
-		return nil
+		return
+	}
+	if l.fn != nil {
+		l.stop = l.stop || !l.fn(m, r)
+		return
 	}
 	l.total++
 	if l.total > f.Offset && (f.Limit <= 0 || len(l.rows) < f.Limit) {
-		l.rows = append(l.rows, Row{Message: l.msg, Recipient: r})
+		l.rows = append(l.rows, Row{Message: *m, Recipient: *r})
 	}
-	return nil
 }
 
 // loadMessage decodes message id and applies the message-level filters.

@@ -598,7 +598,7 @@ func (w *wtx) putBody(id ID, m *NewMessage) error {
 func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
 	err := q.db.Update(func(tx *bolt.Tx) error {
-		w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID}
+		w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID, history: q.opt.History}
 		w.setFillPercent()
 		if err := fn(w); err != nil {
 			return err

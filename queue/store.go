@@ -24,6 +24,7 @@ import (
 //	counts     name                       → a Stats counter (see counters.go)
 //	spool      id(8)                      → name of the body's file in the spool (spool.go)
 //	journal    "applied", "salt", "format" → the intake journal's state (journaler.go), the file's format (format.go)
+//	finished   nanos(8)|id(8)             → record of a finished message (finished.go)
 //
 // Invariant: a recipient has exactly one due entry, at NextAttempt, iff its
 // status is Queued, Deferred or Active (flag 'a'). Held and final recipients
@@ -38,7 +39,8 @@ var (
 	bQuarantine = []byte("quarantine")
 	bCounts     = []byte("counts")
 	bSpool      = []byte("spool")
-	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal}
+	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal,
+		bFinished}
 )
 
 const (
@@ -137,6 +139,10 @@ type wtx struct {
 	unlink  []string       // spool files to remove once the commit is done
 	lastID  *atomic.Uint64 // Queue.lastID: message IDs
 	settled []*insertBatch // journaled batches this transaction inserts
+	// history bounds the records of finished messages; finishedAt is
+	// the time of the outcomes this transaction stores (zero: none).
+	history    HistoryOptions
+	finishedAt time.Time
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }
@@ -281,11 +287,13 @@ func (w *wtx) rcptsOf(id ID) (keys []Key, vals [][]byte) {
 }
 
 // finishIfDone deletes message id (record, body, recipients, histories) when
-// none of its recipients is live any more. Bodies are never rewritten; this
-// is the only place besides Delete that removes one.
+// none of its recipients is live any more, keeping its finished record
+// (finished.go). Bodies are never rewritten; this is the only place besides
+// Delete that removes one.
 func (w *wtx) finishIfDone(id ID) error {
 	keys, vals := w.rcptsOf(id)
 	var rs []Recipient
+	var raws [][]byte
 	for i, k := range keys {
 		r, err := decodeRecipient(k, vals[i])
 		if err != nil {
@@ -295,7 +303,10 @@ func (w *wtx) finishIfDone(id ID) error {
 		if !r.Status.Final() {
 			return nil
 		}
-		rs = append(rs, r)
+		rs, raws = append(rs, r), append(raws, vals[i])
+	}
+	if err := w.keepFinished(id, rs, raws); err != nil {
+		return err
 	}
 	return w.deleteMessage(id, rs)
 }

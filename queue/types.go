@@ -111,6 +111,9 @@ type Options struct {
 	// After makes the commit delay (time.After in production): the queue
 	// never reads the clock itself. Nil means no delay.
 	After func(time.Duration) <-chan time.Time
+	// History keeps a record of each finished message (without its body)
+	// for Show and List; the zero value keeps none (finished.go).
+	History HistoryOptions
 }
 
 // NewRecipient is one envelope recipient of a NewMessage.
@@ -182,6 +185,9 @@ type Message struct {
 	ClientAddr, AuthUser, Helo, RET, EnvID string
 	SMTPUTF8, EightBit, DSN                bool
 	Recipients                             []Recipient // filled by Show only
+	// Finished is set (by Show and List) for a message that has left the
+	// queue: the time of the outcome that finished it. Its body is gone.
+	Finished time.Time
 }
 
 // Start describes an attempt about to be made for one or more recipients.

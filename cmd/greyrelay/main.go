@@ -6,7 +6,7 @@
 //	greyrelay config check -config FILE  validate a configuration (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
-//	greyrelay queue list|show|retry|hold|release|delete|bounce …
+//	greyrelay queue list|show|shape|retry|hold|release|delete|bounce …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay health                     exit 0 when the running relay is healthy
@@ -89,6 +89,8 @@ const usage = `usage:
                                         (default: any address no other user lists)
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
+  greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
+  greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
   greyrelay destinations [-json] [DOMAIN]
   greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN

@@ -133,6 +133,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		CommitDelay: cfg.Queue.CommitDelay,
 		After:       time.After,
 		FullScan:    checkQueue,
+		History:     queue.HistoryOptions{Retention: cfg.History.Retention, MaxMessages: cfg.History.MaxMessages},
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
 		},
@@ -163,7 +164,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		return err
 	}
 	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
-		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q),
+		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent,
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")

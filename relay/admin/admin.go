@@ -9,10 +9,11 @@
 //     same); the API is the one place that reads and changes the queue on an
 //     operator's behalf.
 //   - One definition of each view (views.go): the handlers encode it, Client
-//     decodes it through typed methods (List, Message, Act, Destinations,
-//     Destination), and Local builds it straight from the queue for code
-//     inside the daemon, such as the status page's probe. The handlers are
-//     built on Local, so in process and over HTTP cannot disagree.
+//     decodes it through typed methods (List, Message, Shape, Act,
+//     Destinations, Destination), and Local builds it straight from the
+//     queue for code inside the daemon, such as the status page's probe.
+//     The handlers are built on Local, so in process and over HTTP cannot
+//     disagree.
 //   - Handlers do constant work per returned row: filtering, counting and
 //     paging happen inside the queue, so listing or retrying 100,000
 //     recipients costs what the queue costs (see BenchmarkList100k).
@@ -44,9 +45,18 @@
 //	GET  /api/stats           queue counters: by status, by reason, oldest, sizes
 //	GET  /api/queue           recipients; filters status, reason, domain, sender,
 //	                          older_than (Go duration: arrived before now-D);
+//	                          a final status also lists finished messages;
 //	                          paging offset, limit (default 100, at most 10000)
 //	GET  /api/queue/{id}      one message, every recipient with its attempts and
-//	                          an explanation of its last reply
+//	                          an explanation of its last reply; a finished one
+//	                          (kept for history.retention) has "finished"
+//	GET  /api/queue/{id}/headers, /api/queue/{id}/body
+//	                          text/plain: the message's header section or body
+//	                          (postcat -h, -b), at most max octets (default 1 MiB);
+//	                          X-Greyrelay-Size gives the whole part's size
+//	GET  /api/shape           qshape: live recipients by=domain|reason and by
+//	                          message age (5, 10, 20 … 1280 minutes, older);
+//	                          status, limit (default 100 rows)
 //	POST /api/queue/{id}/{action}           action on one message
 //	POST /api/queue/{action}?domain=D|all=1 action on a domain or on everything
 //	                          action: retry, hold, release, delete, bounce;
@@ -83,6 +93,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/metrics"
 )
 
 // Engine is the part of the delivery engine the admin API needs; it is
@@ -113,6 +124,9 @@ type Options struct {
 	Now      func() time.Time     // nil: time.Now
 	// Probe, when set, is exposed as GET /api/probe?target=X.
 	Probe func(ctx context.Context, target string) (any, error)
+	// Recent, when set, gives the status page its charts of outcomes per
+	// minute (relay/metrics keeps it; the delivery engine feeds it).
+	Recent *metrics.Recent
 }
 
 // Server is the admin HTTP server.
@@ -199,6 +213,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/stats", s.stats)
 	mux.HandleFunc("GET /api/queue", s.list)
 	mux.HandleFunc("GET /api/queue/{id}", s.show)
+	mux.HandleFunc("GET /api/queue/{id}/headers", s.content("headers"))
+	mux.HandleFunc("GET /api/queue/{id}/body", s.content("body"))
+	mux.HandleFunc("GET /api/shape", s.shape)
 	mux.HandleFunc("POST /api/queue/{id}/{action}", s.actionOne)
 	mux.HandleFunc("POST /api/queue/{action}", s.actionMany)
 	mux.HandleFunc("GET /api/destinations", s.destinations)

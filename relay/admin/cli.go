@@ -23,8 +23,11 @@ import (
 const queueUsage = `usage:
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-offset N] [-limit N] [-json]
   greyrelay queue show [-json] ID
+  greyrelay queue show -headers|-body [-max BYTES] [-raw] ID
+  greyrelay queue shape [-by domain|reason] [-status S] [-limit N] [-json]
   greyrelay queue retry|hold|release|delete|bounce [-json] ID | -domain D | -all
 statuses: queued, deferred, active, held, delivered, relayed, failed
+(delivered, relayed and failed also list finished messages kept for history.retention)
 `
 
 // RunQueue runs `greyrelay queue …`; args are the arguments after "queue".
@@ -37,6 +40,8 @@ func RunQueue(args []string, c *Client, stdout, stderr io.Writer) error {
 		return queueList(rest, c, stdout, stderr)
 	case "show":
 		return queueShow(rest, c, stdout, stderr)
+	case "shape":
+		return queueShape(rest, c, stdout, stderr)
 	case "retry", "hold", "release", "delete", "bounce":
 		return queueAction(cmd, rest, c, stdout, stderr)
 	case "help", "-h", "-help", "--help":
@@ -144,6 +149,11 @@ func nextOf(r *Row, now time.Time) string {
 func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue show", stderr)
 	asJSON := fs.Bool("json", false, "print the API's JSON")
+	var co contentOpts
+	fs.BoolVar(&co.headers, "headers", false, "print the message's header section (postcat -h)")
+	fs.BoolVar(&co.body, "body", false, "print the message's body (postcat -b); with -headers, the whole message")
+	fs.Int64Var(&co.max, "max", defaultContentMax, "print at most this many octets of each part")
+	fs.BoolVar(&co.raw, "raw", false, "print the octets as stored (CRLF, control characters), e.g. to save them")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
@@ -152,6 +162,12 @@ func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
 		return fmt.Errorf("queue show: want exactly one queue id\n%s", queueUsage)
 	}
 	id, _, _ := strings.Cut(pos[0], "/") // accept the id/n form queue list prints
+	if co.headers || co.body {
+		if *asJSON {
+			return fmt.Errorf("queue show: -json shows the record; -headers and -body print the content\n%s", queueUsage)
+		}
+		return showContent(c, id, co, stdout, stderr)
+	}
 	m, err := c.Message(context.Background(), id)
 	if err != nil {
 		return err
@@ -175,6 +191,10 @@ func printMessage(out io.Writer, m *Message) error {
 	fmt.Fprintf(tw, "client\t%s\n", client)
 	if m.DSN {
 		fmt.Fprintf(tw, "dsn\tthis message is a delivery status notification\n")
+	}
+	if m.Finished != nil {
+		fmt.Fprintf(tw, "finished\t%s (%s): no longer in the queue; its content is not kept\n",
+			m.Finished.UTC().Format(time.RFC3339), relTime(*m.Finished, m.Now))
 	}
 	for i := range m.Recipients {
 		printRecipient(tw, &m.Recipients[i], m.Now)

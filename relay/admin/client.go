@@ -85,6 +85,22 @@ func (e *apiError) Error() string {
 // call performs one request and returns the body of a 2xx answer. Any
 // other answer becomes an *apiError carrying the server's message.
 func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([]byte, error) {
+	resp, err := c.open(ctx, method, path, q)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer from %s: %w", c.Base, err)
+	}
+	return body, nil
+}
+
+// open performs one request and returns a 2xx answer with its body still
+// to be read (and closed) by the caller. Any other answer becomes an
+// *apiError carrying the server's message.
+func (c *Client) open(ctx context.Context, method, path string, q url.Values) (*http.Response, error) {
 	if c.Base == "" {
 		return nil, &UnreachableError{}
 	}
@@ -107,15 +123,15 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([
 	if err != nil {
 		return nil, &UnreachableError{Base: c.Base, Err: unwrapURL(err)}
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
-	if err != nil {
-		return nil, fmt.Errorf("reading the answer from %s: %w", c.Base, err)
-	}
 	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, maxResponse))
+		if err != nil {
+			return nil, fmt.Errorf("reading the answer from %s: %w", c.Base, err)
+		}
 		return nil, &apiError{Code: resp.StatusCode, Msg: errorMessage(body)}
 	}
-	return body, nil
+	return resp, nil
 }
 
 // unwrapURL drops *url.Error's "Get \"http://…\":" prefix: the message
@@ -258,4 +274,37 @@ func (c *Client) destination(ctx context.Context, domain string) (Destinations, 
 	var d Destinations
 	err := c.getJSON(ctx, http.MethodGet, "/api/destinations/"+url.PathEscape(domain), nil, &d)
 	return d, err
+}
+
+// Shape counts the live recipients by destination or reason and age, as
+// Postfix's qshape does (GET /api/shape).
+func (c *Client) Shape(ctx context.Context, sq ShapeQuery) (Shape, error) {
+	var sh Shape
+	err := c.getJSON(ctx, http.MethodGet, "/api/shape", sq.values(), &sh)
+	return sh, err
+}
+
+// Content copies a part ("headers" or "body") of a queued message's
+// content to w as the server streams it, at most max octets (0: the API's
+// default), and says how much of the part there was (GET
+// /api/queue/{id}/headers or /body).
+func (c *Client) Content(ctx context.Context, id, part string, max int64, w io.Writer) (ContentInfo, error) {
+	q := url.Values{}
+	if max != 0 {
+		q.Set("max", strconv.FormatInt(max, 10))
+	}
+	resp, err := c.open(ctx, http.MethodGet, "/api/queue/"+url.PathEscape(id)+"/"+url.PathEscape(part), q)
+	if err != nil {
+		return ContentInfo{}, err
+	}
+	defer resp.Body.Close()
+	info := ContentInfo{Size: -1}
+	if n, err := strconv.ParseInt(resp.Header.Get(contentSizeHeader), 10, 64); err == nil {
+		info.Size = n
+	}
+	info.Sent, err = io.Copy(w, resp.Body)
+	if err != nil {
+		return info, fmt.Errorf("reading the answer from %s: %w", c.Base, err)
+	}
+	return info, nil
 }

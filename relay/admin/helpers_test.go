@@ -84,7 +84,8 @@ type options func(*Options)
 
 func newFixture(t testing.TB, opts ...options) *fixture {
 	t.Helper()
-	q, err := queue.Open(filepath.Join(t.TempDir(), "queue.db"), queue.Options{})
+	q, err := queue.Open(filepath.Join(t.TempDir(), "queue.db"), queue.Options{
+		History: queue.HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}

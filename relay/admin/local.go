@@ -2,6 +2,8 @@ package admin
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
@@ -53,14 +55,19 @@ func (l *Local) list(f queue.Filter, now time.Time) (ListResult, error) {
 	return out, nil
 }
 
-// Message returns one message, as GET /api/queue/{id} does; an unknown id
-// is queue.ErrNotFound.
+// Message returns one message, as GET /api/queue/{id} does, also one that
+// has finished while its record is kept; an unknown id is
+// queue.ErrNotFound.
 func (l *Local) Message(_ context.Context, id string) (Message, error) {
 	qid, err := parseID(id)
 	if err != nil {
 		return Message{}, err
 	}
 	m, err := l.q.Show(qid)
+	if errors.Is(err, queue.ErrNotFound) {
+		return Message{}, fmt.Errorf("message %s is not in the queue, and no record of it is kept "+
+			"(a finished message is kept for history.retention, at most history.max_messages of them): %w", qid, queue.ErrNotFound)
+	}
 	if err != nil {
 		return Message{}, err
 	}

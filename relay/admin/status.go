@@ -2,9 +2,13 @@ package admin
 
 import (
 	"bytes"
+	"context"
 	_ "embed"
 	"net/http"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
@@ -22,6 +26,9 @@ var statusHTML string
 const (
 	pageOldest    = 10
 	pageDeferrals = 20
+	pageBounced   = 20
+	pageShapeRows = 15
+	pageDests     = 200
 )
 
 type count struct {
@@ -33,28 +40,53 @@ type pageRow struct {
 	Row
 	Age, Next, Last string
 	Reply           string
-	Explanation     *Explanation
+	Why             string // anchor of the row's explanation; "" for none
 }
 
 type pageDest struct {
-	Destination
+	Domain              string
+	Known               bool // something was learned
+	Greylists           bool
 	Delay, ThrottledFor string
+	GreylistSeen        int
+	GreylistPassed      int
+	ThrottleLevel       int
+	DeadHosts           []DeadHost
+	Queued              int
 	LastReplyText       string
 }
 
+// pageExpl is one explanation, shown once for every row that links to it.
+type pageExpl struct {
+	ID       string
+	Reason   string
+	Enhanced []string // enhanced codes of the rows that link to it
+	Explanation
+}
+
 type pageData struct {
-	Hostname   string
-	Now        string
-	Stats      Stats
-	OldestAge  string
-	DBSize     string
-	ByStatus   []count
-	ByReason   []count
-	Oldest     []pageRow
-	Deferrals  []pageRow
-	DeferTotal int
-	Dests      []pageDest
-	Probe      bool
+	Hostname    string
+	Now         string
+	Stats       Stats
+	OldestAge   string
+	DBSize      string
+	ByStatus    []count
+	ByReason    []count
+	Charts      []pageChart
+	ChartHours  int
+	Shape       Shape
+	Oldest      []pageRow
+	Deferrals   []pageRow
+	DeferTotal  int
+	Bounced     []pageRow
+	BounceTotal int
+	Finished    int
+	Dests       []pageDest
+	DestsHidden int
+	Expls       []*pageExpl
+	Probe       bool
+
+	expls map[Explanation]*pageExpl
 }
 
 func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
@@ -80,7 +112,8 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		return nil, err
 	}
 	d := &pageData{Hostname: s.opt.Config.Hostname, Now: now.UTC().Format(time.RFC3339),
-		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil}
+		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil,
+		expls: map[Explanation]*pageExpl{}}
 	d.DBSize = humanBytes(d.Stats.DBBytes)
 	d.OldestAge = "-"
 	if !st.Oldest.IsZero() {
@@ -98,79 +131,143 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		a, b := d.ByReason[i], d.ByReason[j]
 		return a.N > b.N || a.N == b.N && a.Name < b.Name
 	})
-	// IDs are assigned in enqueue order, so the first rows are the oldest.
-	oldest, _, err := s.opt.Queue.List(queue.Filter{Limit: pageOldest})
+	if s.opt.Recent != nil {
+		d.Charts, d.ChartHours = charts(s.opt.Recent, now), chartMinutes/60
+	}
+	// One walk of the queue gives the shape and the recipients queued
+	// per destination.
+	byDomain, err := s.local.Shape(context.Background(), ShapeQuery{Limit: maxShapeRows})
 	if err != nil {
 		return nil, err
 	}
-	d.Oldest = pageRows(oldest, now)
-	if d.Deferrals, d.DeferTotal, err = s.latestDeferrals(now); err != nil {
+	d.Shape = byDomain
+	d.Shape.Rows = byDomain.Rows[:min(len(byDomain.Rows), pageShapeRows)]
+	d.Shape.More = byDomain.More + len(byDomain.Rows) - len(d.Shape.Rows)
+	// IDs are assigned in enqueue order, so the first rows are the oldest.
+	var oldest []queue.Row
+	err = s.opt.Queue.Walk(queue.Filter{}, func(m *queue.Message, r *queue.Recipient) bool {
+		oldest = append(oldest, queue.Row{Message: *m, Recipient: *r})
+		return len(oldest) < pageOldest
+	})
+	if err != nil {
 		return nil, err
 	}
-	if d.Dests, err = s.learnedDestinations(now); err != nil {
+	d.Oldest = d.pageRows(oldest, now)
+	if d.Deferrals, d.DeferTotal, err = s.latest(d, queue.Deferred, pageDeferrals, now); err != nil {
+		return nil, err
+	}
+	if d.Bounced, d.BounceTotal, err = s.latest(d, queue.Failed, pageBounced, now); err != nil {
+		return nil, err
+	}
+	if d.Finished, err = s.opt.Queue.Finished(); err != nil {
+		return nil, err
+	}
+	if d.Dests, d.DestsHidden, err = s.allDestinations(byDomain.Rows, now); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// latestDeferrals returns deferred recipients of the newest messages, the
-// most recent attempt first. The queue lists in key order, so the last page
-// of the deferred filter holds the newest messages; this costs two list
-// walks, independent of how many rows are shown.
-func (s *Server) latestDeferrals(now time.Time) ([]pageRow, int, error) {
-	_, total, err := s.opt.Queue.List(queue.Filter{Status: queue.Deferred, Limit: 1})
+// latest returns the last n recipients with status st in List's order
+// (the newest messages; for Failed, the latest finished ones last), the
+// most recent attempt first, and how many there are: one walk of the
+// queue, keeping n rows.
+func (s *Server) latest(d *pageData, st queue.Status, n int, now time.Time) ([]pageRow, int, error) {
+	ring := make([]queue.Row, n)
+	total := 0
+	err := s.opt.Queue.Walk(queue.Filter{Status: st}, func(m *queue.Message, r *queue.Recipient) bool {
+		ring[total%n] = queue.Row{Message: *m, Recipient: *r}
+		total++
+		return true
+	})
 	if err != nil || total == 0 {
 		return nil, total, err
 	}
-	rows, total, err := s.opt.Queue.List(queue.Filter{Status: queue.Deferred,
-		Offset: max(0, total-pageDeferrals), Limit: pageDeferrals})
-	if err != nil {
-		return nil, 0, err
-	}
+	rows := ring[:min(total, n)]
 	sort.SliceStable(rows, func(i, j int) bool {
 		return rows[i].Recipient.LastAttempt.After(rows[j].Recipient.LastAttempt)
 	})
-	out := pageRows(rows, now)
-	for i := range out {
-		out[i].Explanation = explain(&rows[i].Recipient)
-	}
-	return out, total, nil
+	return d.pageRows(rows, now), total, nil
 }
 
-func pageRows(rows []queue.Row, now time.Time) []pageRow {
+func (d *pageData) pageRows(rows []queue.Row, now time.Time) []pageRow {
 	out := make([]pageRow, len(rows))
 	for i := range rows {
 		rj := rowOf(&rows[i].Message, &rows[i].Recipient, now)
 		out[i] = pageRow{Row: rj, Age: humanDuration(now.Sub(rj.Arrival)),
 			Next: nextText(rj.Status, rows[i].Recipient.NextAttempt, now), Last: relTime(rows[i].Recipient.LastAttempt, now),
-			Reply: clean(replyText(rj.LastReply))}
+			Reply: clean(replyText(rj.LastReply)), Why: d.explain(&rows[i].Recipient)}
 		out[i].Sender = sender(rj.Sender)
 	}
 	return out
 }
 
-// learnedDestinations returns the destinations worth an operator's eye:
-// those that greylist, throttle us or have hosts marked dead.
-func (s *Server) learnedDestinations(now time.Time) ([]pageDest, error) {
+// explain files the explanation of r's last reply under the page's list
+// of explanations, once per distinct explanation, and returns its anchor.
+func (d *pageData) explain(r *queue.Recipient) string {
+	e := explain(r)
+	if e == nil {
+		return ""
+	}
+	x := d.expls[*e]
+	if x == nil {
+		x = &pageExpl{ID: "why-" + strconv.Itoa(len(d.Expls)+1), Reason: r.Reason, Explanation: *e}
+		d.expls[*e] = x
+		d.Expls = append(d.Expls, x)
+	}
+	if c := r.Reply.Enhanced; c != "" && !slices.Contains(x.Enhanced, c) {
+		x.Enhanced = append(x.Enhanced, c)
+	}
+	return x.ID
+}
+
+// allDestinations returns every destination with recipients in the queue
+// or something learned (greylisting, throttling, dead hosts), most queued
+// first, at most pageDests; the second result is how many more there are.
+// A destination with neither has nothing to show.
+func (s *Server) allDestinations(queued []ShapeRow, now time.Time) ([]pageDest, int, error) {
 	ds, err := s.opt.Queue.Destinations()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var out []pageDest
+	byName := map[string]*pageDest{}
+	var out []*pageDest
+	for _, r := range queued {
+		pd := &pageDest{Domain: r.Name, Queued: r.Total, Delay: "-", ThrottledFor: "-"}
+		byName[r.Name] = pd
+		out = append(out, pd)
+	}
 	for i := range ds {
 		x := &ds[i]
-		if !x.Greylists && x.ThrottleLevel == 0 && !x.ThrottledUntil.After(now) && len(x.DeadHosts) == 0 {
+		learned := x.Greylists || x.ThrottleLevel > 0 || x.ThrottledUntil.After(now) || len(x.DeadHosts) > 0
+		pd := byName[strings.ToLower(x.Domain)]
+		if pd == nil && !learned {
 			continue
 		}
-		pd := pageDest{Destination: destinationOf(x), Delay: "-", ThrottledFor: "-",
-			LastReplyText: clean(replyText(replyOf(x.LastReply)))}
+		if pd == nil {
+			pd = &pageDest{Domain: x.Domain}
+			out = append(out, pd)
+		}
+		v := destinationOf(x)
+		pd.Known, pd.Greylists, pd.GreylistSeen, pd.GreylistPassed = learned, x.Greylists, x.GreylistSeen, x.GreylistPassed
+		pd.ThrottleLevel, pd.DeadHosts = x.ThrottleLevel, v.DeadHosts
+		pd.LastReplyText = clean(replyText(v.LastReply))
+		pd.Delay, pd.ThrottledFor = "-", "-"
 		if x.LearnedDelay > 0 {
 			pd.Delay = humanDuration(x.LearnedDelay)
 		}
 		if x.ThrottledUntil.After(now) {
 			pd.ThrottledFor = humanDuration(x.ThrottledUntil.Sub(now))
 		}
-		out = append(out, pd)
 	}
-	return out, nil
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		return a.Queued > b.Queued || a.Queued == b.Queued && a.Domain < b.Domain
+	})
+	hidden := max(0, len(out)-pageDests)
+	res := make([]pageDest, 0, len(out)-hidden)
+	for _, pd := range out[:len(out)-hidden] {
+		res = append(res, *pd)
+	}
+	return res, hidden, nil
 }

@@ -48,6 +48,9 @@ type Row struct {
 	Domain      string     `json:"domain"`
 	Arrival     time.Time  `json:"arrival"`
 	AgeSeconds  float64    `json:"age_seconds"`
+	// Finished is set when the message has left the queue (all its
+	// recipients final; kept for history.retention): its last outcome.
+	Finished *time.Time `json:"finished,omitempty"`
 }
 
 // ListResult is one page of GET /api/queue.
@@ -88,20 +91,45 @@ type Recipient struct {
 
 // Message is one queued message: GET /api/queue/{id}.
 type Message struct {
-	Now        time.Time   `json:"now"`
-	ID         string      `json:"id"`
-	Sender     string      `json:"sender"`
-	Arrival    time.Time   `json:"arrival"`
-	Size       int64       `json:"size"`
-	ClientAddr string      `json:"client_addr,omitempty"`
-	AuthUser   string      `json:"auth_user,omitempty"`
-	Helo       string      `json:"helo,omitempty"`
-	RET        string      `json:"ret,omitempty"`
-	EnvID      string      `json:"envid,omitempty"`
-	SMTPUTF8   bool        `json:"smtputf8,omitempty"`
-	EightBit   bool        `json:"8bitmime,omitempty"`
-	DSN        bool        `json:"dsn,omitempty"`
+	Now        time.Time `json:"now"`
+	ID         string    `json:"id"`
+	Sender     string    `json:"sender"`
+	Arrival    time.Time `json:"arrival"`
+	Size       int64     `json:"size"`
+	ClientAddr string    `json:"client_addr,omitempty"`
+	AuthUser   string    `json:"auth_user,omitempty"`
+	Helo       string    `json:"helo,omitempty"`
+	RET        string    `json:"ret,omitempty"`
+	EnvID      string    `json:"envid,omitempty"`
+	SMTPUTF8   bool      `json:"smtputf8,omitempty"`
+	EightBit   bool      `json:"8bitmime,omitempty"`
+	DSN        bool      `json:"dsn,omitempty"`
+	// Finished is set for a message that has left the queue: the time of
+	// its last outcome. Its body is not kept.
+	Finished   *time.Time  `json:"finished,omitempty"`
 	Recipients []Recipient `json:"recipients"`
+}
+
+// Shape is GET /api/shape, Postfix's qshape: live recipients counted by
+// destination domain (or by reason) and by the age of their message.
+type Shape struct {
+	Now time.Time `json:"now"`
+	By  string    `json:"by"` // "domain" or "reason"
+	// BucketMinutes are the upper bounds of the age buckets: a row's
+	// Counts[i] are recipients of messages at most BucketMinutes[i] old
+	// and older than the bucket before; its last count is everything
+	// older than the last bound.
+	BucketMinutes []int      `json:"bucket_minutes"`
+	Total         ShapeRow   `json:"total"`
+	Rows          []ShapeRow `json:"rows"` // largest total first
+	More          int        `json:"more"` // rows left out by the limit
+}
+
+// ShapeRow is one line of a Shape.
+type ShapeRow struct {
+	Name   string `json:"name"`
+	Total  int    `json:"total"`
+	Counts []int  `json:"counts"`
 }
 
 // ActionResult is the answer to a queue action.
@@ -176,7 +204,7 @@ func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) Row {
 		NextAttempt: ts(r.NextAttempt), LastAttempt: ts(r.LastAttempt), LastReply: replyOf(r.Reply),
 		SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr,
 		Sender: m.From, Recipient: r.Addr, Domain: r.Domain,
-		Arrival: m.Arrival, AgeSeconds: now.Sub(m.Arrival).Seconds(),
+		Arrival: m.Arrival, AgeSeconds: now.Sub(m.Arrival).Seconds(), Finished: ts(m.Finished),
 	}
 }
 
@@ -193,7 +221,7 @@ func explain(r *queue.Recipient) *Explanation {
 func messageOf(m *queue.Message, now time.Time) Message {
 	out := Message{Now: now, ID: m.ID.String(), Sender: m.From, Arrival: m.Arrival, Size: m.Size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET, EnvID: m.EnvID,
-		SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
+		SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN, Finished: ts(m.Finished),
 		Recipients: make([]Recipient, 0, len(m.Recipients))}
 	for i := range m.Recipients {
 		r := &m.Recipients[i]

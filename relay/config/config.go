@@ -45,6 +45,7 @@ type Config struct {
 	Limits          Limits     `yaml:"limits"`
 	BareCR          string     `yaml:"bare_cr"`
 	Queue           Queue      `yaml:"queue"`
+	History         History    `yaml:"history"`
 	Admin           Admin      `yaml:"admin"`
 	Log             Log        `yaml:"log"`
 	Delivery        Delivery   `yaml:"delivery"`
@@ -82,6 +83,13 @@ type Queue struct {
 	Path        string        `yaml:"path"`
 	LockTimeout time.Duration `yaml:"lock_timeout"`
 	CommitDelay time.Duration `yaml:"commit_delay"`
+}
+
+// History bounds the records kept of finished (delivered, relayed,
+// failed) messages, for `queue show` and `queue list -status`.
+type History struct {
+	Retention   time.Duration `yaml:"retention"`
+	MaxMessages int           `yaml:"max_messages"`
 }
 
 // Admin configures the admin HTTP server.

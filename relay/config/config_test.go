@@ -42,6 +42,9 @@ func TestDefault_IsValidAndLoopbackOnly(t *testing.T) {
 	if c.Hostname != "relay.test" {
 		t.Errorf("hostname = %q, want the system hostname", c.Hostname)
 	}
+	if c.History.Retention != 7*24*time.Hour || c.History.MaxMessages != 100000 {
+		t.Errorf("history = %+v, want 7 days and 100000 messages", c.History)
+	}
 	if c.Retry.Lifetime != 120*time.Hour || c.Retry.GreylistFirstRetry != 5*time.Minute+30*time.Second {
 		t.Errorf("retry = %+v", c.Retry)
 	}
@@ -178,6 +181,8 @@ func TestValidate_Refusals(t *testing.T) {
 		{"bad rule", "retry:\n  rules: [{pattern: \"(\", reason: greylisted}]\n", "retry.rules"},
 		{"long commit delay", "queue:\n  commit_delay: 1s\n", "queue.commit_delay"},
 		{"negative commit delay", "queue:\n  commit_delay: -1ms\n", "queue.commit_delay"},
+		{"negative history retention", "history:\n  retention: -1h\n", "history.retention"},
+		{"unbounded history", "history:\n  max_messages: 0\n", "history.max_messages"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

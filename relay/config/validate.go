@@ -30,6 +30,8 @@ func (c *Config) Validate() error {
 	v.positive("queue.lock_timeout", int64(c.Queue.LockTimeout))
 	v.check(c.Queue.CommitDelay >= 0 && c.Queue.CommitDelay <= 100*time.Millisecond,
 		"queue.commit_delay: %v, want 0 (none) to 100ms", c.Queue.CommitDelay)
+	v.check(c.History.Retention >= 0, "history.retention: %v, want 0 (keep none) or more", c.History.Retention)
+	v.positive("history.max_messages", int64(c.History.MaxMessages))
 	v.admin(c.Admin)
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")

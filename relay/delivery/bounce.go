@@ -98,6 +98,7 @@ func (e *Engine) bounceMessage(id queue.ID, rs []queue.Recipient, now time.Time)
 	}
 	for _, r := range rs {
 		e.m.Deliveries.WithLabelValues(string(queue.Failed), reasonOperator).Inc()
+		e.m.Recent.Add(string(queue.Failed), now)
 		e.log.Info("bounced by the operator", zap.String("queue_id", id.String()), zap.String("rcpt", r.Addr),
 			zap.String("domain", r.Domain), zap.String("outcome", string(queue.Failed)),
 			zap.String("reason", reasonOperator), zap.String("enhanced", BounceStatus))

@@ -11,6 +11,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/metrics"
 )
 
 const wait = 5 * time.Second
@@ -100,6 +101,17 @@ func TestDeliver_MixedRecipientReplies(t *testing.T) {
 	if d.from != "" || !slices.Equal(d.accepted, []string{"alice@sender.test"}) {
 		t.Errorf("DSN envelope %q -> %v, want <> -> alice@sender.test", d.from, d.accepted)
 	}
+	// The status page's per-minute charts count the same outcomes.
+	recent := func(class int) int {
+		n := 0
+		for _, c := range h.m.Recent.Series(class, time.Now(), metrics.RecentMinutes) {
+			n += c
+		}
+		return n
+	}
+	eventually(t, wait, "one of each outcome in the recent counts", func() bool {
+		return recent(metrics.RecentDelivered) >= 1 && recent(metrics.RecentDeferred) >= 1 && recent(metrics.RecentBounced) == 1
+	})
 }
 
 // TestDeliver_MXFallback: the first MX refuses the connection, the second

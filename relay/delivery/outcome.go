@@ -397,6 +397,7 @@ func (e *Engine) warningsDue(arrival, now time.Time) int {
 // logAttempt writes the one line per recipient and attempt, and counts it.
 func (e *Engine) logAttempt(a *attempt, l logLine) {
 	e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+	e.m.Recent.Add(l.outcome, l.res.End)
 	mx, mxAddr, source, n := a.tried.host, a.tried.addrString(), a.tried.source, l.r.Attempts+1
 	if a.none {
 		mx, mxAddr, source, n = l.r.MXHost, l.r.MXAddr, l.r.SourceIP, l.r.Attempts

@@ -1,0 +1,182 @@
+package admin
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// `queue show -headers|-body` (postcat) and `queue shape` (qshape).
+
+type contentOpts struct {
+	headers, body, raw bool
+	max                int64
+}
+
+// showContent prints the parts co asks for. Unless co.raw, lines end in
+// LF and control characters other than tab become '?': the content came
+// from a client and must not drive the terminal.
+func showContent(c *Client, id string, co contentOpts, stdout, stderr io.Writer) error {
+	if co.max < 1 || co.max > maxContentMax {
+		return fmt.Errorf("queue show: -max must be from 1 to %d", maxContentMax)
+	}
+	var parts []string
+	if co.headers {
+		parts = append(parts, "headers")
+	}
+	if co.body {
+		parts = append(parts, "body")
+	}
+	for i, part := range parts {
+		w := stdout
+		var sw *safeWriter
+		if !co.raw {
+			sw = &safeWriter{w: stdout}
+			w = sw
+		}
+		info, err := c.Content(context.Background(), id, part, co.max, w)
+		if err != nil {
+			return err
+		}
+		if sw != nil {
+			if err := sw.flush(); err != nil {
+				return err
+			}
+		}
+		if info.Truncated() {
+			fmt.Fprintf(stderr, "greyrelay: %s: showed the first %d of %d octets (raise -max to see more)\n",
+				part, info.Sent, info.Size)
+		}
+		if i == 0 && len(parts) == 2 { // the empty line between header and body
+			nl := "\n"
+			if co.raw {
+				nl = "\r\n"
+			}
+			if _, err := io.WriteString(stdout, nl); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// safeWriter turns CRLF into LF and every other control character but tab
+// and LF (escape sequences, bare CR, backspace, DEL, and the C1 controls
+// U+0080 to U+009F in UTF-8, which some terminals obey too) into '?',
+// streaming: a CR or a 0xC2 at the end of one Write waits for the next.
+type safeWriter struct {
+	w    io.Writer
+	held byte // a CR or 0xC2 held back from the last Write; 0: none
+	buf  []byte
+}
+
+func (s *safeWriter) Write(p []byte) (int, error) {
+	s.buf = s.buf[:0]
+	for _, b := range p {
+		switch held := s.held; {
+		case held == '\r' && b == '\n':
+			s.held = 0
+			s.buf = append(s.buf, '\n')
+			continue
+		case held == 0xc2 && b >= 0x80 && b <= 0x9f:
+			s.held = 0
+			s.buf = append(s.buf, '?')
+			continue
+		case held == '\r':
+			s.buf = append(s.buf, '?')
+		case held != 0:
+			s.buf = append(s.buf, held)
+		}
+		s.held = 0
+		switch {
+		case b == '\r' || b == 0xc2:
+			s.held = b
+		case b == '\n' || b == '\t':
+			s.buf = append(s.buf, b)
+		case b < 0x20 || b == 0x7f:
+			s.buf = append(s.buf, '?')
+		default:
+			s.buf = append(s.buf, b)
+		}
+	}
+	if _, err := s.w.Write(s.buf); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// flush writes what the last Write held back.
+func (s *safeWriter) flush() error {
+	held := s.held
+	s.held = 0
+	switch held {
+	case 0:
+		return nil
+	case '\r':
+		held = '?'
+	}
+	_, err := s.w.Write([]byte{held})
+	return err
+}
+
+func queueShape(args []string, c *Client, stdout, stderr io.Writer) error {
+	fs := newFlags("queue shape", stderr)
+	var sq ShapeQuery
+	fs.StringVar(&sq.By, "by", "domain", "rows by destination domain or by reason")
+	fs.Func("status", "only recipients with this status (queued, deferred, active, held)", func(v string) error {
+		sq.Status = queue.Status(v)
+		return nil
+	})
+	fs.IntVar(&sq.Limit, "limit", defaultShapeRows, fmt.Sprintf("show at most this many rows (at most %d)", maxShapeRows))
+	asJSON := fs.Bool("json", false, "print the API's JSON")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fmt.Errorf("queue shape: unexpected argument %q\n%s", pos[0], queueUsage)
+	}
+	if sq.Limit == 0 {
+		return fmt.Errorf("queue shape: -limit must be from 1 to %d", maxShapeRows)
+	}
+	sh, err := c.Shape(context.Background(), sq)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return encodeJSON(stdout, sh)
+	}
+	return printShape(stdout, &sh)
+}
+
+// printShape prints qshape's table: a TOTAL row, then one row per domain
+// or reason, the total (T) and the count per age bucket, right-aligned.
+func printShape(out io.Writer, sh *Shape) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "\tT\t")
+	for _, m := range sh.BucketMinutes {
+		fmt.Fprintf(tw, "%d\t", m)
+	}
+	if n := len(sh.BucketMinutes); n > 0 {
+		fmt.Fprintf(tw, "%d+\t", sh.BucketMinutes[n-1])
+	}
+	fmt.Fprintln(tw)
+	for _, r := range append([]ShapeRow{sh.Total}, sh.Rows...) {
+		fmt.Fprintf(tw, "%s\t%d\t", cell(r.Name, 60), r.Total)
+		for _, n := range r.Counts {
+			fmt.Fprintf(tw, "%d\t", n)
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if sh.More > 0 {
+		_, err := fmt.Fprintf(out, "(%d more rows; raise -limit to see them)\n", sh.More)
+		return err
+	}
+	return nil
+}

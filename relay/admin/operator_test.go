@@ -1,0 +1,254 @@
+package admin
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/metrics"
+)
+
+// finishKeys records one attempt for keys that ended with a final status.
+func finishKeys(t testing.TB, q *queue.Queue, at time.Time, st queue.Status, reason string, reply queue.Reply, keys ...queue.Key) {
+	t.Helper()
+	err := q.Begin(queue.Start{Keys: keys, Time: at, SourceIP: "192.0.2.10", MXHost: "mx.peer.test",
+		MXAddr: "198.51.100.7", LeaseUntil: at.Add(10 * time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u queue.Update
+	for _, k := range keys {
+		u.Results = append(u.Results, queue.Result{Key: k, Status: st, Reason: reason, Reply: reply,
+			Stage: "rcpt", End: at.Add(time.Second)})
+	}
+	if _, err := q.Apply(u); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var noSuchUser = queue.Reply{Code: 550, Enhanced: "5.1.1", Text: "no such user <b>here</b>"}
+
+func TestShowFinishedMessage(t *testing.T) {
+	f := newFixture(t)
+	finishKeys(t, f.q, testNow.Add(-10*time.Minute), queue.Delivered, "", queue.Reply{Code: 250, Text: "ok"}, queue.Key{ID: f.m3})
+	var m Message
+	f.getJSON(t, "GET", "/api/queue/"+f.m3.String(), http.StatusOK, &m)
+	if m.Finished == nil || !m.Finished.Equal(testNow.Add(-10*time.Minute+time.Second)) || len(m.Recipients) != 1 {
+		t.Fatalf("finished message %+v", m)
+	}
+	if r := m.Recipients[0]; r.Status != "delivered" || len(r.History) != 1 || r.History[0].Outcome != "delivered" ||
+		r.MXHost != "mx.peer.test" || r.Finished == nil {
+		t.Errorf("recipient %+v", r)
+	}
+	var l ListResult
+	f.getJSON(t, "GET", "/api/queue?status=delivered", http.StatusOK, &l)
+	if l.Total != 1 || l.Rows[0].ID != f.m3.String() || l.Rows[0].Finished == nil {
+		t.Errorf("list of delivered: %+v", l)
+	}
+	f.getJSON(t, "GET", "/api/queue", http.StatusOK, &l)
+	for _, r := range l.Rows {
+		if r.ID == f.m3.String() {
+			t.Errorf("the queue lists a finished message: %+v", r)
+		}
+	}
+	rec := f.do(t, "GET", "/api/queue/"+f.m3.String()+"/headers")
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "content is not kept") {
+		t.Errorf("headers of a finished message: %d %s", rec.Code, rec.Body)
+	}
+	rec = f.do(t, "GET", "/api/queue/ffffff")
+	if rec.Code != http.StatusNotFound || !strings.Contains(rec.Body.String(), "history.retention") {
+		t.Errorf("unknown message: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestContent(t *testing.T) {
+	f := newFixture(t)
+	base := "/api/queue/" + f.m1.String()
+	tests := []struct {
+		path       string
+		code       int
+		body, size string
+	}{
+		{base + "/headers", 200, "Subject: x\r\n", "12"},
+		{base + "/body", 200, "hi\r\n", "4"},
+		{base + "/headers?max=3", 200, "Sub", "12"},
+		{base + "/headers?max=0", 400, "", ""},
+		{base + "/headers?max=x", 400, "", ""},
+		{"/api/queue/ffffff/body", 404, "", ""},
+		{"/api/queue/zz/body", 400, "", ""},
+	}
+	for _, tc := range tests {
+		rec := f.do(t, "GET", tc.path)
+		if rec.Code != tc.code {
+			t.Errorf("%s: %d, want %d (%s)", tc.path, rec.Code, tc.code, rec.Body)
+			continue
+		}
+		if tc.code != 200 {
+			continue
+		}
+		h := rec.Header()
+		if rec.Body.String() != tc.body || h.Get(contentSizeHeader) != tc.size ||
+			h.Get("Content-Type") != "text/plain; charset=utf-8" || h.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("%s: %q, headers %v", tc.path, rec.Body, h)
+		}
+	}
+}
+
+func TestSplitMessage(t *testing.T) {
+	tests := []struct{ in, header, body string }{
+		{"A: 1\r\nB: 2\r\n\r\nbody\r\n\r\nmore\r\n", "A: 1\r\nB: 2\r\n", "body\r\n\r\nmore\r\n"},
+		{"A: 1\r\n", "A: 1\r\n", ""},
+		{"\r\nonly body\r\n", "", "only body\r\n"},
+		{"", "", ""},
+	}
+	for _, tc := range tests {
+		h, b := splitMessage([]byte(tc.in))
+		if string(h) != tc.header || string(b) != tc.body {
+			t.Errorf("splitMessage(%q) = %q, %q", tc.in, h, b)
+		}
+	}
+}
+
+// The fixture's live recipients are 120 (m1, two), 90 (m2), 60 (m3) and
+// 30 (m4, held) minutes old.
+func TestShape(t *testing.T) {
+	f := newFixture(t)
+	var sh Shape
+	f.getJSON(t, "GET", "/api/shape", http.StatusOK, &sh)
+	if sh.By != "domain" || len(sh.BucketMinutes) != 9 || sh.Total.Total != 5 ||
+		!equalInts(sh.Total.Counts, []int{0, 0, 0, 1, 1, 3, 0, 0, 0, 0}) {
+		t.Fatalf("shape %+v", sh)
+	}
+	want := []ShapeRow{
+		{"greylist.test", 3, []int{0, 0, 0, 1, 0, 2, 0, 0, 0, 0}},
+		{"new.test", 1, []int{0, 0, 0, 0, 1, 0, 0, 0, 0, 0}},
+		{"slow.test", 1, []int{0, 0, 0, 0, 0, 1, 0, 0, 0, 0}},
+	}
+	if len(sh.Rows) != len(want) {
+		t.Fatalf("rows %+v", sh.Rows)
+	}
+	for i, w := range want {
+		if r := sh.Rows[i]; r.Name != w.Name || r.Total != w.Total || !equalInts(r.Counts, w.Counts) {
+			t.Errorf("row %d = %+v, want %+v", i, r, w)
+		}
+	}
+	f.getJSON(t, "GET", "/api/shape?by=reason&limit=2", http.StatusOK, &sh)
+	if len(sh.Rows) != 2 || sh.Rows[0].Name != "greylisted" || sh.Rows[0].Total != 3 || sh.More != 1 {
+		t.Errorf("by reason: %+v", sh)
+	}
+	f.getJSON(t, "GET", "/api/shape?status=held", http.StatusOK, &sh)
+	if sh.Total.Total != 1 {
+		t.Errorf("held only: %+v", sh)
+	}
+	// A final recipient of a message still queued is not waiting.
+	finishKeys(t, f.q, testNow, queue.Delivered, "", queue.Reply{}, queue.Key{ID: f.m1, Rcpt: 1})
+	f.getJSON(t, "GET", "/api/shape", http.StatusOK, &sh)
+	if sh.Total.Total != 4 {
+		t.Errorf("after one delivery: %+v", sh.Total)
+	}
+	for _, bad := range []string{"by=sender", "status=delivered", "status=x", "limit=0"} {
+		f.getJSON(t, "GET", "/api/shape?"+bad, http.StatusBadRequest, nil)
+	}
+}
+
+func equalInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestAgeBucket(t *testing.T) {
+	tests := []struct {
+		age  time.Duration
+		want int
+	}{
+		{0, 0}, {5 * time.Minute, 0}, {5*time.Minute + 1, 1}, {80 * time.Minute, 4},
+		{1280 * time.Minute, 8}, {1281 * time.Minute, 9}, {-time.Minute, 0},
+	}
+	for _, tc := range tests {
+		if got := ageBucket(tc.age); got != tc.want {
+			t.Errorf("ageBucket(%v) = %d, want %d", tc.age, got, tc.want)
+		}
+	}
+}
+
+// statusFixture adds what the status page's new sections show: outcomes
+// per minute, a bounced (finished) message and a second greylisted one.
+func statusFixture(t testing.TB) *fixture {
+	recent := metrics.NewRecent()
+	for i := range 30 {
+		for range i % 7 {
+			recent.Add("delivered", testNow.Add(-time.Duration(i)*time.Minute))
+		}
+		recent.Add("deferred", testNow.Add(-time.Duration(2*i)*time.Minute))
+	}
+	recent.Add("failed", testNow.Add(-3*time.Minute))
+	f := newFixture(t, func(o *Options) { o.Recent = recent })
+	bad := enqueue(t, f.q, "alice@example.org", testNow.Add(-20*time.Minute), "nobody@gone.test")
+	finishKeys(t, f.q, testNow.Add(-3*time.Minute), queue.Failed, "no-such-user", noSuchUser, queue.Key{ID: bad})
+	return f
+}
+
+func TestStatusPageSections(t *testing.T) {
+	f := statusFixture(t)
+	body := f.do(t, "GET", "/").Body.String()
+	for _, want := range []string{
+		`id="chart-delivered"`, `id="chart-deferred"`, `id="chart-bounced"`, `fill="#c62828"`,
+		`id="shape"`, "<th>1280</th>", "<th>TOTAL</th>",
+		`id="destinations"`, "new.test", "nothing learned", // queued, nothing learned
+		`id="bounced"`, "nobody@gone.test", "550 5.1.1 no such user &lt;b&gt;here&lt;/b&gt;",
+		`id="explanations"`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	// Three greylisted rows (two deferrals shown, oldest messages) link
+	// to one explanation, shown once.
+	if n := strings.Count(body, "Nothing to fix: greyrelay retries from the same"); n != 1 {
+		t.Errorf("the greylisting explanation is shown %d times, want once", n)
+	}
+	if n := strings.Count(body, `href="#why-1"`); n < 3 {
+		t.Errorf("%d rows link to the first explanation, want at least 3", n)
+	}
+	if strings.Contains(body, "quiet.test") {
+		t.Error("a destination with nothing queued and nothing learned is shown")
+	}
+}
+
+func TestStatusPageWithoutCharts(t *testing.T) {
+	f := newFixture(t)
+	if body := f.do(t, "GET", "/").Body.String(); strings.Contains(body, "chart-") {
+		t.Error("charts shown without Options.Recent")
+	}
+}
+
+func TestCharts(t *testing.T) {
+	r := metrics.NewRecent()
+	for range 4 {
+		r.Add("delivered", testNow)
+	}
+	r.Add("delivered", testNow.Add(-time.Hour))
+	cs := charts(r, testNow)
+	d := cs[0]
+	if d.ID != "delivered" || d.Total != 5 || d.Peak != 4 || len(d.Bars) != 2 {
+		t.Fatalf("delivered chart %+v", d)
+	}
+	if last := d.Bars[1]; last.X != chartMinutes-1 || last.H != chartHeight || last.Y != 0 {
+		t.Errorf("the busiest minute: %+v", last)
+	}
+	if first := d.Bars[0]; first.X != chartMinutes-61 || first.H != chartHeight/4 {
+		t.Errorf("an hour ago: %+v", first)
+	}
+	if len(cs[2].Bars) != 0 || cs[2].Total != 0 {
+		t.Errorf("bounced chart %+v", cs[2])
+	}
+}
