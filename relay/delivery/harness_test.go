@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -251,14 +252,48 @@ func (h *harness) gone(id queue.ID) bool {
 }
 
 // outcomes returns the logged outcome of each attempt for rcpt, in order.
+//
+// Only attempts whose outcome the queue has stored count: the engine logs
+// an attempt before it hands the outcome to the queue, so a test that
+// waited for a line alone could read the recipient's state before it
+// changed.
 func (h *harness) outcomes(rcpt string) []map[string]any {
 	var out []map[string]any
 	for _, e := range h.logs.FilterMessageSnippet("delivery attempt").All() {
-		if m := e.ContextMap(); m["rcpt"] == rcpt {
+		if m := e.ContextMap(); m["rcpt"] == rcpt && h.stored(m) {
 			out = append(out, m)
 		}
 	}
 	return out
+}
+
+// stored reports whether the queue holds the outcome of the attempt that
+// log line m reports: the message is gone, or its recipient has moved past
+// that attempt, or that attempt is no longer in progress.
+func (h *harness) stored(m map[string]any) bool {
+	h.t.Helper()
+	id, err := queue.ParseID(fmt.Sprint(m["queue_id"]))
+	if err != nil {
+		h.t.Fatalf("log line %v: %v", m, err)
+	}
+	n, _ := strconv.Atoi(fmt.Sprint(m["attempt"]))
+	msg, err := h.q.Show(id)
+	if errors.Is(err, queue.ErrNotFound) {
+		return true
+	}
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	for _, r := range msg.Recipients {
+		if r.Addr != m["rcpt"] {
+			continue
+		}
+		if r.Attempts != n {
+			return r.Attempts > n
+		}
+		return len(r.History) == 0 || r.History[len(r.History)-1].Outcome != "in-progress"
+	}
+	return true
 }
 
 // dsns returns the DSNs the sink has received (MAIL FROM:<>).
