@@ -85,6 +85,10 @@ func (a Address) String() string {
 	return local + "@" + a.Domain
 }
 
+// Literal reports whether the domain is an address literal ("[192.0.2.1]",
+// "[IPv6:2001:db8::1]"), which names a host rather than a domain.
+func (a Address) Literal() bool { return strings.HasPrefix(a.Domain, "[") }
+
 // Error is a refused address together with the SMTP reply to give for it.
 type Error struct {
 	Code     int    // basic reply code (RFC 5321 §4.2)

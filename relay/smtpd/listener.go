@@ -20,7 +20,7 @@ var errJunkLimit = fmt.Errorf("smtpd: too many junk commands: %w", net.ErrClosed
 type limiter struct {
 	srv   *Server
 	mu    sync.Mutex
-	perIP map[netip.Addr]int
+	perIP map[netip.Addr]int // by clientKey
 	conns map[*conn]struct{}
 	drain bool // set by Shutdown: admit nothing more
 }
@@ -31,7 +31,7 @@ func newLimiter(srv *Server) *limiter {
 
 // admit wraps raw, or returns a reply reason if a cap is reached.
 func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
-	ip := remoteIP(raw)
+	ip := clientKey(remoteIP(raw), l.srv.cfg.Limits.IPv6PrefixLength)
 	lim := l.srv.cfg.Limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -80,6 +80,20 @@ func (l *limiter) snapshot(stop bool) []*conn {
 		out = append(out, c)
 	}
 	return out
+}
+
+// clientKey is what per-client limits count by: an IPv4 address, or the
+// IPv6 prefix of ipv6Bits (limits.ipv6_prefix_length) that holds the
+// address. One IPv6 host usually has a whole /64 to pick addresses from,
+// so counting single addresses would let it open max_connections_per_ip
+// connections per address (Postfix smtpd_client_ipv6_prefix_length).
+func clientKey(ip netip.Addr, ipv6Bits int) netip.Addr {
+	if ip.Is6() {
+		if p, err := ip.Prefix(ipv6Bits); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
 }
 
 func remoteIP(c net.Conn) netip.Addr {

@@ -56,6 +56,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
@@ -104,9 +105,12 @@ type Server struct {
 	tls      []*tls.Config // per listener; nil without a certificate
 	authLim  *authLimiter
 	lim      *limiter
-	hostSafe string                 // cfg.Hostname, sanitised for the Received header
-	dataBufs sync.Pool              // of *dataBuf (data.go)
-	qdir     atomic.Pointer[string] // queueDir, once it exists
+	hostSafe string // cfg.Hostname, sanitised for the Received header
+	// Where RCPT TO:<Postmaster> goes; zero if neither postmaster nor
+	// postmaster@hostname is an address.
+	postmaster address.Address
+	dataBufs   sync.Pool              // of *dataBuf (data.go)
+	qdir       atomic.Pointer[string] // queueDir, once it exists
 
 	mu      sync.Mutex
 	started bool
@@ -156,7 +160,10 @@ func New(opt Options) (*Server, error) {
 		s.tls = append(s.tls, tc)
 	}
 	s.hostSafe = sanitizeHelo(s.cfg.Hostname)
-	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour)
+	if err := s.setPostmaster(); err != nil {
+		return nil, err
+	}
+	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour, s.cfg.Limits.IPv6PrefixLength)
 	s.lim = newLimiter(s)
 	return s, nil
 }
@@ -171,15 +178,35 @@ func (s *Server) checkLimits() error {
 		"command_timeout": int64(l.CommandTimeout), "min_data_rate": int64(l.MinDataRate),
 		"session_lifetime": int64(l.SessionLifetime), "max_junk_commands": int64(l.MaxJunkCommands),
 		"max_received_headers": int64(l.MaxReceivedHeaders), "max_auth_failures": int64(l.MaxAuthFailures),
-		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP),
+		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP), "ipv6_prefix_length": int64(l.IPv6PrefixLength),
 	} {
 		if v <= 0 {
 			return fmt.Errorf("smtpd: limits.%s must be greater than 0", name)
 		}
 	}
+	if l.IPv6PrefixLength > 128 {
+		return fmt.Errorf("smtpd: limits.ipv6_prefix_length %d is over 128", l.IPv6PrefixLength)
+	}
 	if s.cfg.BareCR != "normalize" && s.cfg.BareCR != "reject" {
 		return fmt.Errorf("smtpd: bare_cr %q is not normalize or reject", s.cfg.BareCR)
 	}
+	return nil
+}
+
+// setPostmaster resolves the postmaster key: its address, or by default
+// postmaster@hostname (Postfix appends $myorigin the same way). A system
+// hostname that is no domain leaves it unset: the domainless postmaster is
+// then refused rather than the server not starting.
+func (s *Server) setPostmaster() error {
+	if s.cfg.Postmaster == "" {
+		s.postmaster, _ = address.Parse("postmaster@"+s.cfg.Hostname, address.Options{})
+		return nil
+	}
+	a, err := address.Parse(s.cfg.Postmaster, address.Options{SMTPUTF8: true})
+	if err != nil {
+		return fmt.Errorf("smtpd: postmaster %q: %w", s.cfg.Postmaster, err)
+	}
+	s.postmaster = a
 	return nil
 }
 
