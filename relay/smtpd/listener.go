@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/emersion/go-smtp"
 )
 
 // errJunkLimit ends a connection that used up max_junk_commands. It wraps
@@ -48,6 +50,7 @@ func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
 		end: now.Add(lim.SessionLifetime)}
 	c.out.nc = raw
 	c.out.deadline, c.out.applied = c.end, c.end
+	c.lines.tls = implicitTLS
 	l.perIP[ip]++
 	l.conns[c] = struct{}{}
 	l.srv.metrics.ConnectionsIn.Inc()
@@ -181,6 +184,8 @@ type conn struct {
 	broken       error     // sticky read error
 	closeAfter   bool      // close after the next Write
 	draining     bool      // Shutdown started
+	lines        lineFramer
+	linger       bool // drain the client's input before closing (lingerClose)
 	closeOnce    sync.Once
 }
 
@@ -198,6 +203,8 @@ func (c *conn) tlsStarted() {
 	if !c.implicitTLS {
 		c.replyConn = nil
 	}
+	c.lines.tls = true
+	c.lines.commandStarted() // the handshake was no command
 	c.mu.Unlock()
 }
 
@@ -244,7 +251,15 @@ func (c *conn) beginData(rated bool) {
 	c.inData = true
 	if rated {
 		c.dataDeadline = time.Now().Add(c.lim.srv.cfg.Limits.CommandTimeout)
+		c.lines.beginBody()
 	}
+	c.mu.Unlock()
+}
+
+// dataTaken records octets Data took from the client (lines.go).
+func (c *conn) dataTaken(n int) {
+	c.mu.Lock()
+	c.lines.dataTaken(n)
 	c.mu.Unlock()
 }
 
@@ -287,6 +302,12 @@ func (c *conn) Read(b []byte) (int, error) {
 		credit := time.Duration(n) * time.Second / time.Duration(limits.MinDataRate)
 		c.dataDeadline = minTime(c.dataDeadline.Add(credit), time.Now().Add(limits.CommandTimeout))
 	}
+	if n > 0 && c.broken == nil && !c.lines.scan(b[:n]) {
+		// A command line over the limit: go-smtp answers this error with
+		// 500 and closes; the close lingers so the 500 arrives.
+		n, err = 0, smtp.ErrTooLongLine
+		c.linger = true
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && c.inData {
 			// The client went away inside a message. For DATA, go-smtp's
@@ -321,6 +342,7 @@ func (c *conn) Write(b []byte) (int, error) {
 	if !c.inData { // the reply to DATA: the body has been read
 		c.replyPending = false
 		c.dataDeadline = time.Time{}
+		c.lines.body = false
 	}
 	closing := c.closeAfter
 	c.mu.Unlock()
@@ -334,6 +356,13 @@ func (c *conn) Write(b []byte) (int, error) {
 // socket once and releases its place in the limiter.
 func (c *conn) Close() error {
 	c.out.close(net.ErrClosed)
+	c.mu.Lock()
+	linger := c.linger
+	c.linger = false
+	c.mu.Unlock()
+	if linger {
+		c.lingerClose()
+	}
 	return c.kill()
 }
 
@@ -359,6 +388,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 	junk := c.reads - c.useful
 	c.reads++
 	draining := c.draining
+	c.lines.commandStarted()
 	c.mu.Unlock()
 	switch {
 	case draining:

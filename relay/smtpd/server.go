@@ -18,6 +18,9 @@
 //     DATA data-rate deadline (F1) and the junk-command limit (F4) live in
 //     the connection wrapper (listener.go); AUTH failure limits (F3) in
 //     auth.go.
+//   - Line lengths (lines.go). Body lines are taken up to the message
+//     size; command lines are held to 2000 octets by the connection, and
+//     an over-long one gets a 500 the client can read before the close.
 //   - Data (data.go). End of data is go-smtp's CRLF.CRLF. A bare LF is a line
 //     end and stored as CRLF; a stray CR becomes a space or refuses the
 //     message (bare_cr), so nothing stored has a CR or LF out of place
@@ -60,15 +63,6 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
-
-// maxLineLength is go-smtp's MaxLineLength for commands and DATA lines.
-// RFC 5321 §4.5.3.1.4-6 allows 512-octet commands and 1000-octet text
-// lines; go-smtp's default doubles that. RFC 4954 §4 asks for 12288-octet
-// AUTH lines, but only mechanisms with large tokens (GSSAPI) need them: we
-// offer PLAIN and LOGIN, whose responses are at most a few hundred octets
-// (bcrypt reads at most 72 octets of password). Raising the limit would
-// raise it for every command and body line too, so it stays at 2000.
-const maxLineLength = 2000
 
 // Queue is what the server needs from the queue: a durable Enqueue.
 // *queue.Queue implements it; tests use fakes.
@@ -284,7 +278,9 @@ func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Se
 	srv.Domain = s.cfg.Hostname
 	srv.MaxMessageBytes = lim.MaxMessageBytes
 	srv.MaxRecipients = lim.MaxRecipients
-	srv.MaxLineLength = maxLineLength
+	// Body lines may be as long as the message; the connection keeps
+	// command lines to maxLineLength (lines.go).
+	srv.MaxLineLength = int(lim.MaxMessageBytes) + 2
 	srv.ReadTimeout = lim.CommandTimeout
 	srv.WriteTimeout = lim.CommandTimeout
 	srv.TLSConfig = s.tls[i]
