@@ -3,8 +3,8 @@ package smtpd
 import (
 	"bytes"
 	"io"
-	"strings"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
