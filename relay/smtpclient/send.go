@@ -390,9 +390,10 @@ func encodeBody(body []byte) []byte {
 // (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line
 // endings of SMTP smuggling (bad-inputs c2); lines starting with "." get
 // another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. With fold set, a
-// line longer than fold octets on the wire (a stuffed "." included) is
-// broken by inserting CRLF SP after fold octets, and again after each
-// further fold-1 (Options.LineLengthLimit). For a BDAT chunk
+// line longer than fold octets is broken by inserting CRLF SP after fold
+// octets, and again after each further fold-1 (Options.LineLengthLimit).
+// The octets counted are the message's, without a stuffed ".", so the
+// receiver stores the same lines whether they came with DATA or BDAT. For a BDAT chunk
 // (newChunkEncoder) the line endings and the folding are the same but
 // there is no dot-stuffing and no final dot (RFC 3030 §2).
 type bodyEncoder struct {
@@ -402,7 +403,7 @@ type bodyEncoder struct {
 	done bool // the final ".\r\n" (BDAT: the final CRLF) was produced
 	bdat bool // a BDAT chunk: no dot-stuffing, no final dot
 	fold int  // break lines longer than this (0 or 1: never)
-	col  int  // octets of the current line produced so far
+	col  int  // octets of the current line produced so far (a stuffed "." not counted)
 	// lf and cr are where the next LF and CR are (len(body): none), valid
 	// while not behind i. Kept between runs, so each byte is scanned once
 	// for each (bytes.IndexByte is vectorised; IndexAny is a byte loop and
@@ -442,7 +443,6 @@ func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 	for e.i < len(e.body) && len(dst) < limit {
 		if e.bol && e.body[e.i] == '.' && !e.bdat {
 			dst = append(dst, '.') // the line's own "." follows in the run below
-			e.col++
 		}
 		rest := e.body[e.i:]
 		n := min(e.find(&e.lf, '\n'), e.find(&e.cr, '\r')) - e.i // the run of ordinary bytes
