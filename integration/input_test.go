@@ -101,7 +101,7 @@ func TestIntakeOverlongCommand(t *testing.T) {
 	n := newMailNet(t)
 	r := n.relay()
 	out, code := peers.SwaksMessage{Server: r.SMTPAddr, From: "a@src.test", To: []string{"b@dest.test"},
-		Helo: strings.Repeat("h", 30000) + ".test"}.Send(t)
+		Helo: strings.Repeat("h", 120000) + ".test"}.Send(t)
 	if code == 0 || !strings.Contains(out, "500 5.4.0 Too long line, closing connection") {
 		t.Fatalf("swaks exit %d, want the 500 reply:\n%s", code, out[max(len(out)-2000, 0):])
 	}
