@@ -1,7 +1,7 @@
 // Package smtpd is greyrelay's front door: the SMTP server that takes mail
 // from clients and commits it to the queue before answering 250.
 //
-// It is built on go-smtp v0.25.1, which parses commands and leaves policy to
+// It is built on go-smtp v0.26.0, which parses commands and leaves policy to
 // the backend. Everything go-smtp does not do, or does in a way a relay
 // cannot accept, is done here (the pitfall numbers refer to
 // shared/reference/go-smtp-and-bbolt-pitfalls.md):
@@ -410,10 +410,10 @@ func statfsFree(path string) (uint64, error) {
 // errorLog sends go-smtp's internal messages to zap: panics it recovered
 // at error level, everything else (handshake failures, resets) at debug.
 //
-// One panic is go-smtp's own and harmless: in v0.25.1 the goroutine that
-// handleBdat starts calls c.Session().Data after the connection may
-// already be closed (client gone right after a BDAT command), and
-// dereferences the nil session. go-smtp recovers it; none of our code ran.
+// One panic is go-smtp's own and harmless: in v0.25.1 and v0.26.0 the
+// goroutine that handleBdat starts calls c.Session().Data after the
+// connection may already be closed (client gone right after a BDAT
+// command), and dereferences the nil session. go-smtp recovers it; none of our code ran.
 // It is logged at warn level without the stack, since any client can
 // trigger it.
 type errorLog struct{ l *zap.Logger }
