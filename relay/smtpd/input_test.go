@@ -79,6 +79,14 @@ func TestSession_PostmasterAndQuotedLocalParts(t *testing.T) {
 	c.hello()
 	c.cmd("MAIL FROM:<a@x.example>", "250 ")
 	c.cmd("RCPT TO:<postmaster>", "554 5.7.1")
+	// A system hostname that is no domain leaves no default to go to.
+	cfg := trustedConfig(t)
+	cfg.Hostname = "host_name"
+	e = startServer(t, cfg)
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@x.example>", "250 ")
+	c.cmd("RCPT TO:<postmaster>", "550 5.1.1 No postmaster address configured")
 }
 
 // TestSession_AddressLiterals: delivery.address_literals refuse (the

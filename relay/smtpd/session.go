@@ -331,16 +331,16 @@ func (s *session) rcptAddress(env *envelope, to string) (address.Address, error)
 		// remote for greyrelay, so there is nothing to accept here.
 		return address.Address{}, s.refuse("relay", reply(554, 5, 7, 1, "Relay access denied"))
 	}
-	if strings.EqualFold(to, "postmaster") {
+	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8, Decoded: true, Postmaster: true})
+	if err != nil {
+		return address.Address{}, s.refuse("syntax", err)
+	}
+	if a.Domain == "" { // the domainless postmaster
 		if s.srv.postmaster.Domain == "" {
 			// RFC 3463 X.1.1 "Bad destination mailbox address".
 			return address.Address{}, s.refuse("syntax", reply(550, 5, 1, 1, "No postmaster address configured"))
 		}
 		return s.srv.postmaster, nil
-	}
-	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8, Decoded: true})
-	if err != nil {
-		return address.Address{}, s.refuse("syntax", err)
 	}
 	if a.Literal() && s.srv.cfg.Delivery.AddressLiterals != "deliver" {
 		// The address is well formed (so not X.1.3 or 553, "mailbox name
