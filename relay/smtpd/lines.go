@@ -202,3 +202,27 @@ func (c *conn) lingerClose() {
 	c.Conn.SetReadDeadline(time.Now().Add(lingerTime))
 	io.CopyN(io.Discard, c.Conn, lingerBytes)
 }
+
+// strayCRToSpace returns b with every CR not followed by LF made a space
+// (a copy, if there is one). go-smtp echoes the first four octets of an
+// unknown command in its 500 reply ("Syntax errors, X command
+// unrecognized"), and RFC 5321 §2.3.8 allows no bare CR in a reply. The
+// connection applies it to what it writes in plaintext; under TLS it sees
+// only ciphertext, and such an echo goes out as go-smtp wrote it.
+func strayCRToSpace(b []byte) []byte {
+	copied := false
+	for i := 0; ; i++ {
+		k := bytes.IndexByte(b[i:], '\r')
+		if k < 0 {
+			return b
+		}
+		i += k
+		if i+1 < len(b) && b[i+1] == '\n' {
+			continue
+		}
+		if !copied {
+			b, copied = bytes.Clone(b), true
+		}
+		b[i] = ' '
+	}
+}

@@ -143,3 +143,26 @@ func FuzzLineFramer(f *testing.F) {
 		}
 	})
 }
+
+// TestLines_EchoedCommandHasNoBareCR: go-smtp echoes an unknown command's
+// first four octets; a CR among them never reaches the client bare.
+func TestLines_EchoedCommandHasNoBareCR(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	for _, cmd := range []string{"A\rBC x", "\rXYZ", "AB\rC"} {
+		for _, l := range c.cmd(cmd, "500 ") {
+			if strings.Contains(l, "\r") {
+				t.Errorf("%q: reply %q", cmd, l)
+			}
+		}
+	}
+	c.cmd("NOOP", "250 ")
+	for _, tc := range []struct{ in, want string }{
+		{"250 ok\r\n", "250 ok\r\n"}, {"500 A\rB\r\n", "500 A B\r\n"}, {"\r", " "}, {"a\r\r\n", "a \r\n"}, {"", ""},
+	} {
+		if got := string(strayCRToSpace([]byte(tc.in))); got != tc.want {
+			t.Errorf("strayCRToSpace(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

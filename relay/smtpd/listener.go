@@ -335,8 +335,16 @@ func (c *conn) Read(b []byte) (int, error) {
 }
 
 // Write buffers a reply (see batch.go); it ends a pending DATA reply and
-// closes the connection when asked to, which sends the reply.
+// closes the connection when asked to, which sends the reply. In
+// plaintext it also makes any CR that does not end a line a space
+// (strayCRToSpace).
 func (c *conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	plain := !c.lines.tls
+	c.mu.Unlock()
+	if plain {
+		b = strayCRToSpace(b)
+	}
 	n, err := c.out.write(b)
 	c.mu.Lock()
 	if !c.inData { // the reply to DATA: the body has been read
