@@ -3,6 +3,8 @@ package smtpd
 import (
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 )
 
 // TestSession_Greeting: an EHLO/HELO argument that is neither a domain nor
@@ -123,4 +125,22 @@ func TestSession_AddressLiterals(t *testing.T) {
 			t.Errorf("%s: domains %s, want %s", mode, got, want)
 		}
 	}
+}
+
+// FuzzGreetingOK: whatever greetingOK passes is safe to echo: valid UTF-8
+// without control characters, spaces or angle brackets, at most 255 octets.
+func FuzzGreetingOK(f *testing.F) {
+	for _, s := range []string{"client.example", "[192.0.2.1]", "[IPv6:::1]", "my_pc", "evil.test\rX", "a:b", "münchen.example", "[300.1.1.1]", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, h string) {
+		if !greetingOK(h) {
+			return
+		}
+		if len(h) > 255 || !utf8.ValidString(h) || strings.ContainsFunc(h, func(r rune) bool {
+			return unicode.IsControl(r) || unicode.IsSpace(r) || r == '<' || r == '>'
+		}) {
+			t.Fatalf("greetingOK(%q)", h)
+		}
+	})
 }
