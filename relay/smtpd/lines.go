@@ -32,7 +32,10 @@ import (
 //     sees only ciphertext. It then bounds, instead, the octets read while
 //     one command is being read and no DATA body is (less what a BDAT
 //     chunk hands to Data): maxTLSCommandBytes, a memory bound for go-smtp's
-//     line buffer rather than an exact line length.
+//     line buffer rather than an exact line length. A BDAT chunk that
+//     go-smtp reads only to drop it (a BDAT refused with 502 or 552) counts
+//     as command octets there: past maxTLSCommandBytes the client gets the
+//     500 and the close instead of that reply.
 
 // maxLineLength is the longest command line, CRLF included: go-smtp's
 // default MaxLineLength. RFC 5321 §4.5.3.1.4 allows 512 octets; RFC 4954
@@ -82,8 +85,13 @@ func (f *lineFramer) beginBody() {
 // commandStarted is called when go-smtp starts reading a command line.
 func (f *lineFramer) commandStarted() { f.tlsBytes = 0 }
 
-// dataTaken is called with the octets Data took from a BDAT chunk.
-func (f *lineFramer) dataTaken(n int) { f.tlsBytes = max(f.tlsBytes-int64(n), 0) }
+// dataTaken is called with the octets Data took from the client. Under
+// TLS they were counted as read for the current command (a BDAT chunk is
+// read while its command is); they are taken off again, with an eighth
+// more for the TLS records' own octets (22 to 29 per record, which even
+// small records of a kilobyte keep under 3%). commandStarted clears the
+// credit before the next command is read.
+func (f *lineFramer) dataTaken(n int) { f.tlsBytes -= int64(n) + int64(n)/8 }
 
 // scan follows p, the octets just read, and reports false when a command
 // line is too long (under TLS: when the command took too many octets).

@@ -166,3 +166,23 @@ func TestLines_EchoedCommandHasNoBareCR(t *testing.T) {
 		}
 	}
 }
+
+// TestLines_LargeBDATUnderTLS: a BDAT chunk far larger than the command
+// bound, sent under TLS, is message data, not one long command.
+func TestLines_LargeBDATUnderTLS(t *testing.T) {
+	cert, key := writeCert(t)
+	cfg := trustedConfig(t)
+	cfg.Listeners[0].TLSCert, cfg.Listeners[0].TLSKey = cert, key
+	cfg.Limits.MaxMessageBytes = 4 << 20
+	e := startServer(t, cfg)
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.startTLS()
+	c.cmd("EHLO client.example", "250 ")
+	chunk := "Subject: x\r\n\r\n" + strings.Repeat(strings.Repeat("b", 998)+"\r\n", 3<<10) // 3 MiB
+	c.write("MAIL FROM:<a@x.example>\r\nRCPT TO:<b@y.example>\r\nBDAT " + strconv.Itoa(len(chunk)) + " LAST\r\n" + chunk)
+	c.expect("250 ")
+	c.expect("250 ")
+	c.expect("250 2.0.0 OK queued")
+	c.cmd("NOOP", "250 ")
+}
