@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -149,5 +150,43 @@ func TestIntakeAddressLiterals(t *testing.T) {
 	}
 	if n := len(sink.Messages()); n != 1 {
 		t.Errorf("the literal's host got %d messages, want only the one allowed", n)
+	}
+}
+
+// TestIntakeAddressFormsAndGreeting: what swaks sees and what a real
+// Postfix next hop reads. A quoted local part ("a b"@..., RFC 5321 §4.1.2)
+// and a quoted sender are taken and written out quoted again; RCPT
+// TO:<Postmaster> without a domain (RFC 5321 §4.5.1) goes to the
+// postmaster address; an EHLO carrying a bare CR gets 501 5.5.2 and is not
+// echoed.
+func TestIntakeAddressFormsAndGreeting(t *testing.T) {
+	peers.Require(t, "swaks", "postfix")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	px := n.postfix("pf.test", peers.PostfixConfig{DeliverTo: final.Addr})
+	r := n.relay("postmaster=ops@pf.test")
+
+	msg := message(`"john doe"@src.test`, "postmaster", "address forms")
+	r.send(peers.SwaksMessage{From: `"john doe"@src.test`, To: []string{"postmaster", `"a b"@pf.test`}, Data: msg})
+	got := final.WaitFor(t, 1, 30*time.Second)[0]
+	rcpts := slices.Sorted(slices.Values(got.Rcpts))
+	if !slices.Equal(rcpts, []string{"a b@pf.test", "ops@pf.test"}) { // go-smtp unquotes
+		t.Errorf("the final hop got RCPT %q", got.Rcpts)
+	}
+	want := []string{`from=<"john doe"@src.test>`, "to=<ops@pf.test>", `to=<"a b"@pf.test>`}
+	if log := px.WaitLog(10*time.Second, want...); !strings.Contains(log, want[1]) || !strings.Contains(log, want[2]) || !strings.Contains(log, want[0]) {
+		t.Errorf("Postfix did not read the addresses %v:\n%s", want, log)
+	}
+
+	out, code := peers.SwaksMessage{Server: r.SMTPAddr, From: "a@src.test", To: []string{"b@pf.test"},
+		Helo: "evil.test\rX-Injected: yes"}.Send(t)
+	if code == 0 || !strings.Contains(out, "501 5.5.2 Invalid EHLO/HELO argument") {
+		t.Errorf("swaks exit %d, want 501 5.5.2 at EHLO:\n%s", code, out)
+	}
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "<") && strings.Contains(l, "X-Injected") {
+			t.Errorf("the relay echoed the injected text: %q", l)
+		}
 	}
 }
