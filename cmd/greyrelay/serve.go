@@ -259,6 +259,8 @@ func newRouter(cfg *config.Config) (*mx.Router, error) {
 		Resolver: mx.NewDNS(server, 10*time.Second), Routes: cfg.Delivery.Routes,
 		Smarthost: cfg.Delivery.Smarthost.Address, Port: cfg.Delivery.Port,
 		AllowPrivate: cfg.Delivery.AllowPrivateDestinations,
+		Literals:     cfg.Delivery.AddressLiterals == "deliver",
+		MaxAddrs:     cfg.Delivery.MXAddressLimit,
 		IPv4:         true, IPv6: cfg.Delivery.SourceIPv6 != "",
 		Shuffle: rand.Shuffle,
 	}, nil

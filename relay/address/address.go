@@ -4,13 +4,17 @@
 //
 // Design notes:
 //
-//   - go-smtp v0.25.1 unquotes local parts and drops source routes before
-//     the session sees an address (pitfall F8): <"user@target"@relay> and
-//     <user@target@relay> both arrive as user@target@relay. So the domain is
-//     what follows the LAST "@", and any "@" left in the local part (quoted
-//     or not) is refused rather than guessed at. So are "%" and "!", the
-//     Sendmail and UUCP routing operators: a downstream parser could reroute
-//     on them even though RFC 5321 allows them as atext.
+//   - go-smtp unquotes local parts and drops source routes before the
+//     session sees an address (pitfall F8): <"user@target"@relay> and
+//     <user@target@relay> both arrive as user@target@relay, and <"a b"@x>
+//     as a b@x. So the domain is what follows the LAST "@", and any "@"
+//     left in the local part (quoted or not) is refused rather than guessed
+//     at. So are "%" and "!", the Sendmail and UUCP routing operators: a
+//     downstream parser could reroute on them even though RFC 5321 allows
+//     them as atext. What go-smtp hands over is parsed with
+//     Options.Decoded: its local part is already unquoted, so any qtextSMTP
+//     or quoted-pair character is taken (RFC 5321 §4.1.2 Quoted-string)
+//     and String quotes it again.
 //   - Every refusal is an *Error carrying the exact SMTP reply to give, so
 //     the server has nothing to decide. The codes are chosen here, once.
 //   - Local parts are preserved byte for byte (RFC 5321 §2.4: they are case
@@ -52,6 +56,13 @@ type Options struct {
 	// RFC 5321 §4.5.1 requires every server to take in RCPT. The result has
 	// an empty Domain.
 	Postmaster bool
+	// Decoded says the local part arrives already unquoted, as go-smtp
+	// hands it to the session: everything before the last "@" is the
+	// local part's content, and any character a Quoted-string may carry
+	// (RFC 5321 §4.1.2 qtextSMTP and quoted-pairSMTP: printable ASCII and
+	// space; UTF-8 with SMTPUTF8) is accepted. String quotes it again
+	// when it is not a Dot-string.
+	Decoded bool
 }
 
 // Address is a parsed mailbox. Local is the decoded local part (no quotes or
@@ -73,6 +84,10 @@ func (a Address) String() string {
 	}
 	return local + "@" + a.Domain
 }
+
+// Literal reports whether the domain is an address literal ("[192.0.2.1]",
+// "[IPv6:2001:db8::1]"), which names a host rather than a domain.
+func (a Address) Literal() bool { return strings.HasPrefix(a.Domain, "[") }
 
 // Error is a refused address together with the SMTP reply to give for it.
 type Error struct {
@@ -160,6 +175,10 @@ func Parse(s string, opt Options) (Address, error) {
 	if err != nil {
 		return Address{}, err
 	}
+	if len(rawLocal)+1+len(domain)+2 > MaxPath {
+		// A decoded local part is longer once quoted again.
+		return Address{}, tooLongErr(fmt.Sprintf("Path too long (max %d octets)", MaxPath))
+	}
 	return Address{Local: local, Domain: domain}, nil
 }
 
@@ -197,6 +216,9 @@ func checkBytes(s string, opt Options) error {
 // splitLocal separates the local part from "@domain". It returns the local
 // part as written (for the length limit), decoded, and the text after "@".
 func splitLocal(s string, opt Options) (raw, local, rest string, err error) {
+	if opt.Decoded {
+		return splitDecoded(s, opt)
+	}
 	if s[0] == '"' {
 		local, n, err := unquote(s, opt)
 		if err != nil {
@@ -223,6 +245,26 @@ func splitLocal(s string, opt Options) (raw, local, rest string, err error) {
 		return "", "", "", syntaxErr(opt, "Bad local part syntax")
 	}
 	return local, local, s[at+1:], nil
+}
+
+// splitDecoded is splitLocal for a local part go-smtp already unquoted.
+// checkBytes has refused control characters, so what is left is qtextSMTP
+// or a quoted-pair's character; the length limit applies to the local part
+// as it will be written again (quoted if need be).
+func splitDecoded(s string, opt Options) (raw, local, rest string, err error) {
+	at := strings.LastIndexByte(s, '@')
+	if at < 0 {
+		return "", "", "", syntaxErr(opt, "Address has no @domain")
+	}
+	local = s[:at]
+	if err := checkLocal(local, opt); err != nil {
+		return "", "", "", err
+	}
+	raw = local
+	if !isDotString(local) {
+		raw = quote(local)
+	}
+	return raw, local, s[at+1:], nil
 }
 
 // checkLocal applies the rules that hold however the local part was

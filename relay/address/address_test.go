@@ -12,6 +12,8 @@ var (
 	utf    = Options{SMTPUTF8: true}
 	sender = Options{Sender: true}
 	pm     = Options{Postmaster: true}
+	dec    = Options{Decoded: true}
+	decS   = Options{Decoded: true, Sender: true}
 )
 
 func TestParse_Valid(t *testing.T) {
@@ -40,6 +42,16 @@ func TestParse_Valid(t *testing.T) {
 		{"postmaster@example.com", pm, Address{"postmaster", "example.com"}, ""},
 		{"a@b-c.d1", rcpt, Address{"a", "b-c.d1"}, ""},
 		{"#$&'*+-/=?^_`{|}~@x.example", rcpt, Address{"#$&'*+-/=?^_`{|}~", "x.example"}, ""},
+		// As go-smtp hands them over: quotes already removed (RFC 5321
+		// §4.1.2 Quoted-string), quoted again by String.
+		{"a b@example.com", dec, Address{"a b", "example.com"}, `"a b"@example.com`},
+		{`a"b@x.org`, dec, Address{`a"b`, "x.org"}, `"a\"b"@x.org`},
+		{`a\b@x.org`, dec, Address{`a\b`, "x.org"}, `"a\\b"@x.org`},
+		{"a..b@x.org", dec, Address{"a..b", "x.org"}, `"a..b"@x.org`},
+		{"john.doe@x.org", dec, Address{"john.doe", "x.org"}, ""},
+		{`"q"@x.org`, dec, Address{`"q"`, "x.org"}, `"\"q\""@x.org`},
+		{"a b@example.com", decS, Address{"a b", "example.com"}, `"a b"@example.com`},
+		{"ü b@x.example", Options{Decoded: true, SMTPUTF8: true}, Address{"ü b", "x.example"}, `"ü b"@x.example`},
 	}
 	for _, tc := range tests {
 		got, err := Parse(tc.in, tc.opt)
@@ -152,6 +164,19 @@ func TestParse_Refused(t *testing.T) {
 		{strings.Repeat("a", 65) + "@x.example", rcpt, long},
 		{`"` + strings.Repeat("a", 63) + `"@x.example`, rcpt, long}, // 65 octets as written
 		{strings.Repeat("a", 2000) + "@x.example", rcpt, long},
+		// Decoded (go-smtp's form): the routing and control rules still
+		// hold inside what were quotes.
+		{"user@target@relay.example", dec, routing},
+		{"a%b@x.example", dec, routing},
+		{"a!b@x.example", dec, routing},
+		{"a\rb@x.example", dec, syntax},
+		{"a\tb@x.example", dec, syntax},
+		{"@x.example", dec, routing},
+		{"no-domain", dec, syntax},
+		{"ü b@x.example", dec, ascii},
+		{strings.Repeat("a", 63) + " @x.example", dec, long},   // 66 octets once quoted
+		{strings.Repeat(`"`, 31) + "@x.example", dec, "<nil>"}, // 64 octets once quoted
+		{strings.Repeat(`"`, 32) + "@x.example", dec, long},
 	}
 	for _, tc := range tests {
 		_, err := Parse(tc.in, tc.opt)
@@ -255,11 +280,15 @@ func FuzzParse(f *testing.F) {
 	for _, s := range []string{"user@example.com", `"a b"@x.y`, "user@target@relay", "@a:b@c",
 		"a%b@c", "user@[IPv6:::1]", "user@[127.0.0.1]", "ü@bücher.de", "user@xn--bcher-kva.de",
 		"a\r\n@b", "postmaster", `"a\"b"@c.d`, "x@0x7f000001"} {
-		f.Add(s, false)
-		f.Add(s, true)
+		f.Add(s, false, false)
+		f.Add(s, true, false)
+		f.Add(s, false, true)
 	}
-	f.Fuzz(func(t *testing.T, s string, smtputf8 bool) {
-		opt := Options{SMTPUTF8: smtputf8, Postmaster: true}
+	for _, s := range []string{"a b@x.y", `a"b@c.d`, `a\b@c.d`, "a..b@c", `"@x.y`, "a b@c@d.e"} {
+		f.Add(s, false, true)
+	}
+	f.Fuzz(func(t *testing.T, s string, smtputf8, decoded bool) {
+		opt := Options{SMTPUTF8: smtputf8, Postmaster: true, Decoded: decoded}
 		a, err := Parse(s, opt)
 		if err != nil {
 			var e *Error
@@ -287,7 +316,8 @@ func FuzzParse(f *testing.F) {
 		if len(a.Domain) > MaxDomain || len(a.String())+2 > MaxPath {
 			t.Fatalf("limits exceeded for %q", s)
 		}
-		b, err := Parse(a.String(), opt)
+		// What String writes is the quoted form, read back undecoded.
+		b, err := Parse(a.String(), Options{SMTPUTF8: smtputf8, Postmaster: true})
 		if err != nil || b != a {
 			t.Fatalf("round trip %q -> %q -> %#v, %v", s, a.String(), b, err)
 		}

@@ -44,6 +44,7 @@ type Config struct {
 	UsersFile       string     `yaml:"users_file"`
 	Limits          Limits     `yaml:"limits"`
 	BareCR          string     `yaml:"bare_cr"`
+	Postmaster      string     `yaml:"postmaster"`
 	Queue           Queue      `yaml:"queue"`
 	History         History    `yaml:"history"`
 	Admin           Admin      `yaml:"admin"`
@@ -76,6 +77,7 @@ type Limits struct {
 	MaxReceivedHeaders   int           `yaml:"max_received_headers"`
 	MaxAuthFailures      int           `yaml:"max_auth_failures"`
 	MaxAuthFailuresPerIP int           `yaml:"max_auth_failures_per_ip"`
+	IPv6PrefixLength     int           `yaml:"ipv6_prefix_length"`
 }
 
 // Queue configures the persistent queue.
@@ -122,7 +124,11 @@ type Delivery struct {
 	GreetingTimeout             time.Duration     `yaml:"greeting_timeout"`
 	CommandTimeout              time.Duration     `yaml:"command_timeout"`
 	DataTimeout                 time.Duration     `yaml:"data_timeout"`
-	Chunking                    bool              `yaml:"chunking"` // BDAT (RFC 3030) when the peer offers CHUNKING
+	Chunking                    bool              `yaml:"chunking"`          // BDAT (RFC 3030) when the peer offers CHUNKING
+	AddressLiterals             string            `yaml:"address_literals"`  // refuse | deliver
+	LineLengthLimit             int               `yaml:"line_length_limit"` // fold longer lines when sending; 0 = never
+	MXAddressLimit              int               `yaml:"mx_address_limit"`
+	MXSessionLimit              int               `yaml:"mx_session_limit"`
 	Smarthost                   Smarthost         `yaml:"smarthost"`
 	Routes                      map[string]string `yaml:"routes"`
 }

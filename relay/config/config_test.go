@@ -183,6 +183,13 @@ func TestValidate_Refusals(t *testing.T) {
 		{"negative commit delay", "queue:\n  commit_delay: -1ms\n", "queue.commit_delay"},
 		{"negative history retention", "history:\n  retention: -1h\n", "history.retention"},
 		{"unbounded history", "history:\n  max_messages: 0\n", "history.max_messages"},
+		{"bad literal policy", "delivery:\n  address_literals: lookup\n", "delivery.address_literals"},
+		{"tiny line limit", "delivery:\n  line_length_limit: 10\n", "delivery.line_length_limit"},
+		{"zero mx addresses", "delivery:\n  mx_address_limit: 0\n", "delivery.mx_address_limit"},
+		{"zero mx sessions", "delivery:\n  mx_session_limit: 0\n", "delivery.mx_session_limit"},
+		{"zero ipv6 prefix", "limits:\n  ipv6_prefix_length: 0\n", "limits.ipv6_prefix_length"},
+		{"long ipv6 prefix", "limits:\n  ipv6_prefix_length: 129\n", "limits.ipv6_prefix_length"},
+		{"bad postmaster", "postmaster: \"root\"\n", "postmaster"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // Validate reports every problem in c at once, each naming its key, so an
@@ -26,6 +27,10 @@ func (c *Config) Validate() error {
 	v.readable("users_file", c.UsersFile)
 	v.limits(c.Limits)
 	v.oneOf("bare_cr", c.BareCR, "normalize", "reject")
+	if c.Postmaster != "" {
+		_, err := address.Parse(c.Postmaster, address.Options{SMTPUTF8: true})
+		v.check(err == nil, "postmaster: %q is not an address (user@domain): %v", c.Postmaster, err)
+	}
 	v.check(c.Queue.Path != "", "queue.path: empty")
 	v.positive("queue.lock_timeout", int64(c.Queue.LockTimeout))
 	v.check(c.Queue.CommitDelay >= 0 && c.Queue.CommitDelay <= 100*time.Millisecond,
@@ -126,6 +131,7 @@ func (v *validator) limits(l Limits) {
 	v.positive("limits.max_received_headers", int64(l.MaxReceivedHeaders))
 	v.positive("limits.max_auth_failures", int64(l.MaxAuthFailures))
 	v.positive("limits.max_auth_failures_per_ip", int64(l.MaxAuthFailuresPerIP))
+	v.check(l.IPv6PrefixLength >= 1 && l.IPv6PrefixLength <= 128, "limits.ipv6_prefix_length: %d, want 1 to 128", l.IPv6PrefixLength)
 }
 
 func (v *validator) admin(a Admin) {
@@ -172,6 +178,10 @@ func (v *validator) delivery(d Delivery) {
 	v.positive("delivery.greeting_timeout", int64(d.GreetingTimeout))
 	v.positive("delivery.command_timeout", int64(d.CommandTimeout))
 	v.positive("delivery.data_timeout", int64(d.DataTimeout))
+	v.oneOf("delivery.address_literals", d.AddressLiterals, "refuse", "deliver")
+	v.check(d.LineLengthLimit == 0 || d.LineLengthLimit >= 78, "delivery.line_length_limit: %d, want 0 (send unchanged) or at least 78", d.LineLengthLimit)
+	v.positive("delivery.mx_address_limit", int64(d.MXAddressLimit))
+	v.positive("delivery.mx_session_limit", int64(d.MXSessionLimit))
 	s := d.Smarthost
 	if s.Address != "" {
 		v.hostPort("delivery.smarthost.address", s.Address)

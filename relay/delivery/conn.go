@@ -96,7 +96,14 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		}
 		rest.rcpts = j.rcpts
 	}
+	sessions := 0
 	for _, t := range ts {
+		if limit := e.cfg.Delivery.MXSessionLimit; limit > 0 && sessions >= limit {
+			// Postfix smtp_mx_session_limit: hosts that answer but leave
+			// the recipients undone (421, a dropped connection) are not
+			// tried without end; the rest waits for the next attempt.
+			break
+		}
 		a.tried = t
 		c, err := e.dial(ctx, t, rt.Kind)
 		if ctx.Err() != nil {
@@ -110,6 +117,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			e.noteDialFailure(d, t, rest.v)
 			continue
 		}
+		sessions++ // greeting and EHLO done: a session, as Postfix counts them
 		var s *session
 		if s, rest = e.transact(ctx, d, a, e.opened(d, c, t, rt.Kind), rest.rcpts); len(rest.rcpts) == 0 || ctx.Err() != nil {
 			return s
@@ -213,7 +221,8 @@ func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.C
 	d := e.cfg.Delivery
 	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: e.opt.TLSConfig,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout,
-		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout, Chunking: d.Chunking}
+		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout, Chunking: d.Chunking,
+		LineLengthLimit: d.LineLengthLimit}
 	if kind == mx.KindSmarthost {
 		opt.Username, opt.Password = d.Smarthost.Username, d.Smarthost.Password
 	}

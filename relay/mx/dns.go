@@ -55,7 +55,7 @@ type Resolver interface {
 }
 
 // DNS is a Resolver that queries one recursive name server over UDP,
-// retrying over TCP when the answer is truncated.
+// retrying over TCP when the answer is truncated or does not parse.
 type DNS struct {
 	Server  string        // host:port of a recursive resolver
 	Timeout time.Duration // per query attempt
@@ -107,7 +107,11 @@ func (d *DNS) query(ctx context.Context, name string, qtype uint16) ([]dns.RR, e
 }
 
 // exchange sends m over UDP (with retries on timeout) and repeats it over
-// TCP when the UDP answer is truncated (RFC 7766 §5, RFC 1035 §4.2.1).
+// TCP when the UDP answer is truncated (RFC 7766 §5, RFC 1035 §4.2.1) or
+// does not parse. The latter is what an answer larger than our EDNS0
+// buffer looks like when a server (or a middlebox) sends it without the TC
+// bit: the datagram is cut at the buffer's size, so it would fail the same
+// way at every retry, while TCP carries it whole.
 func (d *DNS) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 	udp := &dns.Client{Net: "udp", Timeout: d.Timeout}
 	var resp *dns.Msg
@@ -118,10 +122,11 @@ func (d *DNS) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 			break
 		}
 	}
-	if err != nil {
-		return nil, err
-	}
-	if !resp.Truncated {
+	var ne net.Error
+	switch {
+	case err != nil && (errors.As(err, &ne) || ctx.Err() != nil):
+		return nil, err // the network's trouble, not the answer's
+	case err == nil && !resp.Truncated:
 		return resp, nil
 	}
 	tcp := &dns.Client{Net: "tcp", Timeout: d.Timeout}

@@ -3,6 +3,7 @@ package mx_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -201,5 +202,23 @@ func TestSystemServer(t *testing.T) {
 	}
 	if _, err := mx.SystemServer(filepath.Join(dir, "missing")); err == nil {
 		t.Error("SystemServer(missing) succeeded")
+	}
+}
+
+// TestOversizedUDPAnswerUsesTCP: a server that sends an answer larger than
+// our EDNS0 buffer over UDP without setting TC (500 MX records, about
+// 14 KB) leaves a datagram cut short that does not parse; the query is
+// repeated over TCP instead of failing at every retry. The bounded route
+// over the 500 hosts is TestRoute_MaxAddrs's business.
+func TestOversizedUDPAnswerUsesTCP(t *testing.T) {
+	s := &mxtest.Server{}
+	for i := range 500 {
+		s.MX("many.test", uint16(i), fmt.Sprintf("mx%03d.many.test", i))
+	}
+	s.Start(t)
+	d := mx.NewDNS(s.Addr(), 300*time.Millisecond)
+	got, err := d.LookupMX(context.Background(), "many.test")
+	if err != nil || len(got) != 500 || got[0].Host != "mx000.many.test" {
+		t.Fatalf("LookupMX(many.test) = %d records, %v", len(got), err)
 	}
 }

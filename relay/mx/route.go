@@ -18,6 +18,7 @@ const (
 	KindSmarthost  = "smarthost"   // everything goes to one relay host
 	KindMX         = "mx"          // the domain's MX records
 	KindImplicitMX = "implicit-mx" // no MX: the domain itself (RFC 5321 §5.1)
+	KindLiteral    = "literal"     // an address literal: that address, no DNS
 )
 
 // Hop is one host to try, in order, with the addresses we may connect to.
@@ -32,13 +33,14 @@ type Hop struct {
 
 // Route is the outcome of routing one destination domain.
 type Route struct {
-	Kind   string // KindRoute, KindSmarthost, KindMX or KindImplicitMX
+	Kind   string // KindRoute, KindSmarthost, KindMX, KindImplicitMX or KindLiteral
 	Domain string // the destination domain, normalised
 	Hops   []Hop  // in the order to try; hops without Addrs are to be skipped
 }
 
 // Router chooses the hops for a destination domain. Precedence:
-// Smarthost, then Routes[domain], then DNS MX records.
+// Smarthost, then Routes[domain], then the address of an address literal
+// (never looked up in DNS), then DNS MX records.
 type Router struct {
 	Resolver     Resolver
 	Routes       map[string]string // domain → host:port (Postfix transport-map style); keys lower case
@@ -46,6 +48,16 @@ type Router struct {
 	Port         int               // port for MX delivery and for routes without a port; 0 = 25
 	AllowPrivate bool              // keep loopback/private/link-local/ULA/unspecified MX addresses
 	IPv4, IPv6   bool              // which address families we can send from
+	// Literals delivers to an address literal's own address ("[192.0.2.1]",
+	// "[IPv6:2001:db8::1]"), under the AllowPrivate rule of MX targets.
+	// false refuses such domains with a permanent error.
+	Literals bool
+	// MaxAddrs bounds the MX addresses of one route, as Postfix's
+	// smtp_mx_address_limit does: MX hosts are looked up in preference
+	// order only until this many addresses are found, and at most twice
+	// this many hosts are looked up, so a domain with hundreds of MX
+	// records costs a bounded number of lookups. 0: no limit.
+	MaxAddrs int
 	// Shuffle randomises MX hosts of equal preference (RFC 5321 §5.1);
 	// rand.Shuffle fits. nil leaves them in DNS answer order.
 	Shuffle func(n int, swap func(i, j int))
@@ -62,7 +74,46 @@ func (r *Router) Route(ctx context.Context, domain string) (Route, error) {
 	if hp, ok := r.Routes[domain]; ok {
 		return r.fixed(ctx, KindRoute, domain, hp)
 	}
+	if strings.HasPrefix(domain, "[") {
+		return r.literal(domain)
+	}
 	return r.viaMX(ctx, domain)
+}
+
+// literal routes an address literal (RFC 5321 §4.1.3) to its address. It
+// is never a name: looking "[192.0.2.1]" up in DNS can only fail, or
+// worse, find something. The address must pass the rule MX targets pass,
+// or a client could have us deliver into our own network.
+func (r *Router) literal(domain string) (Route, error) {
+	rt := Route{Kind: KindLiteral, Domain: domain}
+	if !r.Literals {
+		// Permanent: RFC 3463 X.1.2, the destination system in the address
+		// is not one we deliver to.
+		return rt, &classifier.DNSError{Domain: domain, Kind: classifier.DNSNXDomain,
+			Err: errors.New("address literals are not delivered (delivery.address_literals: refuse)")}
+	}
+	inner := strings.TrimSuffix(strings.TrimPrefix(domain, "["), "]")
+	if len(inner) > 5 && strings.EqualFold(inner[:5], "IPv6:") {
+		inner = inner[5:]
+	}
+	ip, err := netip.ParseAddr(inner)
+	if err != nil || ip.Zone() != "" {
+		return rt, &classifier.DNSError{Domain: domain, Kind: classifier.DNSNXDomain,
+			Err: fmt.Errorf("bad address literal %q", domain)}
+	}
+	hop := Hop{Host: ip.Unmap().String(), Port: r.port()}
+	for _, a := range r.families([]netip.Addr{ip}) {
+		if !r.AllowPrivate && private(a) {
+			hop.Refused = append(hop.Refused, a)
+		} else {
+			hop.Addrs = append(hop.Addrs, a)
+		}
+	}
+	rt.Hops = []Hop{hop}
+	if len(hop.Addrs) == 0 {
+		return rt, noAddrs(rt)
+	}
+	return rt, nil
 }
 
 // fixed routes to a configured host:port. The operator chose it, so private
@@ -101,16 +152,21 @@ func (r *Router) viaMX(ctx context.Context, domain string) (Route, error) {
 		mxs = []MX{{Host: domain}}
 	}
 	r.shuffleEqual(mxs)
-	port := r.port()
-	for _, m := range mxs {
+	port, found := r.port(), 0
+	for i, m := range mxs {
+		if r.MaxAddrs > 0 && (found >= r.MaxAddrs || i >= 2*r.MaxAddrs) {
+			break
+		}
 		hop := Hop{Host: normHost(m.Host), Pref: m.Pref, Port: port}
 		addrs, err := r.Resolver.LookupAddrs(ctx, hop.Host, r.IPv4, r.IPv6)
 		hop.Err = err
 		for _, a := range r.families(addrs) {
-			if !r.AllowPrivate && private(a) {
+			switch {
+			case !r.AllowPrivate && private(a):
 				hop.Refused = append(hop.Refused, a)
-			} else {
+			case r.MaxAddrs == 0 || found < r.MaxAddrs:
 				hop.Addrs = append(hop.Addrs, a)
+				found++
 			}
 		}
 		rt.Hops = append(rt.Hops, hop)

@@ -183,3 +183,108 @@ func TestRouteShufflesOnlyEqualPreferences(t *testing.T) {
 		t.Errorf("shuffle runs = %v, want [3 2]", runs)
 	}
 }
+
+// countingResolver answers every MX query with n hosts of preference 10,
+// each with two addresses (or with fail), and counts the queries.
+type countingResolver struct {
+	n, mxQueries, addrQueries int
+	fail                      bool
+}
+
+func (c *countingResolver) LookupMX(_ context.Context, d string) ([]mx.MX, error) {
+	c.mxQueries++
+	var out []mx.MX
+	for i := range c.n {
+		out = append(out, mx.MX{Host: fmt.Sprintf("mx%d.%s", i, d), Pref: 10})
+	}
+	return out, nil
+}
+
+func (c *countingResolver) LookupAddrs(_ context.Context, h string, _, _ bool) ([]netip.Addr, error) {
+	c.addrQueries++
+	if c.fail {
+		return nil, &classifier.DNSError{Domain: h, Kind: classifier.DNSNXDomain}
+	}
+	i := c.addrQueries
+	return []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}), netip.AddrFrom4([4]byte{198, 51, 100, byte(i)})}, nil
+}
+func (c *countingResolver) LookupPTR(context.Context, netip.Addr) ([]string, error) { return nil, nil }
+func (c *countingResolver) LookupTXT(context.Context, string) ([]string, error)     { return nil, nil }
+func (c *countingResolver) LookupA(context.Context, string) ([]netip.Addr, error)   { return nil, nil }
+
+// TestRoute_MaxAddrs: a domain with 500 MX hosts costs a bounded number of
+// lookups and yields at most MaxAddrs addresses (Postfix
+// smtp_mx_address_limit), whether its hosts resolve or not.
+func TestRoute_MaxAddrs(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		max         int
+		fail        bool
+		wantQueries int
+		wantAddrs   int
+	}{
+		{"five addresses from three hosts", 5, false, 3, 5},
+		{"one address", 1, false, 1, 1},
+		{"unresolvable hosts: twice the limit looked up", 5, true, 10, 0},
+		{"no limit", 0, false, 500, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &countingResolver{n: 500, fail: tc.fail}
+			r := mx.Router{Resolver: c, IPv4: true, MaxAddrs: tc.max}
+			rt, _ := r.Route(context.Background(), "many.test")
+			n := 0
+			for _, h := range rt.Hops {
+				n += len(h.Addrs)
+			}
+			if c.addrQueries != tc.wantQueries || n != tc.wantAddrs {
+				t.Errorf("%d host lookups, %d addresses; want %d, %d", c.addrQueries, n, tc.wantQueries, tc.wantAddrs)
+			}
+		})
+	}
+}
+
+// TestRoute_Literal: an address literal is never looked up in DNS; it is
+// refused permanently unless Literals is set, and then delivered to under
+// the private-destination rule of MX targets.
+func TestRoute_Literal(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		r       mx.Router
+		domain  string
+		hops    string
+		errKind classifier.DNSKind
+		err     string
+	}{
+		{"refused by default", mx.Router{}, "[192.0.2.1]", "", classifier.DNSNXDomain, "address_literals"},
+		{"ipv4", mx.Router{Literals: true}, "[192.0.2.1]", "192.0.2.1/0:25=192.0.2.1", 0, ""},
+		{"ipv6", mx.Router{Literals: true, IPv6: true}, "[IPv6:2001:db8::1]", "2001:db8::1/0:25=2001:db8::1", 0, ""},
+		{"ipv6 without an ipv6 source", mx.Router{Literals: true}, "[IPv6:2001:db8::1]", "2001:db8::1/0:25=", classifier.DNSOther, "no usable address"},
+		{"private refused", mx.Router{Literals: true}, "[127.0.0.1]", "127.0.0.1/0:25=!127.0.0.1", classifier.DNSOther, "only to private"},
+		{"private refused v6", mx.Router{Literals: true, IPv6: true}, "[IPv6:::1]", "::1/0:25=!::1", classifier.DNSOther, "only to private"},
+		{"private allowed", mx.Router{Literals: true, AllowPrivate: true, Port: 2525}, "[10.0.0.1]", "10.0.0.1/0:2525=10.0.0.1", 0, ""},
+		{"mapped v4", mx.Router{Literals: true}, "[IPv6:::ffff:192.0.2.7]", "192.0.2.7/0:25=192.0.2.7", 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &countingResolver{n: 1}
+			r := tc.r
+			r.Resolver, r.IPv4 = c, true
+			rt, err := r.Route(context.Background(), tc.domain)
+			if c.mxQueries+c.addrQueries != 0 {
+				t.Errorf("%d DNS queries for a literal", c.mxQueries+c.addrQueries)
+			}
+			var de *classifier.DNSError
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatalf("Route: %v", err)
+			case tc.err != "" && (!errors.As(err, &de) || de.Kind != tc.errKind || !strings.Contains(err.Error(), tc.err)):
+				t.Fatalf("err = %v, want kind %v containing %q", err, tc.errKind, tc.err)
+			}
+			if got := hopsString(rt.Hops); got != tc.hops {
+				t.Errorf("hops %q, want %q", got, tc.hops)
+			}
+			if tc.hops != "" && rt.Kind != mx.KindLiteral {
+				t.Errorf("kind %q", rt.Kind)
+			}
+		})
+	}
+}

@@ -10,8 +10,8 @@ import (
 
 // RoutingReport is step 1: where mail for the domain goes.
 type RoutingReport struct {
-	// Kind is mx.KindSmarthost, mx.KindRoute, mx.KindMX or mx.KindImplicitMX
-	// (no MX records: the domain itself, RFC 5321 §5.1).
+	// Kind is mx.KindSmarthost, mx.KindRoute, mx.KindMX, mx.KindImplicitMX
+	// (no MX records: the domain itself, RFC 5321 §5.1) or mx.KindLiteral.
 	Kind    string      `json:"kind"`
 	Elapsed Millis      `json:"elapsed_ms"`
 	Hops    []HopReport `json:"hops"`

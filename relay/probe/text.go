@@ -64,6 +64,7 @@ func (r RoutingReport) write(p *printer, domain string) {
 		mx.KindRoute:      "static route (delivery.routes) for " + domain,
 		mx.KindMX:         "MX records of " + domain + ", in preference order",
 		mx.KindImplicitMX: "no MX records: the domain itself is the implicit MX (RFC 5321 §5.1)",
+		mx.KindLiteral:    "address literal: that address itself, no DNS (delivery.address_literals: deliver)",
 	}[r.Kind]
 	p.f("\n1. Routing (%s)", r.Elapsed)
 	if what != "" {

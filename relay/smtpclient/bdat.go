@@ -41,23 +41,41 @@ type chunk struct {
 	body      []byte
 	size      int64 // octets of the canonical form: the BDAT size
 	canonical bool  // body is its own canonical form
+	fold      int   // the encoder's fold (Options.LineLengthLimit)
 }
 
 // newChunk scans body (bytes.IndexByte, vectorised) for its canonical
 // size: a CR without LF becomes a space (same size), an LF without CR
 // gains a CR, and a body not ending in a line break gains CRLF.
-func newChunk(body []byte) *chunk {
-	ch := &chunk{body: body, size: int64(len(body)), canonical: true}
-	for i := 0; ; {
+func newChunk(body []byte) *chunk { return newFoldedChunk(body, 0) }
+
+// newFoldedChunk is newChunk with lines longer than fold octets folded
+// (bodyEncoder.fold; 0: none). A body with such a line is not canonical,
+// and its size is counted by encoding it once beforehand.
+func newFoldedChunk(body []byte, fold int) *chunk {
+	ch := &chunk{body: body, size: int64(len(body)), canonical: true, fold: fold}
+	long := false
+	i := 0
+	for ; ; i++ {
 		k := bytes.IndexByte(body[i:], '\n')
 		if k < 0 {
 			break
 		}
+		line := k
 		if i+k == 0 || body[i+k-1] != '\r' {
 			ch.size++
 			ch.canonical = false
+		} else {
+			line-- // the CR of CRLF
 		}
-		i += k + 1
+		long = long || fold > 1 && line > fold
+		i += k
+	}
+	long = long || fold > 1 && len(body)-i > fold
+	if long {
+		ch.canonical = false
+		ch.size = encodedSize(newChunkEncoder(body), fold)
+		return ch
 	}
 	if len(body) > 0 && body[len(body)-1] != '\n' {
 		ch.size += 2
@@ -86,10 +104,25 @@ type chunkReader struct {
 	sent int64        // octets handed out so far
 }
 
+// encodedSize runs enc with fold to its end and counts what it produces.
+func encodedSize(enc *bodyEncoder, fold int) int64 {
+	enc.fold = fold
+	buf := make([]byte, 0, dataPiece+8)
+	var n int64
+	for {
+		buf = enc.next(buf[:0], dataPiece)
+		if len(buf) == 0 {
+			return n
+		}
+		n += int64(len(buf))
+	}
+}
+
 func (ch *chunk) reader() *chunkReader {
 	r := &chunkReader{ch: ch}
 	if !ch.canonical {
 		r.enc = newChunkEncoder(ch.body)
+		r.enc.fold = ch.fold
 		r.buf = make([]byte, 0, min(ch.size, dataPiece)+8)
 	}
 	return r

@@ -107,6 +107,14 @@ type Options struct {
 	// Chunking sends the body with BDAT (RFC 3030) when the peer
 	// advertises CHUNKING; otherwise, and always when false, with DATA.
 	Chunking bool
+	// LineLengthLimit folds body lines longer than this many octets (not
+	// counting CRLF) by inserting CRLF SP, as Postfix's
+	// smtp_line_length_limit does: RFC 5321 §4.5.3.1.6 lets a server
+	// refuse lines over 1000 octets with CRLF, and the space makes the
+	// break a header continuation (RFC 5322 §2.2.3) rather than a new
+	// field. A DKIM signature over a folded line no longer verifies.
+	// 0 sends lines unchanged.
+	LineLengthLimit int
 	// Trace, if set, receives every line sent and every reply received
 	// (for `greyrelay probe`). AUTH payloads are redacted and the message
 	// body is summarised as one event. Under PIPELINING the lines of a

@@ -104,7 +104,7 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 	}
 	t := tx{env: env, mail: mail, rcpts: rcpts, body: body, dsn: dsn}
 	if ok, _ := c.Extension("CHUNKING"); ok && c.opt.Chunking {
-		t.chunk = newChunk(body)
+		t.chunk = newFoldedChunk(body, c.opt.LineLengthLimit)
 	}
 	if ok, _ := c.Extension("PIPELINING"); ok {
 		return c.sendPipelined(ctx, t)
@@ -183,6 +183,7 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 	// The payload is encoded a piece at a time into one reused buffer: a
 	// large message is never copied whole a second time on its way out.
 	enc := newBodyEncoder(body)
+	enc.fold = c.opt.LineLengthLimit
 	buf := make([]byte, 0, dataPiece+8)
 	for {
 		buf = enc.next(buf[:0], dataPiece)
@@ -388,15 +389,21 @@ func encodeBody(body []byte) []byte {
 // line ends in CRLF, a bare LF becomes CRLF and a bare CR becomes a space
 // (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line
 // endings of SMTP smuggling (bad-inputs c2); lines starting with "." get
-// another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. Long lines are not
-// folded. For a BDAT chunk (newChunkEncoder) the line endings are the same
-// but there is no dot-stuffing and no final dot (RFC 3030 §2).
+// another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. With fold set, a
+// line longer than fold octets is broken by inserting CRLF SP after fold
+// octets, and again after each further fold-1 (Options.LineLengthLimit).
+// The octets counted are the message's, without a stuffed ".", so the
+// receiver stores the same lines whether they came with DATA or BDAT. For a BDAT chunk
+// (newChunkEncoder) the line endings and the folding are the same but
+// there is no dot-stuffing and no final dot (RFC 3030 §2).
 type bodyEncoder struct {
 	body []byte
 	i    int  // next byte of body to encode
 	bol  bool // at the beginning of a line
 	done bool // the final ".\r\n" (BDAT: the final CRLF) was produced
 	bdat bool // a BDAT chunk: no dot-stuffing, no final dot
+	fold int  // break lines longer than this (0 or 1: never)
+	col  int  // octets of the current line produced so far (a stuffed "." not counted)
 	// lf and cr are where the next LF and CR are (len(body): none), valid
 	// while not behind i. Kept between runs, so each byte is scanned once
 	// for each (bytes.IndexByte is vectorised; IndexAny is a byte loop and
@@ -440,11 +447,16 @@ func (e *bodyEncoder) next(dst []byte, limit int) []byte {
 		rest := e.body[e.i:]
 		n := min(e.find(&e.lf, '\n'), e.find(&e.cr, '\r')) - e.i // the run of ordinary bytes
 		if n > 0 {
+			dst = e.foldIfFull(dst)
 			// At least one byte, so a stuffed "." is never doubled again
 			// by the next call.
 			n = min(n, max(limit-len(dst), 1))
+			if e.fold > 1 {
+				n = min(n, e.fold-e.col)
+			}
 			dst = append(dst, rest[:n]...)
 			e.i += n
+			e.col += n
 			e.bol = false
 			continue
 		}
@@ -471,9 +483,22 @@ func (e *bodyEncoder) lineEnd(dst, rest []byte) ([]byte, bool) {
 		e.i += 2
 	case rest[0] == '\r':
 		e.i++
+		dst = e.foldIfFull(dst)
+		e.col++
 		return append(dst, ' '), false
 	default:
 		e.i++
 	}
+	e.col = 0
 	return append(dst, '\r', '\n'), true
+}
+
+// foldIfFull breaks the line before more of it is produced, when it holds
+// fold octets already: CRLF SP, and the space starts the new line.
+func (e *bodyEncoder) foldIfFull(dst []byte) []byte {
+	if e.fold > 1 && e.col >= e.fold {
+		dst = append(dst, '\r', '\n', ' ')
+		e.col = 1
+	}
+	return dst
 }

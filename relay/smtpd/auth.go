@@ -160,37 +160,29 @@ func (l *loginServer) Next(resp []byte) ([]byte, bool, error) {
 type authLimiter struct {
 	max    int
 	window time.Duration
+	bits   int // limits.ipv6_prefix_length
 
 	mu        sync.Mutex
 	fails     map[netip.Addr][]time.Time
 	lastSweep time.Time
 }
 
-func newAuthLimiter(max int, window time.Duration) *authLimiter {
-	return &authLimiter{max: max, window: window, fails: make(map[netip.Addr][]time.Time)}
-}
-
-func authKey(ip netip.Addr) netip.Addr {
-	if ip.Is6() {
-		if p, err := ip.Prefix(64); err == nil {
-			return p.Addr()
-		}
-	}
-	return ip
+func newAuthLimiter(max int, window time.Duration, ipv6Bits int) *authLimiter {
+	return &authLimiter{max: max, window: window, bits: ipv6Bits, fails: make(map[netip.Addr][]time.Time)}
 }
 
 // blocked reports whether ip has used up its failures.
 func (a *authLimiter) blocked(ip netip.Addr, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.recent(authKey(ip), now)) >= a.max
+	return len(a.recent(clientKey(ip, a.bits), now)) >= a.max
 }
 
 // fail records a failure for ip.
 func (a *authLimiter) fail(ip netip.Addr, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	k := authKey(ip)
+	k := clientKey(ip, a.bits)
 	ts := append(a.recent(k, now), now)
 	if len(ts) > a.max {
 		ts = ts[len(ts)-a.max:]

@@ -28,19 +28,18 @@ import (
 //   - NUL is refused with 554 5.6.0 (as mox does; RFC 2045 §2.8 and
 //     RFC 6152 do not allow NUL even in 8-bit data, and a downstream MTA
 //     that drops NULs could see an end-of-data that we did not).
-//   - Lines are accepted up to go-smtp's MaxLineLength (2000 octets
-//     including CRLF) and stored unchanged, not split: splitting would
-//     break DKIM signatures, and the RFC 5322 998-octet limit is the
-//     sender's to keep. A longer line gets 500 5.6.0 and the connection is
-//     closed, because go-smtp cannot read past it.
+//   - Lines of any length are accepted, up to the message size (Postfix
+//     takes them too; lines.go), and stored unchanged, not split:
+//     splitting would break DKIM signatures. They are folded when sent,
+//     as Postfix does (delivery.line_length_limit).
 //   - Size: go-smtp's reader checks max_message_bytes before it can see
 //     the final dot, so a body of exactly that size gets 552 5.3.4; the
 //     largest body accepted is one octet less (SIZE= up to the limit is
 //     accepted at MAIL). The normalised body is held to the same limit.
 //   - Every failure is answered only after the whole body was read (the
-//     session stays in sync), except read errors and over-long lines,
-//     after which the connection is closed so that no body line is ever
-//     read as a command (F1).
+//     session stays in sync), except read errors, after which the
+//     connection is closed so that no body line is ever read as a
+//     command (F1).
 //
 // Nothing stored contains a CR or LF outside a CRLF pair, and the body
 // always ends with CRLF (a BDAT body may not).
@@ -154,6 +153,7 @@ func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared 
 	sp := bodySpill{q: s.srv.queue}
 	for {
 		k, err := r.Read(buf.read)
+		s.conn.dataTaken(k)
 		n.write(buf.read[:k])
 		sp.maybeSpill(&n)
 		if err == io.EOF {

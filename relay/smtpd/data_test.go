@@ -159,10 +159,20 @@ func TestData_ReceivedHeader(t *testing.T) {
 		{"a\rb", "Received: from unknown ([127.0.0.1]) (helo=a_b)\r\n"},
 		{"x\x00y", "Received: from unknown ([127.0.0.1]) (helo=x_y)\r\n"},
 		{"1.2.3.4", "Received: from unknown ([127.0.0.1]) (helo=1.2.3.4)\r\n"},
+		{"my_pc", "Received: from unknown ([127.0.0.1]) (helo=my_pc)\r\n"},
 		{strings.Repeat("h", 1900), "Received: from unknown ([127.0.0.1]) (helo=" + strings.Repeat("h", 64) + ")\r\n"},
 	} {
 		c := dial(t, e.addr(0))
 		c.expect("220 ")
+		if !greetingOK(tc.helo) {
+			// Refused at EHLO now (TestSession_Greeting); the header's own
+			// sanitising is checked on the name directly.
+			c.cmd("EHLO "+tc.helo, "501 5.5.2")
+			if got := "Received: from unknown ([127.0.0.1]) (helo=" + sanitizeHelo(tc.helo) + ")\r\n"; got != tc.want {
+				t.Errorf("HELO %q: %q", tc.helo, got)
+			}
+			continue
+		}
 		c.cmd("EHLO "+tc.helo, "250 ")
 		c.sendMessage("a@x.example", []string{"b@y.example"}, "x\r\n")
 		msgs := e.q.messages()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,11 @@ func FuzzSession(f *testing.F) {
 		"HELO \x00\r\nMAIL FROM:<a\r@b>\r\nRCPT TO:<x@y@z>\r\nDATA\r\n",
 		"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
 		"\x16\x03\x01\x00\x05hello",
+		"EHLO evil.test\rX-Injected: yes\r\nEHLO x\r\nEHLO [1.2.3.4]\r\nEHLO a\rb\r\n",
+		"EHLO x\r\nMAIL FROM:<\"a b\"@c.example>\r\nRCPT TO:<Postmaster>\r\nRCPT TO:<u@[192.0.2.1]>\r\nRCPT TO:<\"q\\\"r\"@s.example>\r\n",
+		"EHLO x\r\nMAIL FROM:<a@b.example>\r\nRCPT TO:<c@d.example>\r\nDATA\r\n" + strings.Repeat("L", 2100) + "\r\n.\r\nNOOP\r\n",
+		"EHLO x\r\nNOOP " + strings.Repeat("n", 2100) + "\r\nNOOP\r\n",
+		"EHLO x\r\nMAIL FROM:<a@b.example>\r\nRCPT TO:<c@d.example>\r\nBDAT 2100 LAST\r\n" + strings.Repeat("C", 2100) + "NOOP\r\n",
 	}
 	for i, s := range seeds {
 		f.Add(uint8(i), []byte(s))

@@ -2,6 +2,7 @@ package smtpd
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +172,54 @@ func TestLimits_BDAT(t *testing.T) {
 	m := e.q.messages()
 	if len(m) != 1 || string(bodyOf(m[0].Body)) != "Subject: x\r\n\r\nbo dy\r\n" {
 		t.Fatalf("messages %+v", m)
+	}
+}
+
+// addrConn is a net.Conn that claims to come from addr.
+type addrConn struct {
+	net.Conn
+	addr net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.addr }
+
+// TestLimits_IPv6Prefix: the per-client connection cap counts IPv6
+// clients by their limits.ipv6_prefix_length prefix, so a host cannot
+// dodge it by picking a new address from its /64 for every connection.
+func TestLimits_IPv6Prefix(t *testing.T) {
+	for _, tc := range []struct {
+		bits      int
+		second    string
+		wantAdmit bool
+	}{
+		{64, "2001:db8:0:1::2", false},      // same /64
+		{64, "2001:db8:0:1:ffff::9", false}, // same /64
+		{64, "2001:db8:0:2::1", true},       // next /64
+		{128, "2001:db8:0:1::2", true},      // every address its own
+		{48, "2001:db8:0:2::1", false},      // same /48
+		{64, "192.0.2.1", true},
+	} {
+		cfg := testConfig(t)
+		cfg.Limits.MaxConnectionsPerIP = 1
+		cfg.Limits.IPv6PrefixLength = tc.bits
+		srv, err := New(Options{Config: cfg, Queue: &fakeQueue{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		from := func(ip string) net.Conn {
+			a, b := net.Pipe()
+			t.Cleanup(func() { a.Close(); b.Close() })
+			return addrConn{Conn: a, addr: &net.TCPAddr{IP: net.ParseIP(ip), Port: 4000}}
+		}
+		if c, why := srv.lim.admit(from("2001:db8:0:1::1"), false); c == nil {
+			t.Fatalf("first connection refused: %s", why)
+		}
+		c, why := srv.lim.admit(from(tc.second), false)
+		if (c != nil) != tc.wantAdmit {
+			t.Errorf("/%d, then %s: admitted %v (%s), want %v", tc.bits, tc.second, c != nil, why, tc.wantAdmit)
+		}
+		if !tc.wantAdmit && !strings.Contains(why, "from your address") {
+			t.Errorf("refusal %q", why)
+		}
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/emersion/go-smtp"
 )
 
 // errJunkLimit ends a connection that used up max_junk_commands. It wraps
@@ -20,7 +22,7 @@ var errJunkLimit = fmt.Errorf("smtpd: too many junk commands: %w", net.ErrClosed
 type limiter struct {
 	srv   *Server
 	mu    sync.Mutex
-	perIP map[netip.Addr]int
+	perIP map[netip.Addr]int // by clientKey
 	conns map[*conn]struct{}
 	drain bool // set by Shutdown: admit nothing more
 }
@@ -31,7 +33,7 @@ func newLimiter(srv *Server) *limiter {
 
 // admit wraps raw, or returns a reply reason if a cap is reached.
 func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
-	ip := remoteIP(raw)
+	ip := clientKey(remoteIP(raw), l.srv.cfg.Limits.IPv6PrefixLength)
 	lim := l.srv.cfg.Limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -48,6 +50,7 @@ func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
 		end: now.Add(lim.SessionLifetime)}
 	c.out.nc = raw
 	c.out.deadline, c.out.applied = c.end, c.end
+	c.lines.tls = implicitTLS
 	l.perIP[ip]++
 	l.conns[c] = struct{}{}
 	l.srv.metrics.ConnectionsIn.Inc()
@@ -80,6 +83,20 @@ func (l *limiter) snapshot(stop bool) []*conn {
 		out = append(out, c)
 	}
 	return out
+}
+
+// clientKey is what per-client limits count by: an IPv4 address, or the
+// IPv6 prefix of ipv6Bits (limits.ipv6_prefix_length) that holds the
+// address. One IPv6 host usually has a whole /64 to pick addresses from,
+// so counting single addresses would let it open max_connections_per_ip
+// connections per address (Postfix smtpd_client_ipv6_prefix_length).
+func clientKey(ip netip.Addr, ipv6Bits int) netip.Addr {
+	if ip.Is6() {
+		if p, err := ip.Prefix(ipv6Bits); err == nil {
+			return p.Addr()
+		}
+	}
+	return ip
 }
 
 func remoteIP(c net.Conn) netip.Addr {
@@ -167,6 +184,8 @@ type conn struct {
 	broken       error     // sticky read error
 	closeAfter   bool      // close after the next Write
 	draining     bool      // Shutdown started
+	lines        lineFramer
+	linger       bool // drain the client's input before closing (lingerClose)
 	closeOnce    sync.Once
 }
 
@@ -184,6 +203,8 @@ func (c *conn) tlsStarted() {
 	if !c.implicitTLS {
 		c.replyConn = nil
 	}
+	c.lines.tls = true
+	c.lines.commandStarted() // the handshake was no command
 	c.mu.Unlock()
 }
 
@@ -230,7 +251,15 @@ func (c *conn) beginData(rated bool) {
 	c.inData = true
 	if rated {
 		c.dataDeadline = time.Now().Add(c.lim.srv.cfg.Limits.CommandTimeout)
+		c.lines.beginBody()
 	}
+	c.mu.Unlock()
+}
+
+// dataTaken records octets Data took from the client (lines.go).
+func (c *conn) dataTaken(n int) {
+	c.mu.Lock()
+	c.lines.dataTaken(n)
 	c.mu.Unlock()
 }
 
@@ -273,6 +302,12 @@ func (c *conn) Read(b []byte) (int, error) {
 		credit := time.Duration(n) * time.Second / time.Duration(limits.MinDataRate)
 		c.dataDeadline = minTime(c.dataDeadline.Add(credit), time.Now().Add(limits.CommandTimeout))
 	}
+	if n > 0 && c.broken == nil && !c.lines.scan(b[:n]) {
+		// A command line over the limit: go-smtp answers this error with
+		// 500 and closes; the close lingers so the 500 arrives.
+		n, err = 0, smtp.ErrTooLongLine
+		c.linger = true
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) && c.inData {
 			// The client went away inside a message. For DATA, go-smtp's
@@ -300,13 +335,22 @@ func (c *conn) Read(b []byte) (int, error) {
 }
 
 // Write buffers a reply (see batch.go); it ends a pending DATA reply and
-// closes the connection when asked to, which sends the reply.
+// closes the connection when asked to, which sends the reply. In
+// plaintext it also makes any CR that does not end a line a space
+// (strayCRToSpace).
 func (c *conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	plain := !c.lines.tls
+	c.mu.Unlock()
+	if plain {
+		b = strayCRToSpace(b)
+	}
 	n, err := c.out.write(b)
 	c.mu.Lock()
 	if !c.inData { // the reply to DATA: the body has been read
 		c.replyPending = false
 		c.dataDeadline = time.Time{}
+		c.lines.body = false
 	}
 	closing := c.closeAfter
 	c.mu.Unlock()
@@ -320,6 +364,13 @@ func (c *conn) Write(b []byte) (int, error) {
 // socket once and releases its place in the limiter.
 func (c *conn) Close() error {
 	c.out.close(net.ErrClosed)
+	c.mu.Lock()
+	linger := c.linger
+	c.linger = false
+	c.mu.Unlock()
+	if linger {
+		c.lingerClose()
+	}
 	return c.kill()
 }
 
@@ -345,6 +396,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 	junk := c.reads - c.useful
 	c.reads++
 	draining := c.draining
+	c.lines.commandStarted()
 	c.mu.Unlock()
 	switch {
 	case draining:

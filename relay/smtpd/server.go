@@ -1,7 +1,7 @@
 // Package smtpd is greyrelay's front door: the SMTP server that takes mail
 // from clients and commits it to the queue before answering 250.
 //
-// It is built on go-smtp v0.25.1, which parses commands and leaves policy to
+// It is built on go-smtp v0.26.0, which parses commands and leaves policy to
 // the backend. Everything go-smtp does not do, or does in a way a relay
 // cannot accept, is done here (the pitfall numbers refer to
 // shared/reference/go-smtp-and-bbolt-pitfalls.md):
@@ -18,6 +18,9 @@
 //     DATA data-rate deadline (F1) and the junk-command limit (F4) live in
 //     the connection wrapper (listener.go); AUTH failure limits (F3) in
 //     auth.go.
+//   - Line lengths (lines.go). Body lines are taken up to the message
+//     size; command lines are held to 2000 octets by the connection, and
+//     an over-long one gets a 500 the client can read before the close.
 //   - Data (data.go). End of data is go-smtp's CRLF.CRLF. A bare LF is a line
 //     end and stored as CRLF; a stray CR becomes a space or refuses the
 //     message (bare_cr), so nothing stored has a CR or LF out of place
@@ -56,18 +59,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
-
-// maxLineLength is go-smtp's MaxLineLength for commands and DATA lines.
-// RFC 5321 §4.5.3.1.4-6 allows 512-octet commands and 1000-octet text
-// lines; go-smtp's default doubles that. RFC 4954 §4 asks for 12288-octet
-// AUTH lines, but only mechanisms with large tokens (GSSAPI) need them: we
-// offer PLAIN and LOGIN, whose responses are at most a few hundred octets
-// (bcrypt reads at most 72 octets of password). Raising the limit would
-// raise it for every command and body line too, so it stays at 2000.
-const maxLineLength = 2000
 
 // Queue is what the server needs from the queue: a durable Enqueue.
 // *queue.Queue implements it; tests use fakes.
@@ -104,9 +99,12 @@ type Server struct {
 	tls      []*tls.Config // per listener; nil without a certificate
 	authLim  *authLimiter
 	lim      *limiter
-	hostSafe string                 // cfg.Hostname, sanitised for the Received header
-	dataBufs sync.Pool              // of *dataBuf (data.go)
-	qdir     atomic.Pointer[string] // queueDir, once it exists
+	hostSafe string // cfg.Hostname, sanitised for the Received header
+	// Where RCPT TO:<Postmaster> goes; zero if neither postmaster nor
+	// postmaster@hostname is an address.
+	postmaster address.Address
+	dataBufs   sync.Pool              // of *dataBuf (data.go)
+	qdir       atomic.Pointer[string] // queueDir, once it exists
 
 	mu      sync.Mutex
 	started bool
@@ -156,7 +154,10 @@ func New(opt Options) (*Server, error) {
 		s.tls = append(s.tls, tc)
 	}
 	s.hostSafe = sanitizeHelo(s.cfg.Hostname)
-	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour)
+	if err := s.setPostmaster(); err != nil {
+		return nil, err
+	}
+	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour, s.cfg.Limits.IPv6PrefixLength)
 	s.lim = newLimiter(s)
 	return s, nil
 }
@@ -171,15 +172,35 @@ func (s *Server) checkLimits() error {
 		"command_timeout": int64(l.CommandTimeout), "min_data_rate": int64(l.MinDataRate),
 		"session_lifetime": int64(l.SessionLifetime), "max_junk_commands": int64(l.MaxJunkCommands),
 		"max_received_headers": int64(l.MaxReceivedHeaders), "max_auth_failures": int64(l.MaxAuthFailures),
-		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP),
+		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP), "ipv6_prefix_length": int64(l.IPv6PrefixLength),
 	} {
 		if v <= 0 {
 			return fmt.Errorf("smtpd: limits.%s must be greater than 0", name)
 		}
 	}
+	if l.IPv6PrefixLength > 128 {
+		return fmt.Errorf("smtpd: limits.ipv6_prefix_length %d is over 128", l.IPv6PrefixLength)
+	}
 	if s.cfg.BareCR != "normalize" && s.cfg.BareCR != "reject" {
 		return fmt.Errorf("smtpd: bare_cr %q is not normalize or reject", s.cfg.BareCR)
 	}
+	return nil
+}
+
+// setPostmaster resolves the postmaster key: its address, or by default
+// postmaster@hostname (Postfix appends $myorigin the same way). A system
+// hostname that is no domain leaves it unset: the domainless postmaster is
+// then refused rather than the server not starting.
+func (s *Server) setPostmaster() error {
+	if s.cfg.Postmaster == "" {
+		s.postmaster, _ = address.Parse("postmaster@"+s.cfg.Hostname, address.Options{})
+		return nil
+	}
+	a, err := address.Parse(s.cfg.Postmaster, address.Options{SMTPUTF8: true})
+	if err != nil {
+		return fmt.Errorf("smtpd: postmaster %q: %w", s.cfg.Postmaster, err)
+	}
+	s.postmaster = a
 	return nil
 }
 
@@ -257,7 +278,9 @@ func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Se
 	srv.Domain = s.cfg.Hostname
 	srv.MaxMessageBytes = lim.MaxMessageBytes
 	srv.MaxRecipients = lim.MaxRecipients
-	srv.MaxLineLength = maxLineLength
+	// Body lines may be as long as the message; the connection keeps
+	// command lines to maxLineLength (lines.go).
+	srv.MaxLineLength = int(lim.MaxMessageBytes) + 2
 	srv.ReadTimeout = lim.CommandTimeout
 	srv.WriteTimeout = lim.CommandTimeout
 	srv.TLSConfig = s.tls[i]
@@ -387,10 +410,10 @@ func statfsFree(path string) (uint64, error) {
 // errorLog sends go-smtp's internal messages to zap: panics it recovered
 // at error level, everything else (handshake failures, resets) at debug.
 //
-// One panic is go-smtp's own and harmless: in v0.25.1 the goroutine that
-// handleBdat starts calls c.Session().Data after the connection may
-// already be closed (client gone right after a BDAT command), and
-// dereferences the nil session. go-smtp recovers it; none of our code ran.
+// One panic is go-smtp's own and harmless: in v0.25.1 and v0.26.0 the
+// goroutine that handleBdat starts calls c.Session().Data after the
+// connection may already be closed (client gone right after a BDAT
+// command), and dereferences the nil session. go-smtp recovers it; none of our code ran.
 // It is logged at warn level without the stack, since any client can
 // trigger it.
 type errorLog struct{ l *zap.Logger }

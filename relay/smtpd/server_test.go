@@ -167,13 +167,13 @@ func TestEscaping(t *testing.T) {
 }
 
 func TestAuthLimiter_Bounded(t *testing.T) {
-	a := newAuthLimiter(3, time.Hour)
+	a := newAuthLimiter(3, time.Hour, 64)
 	now := time.Unix(1_700_000_000, 0)
 	ip := netip.MustParseAddr("2001:db8::1")
 	for range 10 {
 		a.fail(ip, now)
 	}
-	if n := len(a.fails[authKey(ip)]); n != 3 {
+	if n := len(a.fails[clientKey(ip, 64)]); n != 3 {
 		t.Errorf("kept %d timestamps", n)
 	}
 	if !a.blocked(netip.MustParseAddr("2001:db8::ffff"), now) {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/emersion/go-smtp"
@@ -39,6 +40,7 @@ type session struct {
 	clientIP string               // client.Addr().String(), for the queue
 	tlsState *tls.ConnectionState // nil without TLS
 	trusted  bool                 // client address in trusted_networks
+	greeted  string               // the last EHLO/HELO name greetingOK passed
 
 	// The last HELO name Mail checked, and what it found: the name only
 	// changes with a new EHLO. Used by Mail only (one goroutine).
@@ -132,15 +134,62 @@ func (s *Server) newSession(li *listenerInfo, c *smtp.Conn) (smtp.Session, error
 	if tc.isDraining() {
 		return nil, sess.refuseAndClose("shutdown", replyShutdown())
 	}
+	if !greetingOK(c.Hostname()) {
+		// go-smtp forgets the name and the client may greet again.
+		return nil, sess.refuse("syntax", replyBadGreeting())
+	}
+	sess.greeted = c.Hostname()
 	return sess, nil
+}
+
+// replyBadGreeting: RFC 5321 §4.1.4 has EHLO and HELO carry a domain or
+// an address literal; RFC 5321 §4.2.3 501 and RFC 3463 X.5.2 "Syntax
+// error". The name is not echoed: it is what was wrong.
+func replyBadGreeting() *smtp.SMTPError {
+	return reply(501, 5, 5, 2, "Invalid EHLO/HELO argument: a domain name or address literal is required")
+}
+
+// greetingOK checks an EHLO/HELO argument before go-smtp echoes it in its
+// 250 reply ("Hello <name>"): a domain, or an address literal
+// (RFC 5321 §4.1.4). Names are taken as leniently as Postfix takes them
+// (underscores, a numeric last label and a bare IPv4 address occur in the
+// wild, and the Received header marks them as not valid); what may never
+// pass is anything else, above all CR, LF and other control characters,
+// which the echo would carry to the client (RFC 5321 §2.3.8: a reply
+// contains no bare CR or LF).
+func greetingOK(h string) bool {
+	if h == "" || len(h) > address.MaxDomain {
+		return false
+	}
+	if h[0] == '[' {
+		_, err := address.ParseDomain(h, address.Options{})
+		return err == nil
+	}
+	for _, r := range h {
+		if !(r == '-' || r == '.' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			return false
+		}
+	}
+	return utf8.ValidString(h)
 }
 
 // Reset ends the transaction (RSET, EHLO, end of DATA). Authentication
 // stays: RFC 4954 §4 ties it to the session, not the transaction.
+//
+// A second EHLO/HELO reaches the session only here, after go-smtp has
+// taken the new name and before it echoes it; a name greetingOK refuses
+// gets 501 and the connection is closed, so the echo never goes out.
 func (s *session) Reset() {
 	s.mu.Lock()
 	s.env = nil
 	s.mu.Unlock()
+	if h := s.smtpConn.Hostname(); h != s.greeted {
+		s.greeted = h
+		if !greetingOK(h) {
+			r := s.refuse("syntax", replyBadGreeting())
+			s.conn.goodbye(formatReply(r) + ", closing connection")
+		}
+	}
 }
 
 // Logout is called when go-smtp drops the session.
@@ -176,7 +225,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	}
 	var fromAddr address.Address
 	if from != "" {
-		a, err := address.Parse(from, address.Options{SMTPUTF8: env.utf8, Sender: true})
+		a, err := address.Parse(from, address.Options{SMTPUTF8: env.utf8, Sender: true, Decoded: true})
 		if err != nil {
 			return s.refuse("syntax", err)
 		}
@@ -244,9 +293,7 @@ func senderAllowed(allowed []string, from string, a address.Address) bool {
 	return false
 }
 
-// Rcpt adds a recipient, if the client may relay at all. A domainless
-// <postmaster> (RFC 5321 §4.5.1) never gets here: go-smtp v0.25.1 answers
-// it with 501 itself, and greyrelay has no local mailbox to take it.
+// Rcpt adds a recipient, if the client may relay at all.
 func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	s.conn.productive()
 	s.mu.Lock()
@@ -255,16 +302,9 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	if env == nil {
 		return s.refuse("sequence", reply(503, 5, 5, 1, "MAIL first"))
 	}
-	// The identity is the one MAIL was given under (env.user).
-	if env.user == "" && !(s.lis.mode == config.ModeSMTP && s.trusted) {
-		// RFC 5321 §3.6.2: relaying is the server's choice; RFC 3463 X.7.1
-		// "Delivery not authorized, message refused". Every domain is
-		// remote for greyrelay, so there is nothing to accept here.
-		return s.refuse("relay", reply(554, 5, 7, 1, "Relay access denied"))
-	}
-	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8})
+	a, err := s.rcptAddress(env, to)
 	if err != nil {
-		return s.refuse("syntax", err)
+		return err
 	}
 	notify, orcpt, err := dsnParams(opts)
 	if err != nil {
@@ -278,6 +318,43 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	}
 	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: a.Domain, Notify: notify, ORCPT: orcpt})
 	return nil
+}
+
+// rcptAddress parses and checks a recipient, for a client that may relay.
+//
+// RFC 5321 §4.5.1 has servers take RCPT TO:<Postmaster> without a domain
+// (go-smtp passes it on from v0.26); greyrelay has no mailbox of its own,
+// so it goes to the configured postmaster address. It is subject to the
+// relay check like every recipient: greyrelay is the destination of no
+// mail, and taking it from anyone would give every client on the Internet
+// a way through the relay (to one address, but with any content).
+func (s *session) rcptAddress(env *envelope, to string) (address.Address, error) {
+	// The identity is the one MAIL was given under (env.user).
+	if env.user == "" && !(s.lis.mode == config.ModeSMTP && s.trusted) {
+		// RFC 5321 §3.6.2: relaying is the server's choice; RFC 3463 X.7.1
+		// "Delivery not authorized, message refused". Every domain is
+		// remote for greyrelay, so there is nothing to accept here.
+		return address.Address{}, s.refuse("relay", reply(554, 5, 7, 1, "Relay access denied"))
+	}
+	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8, Decoded: true, Postmaster: true})
+	if err != nil {
+		return address.Address{}, s.refuse("syntax", err)
+	}
+	if a.Domain == "" { // the domainless postmaster
+		if s.srv.postmaster.Domain == "" {
+			// RFC 3463 X.1.1 "Bad destination mailbox address".
+			return address.Address{}, s.refuse("syntax", reply(550, 5, 1, 1, "No postmaster address configured"))
+		}
+		return s.srv.postmaster, nil
+	}
+	if a.Literal() && s.srv.cfg.Delivery.AddressLiterals != "deliver" {
+		// The address is well formed (so not X.1.3 or 553, "mailbox name
+		// not allowed"): it names a destination system we do not deliver
+		// to. RFC 3463 X.1.2 "Bad destination system address"; 550 is
+		// RFC 5321 §4.2.2's refusal for policy reasons.
+		return address.Address{}, s.refuse("literal", reply(550, 5, 1, 2, "Mail to address literals is not accepted here"))
+	}
+	return a, nil
 }
 
 // dsnParams turns go-smtp's parsed RFC 3461 parameters into the queue's

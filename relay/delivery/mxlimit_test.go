@@ -1,0 +1,38 @@
+package delivery
+
+import (
+	"testing"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// TestDeliver_MXSessionLimit: hosts that answer but leave the recipients
+// undone (421 at MAIL) are tried for at most delivery.mx_session_limit
+// sessions per attempt, as Postfix's smtp_mx_session_limit bounds them; the
+// recipient waits for the next attempt.
+func TestDeliver_MXSessionLimit(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Delivery.MXSessionLimit = 2 })
+	busy := func(int) error {
+		return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 3, 2}, Message: "busy, closing"}
+	}
+	var mxs []*fakeMX
+	for i, ip := range []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"} {
+		host := []string{"mx1", "mx2", "mx3"}[i] + ".limit.test"
+		h.dns.MX("limit.test", uint16(10*(i+1)), host).A(host, ip)
+		mxs = append(mxs, startMX(t, ip, h.port, fakeOpt{mail: busy}))
+	}
+	h.enqueue("alice@sender.test", "x@limit.test")
+	h.start()
+	eventually(t, wait, "attempt logged", func() bool { return len(h.outcomes("x@limit.test")) > 0 })
+	h.stop()
+	got := []int{len(mxs[0].connections()), len(mxs[1].connections()), len(mxs[2].connections())}
+	if got[0] != 1 || got[1] != 1 || got[2] != 0 {
+		t.Errorf("connections per MX %v, want [1 1 0]", got)
+	}
+	if outs := h.outcomes("x@limit.test"); outs[0]["outcome"] == "delivered" || outs[0]["outcome"] == "failed" {
+		t.Errorf("outcome %v, want deferred", outs[0])
+	}
+}
