@@ -9,6 +9,7 @@
 //	greyrelay queue list|show|retry|hold|release|delete|bounce …
 //	greyrelay destinations               what greyrelay learned about destinations
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
+//	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
 //	greyrelay version
 package main
@@ -68,6 +69,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return healthCmd(rest, stdout, stderr)
 	case "probe":
 		return probeCmd(rest, stdout, stderr)
+	case "dkim":
+		return dkimCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "greyrelay", version())
 		return nil
@@ -90,7 +93,10 @@ const usage = `usage:
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay destinations [-json]
-  greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN
+  greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN
+                                        -from also checks SPF, DKIM and DMARC of SENDER's domain
+  greyrelay dkim keygen [-algorithm rsa2048|ed25519] [-out FILE] DOMAIN SELECTOR
+                                        write a DKIM private key (mode 0600), print its DNS TXT record
   greyrelay health [-config FILE]
   greyrelay version
 `
