@@ -118,8 +118,10 @@ func TestDKIMSignedMailVerifies(t *testing.T) {
 		t.Errorf("want the signatures above greyrelay's Received field:\n%s", head(got))
 	}
 	for name, alter := range map[string]func([]byte) []byte{
-		"signed header": func(m []byte) []byte { return bytes.Replace(m, []byte("Subject: signed"), []byte("Subject: signeD"), 1) },
-		"body":          func(m []byte) []byte { return bytes.Replace(m, []byte("Hello,"), []byte("Hello!"), 1) },
+		"signed header": func(m []byte) []byte {
+			return bytes.Replace(m, []byte("Subject: signed"), []byte("Subject: signeD"), 1)
+		},
+		"body": func(m []byte) []byte { return bytes.Replace(m, []byte("Hello,"), []byte("Hello!"), 1) },
 		"added From": func(m []byte) []byte {
 			return bytes.Replace(m, []byte("\r\nSubject: "), []byte("\r\nFrom: eve@evil.test\r\nSubject: "), 1)
 		},
@@ -203,4 +205,3 @@ func TestDKIMRefuseAndReload(t *testing.T) {
 		t.Errorf("config check with a missing key: %s", res)
 	}
 }
-

@@ -81,4 +81,3 @@ func dkimpyPython(t testing.TB) string {
 	}
 	return fields[0]
 }
-
