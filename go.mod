@@ -3,6 +3,7 @@ module github.com/greyrelay/greyrelay
 go 1.26.8
 
 require (
+	blitiri.com.ar/go/spf v1.6.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/emersion/go-msgauth v0.7.0 // indirect

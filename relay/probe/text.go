@@ -50,6 +50,9 @@ func (r Report) WriteText(w io.Writer) error {
 		pr.write(p)
 	}
 	writeKnowledge(p, r)
+	if r.Auth != nil {
+		r.Auth.write(p)
+	}
 	reason := ""
 	if r.Reason != "" {
 		reason = " (" + r.Reason + ")"
