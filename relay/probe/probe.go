@@ -104,11 +104,12 @@ type Report struct {
 	Knowledge  *Knowledge     `json:"knowledge,omitempty"`
 	// KnowledgeError says why Knowledge is missing, e.g. "relay not running".
 	KnowledgeError string `json:"knowledge_error,omitempty"`
+	Verdict        string `json:"verdict"`          // Accepted, Deferred, Refused or Unreachable
+	Reason         string `json:"reason,omitempty"` // classified reason of the deciding step
+	ExitCode       int    `json:"exit_code"`        // 0 accepted, 1 deferred, 2 refused or unreachable
+
 	// Auth is the sender authentication check, with Options.From only.
-	Auth     *AuthReport `json:"auth,omitempty"`
-	Verdict  string      `json:"verdict"`          // Accepted, Deferred, Refused or Unreachable
-	Reason   string      `json:"reason,omitempty"` // classified reason of the deciding step
-	ExitCode int         `json:"exit_code"`        // 0 accepted, 1 deferred, 2 refused or unreachable
+	Auth *AuthReport `json:"auth,omitempty"`
 }
 
 // Explanation is classifier.Explanation in JSON form.
