@@ -142,6 +142,24 @@ func TestDKIMSignedMailVerifies(t *testing.T) {
 	if bytes.Contains(got, []byte("DKIM-Signature:")) {
 		t.Errorf("a message from a domain without a key was signed:\n%s", head(got))
 	}
+
+	// README's probe line, as written, with the relay's configuration:
+	// SPF, both keys and DMARC pass.
+	n.dns.TXT("example.com", "v=spf1 ip4:"+r.IP+" -all").TXT("_dmarc.example.com", "v=DMARC1; p=reject")
+	n.sink("example.net", peers.SinkOptions{})
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile("(?m)^greyrelay (probe -from .*)$").FindSubmatch(b)
+	if line == nil {
+		t.Fatal("README.md has no `greyrelay probe -from` example")
+	}
+	res := runGreyrelay(t, r.Dir, "", []string{"GREYRELAY_CONFIG=" + r.ConfigPath}, strings.Fields(string(line[1]))...)
+	if res.Code != 0 || !strings.Contains(res.Stdout, "6. Sender authentication for example.com") ||
+		!strings.Contains(res.Stdout, "): PASS") || strings.Count(res.Stdout, "published key matches") != 2 {
+		t.Errorf("README's probe -from: want exit 0 and every check passing:\n%s", res)
+	}
 }
 
 // TestDKIMRefuseAndReload: with without_key: refuse a message from a
