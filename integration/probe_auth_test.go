@@ -59,6 +59,7 @@ func TestProbeSenderAuthentication(t *testing.T) {
 	n.dns.TXT("fail.test", "v=spf1 ip4:192.0.2.1 -all").TXT("_dmarc.fail.test", "v=DMARC1; p=quarantine")
 	n.dns.TXT("soft.test", "v=spf1 a ~all").A("soft.test", "192.0.2.2")
 	n.dns.TXT("perm.test", "v=spf1 ip4:not-an-address -all")
+	n.dns.ServFail("temp.test")
 	n.dns.TXT("include.test", "v=spf1 include:pass.test -all").TXT("neutral.test", "v=spf1 ?all")
 	cfg := filepath.Join(t.TempDir(), "greyrelay.yaml")
 	yml := n.relayYAML(ip, "dkim={domains: {pass.test: {selectors: ["+strings.Join(sels, ", ")+"]}}}")
@@ -89,6 +90,7 @@ func TestProbeSenderAuthentication(t *testing.T) {
 		{"a@perm.test", "permerror", "is invalid"},
 		{"a@include.test", "pass", ""},
 		{"a@neutral.test", "neutral", "add ip4:" + ip},
+		{"a@temp.test", "temperror", "failed temporarily"},
 	}
 	for _, tc := range spfCases {
 		t.Run("spf "+tc.result+" "+tc.from, func(t *testing.T) {

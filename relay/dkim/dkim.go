@@ -225,6 +225,9 @@ type Plan struct {
 	Domain    string
 	Selectors []Selector
 	Headers   []string
+	// noBody: the message ends inside its header section (RFC 5322
+	// allows a message without a body, and so without the empty line).
+	noBody bool
 }
 
 // ErrNoAuthor is returned by Match when the message has no single From
@@ -254,7 +257,7 @@ func (k *Keys) Match(head []byte) (*Plan, string, error) {
 	if len(sels) == 0 {
 		return nil, domain, nil
 	}
-	return &Plan{Domain: domain, Selectors: sels, Headers: signedHeaders(hs.count)}, domain, nil
+	return &Plan{Domain: domain, Selectors: sels, Headers: signedHeaders(hs.count), noBody: !hs.ended}, domain, nil
 }
 
 // Sign reads the whole message from msg and returns the DKIM-Signature
@@ -279,6 +282,12 @@ func (p *Plan) Sign(msg io.Reader) ([]byte, error) {
 		}
 		signers = append(signers, s)
 		ws = append(ws, s)
+	}
+	if p.noBody {
+		// go-msgauth needs the empty line that ends the header section;
+		// without it the body is empty (RFC 6376 §3.4.3, §3.4.4), as
+		// verifiers read the message too.
+		msg = io.MultiReader(msg, strings.NewReader("\r\n"))
 	}
 	if _, err := io.Copy(io.MultiWriter(ws...), msg); err != nil {
 		return nil, fmt.Errorf("dkim: %w", err)
@@ -329,6 +338,7 @@ func signedHeaders(count map[string]int) []string {
 type headers struct {
 	count  map[string]int      // fields by lower-case name
 	values map[string][]string // unfolded values of the fields Match reads
+	ended  bool                // the empty line that ends the section was seen
 }
 
 // parseHeaders reads the header section at the start of msg (up to the
@@ -346,6 +356,7 @@ func parseHeaders(msg []byte) headers {
 			msg = nil
 		}
 		if len(line) == 0 {
+			h.ended = msg != nil
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {
