@@ -226,3 +226,16 @@ func TestSign_NoBody(t *testing.T) {
 		}
 	}
 }
+
+func FuzzParseKey(f *testing.F) {
+	_, ek, _ := ed25519.GenerateKey(rand.Reader)
+	der, _ := x509.MarshalPKCS8PrivateKey(ek)
+	f.Add(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+	f.Add([]byte("-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		k, err := ParseKey(b)
+		if err == nil && Algorithm(k.Public()) == "" {
+			t.Fatalf("accepted a key of type %T", k)
+		}
+	})
+}
