@@ -225,9 +225,6 @@ type Plan struct {
 	Domain    string
 	Selectors []Selector
 	Headers   []string
-	// noBody: the message ends inside its header section (RFC 5322
-	// allows a message without a body, and so without the empty line).
-	noBody bool
 }
 
 // ErrNoAuthor is returned by Match when the message has no single From
@@ -257,7 +254,7 @@ func (k *Keys) Match(head []byte) (*Plan, string, error) {
 	if len(sels) == 0 {
 		return nil, domain, nil
 	}
-	return &Plan{Domain: domain, Selectors: sels, Headers: signedHeaders(hs.count), noBody: !hs.ended}, domain, nil
+	return &Plan{Domain: domain, Selectors: sels, Headers: signedHeaders(hs.count)}, domain, nil
 }
 
 // Sign reads the whole message from msg and returns the DKIM-Signature
@@ -283,14 +280,18 @@ func (p *Plan) Sign(msg io.Reader) ([]byte, error) {
 		signers = append(signers, s)
 		ws = append(ws, s)
 	}
-	if p.noBody {
-		// go-msgauth needs the empty line that ends the header section;
-		// without it the body is empty (RFC 6376 §3.4.3, §3.4.4), as
-		// verifiers read the message too.
-		msg = io.MultiReader(msg, strings.NewReader("\r\n"))
-	}
-	if _, err := io.Copy(io.MultiWriter(ws...), msg); err != nil {
+	var end sectionEnd
+	if _, err := io.Copy(io.MultiWriter(append(ws, &end)...), msg); err != nil {
 		return nil, fmt.Errorf("dkim: %w", err)
+	}
+	if !end.seen {
+		// RFC 5322 allows a message without a body, and so without the
+		// empty line; go-msgauth needs it to end the header section.
+		// The body is then empty (RFC 6376 §3.4.3, §3.4.4), as verifiers
+		// read the message too.
+		if _, err := io.WriteString(io.MultiWriter(ws...), "\r\n"); err != nil {
+			return nil, fmt.Errorf("dkim: %w", err)
+		}
 	}
 	var out bytes.Buffer
 	for i, s := range signers {
@@ -334,11 +335,37 @@ func signedHeaders(count map[string]int) []string {
 	return h
 }
 
+// sectionEnd watches a message go by for the empty line that ends its
+// header section.
+type sectionEnd struct {
+	seen    bool
+	started bool
+	state   int // octets of "\r\n\r\n" matched so far
+}
+
+func (e *sectionEnd) Write(p []byte) (int, error) {
+	const end = "\r\n\r\n"
+	if !e.started {
+		e.started, e.state = true, 2 // the message starts as if after a CRLF
+	}
+	for i := 0; i < len(p) && !e.seen; i++ {
+		switch {
+		case p[i] == end[e.state]:
+			e.state++
+			e.seen = e.state == len(end)
+		case p[i] == '\r':
+			e.state = 1
+		default:
+			e.state = 0
+		}
+	}
+	return len(p), nil
+}
+
 // headers is what Match needs from a header section.
 type headers struct {
 	count  map[string]int      // fields by lower-case name
 	values map[string][]string // unfolded values of the fields Match reads
-	ended  bool                // the empty line that ends the section was seen
 }
 
 // parseHeaders reads the header section at the start of msg (up to the
@@ -356,7 +383,6 @@ func parseHeaders(msg []byte) headers {
 			msg = nil
 		}
 		if len(line) == 0 {
-			h.ended = msg != nil
 			break
 		}
 		if line[0] == ' ' || line[0] == '\t' {

@@ -239,3 +239,26 @@ func FuzzParseKey(f *testing.F) {
 		}
 	})
 }
+
+func TestSectionEnd(t *testing.T) {
+	for _, tc := range []struct {
+		chunks []string
+		want   bool
+	}{
+		{[]string{"A: b\r\n\r\nbody"}, true},
+		{[]string{"A: b\r", "\n\r", "\nbody"}, true},
+		{[]string{"\r\nbody only"}, true},
+		{[]string{"A: b\r\n"}, false},
+		{[]string{"A: b\r\r\n\r\n"}, true},
+		{[]string{"A: b\n\nc\r\n"}, false},
+		{[]string{"A: b\r\n \r\nB: c\r\n"}, false},
+	} {
+		var e sectionEnd
+		for _, c := range tc.chunks {
+			e.Write([]byte(c))
+		}
+		if e.seen != tc.want {
+			t.Errorf("%q: seen %v, want %v", tc.chunks, e.seen, tc.want)
+		}
+	}
+}
