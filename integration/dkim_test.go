@@ -214,6 +214,27 @@ func TestDKIMRefuseAndReload(t *testing.T) {
 		t.Errorf("after SIGHUP: want one good signature by selector two:\n%s", out)
 	}
 
+	// A key that does not load on SIGHUP leaves the keys in use.
+	cfg = bytes.Replace(cfg, []byte("example.com.two.key"), []byte("example.com.gone.key"), 1)
+	if err := os.WriteFile(r.ConfigPath, cfg, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for !strings.Contains(r.Log(), "DKIM keys unchanged") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(r.Log(), "example.com.gone.key") {
+		t.Errorf("the failed reload does not name the key file:\n%s", r.Log())
+	}
+	r.send(peers.SwaksMessage{From: "a@example.com", To: []string{"b@sink.test"}, Data: message("a@example.com", "b@sink.test", "after failed reload")})
+	got = sink.WaitFor(t, 2, 30*time.Second)[1].Data
+	if out, ok := peers.DKIMVerify(t, got, n.dns.Addr()); !ok || !strings.Contains(out, "s=two") {
+		t.Errorf("after a failed reload: want the selector two signature still:\n%s", out)
+	}
+
 	bad := filepath.Join(t.TempDir(), "bad.yaml")
 	if err := os.WriteFile(bad, []byte("dkim: {domains: {example.com: {selectors: [{selector: x, key_file: /nonexistent.key}]}}}\n"), 0o600); err != nil {
 		t.Fatal(err)
