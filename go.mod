@@ -3,8 +3,10 @@ module github.com/greyrelay/greyrelay
 go 1.26.8
 
 require (
+	blitiri.com.ar/go/spf v1.6.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/emersion/go-msgauth v0.7.0 // indirect
 	github.com/emersion/go-sasl v0.0.0-20241020182733-b788ff22d5a6 // indirect
 	github.com/emersion/go-smtp v0.26.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect

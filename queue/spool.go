@@ -73,6 +73,11 @@ func (b *BodyFile) Write(p []byte) (int, error) {
 	return n, b.err
 }
 
+// ReadAt reads what was written, at off (io.ReaderAt), before Enqueue
+// closes the file. Intake uses it to sign a spooled body and to copy it
+// behind the signature into a new BodyFile.
+func (b *BodyFile) ReadAt(p []byte, off int64) (int, error) { return b.f.ReadAt(p, off) }
+
 // Len is the number of octets written so far.
 func (b *BodyFile) Len() int64 { return b.n }
 

@@ -9,6 +9,7 @@
 //	greyrelay queue list|show|shape|retry|hold|release|delete|bounce …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
+//	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
 //	greyrelay version
 package main
@@ -68,6 +69,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return healthCmd(rest, stdout, stderr)
 	case "probe":
 		return probeCmd(rest, stdout, stderr)
+	case "dkim":
+		return dkimCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "greyrelay", version())
 		return nil
@@ -93,7 +96,10 @@ const usage = `usage:
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
   greyrelay destinations [-json] [DOMAIN]
   greyrelay destinations forget DOMAIN | -all
-  greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN
+  greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN
+                                        -from also checks SPF, DKIM and DMARC of SENDER's domain
+  greyrelay dkim keygen [-algorithm rsa2048|ed25519] [-out FILE] DOMAIN SELECTOR
+                                        write a DKIM private key (mode 0600), print its DNS TXT record
   greyrelay health [-config FILE]
   greyrelay version
 `

@@ -72,7 +72,7 @@ func probeFunc(cfg *config.Config, q *queue.Queue) func(ctx context.Context, tar
 	}
 }
 
-// probeCmd runs `greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN`.
+// probeCmd runs `greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN`.
 // Exit status: 0 the path accepts the recipient, 1 it defers, 2 it refuses
 // or cannot be reached (and 2 for usage errors).
 func probeCmd(args []string, stdout, stderr io.Writer) error {
@@ -80,6 +80,7 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "configuration file (default: the embedded default)")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	from := fs.String("from", "", "sender address: MAIL FROM of the probe, and check SPF, DKIM and DMARC of its domain")
 	var targets []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -92,7 +93,7 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 		targets, args = append(targets, fs.Arg(0)), fs.Args()[1:]
 	}
 	if len(targets) != 1 {
-		return &exitError{2, errors.New("usage: greyrelay probe [-config FILE] [-json] ADDRESS|DOMAIN")}
+		return &exitError{2, errors.New("usage: greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN")}
 	}
 	cfg, err := loadConfig(*path)
 	if err != nil {
@@ -104,6 +105,12 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 	opt, err := probeOptions(cfg, probe.AdminKnown(api))
 	if err != nil {
 		return &exitError{2, err}
+	}
+	if *from != "" {
+		if opt.DKIM, err = dkimKeys(cfg.DKIM); err != nil {
+			return &exitError{2, err}
+		}
+		opt.Sender, opt.From = *from, *from
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

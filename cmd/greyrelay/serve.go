@@ -27,13 +27,15 @@ import (
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/delivery"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
 )
 
-// serve runs the relay until SIGTERM or SIGINT.
+// serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
+// keys (reloadDKIM).
 func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -55,7 +57,18 @@ func serve(args []string, stderr io.Writer) error {
 	tuneProcs()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	return runRelay(ctx, cfg, log, *check)
+	keys, err := dkimKeys(cfg.DKIM)
+	if err != nil {
+		return &exitError{2, err}
+	}
+	signer := dkim.NewSigner(keys)
+	// Registered before the relay starts: Go's default for SIGHUP is to
+	// end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go reloadDKIM(ctx, hup, *path, signer, log)
+	return runRelay(ctx, cfg, log, *check, signer)
 }
 
 // defaultGCPercent replaces Go's GOGC=100 unless GOGC is set. The relay's
@@ -126,7 +139,7 @@ type relayParts struct {
 
 // runRelay runs the relay until ctx ends. checkQueue makes the queue
 // decode every record at start (queue.Options.FullScan).
-func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQueue bool) error {
+func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQueue bool, signer *dkim.Signer) error {
 	var ready atomic.Bool
 	q, err := queue.Open(cfg.Queue.Path, queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
@@ -160,7 +173,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if p.engine, err = newEngine(cfg, q, log, m); err != nil {
 		return err
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m); err != nil {
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
 		return err
 	}
 	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
@@ -216,7 +229,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	return nil
 }
 
-func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics) (*smtpd.Server, error) {
+func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer) (*smtpd.Server, error) {
 	var users *smtpd.Users
 	if cfg.UsersFile != "" {
 		u, err := smtpd.LoadUsers(cfg.UsersFile)
@@ -225,7 +238,8 @@ func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Met
 		}
 		users = u
 	}
-	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now})
+	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now,
+		DKIM: signer})
 }
 
 func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics) (*delivery.Engine, error) {

@@ -53,6 +53,7 @@ type Config struct {
 	Retry           Retry      `yaml:"retry"`
 	DSN             DSN        `yaml:"dsn"`
 	Probe           Probe      `yaml:"probe"`
+	DKIM            DKIM       `yaml:"dkim"`
 }
 
 // Listener is one SMTP listening socket.
@@ -168,6 +169,24 @@ type DSN struct {
 type Probe struct {
 	Sender string   `yaml:"sender"`
 	DNSBL  []string `yaml:"dnsbl"`
+}
+
+// DKIM configures signing at intake (relay/dkim).
+type DKIM struct {
+	WithoutKey string                `yaml:"without_key"` // relay | refuse
+	Domains    map[string]DKIMDomain `yaml:"domains"`
+}
+
+// DKIMDomain is the signing configuration of one sender (From) domain.
+type DKIMDomain struct {
+	Selectors []DKIMSelector `yaml:"selectors"`
+}
+
+// DKIMSelector is one signing key: every selector of a domain signs.
+type DKIMSelector struct {
+	Selector  string `yaml:"selector"`
+	KeyFile   string `yaml:"key_file"`
+	Algorithm string `yaml:"algorithm"` // rsa-sha256 | ed25519-sha256; "": the key's own
 }
 
 // Source is everything Load reads. Keeping the inputs explicit lets tests

@@ -136,6 +136,9 @@ func setList(f reflect.Value, s string) error {
 }
 
 func setMap(f reflect.Value, s string) error {
+	if f.Type().Elem().Kind() != reflect.String {
+		return fmt.Errorf("cannot be set from the environment")
+	}
 	m := reflect.MakeMap(f.Type())
 	for _, part := range splitList(s) {
 		k, v, ok := strings.Cut(part, "=")

@@ -14,6 +14,7 @@ import (
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/relay/address"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 )
 
 // Validate reports every problem in c at once, each naming its key, so an
@@ -44,6 +45,7 @@ func (c *Config) Validate() error {
 	v.retry(c.Retry)
 	v.positive("dsn.max_returned_bytes", int64(c.DSN.MaxReturnedBytes))
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
+	v.dkim(c.DKIM)
 	return errors.Join(v.errs...)
 }
 
@@ -224,5 +226,35 @@ func (r Retry) Policy() backoff.Policy {
 		Initial: r.InitialInterval, Factor: r.Factor, Max: r.MaxInterval, Jitter: r.Jitter,
 		GreylistFirst: r.GreylistFirstRetry, GreylistSecond: r.GreylistSecondRetry,
 		HintMin: r.HintMin, HintMax: r.HintMax, Lifetime: r.Lifetime,
+	}
+}
+
+// dkim reads every key file, so that a missing or malformed key stops the
+// relay at start (or a reload) instead of leaving a domain unsigned.
+func (v *validator) dkim(d DKIM) {
+	v.oneOf("dkim.without_key", d.WithoutKey, "relay", "refuse")
+	v.check(d.WithoutKey != "refuse" || len(d.Domains) > 0,
+		"dkim.without_key: refuse with no dkim.domains would refuse every message")
+	for dom, dd := range d.Domains {
+		key := "dkim.domains." + dom
+		v.check(hostNameRE.MatchString(dom) && !strings.HasPrefix(dom, "["), "%s: not a domain name", key)
+		v.check(len(dd.Selectors) > 0, "%s.selectors: at least one is needed", key)
+		seen := map[string]bool{}
+		for i, s := range dd.Selectors {
+			sk := fmt.Sprintf("%s.selectors[%d]", key, i)
+			v.check(hostNameRE.MatchString(s.Selector), "%s.selector: %q is not a DNS label sequence", sk, s.Selector)
+			v.check(!seen[strings.ToLower(s.Selector)], "%s.selector: %q is listed twice", sk, s.Selector)
+			seen[strings.ToLower(s.Selector)] = true
+			if s.Algorithm != "" {
+				v.oneOf(sk+".algorithm", s.Algorithm, dkim.RSASHA256, dkim.Ed25519SHA256)
+			}
+			if s.KeyFile == "" {
+				v.check(false, "%s.key_file: empty", sk)
+				continue
+			}
+			if _, err := dkim.ReadKey(s.KeyFile, s.Algorithm); err != nil {
+				v.check(false, "%s.key_file: %v", sk, err)
+			}
+		}
 	}
 }

@@ -25,6 +25,9 @@
 //     chose, which is only known after connecting.
 //   - What the running relay learned about the destination comes through
 //     Options.Known (the admin API); the queue file is the daemon's.
+//   - With a sender (Options.From), SPF, DKIM and DMARC of its domain are
+//     checked from the same source addresses (auth.go). They do not change
+//     the exit code, which is about the path.
 //
 // Probe writes nothing and keeps no state; time comes from Options.Now.
 package probe
@@ -39,6 +42,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/relay/address"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
@@ -79,6 +83,10 @@ type Options struct {
 	// that section. Its error is reported, not returned.
 	Known func(ctx context.Context, domain string) (*Knowledge, error)
 	Now   func() time.Time // nil: time.Now
+	// From, if set, is the sender whose domain's SPF, DKIM and DMARC are
+	// checked (auth.go); DKIM holds the keys the relay signs with.
+	From string
+	DKIM *dkim.Keys
 }
 
 // Report is the result of one probe. Its JSON form is the -json output and
@@ -99,6 +107,9 @@ type Report struct {
 	Verdict        string `json:"verdict"`          // Accepted, Deferred, Refused or Unreachable
 	Reason         string `json:"reason,omitempty"` // classified reason of the deciding step
 	ExitCode       int    `json:"exit_code"`        // 0 accepted, 1 deferred, 2 refused or unreachable
+
+	// Auth is the sender authentication check, with Options.From only.
+	Auth *AuthReport `json:"auth,omitempty"`
 }
 
 // Explanation is classifier.Explanation in JSON form.
@@ -156,6 +167,13 @@ func Run(ctx context.Context, target string, opt Options) (Report, error) {
 	if opt.Now == nil {
 		opt.Now = time.Now
 	}
+	if opt.From != "" {
+		a, err := address.Parse(strings.TrimSuffix(strings.TrimPrefix(opt.From, "<"), ">"), address.Options{Sender: true})
+		if err != nil || a.Domain == "" || strings.HasPrefix(a.Domain, "[") {
+			return Report{}, fmt.Errorf("probe: bad -from %q: want an address with a domain", opt.From)
+		}
+		opt.From = a.String()
+	}
 	p := &prober{opt: opt, res: opt.Resolver}
 	if p.res == nil {
 		p.res = opt.Router.Resolver
@@ -173,6 +191,7 @@ func Run(ctx context.Context, target string, opt Options) (Report, error) {
 	p.identity(ctx)
 	p.reputation(ctx)
 	p.knowledge(ctx)
+	p.auth(ctx)
 	p.decide()
 	return rep, nil
 }

@@ -33,8 +33,9 @@ func printable(r rune) rune {
 	return r
 }
 
-// WriteText writes the report for people: the five steps in order, each
-// failure with its classified reason and explanation, then the verdict.
+// WriteText writes the report for people: the five steps in order (a
+// sixth, sender authentication, with Options.From), each failure with its
+// classified reason and explanation, then the verdict.
 func (r Report) WriteText(w io.Writer) error {
 	p := &printer{w: w}
 	sender := "<" + r.Sender + ">"
@@ -50,6 +51,9 @@ func (r Report) WriteText(w io.Writer) error {
 		pr.write(p)
 	}
 	writeKnowledge(p, r)
+	if r.Auth != nil {
+		r.Auth.write(p)
+	}
 	reason := ""
 	if r.Reason != "" {
 		reason = " (" + r.Reason + ")"

@@ -74,6 +74,10 @@ func (s *session) Data(r io.Reader) error {
 		rb.discard()
 		return err
 	}
+	if rb, err = s.sign(rb); err != nil {
+		rb.discard()
+		return err
+	}
 	return s.commit(env, rb, final)
 }
 

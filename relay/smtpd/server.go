@@ -61,6 +61,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
 
@@ -83,6 +84,7 @@ type Options struct {
 	Metrics  *metrics.Metrics                  // nil: metrics are kept but not registered
 	Now      func() time.Time                  // nil: time.Now
 	DiskFree func(path string) (uint64, error) // free bytes where the queue lives; nil: statfs
+	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
 }
 
 // Server is the SMTP server for every configured listener.
@@ -94,6 +96,7 @@ type Server struct {
 	metrics  *metrics.Metrics
 	now      func() time.Time
 	diskFree func(string) (uint64, error)
+	dkim     *dkim.Signer
 	room     room // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
 	tls      []*tls.Config // per listener; nil without a certificate
@@ -119,7 +122,7 @@ func New(opt Options) (*Server, error) {
 		return nil, errors.New("smtpd: Config and Queue are required")
 	}
 	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
-		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree}
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
