@@ -86,11 +86,11 @@ func TestRobustPostfixSmarthost(t *testing.T) {
 		}
 	}
 
-	msgs := sink.WaitFor(t, regular+bounced, 120*time.Second)
+	sink.WaitFor(t, regular+bounced, 120*time.Second)
 	client.WaitQueueEmpty(t, 20*time.Second)
 	dest.WaitQueueEmpty(t, 20*time.Second)
 	rbWaitUntil(t, 20*time.Second, "an empty relay queue", func() bool { return rbStats(t, r).Messages == 0 })
-	msgs = sink.Messages()
+	msgs := sink.Messages()
 	if len(msgs) != regular+bounced {
 		t.Errorf("the sink received %d messages, want %d", len(msgs), regular+bounced)
 	}

@@ -163,7 +163,6 @@ type finishedRecord struct {
 	at    time.Time
 	msg   Message
 	rcpts []Recipient
-	hists [][]byte
 }
 
 func decodeFinished(id ID, b []byte, withHistory bool) (finishedRecord, error) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -586,6 +587,11 @@ func TestDueSkip(t *testing.T) {
 	}
 	if got := keysOf(rs); !reflect.DeepEqual(got, []Key{{healthy[1], 0}, {healthy[2], 0}, {healthy[3], 0}}) {
 		t.Errorf("DueSkip = %v, want healthy[1..3]", got)
+	}
+	for _, k := range keysOf(rs) {
+		if slices.Contains(busy, k.ID) {
+			t.Errorf("DueSkip returned %v of the skipped domain", k)
+		}
 	}
 	if len(seen) == 0 || seen[0] != "dead.test" {
 		t.Errorf("skip saw domains %v, want lower-cased dead.test first", seen)

@@ -75,10 +75,9 @@ func build() (string, error) {
 	}
 	final := filepath.Join(dir, "greyrelay")
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
-	}
+	// go test puts its own GOROOT/bin first on the PATH of the tests it
+	// runs, so "go" is the toolchain that runs this test.
+	goBin := "go"
 	cmd := exec.Command(goBin, "build", "-o", tmp, "./cmd/greyrelay")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
