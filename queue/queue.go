@@ -72,6 +72,9 @@ type Queue struct {
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
 	replayed   int            // messages Open inserted from the journal
+
+	fresh   chan Fresh  // fresh.go
+	freshOn atomic.Bool // Fresh was called
 }
 
 // request is one call waiting for the writer. fn runs inside the shared
@@ -81,6 +84,7 @@ type request struct {
 	n, size int
 	reply   chan error   // buffered 1: the writer never blocks on it
 	ins     *insertBatch // instead of fn: journaled messages to insert; no reply
+	needs   ID           // fn reads message needs: its journaled insert must be in the same transaction or before
 }
 
 // refused wraps an error that fails one call of a batch and no other. An
@@ -140,7 +144,7 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		counts: newCounts(),
+		counts: newCounts(), fresh: make(chan Fresh, freshBuffer),
 		jreqs:  make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
@@ -487,7 +491,11 @@ func (q *Queue) commit(all []request) {
 		}
 	}
 	errs := make([]error, len(batch))
-	pending := q.pending[:insertBudget(q.pending)]
+	var needs ID
+	for _, r := range batch {
+		needs = max(needs, r.needs)
+	}
+	pending := q.pending[:insertBudget(q.pending, needs)]
 	err := q.update(func(w *wtx) error {
 		if err := w.insertJournaled(pending); err != nil {
 			return err
@@ -522,19 +530,29 @@ func (q *Queue) commit(all []request) {
 // insertBudget is how many of the pending journaled batches (at least one)
 // the next transaction inserts: a transaction's dirty pages stay in memory
 // until its commit, and a burst of messages with a thousand recipients
-// each would otherwise build one of hundreds of megabytes.
-func insertBudget(bs []*insertBatch) int {
+// each would otherwise build one of hundreds of megabytes. The budget
+// always covers the batch holding message needs (0: none), which a
+// request of the same transaction reads: an outcome of an attempt begun
+// from the journaled copy (Fresh) must not commit before its message.
+func insertBudget(bs []*insertBatch, needs ID) int {
 	rcpts, size := 0, 0
 	for i, b := range bs {
 		for j := range b.ms {
 			rcpts += len(b.ms[j].To)
 			size += len(b.ms[j].Body)
 		}
-		if i > 0 && (rcpts > maxBatchRcpts || size > maxBatchBytes) {
+		if i > 0 && (rcpts > maxBatchRcpts || size > maxBatchBytes) && !holdsAbove(b, needs) {
 			return i
 		}
 	}
 	return len(bs)
+}
+
+// holdsAbove reports whether b may hold message needs: its first ID is at
+// most needs (IDs grow along the journal, so no later batch holds it when
+// b does not).
+func holdsAbove(b *insertBatch, needs ID) bool {
+	return needs != 0 && len(b.ids) > 0 && b.ids[0] <= needs
 }
 
 // insertMessage writes one new message: record, body, and one Queued

@@ -220,6 +220,14 @@ type Update struct {
 	Results      []Result
 	DSNs         []NewMessage
 	Destinations []Destination
+	// Starts records attempts begun without Begin, from a Fresh message:
+	// each key still Queued or Deferred is begun as Begin would (attempt
+	// counted, route and an in-progress history entry stored) in the
+	// same transaction as the Results, which then end it. A key in no
+	// other state is left alone. Until that commit the recipient stays
+	// Queued, so a crash during the attempt makes it due again: the
+	// guarantee Begin gives, without a commit before the attempt.
+	Starts []Start
 }
 
 // Selector picks recipients for operator actions: by message ID, by

@@ -67,6 +67,7 @@ type job struct {
 	domain string
 	want   string
 	rcpts  []queue.Recipient
+	fresh  *freshJob // started from a fresh message (fresh.go); nil: read from the queue
 }
 
 func (j *job) keys() []queue.Key {
@@ -96,6 +97,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	fresh := e.q.Fresh()
 	for {
 		e.m.SchedulerWakeup.Inc()
 		wait, ok := e.schedule(ctx, &wg)
@@ -104,13 +106,30 @@ func (e *Engine) Run(ctx context.Context) error {
 		} else {
 			timer.Stop()
 		}
+		if !e.sleep(ctx, &wg, fresh, timer) {
+			return nil
+		}
+	}
+}
+
+// sleep waits for the next reason to schedule: the timer, a queue change,
+// a kick. A fresh message is claimed and dispatched meanwhile without a
+// scan (the timer stays as it was). It reports false when ctx ends.
+func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan queue.Fresh, timer *time.Timer) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
+		case f := <-fresh:
+			if e.takeFresh(f) {
+				e.dispatch(ctx, wg)
+			}
+			continue
 		case <-timer.C:
 		case <-e.q.Wake():
 		case <-e.kick:
 		}
+		return true
 	}
 }
 
