@@ -145,7 +145,7 @@ func Open(path string, opt Options) (*Queue, error) {
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
 		counts: newCounts(), fresh: make(chan Fresh, freshBuffer),
-		jreqs:  make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
+		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
 		return nil, err

@@ -151,7 +151,7 @@ func (s *sink) arrivals() []int64 {
 	return append([]int64(nil), s.arrived...)
 }
 
-func (s *sink) close()        { _ = s.srv.Close() }
+func (s *sink) close()       { _ = s.srv.Close() }
 func (s *sink) addr() string { return s.Addr }
 
 // destination is the next hop of a measured phase: this harness's sink
