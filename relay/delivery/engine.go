@@ -125,6 +125,8 @@ type Engine struct {
 	fmu sync.Mutex
 
 	held held // outcomes waiting to be stored (held.go)
+
+	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
 }
 
 // New checks opt and returns an engine.
@@ -155,6 +157,7 @@ func New(opt Options) (*Engine, error) {
 		kick:    make(chan struct{}, 1),
 		dests:   map[string]*dest{},
 		claimed: map[queue.Key]bool{},
+		fresh:   opt.Queue.Fresh(),
 	}, nil
 }
 

@@ -71,6 +71,20 @@ func (e *Engine) takeFresh(f queue.Fresh) bool {
 	return took
 }
 
+// takeWaitingFresh claims the fresh messages already offered, before a
+// scan: the scan could otherwise find one of them due once inserted and
+// send it the ordinary way.
+func (e *Engine) takeWaitingFresh() {
+	for {
+		select {
+		case f := <-e.fresh:
+			e.takeFresh(f)
+		default:
+			return
+		}
+	}
+}
+
 // freshStart is the start to store with the outcomes outs of fresh
 // attempt a (Update.Starts): a's start, for their recipients only (a
 // recipient left for the next host is stored with a later outcome).

@@ -97,7 +97,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	fresh := e.q.Fresh()
+	fresh := e.fresh
 	for {
 		e.m.SchedulerWakeup.Inc()
 		wait, ok := e.schedule(ctx, &wg)
@@ -140,6 +140,7 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 		return 0, false
 	}
 	stillHeld := e.storeHeld()
+	e.takeWaitingFresh()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true
