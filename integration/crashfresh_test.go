@@ -3,8 +3,8 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
