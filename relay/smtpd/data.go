@@ -87,7 +87,10 @@ func (s *session) checkBody(rb readResult) error {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
 		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
-	return s.checkDisk(false)
+	// A body kept in memory took little time and no disk space: the check
+	// may reuse a young measurement, as at MAIL. A spooled one may have
+	// taken long and has written to the disk: measure again.
+	return s.checkDisk(rb.file == nil)
 }
 
 func (s *session) receivedInfo(env *envelope) receivedInfo {

@@ -89,6 +89,8 @@ type testEnv struct {
 	q    *fakeQueue
 	logs *observer.ObservedLogs
 	disk atomic.Uint64
+	// statfs counts the free-space measurements.
+	statfs atomic.Int64
 }
 
 type envOpt func(*Options)
@@ -102,7 +104,7 @@ func startServer(t testing.TB, cfg *config.Config, opts ...envOpt) *testEnv {
 	e := &testEnv{t: t, q: &fakeQueue{}, logs: logs}
 	e.disk.Store(1 << 40)
 	o := Options{Config: cfg, Queue: e.q, Logger: zap.New(core),
-		DiskFree: func(string) (uint64, error) { return e.disk.Load(), nil }}
+		DiskFree: func(string) (uint64, error) { e.statfs.Add(1); return e.disk.Load(), nil }}
 	for _, f := range opts {
 		f(&o)
 	}
