@@ -184,7 +184,9 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 	// large message is never copied whole a second time on its way out.
 	enc := newBodyEncoder(body)
 	enc.fold = c.opt.LineLengthLimit
-	buf := make([]byte, 0, dataPiece+8)
+	// Encoded, a body grows by at most a CR per LF and a dot per line, and
+	// the final ".\r\n".
+	buf := c.pieceBuf(2*len(body) + 5)
 	for {
 		buf = enc.next(buf[:0], dataPiece)
 		if len(buf) == 0 {
