@@ -103,7 +103,7 @@ var configsRecipes = map[string]string{
 	"postfix-smarthost.cf":   "TestRecipePostfixSmarthost",
 	"greyrelay.service":      "TestRecipeSystemdUnit",
 	"docker-compose.yml":     "TestRecipeDockerCompose",
-	"grafana-dashboard.json": "TestGrafanaDashboard",
+	"grafana-dashboard.json": "TestGrafanaDashboardUsesExportedMetrics",
 }
 
 // TestReadmeBlocksAreRecipes: every command or configuration block of
@@ -114,6 +114,7 @@ var configsRecipes = map[string]string{
 func TestReadmeBlocksAreRecipes(t *testing.T) {
 	root := moduleRoot(t)
 	tests := testFunctions(t, root)
+
 	for _, b := range readmeBlocks(t) {
 		if !recipeLangs[b.Lang] {
 			continue
@@ -124,8 +125,8 @@ func TestReadmeBlocksAreRecipes(t *testing.T) {
 		case notRunHere[b.Recipe] != "":
 		case tests[b.Recipe] == "":
 			t.Errorf("README.md:%d: the marker names %s, which is no test function", b.Line, b.Recipe)
-		case !strings.Contains(tests[b.Recipe], `"`+b.Recipe+`"`) && !strings.Contains(tests[b.Recipe], "recipeBlocks(t, t.Name())"):
-			t.Errorf("README.md:%d: %s does not read its README block (recipeBlocks)", b.Line, b.Recipe)
+		case !strings.Contains(readAllTests(t, root), `recipeBlocks(t, "`+b.Recipe+`")`):
+			t.Errorf("README.md:%d: no test reads the block with recipeBlocks(t, %q)", b.Line, b.Recipe)
 		}
 	}
 	entries, err := os.ReadDir(filepath.Join(root, "configs"))
@@ -143,6 +144,24 @@ func TestReadmeBlocksAreRecipes(t *testing.T) {
 			t.Errorf("configs/%s: %s does not name the file", e.Name(), test)
 		}
 	}
+}
+
+// readAllTests returns the text of every _test.go file of the module.
+func readAllTests(t *testing.T, root string) string {
+	t.Helper()
+	var b strings.Builder
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(path, "_test.go") {
+			src, err := os.ReadFile(path)
+			b.Write(src)
+			return err
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
 }
 
 // testFunctions maps the name of every Test function in the module to its
@@ -264,4 +283,195 @@ func tail(s string, n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-var _ = exec.Command
+// recipeText replaces each old string of a shipped file by its new one,
+// failing when one is no longer there: the recipe changed and the test
+// must follow it.
+func recipeText(t *testing.T, name, text string, pairs ...string) string {
+	t.Helper()
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if !strings.Contains(text, pairs[i]) {
+			t.Fatalf("%s no longer contains %q: update the test with the recipe", name, pairs[i])
+		}
+		text = strings.ReplaceAll(text, pairs[i], pairs[i+1])
+	}
+	return text
+}
+
+// TestRecipeExampleConfigs runs README's configuration block (build,
+// copy the example, check it, serve it) with configs/greyrelay.example.yaml
+// edited only where its comment says (addresses, paths, TLS files), then
+// configs/container.yaml through config check and a real start, and
+// README's listener example for applications with a message over
+// STARTTLS and AUTH. The shipped examples must check without warnings.
+func TestRecipeExampleConfigs(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	root, dir := moduleRoot(t), t.TempDir()
+	ip := peers.Loopback(227)
+	cert := peers.NewCert(t, "relay.example.com", ip)
+	etc := filepath.Join(dir, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, cert.CertFile, filepath.Join(etc, "cert.pem"))
+	copyFile(t, cert.KeyFile, filepath.Join(etc, "key.pem"))
+	users := rbUsersFile(t, "app", "app-pw", "")
+	copyFile(t, users, filepath.Join(etc, "users"))
+
+	block := recipeBlocks(t, "TestRecipeExampleConfigs")
+	if len(block) != 2 || block[0].Lang != "sh" || block[1].Lang != "yaml" {
+		t.Fatalf("README's blocks for this test: %+v, want the configuration commands and the application listener", block)
+	}
+	lines := strings.Split(strings.TrimSpace(block[0].Text), "\n")
+	if len(lines) != 4 || !strings.Contains(lines[3], " serve ") {
+		t.Fatalf("README's configuration block changed (want build, cp, check, serve):\n%s", block[0].Text)
+	}
+	bin := filepath.Join(dir, "greyrelay")
+	subst := []string{"/etc/greyrelay/", etc + "/", "-o greyrelay", "-o " + bin, "./greyrelay ", bin + " "}
+	recipeText(t, "README.md", block[0].Text, subst...)
+	sh := strings.NewReplacer(subst...).Replace
+	for _, line := range lines[:2] {
+		if res := runShell(t, root, sh(strings.Split(line, "#")[0])); res.Code != 0 {
+			t.Fatalf("README's %q: %s", line, res)
+		}
+	}
+	// "then edit": the addresses, the queue and the source address.
+	conf := filepath.Join(etc, "greyrelay.yaml")
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a25, a587, a465 := peers.FreeAddr(t, ip), peers.FreeAddr(t, ip), peers.FreeAddr(t, ip)
+	edited := recipeText(t, "configs/greyrelay.example.yaml", string(b),
+		"127.0.0.1:25\n", a25+"\n", "0.0.0.0:587", a587, "0.0.0.0:465", a465,
+		"/etc/greyrelay/", etc+"/", "/var/spool/greyrelay/", dir+"/", "127.0.0.1:8025", peers.FreeAddr(t, ip), "192.0.2.10", ip)
+	if err := os.WriteFile(conf, []byte(edited), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runShell(t, root, sh(lines[2]))
+	if res.Code != 0 || !strings.Contains(res.Stdout, "configuration is valid") || res.Stderr != "" {
+		t.Fatalf("README's %q: want valid without warnings: %s", lines[2], res)
+	}
+	serve := exec.Command("sh", "-c", "exec "+sh(lines[3]))
+	serve.Env = peers.CleanEnv()
+	serve.Dir = dir
+	if err := serve.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer serve.Process.Kill()
+	waitGreets(t, map[string]bool{a25: false, a587: false, a465: true})
+	submitTLS(t, a587, "app", "app-pw")
+	_ = serve.Process.Signal(os.Interrupt)
+	if err := serve.Wait(); err != nil {
+		t.Errorf("README's serve line: exit %v after SIGINT, want 0", err)
+	}
+
+	// configs/container.yaml: its paths and addresses substituted.
+	cb, err := os.ReadFile(filepath.Join(root, "configs", "container.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(dir, "admin_token")
+	if err := os.WriteFile(token, []byte("recipe-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	container := recipeText(t, "configs/container.yaml", string(cb),
+		"0.0.0.0:2525", peers.FreeAddr(t, ip), "0.0.0.0:8025", peers.FreeAddr(t, ip),
+		"/etc/greyrelay/tls/", etc+"/", "/run/secrets/greyrelay_users", filepath.Join(etc, "users"),
+		"/run/secrets/greyrelay_admin_token", token, "/var/spool/greyrelay/", dir+"/container-")
+	cpath := filepath.Join(dir, "container.yaml")
+	if err := os.WriteFile(cpath, []byte(container), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res := runGreyrelay(t, dir, "", nil, "config", "check", "-config", cpath); res.Code != 0 || res.Stderr != "" {
+		t.Errorf("configs/container.yaml: want valid without warnings: %s", res)
+	}
+	rc := peers.StartRelay(t, container)
+	submitTLS(t, rc.SMTPAddr, "app", "app-pw")
+	rc.Stop()
+
+	// README's listener for applications on other hosts.
+	app := recipeText(t, "README.md", block[1].Text, "0.0.0.0:587", peers.FreeAddr(t, ip),
+		"/etc/greyrelay/", etc+"/", "192.0.2.10", ip) + "admin: {address: \"\"}\n"
+	ra := peers.StartRelay(t, app)
+	submitTLS(t, ra.SMTPAddr, "app", "app-pw")
+}
+
+// submitTLS sends one message with STARTTLS and AUTH PLAIN and wants 250.
+func submitTLS(t *testing.T, addr, user, password string) {
+	t.Helper()
+	out, code := peers.SwaksMessage{Server: addr, From: "app@app.example", To: []string{"user@dest.example"},
+		Data: []byte("From: app@app.example\r\nTo: user@dest.example\r\nSubject: recipe\r\n\r\nhello\r\n"),
+		Args: []string{"-tls", "--auth", "PLAIN", "--auth-user", user, "--auth-password", password}}.Send(t)
+	if code != 0 {
+		t.Errorf("swaks with STARTTLS and AUTH to %s: exit %d\n%s", addr, code, out)
+	}
+}
+
+// waitGreets waits until every listener answers 220 (true: implicit TLS).
+func waitGreets(t *testing.T, addrs map[string]bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for a, implicitTLS := range addrs {
+		for peers.Greets(a, implicitTLS) != nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s does not greet", a)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// runShell runs one line of a README block with sh in dir.
+func runShell(t *testing.T, dir, line string) cliResult {
+	t.Helper()
+	var stdout, stderr strings.Builder
+	cmd := exec.Command("sh", "-e", "-c", line)
+	cmd.Dir, cmd.Stdout, cmd.Stderr, cmd.Env = dir, &stdout, &stderr, peers.CleanEnv()
+	err := cmd.Run()
+	res := cliResult{Stdout: stdout.String(), Stderr: stderr.String()}
+	if err != nil {
+		res.Code = -1
+		if ee, ok := err.(*exec.ExitError); ok {
+			res.Code = ee.ExitCode()
+		}
+	}
+	return res
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRecipeSystemdUnit checks configs/greyrelay.service with
+// systemd-analyze verify, the binary's path substituted. verify exits 0
+// on many mistakes it prints, so any output fails the test too.
+func TestRecipeSystemdUnit(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		if os.Getenv("GREYRELAY_REQUIRE_PEERS") != "" {
+			t.Fatal("systemd-analyze is not installed (GREYRELAY_REQUIRE_PEERS is set)")
+		}
+		t.Skip("systemd-analyze is not installed")
+	}
+	b, err := os.ReadFile(filepath.Join(moduleRoot(t), "configs", "greyrelay.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit := recipeText(t, "configs/greyrelay.service", string(b), "/usr/local/bin/greyrelay", peers.Binary(t))
+	path := filepath.Join(t.TempDir(), "greyrelay.service")
+	if err := os.WriteFile(path, []byte(unit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(analyze, "verify", path).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("systemd-analyze verify greyrelay.service: %v\n%s", err, out)
+	}
+}
