@@ -102,7 +102,7 @@ var configsRecipes = map[string]string{
 	"container.yaml":         "TestRecipeExampleConfigs",
 	"postfix-smarthost.cf":   "TestRecipePostfixSmarthost",
 	"greyrelay.service":      "TestRecipeSystemdUnit",
-	"docker-compose.yml":     "TestRecipeDockerCompose",
+	"docker-compose.yml":     "TestRecipeDocker",
 	"grafana-dashboard.json": "TestGrafanaDashboardUsesExportedMetrics",
 }
 
