@@ -199,7 +199,8 @@ type Outcome struct {
 // Outcome returns the events of o, as records for o.Result.Events: the
 // outcome itself, and a delayed event when o crosses a delay-warning step.
 func (e *Events) Outcome(o Outcome) []queue.Event {
-	if !e.Enabled() {
+	if !e.Enabled() || o.Msg.DSN {
+		// The relay's own DSNs are not the application's mail.
 		return nil
 	}
 	msgID, tag := scanHeader(o.Head)
