@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -369,6 +370,29 @@ func TestEventsWebhookAndFile(t *testing.T) {
 			t.Errorf("the tag header reached the destination:\n%s", m.Data)
 		}
 	}
+	// logrotate: the file is moved away and the relay told with SIGHUP;
+	// the next events go to a new file of the same name.
+	if err := os.Rename(eventFile, eventFile+".1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	send(12)
+	eventually(t, 30*time.Second, "events in the reopened file", func() error {
+		b, err := os.ReadFile(eventFile)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(b, []byte(`"queue_id":"`+msgs[12].id+`"`)) || !bytes.Contains(b, []byte(`"event":"delivered"`)) {
+			return fmt.Errorf("the new file holds %q", b)
+		}
+		return nil
+	})
+	if b, _ := os.ReadFile(eventFile + ".1"); bytes.Contains(b, []byte(msgs[12].id)) {
+		t.Error("an event after SIGHUP went to the rotated file")
+	}
+
 	hook.mu.Lock()
 	posts := append([]*hookPost(nil), hook.posts...)
 	hook.mu.Unlock()
