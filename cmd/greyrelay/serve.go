@@ -147,9 +147,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if err != nil {
 		return err
 	}
-	q, err := queue.Open(cfg.Queue.Path, queue.Options{
-		OnAccept:    ev.Accept,
-		OnEvents:    ev.Stored,
+	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		After:       time.After,
@@ -158,7 +156,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
 		},
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
 	}

@@ -160,6 +160,16 @@ func New(opt Options) *Events {
 	return e
 }
 
+// QueueOptions returns o with Accept and Stored as its outbox hooks, or o
+// unchanged when no sink is configured (the queue then does not even read
+// a spooled body's head).
+func (e *Events) QueueOptions(o queue.Options) queue.Options {
+	if e.Enabled() {
+		o.OnAccept, o.OnEvents = e.Accept, e.Stored
+	}
+	return o
+}
+
 // Enabled reports whether any sink is configured.
 func (e *Events) Enabled() bool { return e != nil && len(e.sinks) > 0 }
 
