@@ -17,11 +17,15 @@ func (v *validator) events(e Events) {
 	v.positive("events.timeout", int64(e.Timeout))
 	v.positive("events.batch_size", int64(e.BatchSize))
 	v.oneOf("events.tag", e.Tag, "keep", "strip")
+	seen := map[string]bool{}
 	for i, w := range e.Webhooks {
 		key := "events.webhooks[" + strconv.Itoa(i) + "]"
 		u, err := url.Parse(w.URL)
 		v.check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "",
 			"%s.url: %q is not an http or https URL", key, w.URL)
+		// A webhook's pending events are kept under its URL.
+		v.check(!seen[w.URL], "%s.url: %s is listed twice", key, w.URL)
+		seen[w.URL] = true
 		for _, k := range w.Events {
 			v.oneOf(key+".events", k, eventKinds...)
 		}

@@ -25,6 +25,7 @@ func TestValidate_Events(t *testing.T) {
 		{"empty secret", hook("url: https://app.test/h, secret_file: " + empty), "is empty"},
 		{"bad url", hook("url: ftp://app.test/h, secret_file: " + secret), "events.webhooks[0].url"},
 		{"bad kind", hook("url: https://app.test/h, events: [opened], secret_file: " + secret), "events.webhooks[0].events"},
+		{"twice", "events:\n  webhooks: [{url: https://a.test/, secret_file: " + secret + "}, {url: https://a.test/, secret_file: " + secret + "}]\n", "listed twice"},
 		{"bad tag", "events:\n  tag: drop\n", "events.tag"},
 		{"no max age", "events:\n  max_age: 0s\n", "events.max_age"},
 		{"no timeout", "events:\n  timeout: 0s\n", "events.timeout"},

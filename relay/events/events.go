@@ -59,9 +59,6 @@ const (
 	Expired   Kind = "expired"   // the lifetime ran out (4.4.7)
 )
 
-// Kinds lists every kind, for validating configuration.
-var Kinds = []Kind{Accepted, Delivered, Relayed, Deferred, Delayed, Bounced, Expired}
-
 // Event is the JSON object sent for one recipient and event.
 type Event struct {
 	ID          string     `json:"id"` // unique; the same in every copy of this event
