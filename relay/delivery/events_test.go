@@ -6,8 +6,10 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/events"
 )
 
@@ -97,5 +99,36 @@ func TestEventsWithOutcomes(t *testing.T) {
 		if strings.Contains(strings.ToLower(tx.data), "x-greyrelay-tag") {
 			t.Errorf("the tag header was sent:\n%s", tx.data)
 		}
+	}
+}
+
+// TestEventsOperatorBounce: the operator's bounce is a bounced event,
+// stored with the result it reports.
+func TestEventsOperatorBounce(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
+	ev := events.New(events.Options{File: filepath.Join(t.TempDir(), "events.jsonl")})
+	h.q.Close()
+	q, err := queue.Open(h.path, ev.QueueOptions(queue.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.q = q
+	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.42")
+	startMX(t, "127.0.0.42", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(452, [3]int{4, 2, 2}, "mailbox full")
+	}})
+	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
+		Body: []byte("X-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")}, "b@full.test")
+	h.start(func(o *Options) { o.Events = ev })
+	eventually(t, wait, "deferred", func() bool {
+		r, _ := h.rcpt(id, 0)
+		return r.Status == queue.Deferred
+	})
+	if _, err := h.eng.Bounce(queue.Selector{ID: id}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(outboxKinds(t, h.q), ","); got != "b@full.test accepted,b@full.test bounced,b@full.test deferred" {
+		t.Errorf("events %s", got)
 	}
 }
