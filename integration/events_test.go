@@ -40,7 +40,8 @@ type hookPost struct {
 // hookReceiver is an application's webhook endpoint on loopback whose
 // behaviour the test switches: "fail" answers 503, "hang" takes each
 // request's events and holds it until released, then drops the
-// connection without an answer, "ok" answers 200.
+// connection without an answer, "slow" takes them and answers too late,
+// "ok" answers 200.
 type hookReceiver struct {
 	t    *testing.T
 	addr string
@@ -125,6 +126,18 @@ func (h *hookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		// No answer at all: the connection is dropped.
 		panic(http.ErrAbortHandler)
+	case "slow":
+		// Takes the events in and answers after the relay's
+		// events.timeout (5s): the relay sends them again.
+		h.mu.Lock()
+		p.status = 200
+		h.mu.Unlock()
+		select {
+		case h.hung <- struct{}{}:
+		default:
+		}
+		time.Sleep(6 * time.Second)
+		w.WriteHeader(http.StatusOK)
 	default:
 		w.WriteHeader(http.StatusOK)
 		h.mu.Lock()
@@ -222,7 +235,8 @@ for p in json.load(open(sys.argv[2])):
 
 // TestEventsWebhookAndFile: messages tagged by the application, delivered,
 // deferred (greylisted first) and bounced, while the webhook receiver
-// fails, then hangs while the relay is SIGKILLed, then restarts. Every
+// fails, then hangs while the relay is SIGKILLed, then restarts and
+// answers too slowly for a while. Every
 // event arrives (none lost) on the webhook that asked for all events and
 // in the file, the filtered webhook gets only its kinds, duplicates carry
 // the same ID and content, every signature passes README's Python check,
@@ -299,8 +313,18 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		send(i)
 	}
 	time.Sleep(2 * time.Second)
-	hook.setMode("ok")
+	select { // the hung POST's signal, if it came twice
+	case <-hook.hung:
+	default:
+	}
+	hook.setMode("slow")
 	hook.listen()
+	select {
+	case <-hook.hung:
+	case <-time.After(60 * time.Second):
+		t.Fatal("no POST reached the slow receiver")
+	}
+	hook.setMode("ok")
 
 	want := map[string]string{} // "queue_id rcpt event" → tag
 	for i, m := range msgs {
