@@ -44,19 +44,26 @@ func has(list []string, s string) bool {
 	return false
 }
 
+// eventsHarness is a harness whose queue and engine make events for an
+// event file (whose reader never runs: they stay in the queue).
+func eventsHarness(t *testing.T, strip bool, mods ...func(c *config.Config)) (*harness, *events.Events) {
+	h := newHarness(t, mods...)
+	ev := events.New(events.Options{File: filepath.Join(t.TempDir(), "events.jsonl"), StripTag: strip})
+	h.q.Close()
+	q, err := queue.Open(h.path, ev.QueueOptions(queue.Options{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.q = q
+	return h, ev
+}
+
 // TestEventsWithOutcomes: every outcome's events are in the queue as soon
 // as the outcome is (they share its transaction); the tag header is
 // stripped from what is sent and kept in the events.
 func TestEventsWithOutcomes(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	ev := events.New(events.Options{File: filepath.Join(t.TempDir(), "events.jsonl"), StripTag: true})
-	h.q.Close()
-	q, err := queue.Open(h.path, queue.Options{OnAccept: ev.Accept, OnEvents: ev.Stored})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.q = q
+	h, ev := eventsHarness(t, true)
 	h.dns.MX("ev.test", 10, "mx.ev.test").A("mx.ev.test", "127.0.0.41")
 	f := startMX(t, "127.0.0.41", h.port, fakeOpt{rcpt: func(n int, to string) error {
 		switch {
@@ -106,14 +113,7 @@ func TestEventsWithOutcomes(t *testing.T) {
 // stored with the result it reports.
 func TestEventsOperatorBounce(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
-	ev := events.New(events.Options{File: filepath.Join(t.TempDir(), "events.jsonl")})
-	h.q.Close()
-	q, err := queue.Open(h.path, ev.QueueOptions(queue.Options{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.q = q
+	h, ev := eventsHarness(t, false, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
 	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.42")
 	startMX(t, "127.0.0.42", h.port, fakeOpt{rcpt: func(int, string) error {
 		return reply(452, [3]int{4, 2, 2}, "mailbox full")
@@ -130,5 +130,31 @@ func TestEventsOperatorBounce(t *testing.T) {
 	}
 	if got := strings.Join(outboxKinds(t, h.q), ","); got != "b@full.test accepted,b@full.test bounced,b@full.test deferred" {
 		t.Errorf("events %s", got)
+	}
+}
+
+// TestEventsDelayedAndExpired: a recipient that is never accepted gets a
+// delayed event at the delay-warning step and an expired one (not
+// bounced) when its lifetime runs out.
+func TestEventsDelayedAndExpired(t *testing.T) {
+	t.Parallel()
+	h, ev := eventsHarness(t, false, func(c *config.Config) {
+		c.Retry.Lifetime, c.Retry.DelayWarnings = 1500*time.Millisecond, []time.Duration{300 * time.Millisecond}
+	})
+	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.43")
+	startMX(t, "127.0.0.43", h.port, fakeOpt{rcpt: func(int, string) error {
+		return reply(451, [3]int{4, 3, 0}, "temporary server failure")
+	}})
+	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
+		Body: []byte("X-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")}, "w@busy.test")
+	h.start(func(o *Options) { o.Events = ev })
+	eventually(t, wait, "expired", func() bool { return h.gone(id) })
+	count := map[string]int{}
+	for _, k := range outboxKinds(t, h.q) {
+		count[k]++
+	}
+	if count["w@busy.test accepted"] != 1 || count["w@busy.test delayed"] != 1 || count["w@busy.test expired"] != 1 ||
+		count["w@busy.test deferred"] < 1 || count["w@busy.test bounced"] != 0 {
+		t.Errorf("events %v, want one accepted, deferred ones, one delayed, one expired", count)
 	}
 }
