@@ -87,6 +87,9 @@ func (e *Events) read(ctx context.Context, q *queue.Queue, s *sink) {
 			}
 		}
 		if err := s.send(ctx, batch); err != nil {
+			if ctx.Err() != nil {
+				return // stopping: the batch stays for the next start
+			}
 			fails++
 			e.count(s, func(m metricSet) { m.failed.Inc() })
 			wait := backoffAfter(fails)
