@@ -54,7 +54,10 @@
 // attempt is recorded before it is made (Begin, as in mox) and its due entry
 // moves to a lease; after a crash, Recover turns every Active recipient back
 // into a Deferred one, due at once. That may deliver a message twice; it
-// never loses one.
+// never loses one. A message just journaled may instead be attempted from
+// the journal's copy (Fresh, fresh.go) and its start stored with the
+// outcome (Update.Starts): Queued → Deferred or final in one commit, and
+// still Queued, hence due, after a crash in between.
 //
 // Durability: Enqueue returns once its messages are in the intake journal
 // (journal.go: one fdatasync shared by concurrent callers); the writer then
