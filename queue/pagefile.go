@@ -175,6 +175,8 @@ type treeVisitor struct {
 	// lost gets every key range [lo, hi) of a bucket whose page could not
 	// be read (nil bounds are open); the walk goes on with the rest.
 	lost func(bucket [][]byte, lo, hi []byte, err error)
+	// seq gets the sequence of every bucket found.
+	seq func(bucket [][]byte, seq uint64)
 }
 
 // walker walks a bucket tree with pageFile's checks, and the ones bbolt's
@@ -270,6 +272,9 @@ func (w *walker) node(path [][]byte, id uint64, lo, hi []byte, depth int) {
 func (w *walker) leaf(path [][]byte, es []elem, depth int) {
 	for _, e := range es {
 		if e.bucket {
+			if w.v.seq != nil && len(e.value) >= bucketHeadSize {
+				w.v.seq(append(path[:len(path):len(path)], e.key), binary.LittleEndian.Uint64(e.value[8:]))
+			}
 			w.bucketValue(append(path[:len(path):len(path)], e.key), e.value, depth)
 		} else if w.v.kv != nil {
 			w.v.kv(path, e.key, e.value)

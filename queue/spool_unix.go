@@ -16,3 +16,13 @@ func mapFile(f *os.File, size int64) ([]byte, func([]byte) error, error) {
 	}
 	return b, syscall.Munmap, nil
 }
+
+// lockFree reports whether no process holds f's lock (bbolt's flock): it
+// takes the lock and lets it go at once.
+func lockFree(f *os.File) bool {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return false
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return true
+}
