@@ -87,6 +87,7 @@ func Salvage(path string, now time.Time) (*SalvageReport, error) {
 		os.Remove(fresh)
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
+	copyOwner(path, fresh)
 	if err := os.Rename(path, rep.DamagedPath); err != nil {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}

@@ -26,3 +26,16 @@ func lockFree(f *os.File) bool {
 	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	return true
 }
+
+// copyOwner gives to the owner and group of from (when run as root, so
+// that a queue salvaged by root stays the relay's), ignoring failures: an
+// operator who is the relay's user owns both already.
+func copyOwner(from, to string) {
+	fi, err := os.Stat(from)
+	if err != nil {
+		return
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		os.Chown(to, int(st.Uid), int(st.Gid))
+	}
+}
