@@ -187,7 +187,22 @@ type walker struct {
 	v    treeVisitor
 	seen map[uint64]bool
 	errs []error
+	// elems counts the elements parsed: every element of a sound file
+	// takes 16 bytes of it, so more than len/16 means damaged data makes
+	// the walk parse the same bytes again and again.
+	elems int
 }
+
+// spend counts the n elements the page at p is about to be parsed for;
+// false means the walk has already parsed more than a sound file holds.
+func (w *walker) spend(p []byte) bool {
+	if len(p) >= pageHeaderSize {
+		w.elems += int(binary.LittleEndian.Uint16(p[10:]))
+	}
+	return w.elems <= len(w.f.b)/pageElemSize
+}
+
+var errTooMany = errors.New("more elements than the file can hold")
 
 func (w *walker) fail(bucket [][]byte, lo, hi []byte, err error) {
 	w.errs = append(w.errs, err)
@@ -216,9 +231,18 @@ func (w *walker) bucketValue(path [][]byte, v []byte, depth int) {
 		w.node(path, root, nil, nil, depth+1)
 		return
 	}
+	if !w.spend(v[bucketHeadSize:]) {
+		w.fail(path, nil, nil, fmt.Errorf("bucket %q: %w", path, errTooMany))
+		return
+	}
 	flags, es, err := elems(v[bucketHeadSize:])
 	if err == nil && flags != pageLeaf {
 		err = errors.New("inline bucket page is not a leaf")
+	}
+	for _, e := range es {
+		if err == nil && e.bucket {
+			err = errors.New("a bucket inside an inline bucket") // bbolt never inlines those
+		}
 	}
 	if err != nil {
 		w.fail(path, nil, nil, fmt.Errorf("bucket %q: inline page: %w", path, err))
@@ -238,6 +262,9 @@ func (w *walker) node(path [][]byte, id uint64, lo, hi []byte, depth int) {
 	}
 	var flags uint16
 	var es []elem
+	if err == nil && !w.spend(p) {
+		err = errTooMany
+	}
 	if err == nil {
 		w.seen[id] = true
 		flags, es, err = elems(p)
@@ -300,7 +327,8 @@ func checkPages(b []byte, guess int) error {
 // are read too; their elements come with the bucket name.
 func (f *pageFile) scanPages(kv func(bucket []byte, k, v []byte)) {
 	n := uint64(len(f.b)) / uint64(f.psize)
-	for id := uint64(2); id < n; id++ {
+	budget := 2 * len(f.b) / pageElemSize // elements parsed, as in walker.spend
+	for id := uint64(2); id < n && budget > 0; id++ {
 		p := f.b[id*uint64(f.psize):]
 		if binary.LittleEndian.Uint64(p) != id {
 			continue
@@ -310,6 +338,7 @@ func (f *pageFile) scanPages(kv func(bucket []byte, k, v []byte)) {
 		} else {
 			p = p[:f.psize] // the rest is gone: what fits in this page may still parse
 		}
+		budget -= int(binary.LittleEndian.Uint16(p[10:]))
 		flags, es, err := elems(p)
 		if err != nil || flags != pageLeaf {
 			continue
@@ -319,8 +348,11 @@ func (f *pageFile) scanPages(kv func(bucket []byte, k, v []byte)) {
 				kv(nil, e.key, e.value)
 				continue
 			}
-			if len(e.value) < bucketHeadSize || binary.LittleEndian.Uint64(e.value) != 0 {
+			if len(e.value) < bucketHeadSize+pageHeaderSize || binary.LittleEndian.Uint64(e.value) != 0 {
 				continue
+			}
+			if budget -= int(binary.LittleEndian.Uint16(e.value[bucketHeadSize+10:])); budget < 0 {
+				return
 			}
 			if fl, ies, err := elems(e.value[bucketHeadSize:]); err == nil && fl == pageLeaf {
 				for _, ie := range ies {
