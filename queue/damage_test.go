@@ -505,3 +505,30 @@ func FuzzPageFile(f *testing.F) {
 		readDamaged(b, &SalvageReport{})
 	})
 }
+
+// TestJournalCarriesSpoolChecksum: a spooled body's checksum survives the
+// intake journal; a record of an older greyrelay (body kind 1) has none,
+// and its file is read as it is.
+func TestJournalCarriesSpoolChecksum(t *testing.T) {
+	m := msg("s@x.test", "r@a.test")
+	m.Body, m.File = nil, &BodyFile{name: "body-1", n: 10, sum: 0xdeadbeef, summed: true}
+	rec, _ := encodeRecord([8]byte{}, 1, []NewMessage{m}, []ID{3})
+	out, _, err := decodeRecord(rec[journalRecHead:])
+	if err != nil || !out[0].File.summed || out[0].File.sum != 0xdeadbeef {
+		t.Fatalf("decoded %+v, %v", out[0].File, err)
+	}
+	e := &enc{b: []byte{journalVersion}}
+	e.u(1)
+	e.u(3)
+	m.File = nil
+	m.Body = []byte{}
+	encodeNew(e, &m)
+	e.b = e.b[:len(e.b)-2] // the inline body (kind 0, length 0) …
+	e.u(1)                 // … becomes a kind 1 file without checksum
+	e.s("body-2")
+	e.i(10)
+	out, _, err = decodeRecord(e.b)
+	if err != nil || out[0].File == nil || out[0].File.summed {
+		t.Fatalf("kind 1: %+v, %v", out, err)
+	}
+}

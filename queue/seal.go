@@ -14,10 +14,12 @@ import (
 // CRC-32C (Castagnoli, as iSCSI and ext4 use) of the bucket name, the key
 // and the record follows it. Bucket and key are in the sum so that a
 // record that lands under another key (a damaged page, a salvage that
-// guessed wrong) does not pass. A body's CRC-32C is computed once, as it
-// is received (BodyFile.Write for a spooled one), carried through the
-// intake journal, stored in its message record, and checked each time the
-// body is read, from the database or from its spool file. A record that
+// guessed wrong) does not pass. A body's CRC-32C is stored in its
+// message record and checked each time the body is read, from the
+// database or from its spool file: a spooled body's is computed as it is
+// written (BodyFile.Write) and carried through the intake journal; one
+// kept in the database gets its own when it is inserted, from the journal
+// record (whose own CRC covered it meanwhile) or the caller's buffer. A record that
 // fails its check is quarantined like one that does not decode, with the
 // whole message when it is the envelope or the body: an altered body is
 // never handed out for delivery.
