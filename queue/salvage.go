@@ -162,6 +162,11 @@ func pickPaged(get func([]byte) *salvaged, k, v []byte) {
 		for _, n := range [][]byte{bBodies, bSpool} {
 			keepPaged(get(n), k, v, func(old, v []byte) bool { return false })
 		}
+	case 16:
+		// Perhaps a finished-message record (time|id): used only to keep a
+		// message that left the queue from coming back, so an unproved
+		// one costs at most a message not recovered, never a duplicate.
+		get(bFinished).pages[string(k)] = nil
 	case rcptKeyLen:
 		key, _ := parseRcptKey(k)
 		if !sealed(v) {
@@ -301,9 +306,11 @@ func (c *salvageCopy) finished(id ID) bool {
 	if s == nil {
 		return false
 	}
-	for k := range s.tree {
-		if len(k) == 16 && ID(binary.BigEndian.Uint64([]byte(k)[8:])) == id {
-			return true
+	for _, m := range []map[string][]byte{s.tree, s.pages} {
+		for k := range m {
+			if len(k) == 16 && ID(binary.BigEndian.Uint64([]byte(k)[8:])) == id {
+				return true
+			}
 		}
 	}
 	return false
