@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // A damaged file stops the queue, not the process.
@@ -97,7 +98,7 @@ func openBolt(path string, opts *bolt.Options) (db *bolt.DB, err error) {
 	}()
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	db, err = bolt.Open(path, 0o600, opts)
-	if errors.Is(err, bolt.ErrInvalid) || errors.Is(err, bolt.ErrChecksum) || errors.Is(err, bolt.ErrVersionMismatch) {
+	if errors.Is(err, berrors.ErrInvalid) || errors.Is(err, berrors.ErrChecksum) || errors.Is(err, berrors.ErrVersionMismatch) {
 		return nil, &DamagedError{Path: absPath(path), Cause: err.Error()}
 	}
 	return db, err
