@@ -127,8 +127,8 @@ const (
 // Input describes the deferral just recorded.
 type Input struct {
 	Kind          Kind
-	Attempt       int           // attempts so far, including the one that just failed (>= 1)
-	GreylistTries int           // consecutive greylisting deferrals so far, including this one
+	Attempt       int // attempts so far, including the one that just failed (>= 1)
+	GreylistTries int // consecutive greylisting deferrals so far, including this one
 	// Window is what the destination's greylisting is known to be, as it
 	// was before this deferral (see Window); Probe is the wait of a probe
 	// chosen for this first retry (Window.Probe), 0 if none; Elapsed is
