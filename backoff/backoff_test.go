@@ -68,7 +68,8 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"window probe refused", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 10 * sec, High: 30 * sec}, Elapsed: 20 * sec}, 0.9, 11600 * ms},
 		{"window no high yet", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 26 * sec}}, 0.9, 52 * sec},
 		{"window grew: doubling", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 24 * sec, High: 25 * sec}, Elapsed: 26 * sec}, 0.9, 26 * sec},
-		{"window grew past second: quick track", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{High: 25 * sec}, Elapsed: 11 * minute}, 0, 10 * minute},
+		{"window grew: doubling past second", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{High: 25 * sec}, Elapsed: 11 * minute}, 0, 11 * minute},
+		{"window grew: doubling capped", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3, Window: Window{High: 25 * sec}, Elapsed: 3 * time.Hour}, 0, time.Hour},
 
 		// Server hints win for any kind, clamped, upward jitter only.
 		{"hint generic", Input{Attempt: 1, Hint: 10 * minute}, 0, 10 * minute},

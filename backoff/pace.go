@@ -7,32 +7,35 @@ import (
 
 // Pace is the rate a throttling destination accepts, learned by additive
 // increase and multiplicative decrease (AIMD, as TCP learns a path's
-// capacity): each congestion event (a rate-limit reply after at least one
-// accepted message) multiplies the rate by paceDecrease, each accepted
-// message adds a fixed share of the rate set at the last decrease, so
-// that the rate climbs back to where it was refused in about paceCycle
-// messages. Sending at the learned rate uses close to the full allowance
-// of a destination that accepts N messages per window (on average about
-// (1+paceDecrease)/2 of it) with about one refusal per paceCycle messages,
-// where pausing after each refusal leaves most of the allowance unused.
+// capacity): each rate-limit reply multiplies the rate by paceDecrease,
+// each accepted message adds a fixed share of the rate set at the last
+// decrease, so that the rate climbs back to where it was refused in about
+// paceCycle messages. Sending at the learned rate uses most of the
+// allowance of a destination that accepts N messages per window with
+// about one refusal per paceCycle messages (pace_test.go simulates such
+// destinations), where pausing after each refusal leaves most of the
+// allowance unused.
 //
 // Before the first paced refusal the rate grows by paceSlowStart per
-// accepted message (slow start), from one message per paceStart. Refusals
-// with no accepted message in between are one congestion event: a
-// destination whose window is used up refuses everything until it turns,
-// however slowly we send. Pace is independent of the generic retry
-// schedule (retry.initial_interval): the refused recipient comes back one
-// interval later, in line with the others.
+// accepted message (slow start), from one message per paceStart, and a
+// refusal in slow start halves the rate (slow start overshoots by up to its
+// growth since the last acceptance, as TCP's does). Consecutive refusals
+// (no accepted message in between) also double the gap before the next
+// start (up to 64 intervals) until a message passes: a destination whose
+// window is used up refuses everything until it turns, however slowly we
+// send. Pace is independent of the generic retry schedule
+// (retry.initial_interval): the refused recipient comes back one interval
+// later, in line with the others.
 type Pace struct {
 	Interval time.Duration // between transaction starts; 0: not paced
 	Base     time.Duration // interval set by the last decrease; 0: slow start
-	Refused  bool          // refused since the last accepted message
+	Refusals int           // refusals since the last accepted message
 }
 
 const (
 	paceStart     = time.Second
 	paceDecrease  = 0.85
-	paceCycle     = 32
+	paceCycle     = 24
 	paceSlowStart = 1.1
 	// paceMin ends pacing: a destination accepting more than 100
 	// messages a second is not throttling us any more.
@@ -49,12 +52,14 @@ func (p Pace) Paced() bool { return p.Interval > 0 }
 func (p Pace) OnRefused() Pace {
 	switch {
 	case p.Interval <= 0:
-		return Pace{Interval: paceStart, Refused: true}
-	case p.Refused:
-		return p // the same congestion event
+		return Pace{Interval: paceStart, Refusals: 1}
 	}
-	i := min(toDuration(float64(p.Interval)/paceDecrease), paceMax)
-	return Pace{Interval: i, Base: i, Refused: true}
+	f := 1 / paceDecrease
+	if p.Base <= 0 {
+		f = 2 // leaving slow start
+	}
+	i := min(toDuration(float64(p.Interval)*f), paceMax)
+	return Pace{Interval: i, Base: i, Refusals: p.Refusals + 1}
 }
 
 // OnAccepted returns the pace after an accepted message.
@@ -76,12 +81,14 @@ func (p Pace) OnAccepted() Pace {
 }
 
 // Start returns when the next transaction may start, given when the last
-// one was allowed to (last) and now.
+// one was allowed to (last) and now: an interval after last, doubled for
+// each refusal after the first since the last accepted message.
 func (p Pace) Start(last, now time.Time) time.Time {
 	if p.Interval <= 0 || last.IsZero() {
 		return now
 	}
-	if t := last.Add(p.Interval); t.After(now) {
+	gap := p.Interval << min(max(p.Refusals-1, 0), 6)
+	if t := last.Add(gap); t.After(now) {
 		return t
 	}
 	return now

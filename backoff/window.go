@@ -65,6 +65,10 @@ func (w Window) Probe(now time.Time) (time.Duration, Window) {
 	}
 	var at time.Duration
 	switch {
+	case w.Low <= 0:
+		// Nothing refused lately (the delay shrank below what was
+		// refused before): come down in bigger steps.
+		at = w.High / 4
 	case !w.Narrow():
 		at = (w.Low + w.High) / 2
 	case w.Quiet >= CheckEvery:
@@ -87,6 +91,9 @@ func (w Window) Refused(elapsed time.Duration) Window {
 		return w
 	}
 	w.Low = max(w.Low, elapsed)
+	if w.High > 0 && elapsed < w.High {
+		w.ProbeUntil = time.Time{} // the probe is decided: the next may start
+	}
 	if w.High > 0 && elapsed >= w.High {
 		// The receiver lengthened its delay: what passed before no longer
 		// does. Start again from this refusal.
@@ -102,7 +109,7 @@ func (w Window) Passed(elapsed time.Duration) Window {
 		return w
 	}
 	if w.High <= 0 || elapsed < w.High {
-		w.High = elapsed
+		w.High, w.ProbeUntil = elapsed, time.Time{}
 	} else {
 		w.Quiet++
 	}
@@ -133,10 +140,11 @@ func (p Policy) greylistedWindow(in Input, tries int, rnd float64) (time.Duratio
 		// A probe, or a retry that came early: the next one just past High.
 		return max(w.High+Margin(w.High)-in.Elapsed, minProbe), true
 	}
-	if in.Elapsed > 0 && in.Elapsed < p.GreylistSecond {
+	if in.Elapsed > 0 {
 		// Refused past what used to pass: the delay grew. Double the wait
-		// so far rather than start the quick track again.
-		return max(in.Elapsed, minProbe), true
+		// so far (each wait at most retry.max_interval) rather than start
+		// the quick track again.
+		return min(max(in.Elapsed, minProbe), p.Max), true
 	}
 	return 0, false
 }

@@ -572,7 +572,7 @@ func encodeDestination(x *Destination) []byte {
 	e.t(x.GreylistProbe)
 	e.i(int64(x.PaceInterval))
 	e.i(int64(x.PaceBase))
-	e.bool(x.PaceRefused)
+	e.i(int64(x.PaceRefusals))
 	return e.b
 }
 
@@ -592,7 +592,7 @@ func decodeDestination(b []byte) (Destination, error) {
 	x.Updated = d.t()
 	if len(d.b) > 0 {
 		x.GreylistLow, x.GreylistQuiet, x.GreylistProbe = time.Duration(d.i()), d.int(), d.t()
-		x.PaceInterval, x.PaceBase, x.PaceRefused = time.Duration(d.i()), time.Duration(d.i()), d.bool()
+		x.PaceInterval, x.PaceBase, x.PaceRefusals = time.Duration(d.i()), time.Duration(d.i()), d.int()
 	}
 	return x, d.done()
 }

@@ -26,7 +26,7 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 		LearnedDelay: 7 * time.Minute, LastGreylisted: at, ThrottleLevel: -1, ThrottledUntil: at,
 		DeadHosts: map[string]time.Time{"mx1": at, "127.0.0.9": at.Add(time.Hour)},
 		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistQuiet: 2,
-		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefused: true}
+		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2}
 	return m, r, h, d
 }
 
@@ -65,12 +65,12 @@ func TestDestinationOldRecord(t *testing.T) {
 	e.t(d.GreylistProbe)
 	e.i(int64(d.PaceInterval))
 	e.i(int64(d.PaceBase))
-	e.bool(d.PaceRefused)
+	e.i(int64(d.PaceRefusals))
 	old := full[:len(full)-(len(e.b)-1)]
 	got, err := decodeDestination(old)
 	want := d
 	want.GreylistLow, want.GreylistQuiet, want.GreylistProbe = 0, 0, time.Time{}
-	want.PaceInterval, want.PaceBase, want.PaceRefused = 0, 0, false
+	want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("old record: %+v, %v; want %+v", got, err, want)
 	}

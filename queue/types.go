@@ -277,9 +277,9 @@ type Destination struct {
 	GreylistLow    time.Duration
 	GreylistQuiet  int
 	GreylistProbe  time.Time
-	// PaceInterval, PaceBase and PaceRefused are the learned sending rate
+	// PaceInterval, PaceBase and PaceRefusals are the learned sending rate
 	// of a throttling destination (backoff.Pace); PaceInterval 0: not paced.
 	PaceInterval time.Duration
 	PaceBase     time.Duration
-	PaceRefused  bool
+	PaceRefusals int
 }
