@@ -87,7 +87,7 @@ func (p Pace) Start(last, now time.Time) time.Time {
 	if p.Interval <= 0 || last.IsZero() {
 		return now
 	}
-	gap := p.Interval << min(max(p.Refusals-1, 0), 6)
+	gap := min(p.Interval<<min(max(p.Refusals-1, 0), 6), paceMax)
 	if t := last.Add(gap); t.After(now) {
 		return t
 	}

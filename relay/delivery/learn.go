@@ -115,10 +115,16 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 	rec.ThrottleLevel, rec.ThrottledUntil = t.Level, t.Until
 }
 
+// paceIdle is the longest wait for a paced start that keeps the worker's
+// connection open: longer, and release closes it first (servers drop idle
+// clients after a while, and an open connection is a slot others could
+// use).
+const paceIdle = 5 * time.Second
+
 // paceWait waits until d's next transaction may start under its learned
-// pace, and takes that start for the caller. It returns false if ctx ended
-// first.
-func (e *Engine) paceWait(ctx context.Context, d *dest) bool {
+// pace, and takes that start for the caller; before a wait longer than
+// paceIdle it calls release. It returns false if ctx ended first.
+func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	d.mu.Lock()
 	p := pace(&d.rec)
 	now := e.now()
@@ -128,6 +134,9 @@ func (e *Engine) paceWait(ctx context.Context, d *dest) bool {
 	wait := at.Sub(now)
 	if wait <= 0 {
 		return true
+	}
+	if wait > paceIdle {
+		release()
 	}
 	t := time.NewTimer(wait)
 	defer t.Stop()
