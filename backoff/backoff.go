@@ -28,7 +28,10 @@
 //   - A rate-limited deferral is one step further along the general
 //     schedule (n = Attempt, so at least Initial·Factor before jitter): the
 //     server told us to slow down, so a generic hiccup's first retry is too
-//     eager. Destination-wide slowdown is Throttle's job (throttle.go).
+//     eager. Destination-wide slowdown is Throttle's job (throttle.go),
+//     and the delivery engine brings a rate-limited recipient back at the
+//     destination's learned Pace (pace.go) instead when the server gave no
+//     hint.
 //
 // Messages expire Lifetime (default 120h) after arrival.
 //
