@@ -118,7 +118,8 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	_, statErr := os.Stat(path)
 	created := errors.Is(statErr, fs.ErrNotExist)
-	// Never NoSync (pitfall F11): every commit is fsync'd before it returns.
+	// Never NoSync (bbolt calls it unsafe): every commit is fsync'd before it
+	// returns.
 	// NoFreelistSync (etcd's default) is another matter: the freelist is
 	// not written at each commit but rebuilt at Open by walking the
 	// pages. bbolt sorts and writes the whole freelist at every commit
@@ -175,7 +176,7 @@ func (q *Queue) init(created bool, dir string) error {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	if created {
-		// The new file's directory entry must be durable too (F11: a crash
+		// The new file's directory entry must be durable too (a crash
 		// right after first initialisation must not lose the file).
 		if err := syncDir(dir); err != nil {
 			return fmt.Errorf("queue: %w", err)
@@ -641,7 +642,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 }
 
 // view runs fn in a read transaction. Keep fn short: long read
-// transactions stop bbolt from reusing freed pages (F11).
+// transactions stop bbolt from reusing freed pages, so the file grows.
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 	err := q.db.View(fn)
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {

@@ -121,8 +121,8 @@ func scanDue(tx *bolt.Tx, bad []problem) []problem {
 // recipient (an attempt was in flight when the process stopped) becomes
 // Deferred and due at now, and its in-progress history entry is marked
 // "interrupted". The message may or may not have reached the destination, so
-// this can cause a duplicate delivery; it can never lose one (mox semantics,
-// test D3). It walks the due index (Active recipients keep their entry at the
+// this can cause a duplicate delivery; it can never lose one (mox semantics:
+// a duplicate is better than a loss). It walks the due index (Active recipients keep their entry at the
 // lease), not the recipient bucket, and returns how many it recovered.
 //
 // When the counters say no recipient is Active (after a clean stop), it

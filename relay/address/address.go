@@ -5,7 +5,7 @@
 // Design notes:
 //
 //   - go-smtp unquotes local parts and drops source routes before the
-//     session sees an address (pitfall F8): <"user@target"@relay> and
+//     session sees an address: <"user@target"@relay> and
 //     <user@target@relay> both arrive as user@target@relay, and <"a b"@x>
 //     as a b@x. So the domain is what follows the LAST "@", and any "@"
 //     left in the local part (quoted or not) is refused rather than guessed
@@ -268,7 +268,8 @@ func splitDecoded(s string, opt Options) (raw, local, rest string, err error) {
 }
 
 // checkLocal applies the rules that hold however the local part was
-// written: not empty, and none of the routing characters (F8).
+// written: not empty, and none of the routing characters (go-smtp has
+// already stripped the quotes that made them harmless).
 func checkLocal(local string, opt Options) error {
 	switch {
 	case local == "":

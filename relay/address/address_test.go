@@ -86,8 +86,8 @@ func TestParse_Refused(t *testing.T) {
 		opt  Options
 		want string
 	}{
-		// bad-inputs c3: the nmap smtp-open-relay tests, as written and as
-		// go-smtp hands them over (quotes and routes stripped, pitfall F8).
+		// The nmap smtp-open-relay tests, as written and as go-smtp hands
+		// them over (quotes and routes stripped).
 		{"user%target@[192.0.2.1]", rcpt, routing},    // nmap 5
 		{"user%target@relay.example", rcpt, routing},  // nmap 6
 		{`"user@target"`, rcpt, routing},              // nmap 7
@@ -109,7 +109,7 @@ func TestParse_Refused(t *testing.T) {
 		{"user@0x7f000001", rcpt, syntax}, // inet_aton trick
 		{"user@127.0.0.1", rcpt, syntax},  // unbracketed IP
 		{"user@2130706433", rcpt, syntax},
-		// bad-inputs c4: control characters and injection.
+		// Control characters and injection.
 		{"user@target\x00.relay", rcpt, syntax},
 		{"us\rer@target.example", rcpt, syntax},
 		{"a\r@b.example", rcpt, syntax},
@@ -160,7 +160,7 @@ func TestParse_Refused(t *testing.T) {
 		// Sender context.
 		{"user%x@y.example", sender, srouting},
 		{"bad..dots@x.example", sender, ssyntax},
-		// c5 lengths.
+		// Length limits (RFC 5321 §4.5.3.1).
 		{strings.Repeat("a", 65) + "@x.example", rcpt, long},
 		{`"` + strings.Repeat("a", 63) + `"@x.example`, rcpt, long}, // 65 octets as written
 		{strings.Repeat("a", 2000) + "@x.example", rcpt, long},

@@ -109,7 +109,8 @@ func (v *validator) listeners(ls []Listener) {
 
 // trusted refuses networks that would make greyrelay an open relay. Behind
 // Docker's NAT every client looks like the bridge gateway, so the container
-// configuration trusts nothing at all (pitfall F10).
+// configuration trusts nothing at all: trusting the gateway's network there
+// would trust every client on the Internet.
 func (v *validator) trusted(nets []string) {
 	for _, s := range nets {
 		p, err := netip.ParsePrefix(s)

@@ -11,7 +11,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 )
 
-// Limits on what we read from a peer (bad-inputs c7). RFC 5321 §4.5.3.1.5
+// Limits on what we read from a peer, which may be hostile. RFC 5321 §4.5.3.1.5
 // allows 512 octets per reply line; real servers exceed that in EHLO and
 // error texts, so we are generous, but never unbounded: textproto.Reader's
 // ReadLine would buffer an endless line, which is why replies are read here.

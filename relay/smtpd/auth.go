@@ -21,7 +21,8 @@ import (
 // "historical purposes only" and says mechanisms that need encryption
 // SHOULD NOT be advertised without it, which is what happens.
 //
-// go-smtp counts no failures (F3). We count them per connection (closing
+// go-smtp counts no failures, so one connection could try passwords
+// forever. We count them per connection (closing
 // with 421 4.7.0 at limits.max_auth_failures) and per client address over
 // a sliding hour (limits.max_auth_failures_per_ip; IPv6 clients by /64,
 // since one host usually owns the whole prefix).

@@ -15,7 +15,7 @@ import (
 
 // Message data policy.
 //
-//   - End of data is CRLF.CRLF only, as go-smtp finds it (F6). Impostors
+//   - End of data is CRLF.CRLF only, as go-smtp finds it. Impostors
 //     such as LF.LF or CR.CR stay inside the message, so at most one
 //     transaction results from any smuggling attempt.
 //   - A bare LF is taken as a line end and stored as CRLF (RFC 5321 §2.3.8
@@ -24,7 +24,7 @@ import (
 //     normalize (Postfix cleanup_replace_stray_cr_lf). With bare_cr: reject
 //     the message is refused with 521 5.5.2 and the connection closed
 //     (chasquid). go-smtp drops the CR of CRLF.CR<x> and does not end data
-//     on CR CRLF.CRLF (F7); both leave a stray CR we then see and handle.
+//     on CR CRLF.CRLF; both leave a stray CR we then see and handle.
 //   - NUL is refused with 554 5.6.0 (as mox does; RFC 2045 §2.8 and
 //     RFC 6152 do not allow NUL even in 8-bit data, and a downstream MTA
 //     that drops NULs could see an end-of-data that we did not).
@@ -39,7 +39,7 @@ import (
 //   - Every failure is answered only after the whole body was read (the
 //     session stays in sync), except read errors, after which the
 //     connection is closed so that no body line is ever read as a
-//     command (F1).
+//     command (go-smtp would answer 554 and read on).
 //
 // Nothing stored contains a CR or LF outside a CRLF pair, and the body
 // always ends with CRLF (a BDAT body may not).

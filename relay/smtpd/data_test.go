@@ -9,7 +9,8 @@ import (
 	"time"
 )
 
-// smuggling is bad-inputs §c1: end-of-data impostors.
+// smuggling lists end-of-data impostors: sequences some MTA might take for
+// the final dot where RFC 5321 allows only CRLF.CRLF (SMTP smuggling).
 var smuggling = []struct{ name, seq string }{
 	{"lflf", "\n.\n"},
 	{"crcr", "\r.\r"},
@@ -68,7 +69,7 @@ func TestData_Smuggling(t *testing.T) {
 			if strings.Contains(tc.seq, "\x00") && len(after) != before {
 				t.Errorf("%s/%s: message with NUL stored", mode, tc.name)
 			}
-			// go-smtp drops the CR of CRLF "." CR <x> (F7), so in crlfcr and
+			// go-smtp drops the CR of CRLF "." CR <x>, so in crlfcr and
 			// crlf.crcrlf there is no stray CR left for us to see.
 			hasStrayCR := strings.Contains(strings.ReplaceAll(tc.seq, "\r\n", ""), "\r") &&
 				tc.name != "crlfcr" && tc.name != "crlf.crcrlf"
@@ -150,7 +151,7 @@ func TestData_LowDiskIs452(t *testing.T) {
 }
 
 // TestData_ReceivedHeader checks the header is built from validated data
-// only (bad-inputs c4).
+// only: nothing the client sent can inject a line or a control byte.
 func TestData_ReceivedHeader(t *testing.T) {
 	e := startServer(t, trustedConfig(t))
 	for _, tc := range []struct{ helo, want string }{

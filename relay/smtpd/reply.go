@@ -33,8 +33,8 @@ func replyLocalError() *smtp.SMTPError {
 	return reply(451, 4, 3, 0, "Local error in processing, try again later")
 }
 
-// replyDataTimeout: pitfall F1 asks for a 4xx (the client keeps the
-// message) and a closed connection; RFC 3463 X.4.2 "Bad connection".
+// replyDataTimeout: a 4xx (the client keeps the message) and a closed
+// connection, so no later body line is read as a command; RFC 3463 X.4.2 "Bad connection".
 func replyDataTimeout() *smtp.SMTPError {
 	return reply(451, 4, 4, 2, "Timeout reading message data, closing connection")
 }
@@ -43,8 +43,8 @@ func replyDataTimeout() *smtp.SMTPError {
 // RFC 3463 X.3.1 "Mail system full".
 func replyNoStorage() *smtp.SMTPError { return reply(452, 4, 3, 1, "Insufficient system storage") }
 
-// toReply is the one place where an error becomes an SMTP reply (pitfall
-// F15: go-smtp type-asserts, so a wrapped *smtp.SMTPError would lose its
+// toReply is the one place where an error becomes an SMTP reply (go-smtp
+// type-asserts, so a wrapped *smtp.SMTPError would lose its
 // code and a plain error would become 554 5.0.0 with our text in it).
 // Anything unknown is a temporary local error (maddy's rule).
 func toReply(err error) *smtp.SMTPError {
