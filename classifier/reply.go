@@ -6,8 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/greyrelay/greyrelay/internal/safetext"
 )
 
 // maxText bounds Verdict.Text: enough for any real reply, small enough for
@@ -28,7 +28,7 @@ func (r *Reply) Error() string {
 	if r.Enhanced != "" {
 		s += " " + r.Enhanced
 	}
-	if t := flatten(r.Text); t != "" {
+	if t := safetext.Line(r.Text); t != "" {
 		s += " " + t
 	}
 	return s
@@ -174,30 +174,10 @@ func normEnhanced(s string) string {
 	return ""
 }
 
-// flatten makes text safe for one log or DSN line: invalid UTF-8 and control
-// characters (CR, LF, NUL, ...) become spaces, and runs of space collapse.
-func flatten(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	return strings.Join(strings.Fields(s), " ")
-}
-
-// sanitize flattens s and cuts it to maxText bytes on a rune boundary.
+// sanitize makes outside text one safe line (safetext.Line) of at most
+// maxText bytes.
 func sanitize(s string) string {
-	s = flatten(s)
-	if len(s) <= maxText {
-		return s
-	}
-	i := maxText
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return strings.TrimSpace(s[:i])
+	return strings.TrimSpace(safetext.Cut(safetext.Line(s), maxText))
 }
 
 // hintPattern finds retry hints such as "try again in 5 minutes", "after 300

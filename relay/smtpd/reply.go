@@ -3,12 +3,12 @@ package smtpd
 import (
 	"errors"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/address"
 )
 
@@ -99,31 +99,11 @@ func formatReply(r *smtp.SMTPError) string {
 		strconv.Itoa(e[2]) + " " + r.Message
 }
 
-// cleanText makes s safe as reply text: go-smtp splits replies on "\n" and
-// would send a CR as is, so control characters become spaces.
-func cleanText(s string) string {
-	if len(s) > 400 {
-		s = s[:400]
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// cleanText makes s safe as reply text: go-smtp splits replies on "\n"
+// and would send a CR as is, so control characters (C1 included) and
+// invalid UTF-8 become spaces, and the text is cut to 400 octets.
+func cleanText(s string) string { return safetext.Replace(safetext.Cut(s, 400), ' ') }
 
 // printable escapes control characters and invalid UTF-8 in client-supplied
 // text before it reaches a log line, and bounds its length.
-func printable(s string) string {
-	if len(s) > 512 {
-		s = s[:512] + "..."
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] >= 0x7f {
-			q := strconv.Quote(s)
-			return q[1 : len(q)-1]
-		}
-	}
-	return s
-}
+func printable(s string) string { return safetext.Escape(s, 512) }

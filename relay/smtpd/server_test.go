@@ -154,6 +154,14 @@ func TestEscaping(t *testing.T) {
 	if got := cleanText("x\r\n250 injected"); got != "x  250 injected" {
 		t.Errorf("cleanText: %q", got)
 	}
+	// C1 controls (here NEL and CSI) and invalid UTF-8 are no safer than C0.
+	if got := cleanText("x\u0085y\u009b1m\xff"); got != "x y 1m " {
+		t.Errorf("cleanText C1: %q", got)
+	}
+	// A cut never splits a UTF-8 sequence.
+	if got := cleanText(strings.Repeat("a", 399) + "é"); got != strings.Repeat("a", 399) {
+		t.Errorf("cleanText cut: %q", got[390:])
+	}
 	if got := formatReply(toReply(fmt.Errorf("wrapped: %w", reply(552, 5, 3, 4, "big")))); got != "552 5.3.4 big" {
 		t.Errorf("wrapped SMTPError: %q", got)
 	}

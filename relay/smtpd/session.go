@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
@@ -374,15 +375,13 @@ func dsnParams(opts *smtp.RcptOptions) (notify, orcpt string, err error) {
 	}
 	if a := opts.OriginalRecipient; a != "" {
 		// RFC 3461 §4.2: ORCPT is at most 500 characters.
-		if len(a) > 500 || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {
+		if len(a) > 500 || !utf8.ValidString(a) || strings.ContainsFunc(a, safetext.IsControl) {
 			return "", "", reply(501, 5, 5, 4, "Malformed ORCPT parameter")
 		}
 		orcpt = strings.ToLower(string(opts.OriginalRecipientType)) + ";" + a
 	}
 	return notify, orcpt, nil
 }
-
-func isControl(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f }
 
 // checkDisk refuses work when the queue's filesystem has less than 1.5
 // times the largest message free (Postfix queue_minfree): 452 4.3.1, so the
