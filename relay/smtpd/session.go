@@ -12,8 +12,8 @@ import (
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
 
-	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/internal/safetext"
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
