@@ -73,19 +73,16 @@ func (q *Queue) Show(id ID) (Message, error) {
 		if m, err = getMessage(tx, id, &ps); err != nil {
 			return err
 		}
-		prefix := idKey(id)
 		hist := tx.Bucket(bHist)
-		c := tx.Bucket(bRcpts).Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-			key, _ := parseRcptKey(k)
-			r, err := decodeRecipient(key, v)
-			if err != nil {
-				ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+		for rec := range rcptRecords(tx, idKey(id), &ps) {
+			r, p := rec.decode()
+			if p != nil {
+				ps = append(ps, *p)
 				continue
 			}
-			if hv := hist.Get(k); hv != nil {
+			if hv := hist.Get(rec.k); hv != nil {
 				if r.History, err = decodeHistory(hv, historyRef(&r)); err != nil {
-					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(k), err})
+					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(rec.k), err})
 				}
 			}
 			m.Recipients = append(m.Recipients, r)

@@ -62,16 +62,11 @@ func scanRcpts(tx *bolt.Tx, c *counts) []problem {
 	msgs := tx.Bucket(bMsgs)
 	var lastID ID
 	lastOK := false
-	cur := tx.Bucket(bRcpts).Cursor()
-	for k, v := cur.First(); k != nil; k, v = cur.Next() {
-		key, ok := parseRcptKey(k)
-		if !ok {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")})
-			continue
-		}
-		r, err := decodeRecipient(key, v)
-		if err != nil {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+	for rec := range rcptRecords(tx, nil, &ps) {
+		key := rec.key
+		r, p := rec.decode()
+		if p != nil {
+			ps = append(ps, *p)
 			continue
 		}
 		if key.ID != lastID || !lastOK {
@@ -79,7 +74,7 @@ func scanRcpts(tx *bolt.Tx, c *counts) []problem {
 		}
 		c.rcpt(&r, +1)
 		if !lastOK {
-			ps = append(ps, problem{orphanRcpt, bRcpts, bytes.Clone(k), errMissing("message record")})
+			ps = append(ps, problem{orphanRcpt, bRcpts, bytes.Clone(rec.k), errMissing("message record")})
 		}
 	}
 	return ps
