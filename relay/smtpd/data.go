@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // Message data policy.
@@ -153,7 +154,7 @@ func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared 
 	s.sizeBodyBuf(buf, declared)
 	hdr := appendReceived(buf.body[:0], ri)
 	n := normalizer{out: hdr, base: len(hdr),
-		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
+		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == config.BareCRReject}
 	sp := bodySpill{q: s.srv.queue}
 	for {
 		k, err := r.Read(buf.read)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // smuggling lists end-of-data impostors: sequences some MTA might take for
@@ -32,7 +34,7 @@ var smuggling = []struct{ name, seq string }{
 // With bare_cr: reject, a message with a stray CR is refused with 521 5.5.2
 // and the connection closed.
 func TestData_Smuggling(t *testing.T) {
-	for _, mode := range []string{"normalize", "reject"} {
+	for _, mode := range []config.BareCRPolicy{config.BareCRNormalize, config.BareCRReject} {
 		cfg := trustedConfig(t)
 		cfg.BareCR = mode
 		e := startServer(t, cfg)

@@ -170,23 +170,10 @@ func New(opt Options) (*Server, error) {
 // checkLimits refuses zero limits (go-smtp and we would read them as
 // "unlimited" or "never"), in case the configuration was not validated.
 func (s *Server) checkLimits() error {
-	l := s.cfg.Limits
-	for name, v := range map[string]int64{
-		"max_message_bytes": l.MaxMessageBytes, "max_recipients": int64(l.MaxRecipients),
-		"max_connections": int64(l.MaxConnections), "max_connections_per_ip": int64(l.MaxConnectionsPerIP),
-		"command_timeout": int64(l.CommandTimeout), "min_data_rate": int64(l.MinDataRate),
-		"session_lifetime": int64(l.SessionLifetime), "max_junk_commands": int64(l.MaxJunkCommands),
-		"max_received_headers": int64(l.MaxReceivedHeaders), "max_auth_failures": int64(l.MaxAuthFailures),
-		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP), "ipv6_prefix_length": int64(l.IPv6PrefixLength),
-	} {
-		if v <= 0 {
-			return fmt.Errorf("smtpd: limits.%s must be greater than 0", name)
-		}
+	if ps := s.cfg.Limits.Problems(); len(ps) > 0 {
+		return fmt.Errorf("smtpd: %s", ps[0])
 	}
-	if l.IPv6PrefixLength > 128 {
-		return fmt.Errorf("smtpd: limits.ipv6_prefix_length %d is over 128", l.IPv6PrefixLength)
-	}
-	if s.cfg.BareCR != "normalize" && s.cfg.BareCR != "reject" {
+	if !s.cfg.BareCR.Valid() {
 		return fmt.Errorf("smtpd: bare_cr %q is not normalize or reject", s.cfg.BareCR)
 	}
 	return nil
@@ -266,7 +253,7 @@ func (s *Server) Start() error {
 				s.log.Error("listener stopped", zap.String("address", wrapped.Addr().String()), zap.Error(err))
 			}
 		}()
-		s.log.Info("listening", zap.String("address", bound[i].Addr().String()), zap.String("mode", l.Mode))
+		s.log.Info("listening", zap.String("address", bound[i].Addr().String()), zap.String("mode", string(l.Mode)))
 	}
 	s.started = true
 	return nil

@@ -20,7 +20,7 @@ import (
 
 // listenerInfo is what a session needs to know about its listener.
 type listenerInfo struct {
-	mode string // config.ModeSMTP, ModeSubmission or ModeSubmissions
+	mode config.ListenerMode
 }
 
 // session implements smtp.Session and smtp.AuthSession for one client
