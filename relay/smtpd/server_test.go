@@ -37,10 +37,18 @@ func TestNew_Refuses(t *testing.T) {
 		{"max_junk_commands", func(c *config.Config) { c.Limits.MaxJunkCommands = 0 }},
 		{"bare_cr", func(c *config.Config) { c.BareCR = "keep" }},
 		// Several unset limits: the first in a fixed order is named, every time.
-		{"max_message_bytes", func(c *config.Config) { c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0 }},
-		{"max_message_bytes", func(c *config.Config) { c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0 }},
-		{"max_message_bytes", func(c *config.Config) { c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0 }},
-		{"max_message_bytes", func(c *config.Config) { c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0 }},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
 		{"needs users", func(c *config.Config) { c.Listeners[0].Mode = config.ModeSubmission }},
 		{"/nonexistent", func(c *config.Config) { c.Listeners[0].TLSCert, c.Listeners[0].TLSKey = "/nonexistent", "/nonexistent" }},
 		{"trusted_networks", func(c *config.Config) { c.TrustedNetworks = []string{"bogus"} }},
