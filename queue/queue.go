@@ -124,10 +124,10 @@ func Open(path string, opt Options) (*Queue, error) {
 	// not written at each commit but rebuilt at Open by walking the
 	// pages. bbolt sorts and writes the whole freelist at every commit
 	// otherwise, and a queue that holds a backlog of 4 KiB bodies (two
-	// pages each) keeps thousands of free single pages: that took 6% of
-	// the relay's CPU and 10-15% of a healthy stream's throughput during a
-	// deferral storm (BENCHMARKS.md). The walk costs a fraction of a
-	// second at Open even with a million recipients.
+	// pages each) keeps thousands of free single pages, which cost a
+	// healthy stream a noticeable share of its throughput during a
+	// deferral storm (BENCHMARKS.md, "Tuning"). The walk costs a fraction
+	// of a second at Open even with a million recipients.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:        opt.LockTimeout,
 		FreelistType:   bolt.FreelistMapType,
@@ -288,8 +288,11 @@ func (q *Queue) DBSize() int64 {
 	return fi.Size()
 }
 
-// Enqueue stores m and returns its ID only after the transaction holding it
-// has been committed and fsync'd. Concurrent callers share one commit.
+// Enqueue stores m and returns its ID only once m is durable: after the
+// fdatasync of the intake journal record holding it (journal.go; the writer
+// inserts it into the database later), or, with the journal turned off
+// (Options.JournalSize < 0), after the database commit holding it.
+// Concurrent callers share one record or one commit.
 func (q *Queue) Enqueue(m NewMessage) (ID, error) {
 	ids, err := q.EnqueueBatch([]NewMessage{m})
 	if err != nil {

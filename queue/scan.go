@@ -12,8 +12,8 @@ import (
 // decodes every record once (no bodies), counts them, repairs what it found
 // (undecodable records, messages without a body and recipients without a
 // message go to quarantine; malformed due entries are dropped) and stores
-// the counters. It is O(records), about 0.15 s per 100,000 messages on a
-// small VM (BenchmarkOpenScan100k), with bounded memory (only problems are
+// the counters. It is O(records) (BenchmarkOpenScan100k measures it), with
+// bounded memory (only problems are
 // kept). Nothing else runs during Open, so the long write transaction
 // holds no one up.
 func (q *Queue) scan() error {

@@ -72,7 +72,8 @@ import (
 //
 // Enqueue must not keep m.Body, or anything sharing its memory, after it
 // returns: the server reuses the buffer for its next message (data.go).
-// *queue.Queue copies the body into bbolt inside the commit it waits for.
+// *queue.Queue copies the body into its intake journal record (or, without
+// a journal, into the database commit) before it returns.
 type Queue interface {
 	Enqueue(queue.NewMessage) (queue.ID, error)
 }
