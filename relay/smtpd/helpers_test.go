@@ -28,19 +28,24 @@ import (
 
 // fakeQueue records what was enqueued (a copy: Queue.Enqueue must not
 // keep the body). fail makes Enqueue fail; gate, if
-// set, makes Enqueue wait for a value before committing.
+// set, makes Enqueue wait for a value before committing, and waiting, if
+// set, is sent a value once Enqueue is waiting there.
 type fakeQueue struct {
-	mu   sync.Mutex
-	msgs []queue.NewMessage
-	fail error
-	gate chan struct{}
+	mu      sync.Mutex
+	msgs    []queue.NewMessage
+	fail    error
+	gate    chan struct{}
+	waiting chan struct{}
 }
 
 func (q *fakeQueue) Enqueue(m queue.NewMessage) (queue.ID, error) {
 	q.mu.Lock()
-	gate, fail := q.gate, q.fail
+	gate, fail, waiting := q.gate, q.fail, q.waiting
 	q.mu.Unlock()
 	if gate != nil {
+		if waiting != nil {
+			waiting <- struct{}{}
+		}
 		<-gate
 	}
 	if fail != nil {
