@@ -56,13 +56,13 @@ func (s *session) Data(r io.Reader) error {
 	defer s.conn.endData()
 	if s.conn.isDraining() {
 		s.conn.stop() // the rest of the body is not read: 421 then close
-		return s.refuse("shutdown", replyShutdown())
+		return s.refuse(reasonShutdown, replyShutdown())
 	}
 	s.mu.Lock()
 	env := s.env
 	s.mu.Unlock()
 	if env == nil || len(env.rcpts) == 0 {
-		return s.refuse("sequence", reply(503, 5, 5, 1, "RCPT first"))
+		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "RCPT first"))
 	}
 	buf := s.srv.getDataBuf()
 	defer s.srv.putDataBuf(buf) // Enqueue has returned: nothing refers to it
@@ -86,7 +86,7 @@ func (s *session) Data(r io.Reader) error {
 func (s *session) checkBody(rb readResult) error {
 	if rb.received > s.srv.cfg.Limits.MaxReceivedHeaders {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
-		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
+		return s.refuse(reasonLoop, reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
 	return s.checkDisk(false)
 }
@@ -111,7 +111,7 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	if err != nil {
 		rb.discard()
 		s.srv.log.Error("enqueue failed", zap.String("client", s.clientS), zap.Error(err))
-		return s.refuse("queue", replyLocalError())
+		return s.refuse(reasonQueue, replyLocalError())
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
 	idS := id.String()
@@ -206,20 +206,20 @@ func (s *session) bodyFault(fault string, spoolErr error) error {
 	switch fault {
 	case faultBareCR:
 		// chasquid's reply; RFC 3463 X.5.2 syntax error. 521 closes.
-		return s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
+		return s.refuseAndClose(reasonSmuggling, reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
 	case faultNUL:
-		return s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
+		return s.refuse(reasonData, reply(554, 5, 6, 0, "NUL in message data is not accepted"))
 	case faultSize:
-		return s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
+		return s.refuse(reasonSize, reply(552, 5, 3, 4, "Maximum message size exceeded"))
 	}
 	if spoolErr != nil {
 		// Never 5xx for our own storage trouble: the client keeps the
 		// message and tries again.
 		s.srv.log.Error("spooling the body failed", zap.String("client", s.clientS), zap.Error(spoolErr))
 		if errors.Is(spoolErr, syscall.ENOSPC) {
-			return s.refuse("storage", replyNoStorage())
+			return s.refuse(reasonStorage, replyNoStorage())
 		}
-		return s.refuse("storage", replyLocalError())
+		return s.refuse(reasonStorage, replyLocalError())
 	}
 	return nil
 }
@@ -266,17 +266,17 @@ func (s *session) readFailed(err error) error {
 	case errors.As(err, &se) && se.Code == 552:
 		// go-smtp's 552 5.3.4: it reads the rest of the body itself, under
 		// our data-rate deadline, and the session goes on.
-		return s.refuse("size", err)
+		return s.refuse(reasonSize, err)
 	case errors.As(err, &se):
 		// The connection's own sticky reply: 421 4.3.2 from Shutdown.
-		return s.refuseAndClose("shutdown", err)
+		return s.refuseAndClose(reasonShutdown, err)
 	case errors.Is(err, smtp.ErrTooLongLine):
 		// RFC 5321 §4.5.3.1: "500 Line too long"; X.6.0 content error.
-		return s.refuseAndClose("data", reply(500, 5, 6, 0, "Line too long, closing connection"))
+		return s.refuseAndClose(reasonData, reply(500, 5, 6, 0, "Line too long, closing connection"))
 	case errors.Is(err, smtp.ErrDataReset):
-		return s.refuse("data", reply(451, 4, 3, 0, "Message transfer aborted"))
+		return s.refuse(reasonData, reply(451, 4, 3, 0, "Message transfer aborted"))
 	case errors.As(err, &ne) && ne.Timeout():
-		return s.refuseAndClose("timeout", replyDataTimeout())
+		return s.refuseAndClose(reasonTimeout, replyDataTimeout())
 	}
-	return s.refuseAndClose("data", reply(451, 4, 4, 2, "Error reading message data, closing connection"))
+	return s.refuseAndClose(reasonData, reply(451, 4, 4, 2, "Error reading message data, closing connection"))
 }

@@ -127,7 +127,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		c, refusal := l.lim.admit(raw, l.tls != nil)
 		if c == nil {
-			l.lim.srv.connRefused(raw.RemoteAddr(), refusal, "connections")
+			l.lim.srv.connRefused(raw.RemoteAddr(), refusal, reasonConnections)
 			go refuseConn(raw, refusal, l.tls == nil)
 			continue
 		}
@@ -408,7 +408,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 		return net.ErrClosed
 	case junk > max:
 		const reply = "421 4.7.0 Too many commands without mail, closing connection"
-		c.lim.srv.connRefused(c.RemoteAddr(), reply, "junk")
+		c.lim.srv.connRefused(c.RemoteAddr(), reply, reasonJunk)
 		c.goodbye(reply)
 		return errJunkLimit
 	}

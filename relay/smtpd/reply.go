@@ -65,21 +65,48 @@ func toReply(err error) *smtp.SMTPError {
 	return replyLocalError()
 }
 
+// refusalReason is why intake refused something: the reason label of
+// greyrelay_intake_rejections_total and of the "refused" log line. Only the
+// constants below are used, so the metric's label set is fixed.
+type refusalReason string
+
+// Refusal reasons.
+const (
+	reasonAuth        refusalReason = "auth"        // AUTH failed, is required or is not offered
+	reasonData        refusalReason = "data"        // bad message data (NUL, an over-long line, a read error)
+	reasonDKIM        refusalReason = "dkim"        // no DKIM key for the message, or signing failed
+	reasonLiteral     refusalReason = "literal"     // mail to an address literal
+	reasonLoop        refusalReason = "loop"        // too many Received headers: a mail loop
+	reasonQueue       refusalReason = "queue"       // the queue could not store the message
+	reasonRecipients  refusalReason = "recipients"  // too many recipients
+	reasonRelay       refusalReason = "relay"       // relaying denied
+	reasonSender      refusalReason = "sender"      // a sender the client may not use
+	reasonSequence    refusalReason = "sequence"    // a command out of sequence
+	reasonShutdown    refusalReason = "shutdown"    // the server is shutting down
+	reasonSize        refusalReason = "size"        // a message over the size limit
+	reasonSmuggling   refusalReason = "smuggling"   // a stray CR with bare_cr: reject
+	reasonStorage     refusalReason = "storage"     // no free disk space, or a local storage error
+	reasonSyntax      refusalReason = "syntax"      // a malformed command or address
+	reasonTimeout     refusalReason = "timeout"     // message data slower than min_data_rate
+	reasonConnections refusalReason = "connections" // over a connection cap
+	reasonJunk        refusalReason = "junk"        // too many commands that did nothing
+)
+
 // refuse turns err into the reply to give, and logs and counts it. reason
-// is a metric label from a small fixed set.
-func (s *session) refuse(reason string, err error) *smtp.SMTPError {
+// is one of the refusal reasons above.
+func (s *session) refuse(reason refusalReason, err error) *smtp.SMTPError {
 	r := toReply(err)
 	class := "5xx"
 	if r.Code/100 == 4 {
 		class = "4xx"
 	}
-	s.srv.metrics.Rejected.WithLabelValues(class, reason).Inc()
+	s.srv.metrics.Rejected.WithLabelValues(class, string(reason)).Inc()
 	level := zap.DebugLevel
-	if reason == "relay" || reason == "auth" || reason == "queue" || reason == "storage" {
+	if reason == reasonRelay || reason == reasonAuth || reason == reasonQueue || reason == reasonStorage {
 		level = zap.InfoLevel
 	}
 	fields := []zap.Field{zap.String("client", s.clientS), zap.String("reply", formatReply(r)),
-		zap.String("reason", reason)}
+		zap.String("reason", string(reason))}
 	if r.Code/100 == 4 && reason == "queue" {
 		fields = append(fields, zap.Error(err)) // our own error, not client data
 	}
@@ -88,7 +115,7 @@ func (s *session) refuse(reason string, err error) *smtp.SMTPError {
 }
 
 // refuseAndClose is refuse for replies after which the connection ends.
-func (s *session) refuseAndClose(reason string, err error) *smtp.SMTPError {
+func (s *session) refuseAndClose(reason refusalReason, err error) *smtp.SMTPError {
 	s.conn.closeAfterReply()
 	return s.refuse(reason, err)
 }

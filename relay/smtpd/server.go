@@ -350,8 +350,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // connRefused logs and counts a connection refused before it had a session.
-func (s *Server) connRefused(addr net.Addr, reply, reason string) {
-	s.metrics.Rejected.WithLabelValues("4xx", reason).Inc()
+func (s *Server) connRefused(addr net.Addr, reply string, reason refusalReason) {
+	s.metrics.Rejected.WithLabelValues("4xx", string(reason)).Inc()
 	s.log.Debug("connection refused", zap.String("client", addr.String()), zap.String("reply", reply))
 }
 
