@@ -77,6 +77,7 @@ type Config struct {
 	DSN             DSN          `yaml:"dsn"`
 	Probe           Probe        `yaml:"probe"`
 	DKIM            DKIM         `yaml:"dkim"`
+	Events          Events       `yaml:"events"`
 }
 
 // Listener is one SMTP listening socket.
@@ -237,6 +238,23 @@ type DKIMSelector struct {
 	Selector  string `yaml:"selector"`
 	KeyFile   string `yaml:"key_file"`
 	Algorithm string `yaml:"algorithm"` // rsa-sha256 | ed25519-sha256; "": the key's own
+}
+
+// Events configures the delivery events for applications (relay/events).
+type Events struct {
+	File      string        `yaml:"file"`
+	MaxAge    time.Duration `yaml:"max_age"`
+	Tag       string        `yaml:"tag"` // keep | strip
+	Timeout   time.Duration `yaml:"timeout"`
+	BatchSize int           `yaml:"batch_size"`
+	Webhooks  []Webhook     `yaml:"webhooks"`
+}
+
+// Webhook is one HTTP receiver of events.
+type Webhook struct {
+	URL        string   `yaml:"url"`
+	Events     []string `yaml:"events"` // empty: every kind
+	SecretFile string   `yaml:"secret_file"`
 }
 
 // Source is everything Load reads. Keeping the inputs explicit lets tests

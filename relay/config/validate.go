@@ -46,6 +46,7 @@ func (c *Config) Validate() error {
 	v.positive("dsn.max_returned_bytes", int64(c.DSN.MaxReturnedBytes))
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
 	v.dkim(c.DKIM)
+	v.events(c.Events)
 	return errors.Join(v.errs...)
 }
 
