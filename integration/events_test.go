@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -166,16 +165,12 @@ func (h *hookReceiver) received(t *testing.T) map[string][]map[string]any {
 
 // readmeEventsYAML returns README's events example.
 func readmeEventsYAML(t *testing.T) map[string]any {
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile("(?s)```yaml\n(events:\n.*?)```").FindSubmatch(b)
-	if m == nil {
-		t.Fatal("README.md has no events configuration example")
+	blocks := recipeBlocks(t, "TestEventsWebhookAndFile")
+	if len(blocks) != 2 || blocks[0].Lang != "yaml" || blocks[1].Lang != "python" {
+		t.Fatalf("README.md's blocks for TestEventsWebhookAndFile: want the events example and the Python snippet: %+v", blocks)
 	}
 	var cfg map[string]any
-	if err := yaml.Unmarshal(m[1], &cfg); err != nil {
+	if err := yaml.Unmarshal([]byte(blocks[0].Text), &cfg); err != nil {
 		t.Fatalf("README's events example: %v", err)
 	}
 	return cfg["events"].(map[string]any)
@@ -190,14 +185,7 @@ func readmeVerify(t *testing.T, dir string, secret []byte, posts []*hookPost) {
 		}
 		t.Skip("python3 is missing")
 	}
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile("(?s)```python\n(.*?)```").FindSubmatch(b)
-	if m == nil {
-		t.Fatal("README.md has no Python verification snippet")
-	}
+	snippet := recipeBlocks(t, "TestEventsWebhookAndFile")[1].Text
 	driver := `
 import base64, json, sys
 secret = open(sys.argv[1], "rb").read().rstrip(b"\r\n")
@@ -207,7 +195,7 @@ for p in json.load(open(sys.argv[2])):
     print(verify(secret, headers, body), verify(secret, headers, body + b" "))
 `
 	script := filepath.Join(dir, "verify.py")
-	if err := os.WriteFile(script, append(bytes.Clone(m[1]), driver...), 0o600); err != nil {
+	if err := os.WriteFile(script, append([]byte(snippet), driver...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	secretPath, postsPath := filepath.Join(dir, "secret"), filepath.Join(dir, "posts.json")

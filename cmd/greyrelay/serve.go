@@ -54,6 +54,9 @@ func serve(args []string, stderr io.Writer) error {
 		return &exitError{2, err}
 	}
 	defer log.Sync()
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration: "+w, zap.String("config", displayName(*path)))
+	}
 	tuneGC()
 	tuneProcs()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
