@@ -425,8 +425,7 @@ func (q *Queue) writer() {
 			if busy {
 				q.linger()
 			}
-			q.commit(q.gather(r))
-			busy = len(q.reqs) > 0
+			busy = q.commit(q.gather(r))
 		case <-q.done:
 			q.drain()
 			return
@@ -493,8 +492,9 @@ func (q *Queue) gatherMore(batch []request) []request {
 // commit runs every request of the batch in one transaction, after the
 // journaled messages not inserted yet (oldest first; they stay pending until
 // a commit holding them succeeds). A refused request fails alone; any other
-// error rolls back the batch and fails all.
-func (q *Queue) commit(all []request) {
+// error rolls back the batch and fails all. It reports whether requests
+// were waiting when the transaction ended (the writer then lingers).
+func (q *Queue) commit(all []request) (waiting bool) {
 	batch := all[:0:0]
 	for _, r := range all {
 		if r.ins != nil {
@@ -527,6 +527,10 @@ func (q *Queue) commit(all []request) {
 		clear(pending) // the array outlives the slice: let the inserted bodies go
 		q.pending = q.pending[len(pending):]
 	}
+	// Whether requests waited when the commit ended is decided before
+	// anyone is answered: a caller answered now may send its next request
+	// at once, and that one found the writer idle.
+	waiting = len(q.reqs) > 0
 	for i, r := range batch {
 		if err != nil {
 			r.reply <- err
@@ -534,6 +538,7 @@ func (q *Queue) commit(all []request) {
 			r.reply <- errs[i]
 		}
 	}
+	return waiting
 }
 
 // insertBudget is how many of the pending journaled batches (at least one)
