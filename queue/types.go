@@ -83,7 +83,7 @@ var (
 // Options configure Open.
 type Options struct {
 	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's
-	// own zero would wait forever (pitfall F11).
+	// own zero would wait forever.
 	LockTimeout time.Duration
 	// OnQuarantine, if set, is called (outside any transaction, from the
 	// goroutine that found it, possibly inside Open) each time a record that
