@@ -89,8 +89,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 }
 
 // configFirst moves a -config FILE given anywhere on the command line to
-// where the subcommand reads it (its first argument; after check for
-// config check), so that `queue list -json -config F` works like
+// where the subcommand reads it (its first argument; after the second word
+// for config check and queue salvage), so that `queue list -json -config F` works like
 // `queue -config F list -json`. Commands that read no configuration
 // (user, dkim, version) ignore it. Nothing after "--" is looked at.
 func configFirst(args []string) []string {
@@ -121,7 +121,9 @@ func configFirst(args []string) []string {
 	switch {
 	case len(rest) == 0 || strings.HasPrefix(rest[0], "-"):
 		return append(flag, rest...) // serve, the default command
-	case rest[0] == "config" && len(rest) > 1:
+	case len(rest) > 1 && (rest[0] == "config" || rest[0] == "queue" && rest[1] == "salvage"):
+		// config check and queue salvage read -config themselves, after
+		// their second word (salvage runs offline, without the admin API)
 		return slices.Concat(rest[:2], flag, rest[2:])
 	case rest[0] == "user" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
 		return rest

@@ -118,6 +118,8 @@ func TestConfigFlagAnywhere(t *testing.T) {
 	cases := []struct{ in, want []string }{
 		{[]string{"queue", "list", "-json", "-config", "F"}, []string{"queue", "-config", "F", "list", "-json"}},
 		{[]string{"queue", "-config", "F", "list"}, []string{"queue", "-config", "F", "list"}},
+		{[]string{"queue", "salvage", "-config", "F"}, []string{"queue", "salvage", "-config", "F"}},
+		{[]string{"queue", "-config", "F", "salvage"}, []string{"queue", "salvage", "-config", "F"}},
 		{[]string{"-config=F", "queue", "show", "X"}, []string{"queue", "-config", "F", "show", "X"}},
 		{[]string{"destinations", "forget", "--config", "F", "-all"}, []string{"destinations", "-config", "F", "forget", "-all"}},
 		{[]string{"config", "check", "-config", "F"}, []string{"config", "check", "-config", "F"}},
