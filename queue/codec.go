@@ -36,7 +36,7 @@ import (
 const (
 	codecVersion = 1 // messages, destinations, counters
 	rcptVersion  = 2
-	histVersion  = 2
+	histVersion  = 3 // 3 adds each attempt's TLS policy
 )
 
 var errCorrupt = errors.New("corrupt record")
@@ -402,6 +402,7 @@ const (
 	sameReason
 	sameReply
 	zeroEnd
+	newTLS // version 3: TLS differs from the reference's (set rarely, so the mask stays one byte)
 	maskAll = 1<<iota - 1
 )
 
@@ -456,6 +457,9 @@ func encodeHistory(h []Attempt, ref Attempt) []byte {
 		if m&sameReply == 0 {
 			e.reply(a.Reply)
 		}
+		if m&newTLS != 0 {
+			e.s(a.TLS)
+		}
 		ref = *a
 	}
 	return e.b
@@ -476,6 +480,7 @@ func sameMask(a, ref *Attempt) int {
 	set(sameReason, a.Reason == ref.Reason)
 	set(sameReply, a.Reply == ref.Reply)
 	set(zeroEnd, a.End.IsZero())
+	set(newTLS, a.TLS != ref.TLS)
 	return m
 }
 
@@ -490,7 +495,7 @@ func decodeHistory(b []byte, ref Attempt) ([]Attempt, error) {
 		h = make([]Attempt, n)
 	}
 	for i := n - 1; i >= 0 && d.err == nil; i-- {
-		h[i] = decodeAttempt(d, &ref)
+		h[i] = decodeAttempt(d, &ref, v)
 		ref = h[i]
 	}
 	if d.err != nil {
@@ -499,9 +504,9 @@ func decodeHistory(b []byte, ref Attempt) ([]Attempt, error) {
 	return h, d.done()
 }
 
-func decodeAttempt(d *dec, ref *Attempt) Attempt {
+func decodeAttempt(d *dec, ref *Attempt, version byte) Attempt {
 	m := d.u()
-	if m&^maskAll != 0 {
+	if m&^maskAll != 0 || (version < 3 && m&newTLS != 0) {
 		d.fail("bad history mask")
 		return Attempt{}
 	}
@@ -530,6 +535,13 @@ func decodeAttempt(d *dec, ref *Attempt) Attempt {
 		a.Reply = ref.Reply
 	} else {
 		a.Reply = d.reply()
+	}
+	switch {
+	case version < 3:
+	case m&newTLS == 0:
+		a.TLS = ref.TLS
+	default:
+		a.TLS = d.s()
 	}
 	return a
 }

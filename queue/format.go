@@ -11,12 +11,13 @@ import (
 // formatVersion is the queue's on-disk format, stamped in the database
 // (bucket journal, key "format") when Open finds it missing or older: 2
 // is the record format of 2026-11-30 (smaller recipients and histories), 3
-// adds the intake journal next to the file. A database stamped with a
+// adds the intake journal next to the file, 4 the TLS policy of each
+// attempt in histories (history record version 3). A database stamped with a
 // newer version was written by a newer greyrelay, whose records or journal
 // this one might not read: it would quarantine records it cannot decode,
 // or leave a journal unreplayed. Open refuses such a file rather than lose
 // mail; databases from before the stamp existed are read as they are.
-const formatVersion = 3
+const formatVersion = 4
 
 var keyFormat = []byte("format")
 

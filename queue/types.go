@@ -157,6 +157,9 @@ type Attempt struct {
 	Outcome                         string // "in-progress", "interrupted" or the resulting Status
 	Reason                          string
 	Reply                           Reply
+	// TLS is the TLS policy the attempt was made under ("dane",
+	// "mta-sts", ...; empty: the configured delivery.tls).
+	TLS string
 }
 
 // Recipient is the stored state of one recipient.
@@ -213,6 +216,8 @@ type Result struct {
 	DelayWarnings   int
 	// Optional overrides of the sticky route; empty keeps the stored value.
 	SourceIP, MXHost, MXAddr string
+	// TLS is the TLS policy the attempt was made under; empty: none known.
+	TLS string
 }
 
 // Update is applied atomically by Apply.

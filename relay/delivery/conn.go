@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/netip"
 	"slices"
@@ -28,6 +29,13 @@ type target struct {
 	port   int
 	source string // our source address: configured before the dial, actual after
 	tls    smtpclient.TLSPolicy
+	// tlsConfig, when set, replaces Options.TLSConfig (DANE verification,
+	// MTA-STS roots); policy names the TLS policy applied ("" when the
+	// destination was not asked, see applyTLSPolicy) and authenticated
+	// says the server's identity will be verified by DANE or MTA-STS.
+	tlsConfig     *tls.Config
+	policy        string
+	authenticated bool
 }
 
 func (t target) addrString() string {
@@ -106,6 +114,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		}
 		a.tried = t
 		c, err := e.dial(ctx, t, rt.Kind)
+		e.countTLSPolicy(t, err)
 		if ctx.Err() != nil {
 			if c != nil {
 				_ = c.Close()
@@ -136,6 +145,10 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.R
 	ts := e.targets(d, rt, j.want, now)
 	if len(ts) == 0 {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
+	}
+	ts, refused := e.applyTLSPolicy(ctx, rt, ts)
+	if refused != nil {
+		return rt, nil, e.opt.Classifier.Classify(classifier.StageSTARTTLS, refused)
 	}
 	return rt, ts, classifier.Verdict{}
 }
@@ -219,7 +232,11 @@ func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.C
 		dl = e.opt.Dialer6
 	}
 	d := e.cfg.Delivery
-	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: e.opt.TLSConfig,
+	cfg := e.opt.TLSConfig
+	if t.tlsConfig != nil {
+		cfg = t.tlsConfig
+	}
+	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: cfg,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout,
 		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout, Chunking: d.Chunking,
 		LineLengthLimit: d.LineLengthLimit}

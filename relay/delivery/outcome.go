@@ -261,6 +261,9 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 	res := queue.Result{Key: o.r.Key, End: now, FirstGreylisted: o.r.FirstGreylisted,
 		GreylistTries: o.r.GreylistTries, DelayWarnings: o.r.DelayWarnings}
 	routeOverride(&res, a.t, o.r)
+	if res.TLS == "" {
+		res.TLS = a.tried.policy // no host answered: the policy the last one was tried under
+	}
 	switch {
 	case o.ok:
 		e.delivered(s, rec, a, o, &res, now)
@@ -284,7 +287,7 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 // was greylisted at one MX keeps going there while the network hiccups.
 func routeOverride(res *queue.Result, t target, r queue.Recipient) {
 	if t.addr.IsValid() {
-		res.SourceIP, res.MXHost, res.MXAddr = t.source, t.host, t.addr.String()
+		res.SourceIP, res.MXHost, res.MXAddr, res.TLS = t.source, t.host, t.addr.String(), t.policy
 		return
 	}
 	res.SourceIP, res.MXHost, res.MXAddr = r.SourceIP, r.MXHost, r.MXAddr
