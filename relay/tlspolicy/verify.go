@@ -78,7 +78,7 @@ func verifyTA(t TLSA, chain []*x509.Certificate, names []string, now time.Time) 
 		roots := x509.NewCertPool()
 		roots.AddCert(c)
 		inter := x509.NewCertPool()
-		for _, m := range chain[1:i] {
+		for _, m := range chain[1:max(i, 1)] {
 			inter.AddCert(m)
 		}
 		var err error
