@@ -402,7 +402,7 @@ const (
 	sameReason
 	sameReply
 	zeroEnd
-	newTLS // version 3: TLS differs from the reference's (set rarely, so the mask stays one byte)
+	newTLS  // version 3: TLS differs from the reference's (set rarely, so the mask stays one byte)
 	maskAll = 1<<iota - 1
 )
 

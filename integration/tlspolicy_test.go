@@ -1,0 +1,139 @@
+package integration
+
+// Outbound TLS policy: DANE (RFC 7672) through a real validating Unbound
+// and an NSD serving a zone signed by ldns-signzone, to a real Postfix
+// offering STARTTLS.
+
+import (
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+// tlsaHash is the SHA-256 of a certificate's DER (selector 0) or of its
+// SubjectPublicKeyInfo (selector 1), in hex, for a TLSA record.
+func tlsaHash(t *testing.T, c *peers.Cert, selector int) string {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := cert.Raw
+	if selector == 1 {
+		data = cert.RawSubjectPublicKeyInfo
+	}
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// TestDANE delivers to one Postfix with STARTTLS, reached under several
+// MX names whose TLSA records say different things. DANE-EE and DANE-TA
+// records that match, and PKIX-only records (unusable: TLS required, not
+// authenticated), deliver over TLS; a record that does not match the
+// certificate and a record whose signature is bogus defer with reason tls
+// (4.7.5) and never send the message in the clear; an unsigned zone's
+// mismatching TLSA record is ignored (insecure: delivery.tls applies).
+func TestDANE(t *testing.T) {
+	peers.Require(t, "postfix", "swaks", "nsd", "unbound", "ldns-signzone")
+	t.Parallel()
+	n := newMailNet(t)
+	mxIP := n.host("")
+	names := []string{"mx-ee.dane.test", "mx-ta.dane.test", "mx-pkix.dane.test", "mx-bad.dane.test", "mx-bogus.dane.test", "mx.plain.test"}
+	cert := peers.NewCert(t, names...)
+	spki, full := tlsaHash(t, cert, 1), tlsaHash(t, cert, 0)
+	wrong := strings.Repeat("ab", 32)
+	tlsa := "_" + strconv.Itoa(n.port) + "._tcp."
+	var signed []string
+	for _, h := range []string{"ee", "ta", "pkix", "bad", "bogus"} {
+		signed = append(signed, h+" MX 10 mx-"+h, "mx-"+h+" A "+mxIP)
+	}
+	signed = append(signed,
+		tlsa+"mx-ee TLSA 3 1 1 "+spki,
+		tlsa+"mx-ta TLSA 2 0 1 "+full,
+		tlsa+"mx-pkix TLSA 1 1 1 "+spki,
+		tlsa+"mx-bad TLSA 3 1 1 "+wrong,
+		tlsa+"mx-bogus TLSA 3 1 1 "+spki)
+	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
+		peers.Zone{Name: "dane.test", Signed: true, Records: signed, Forge: []string{tlsa + "mx-bogus"}},
+		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}})
+
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
+		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
+		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"}})
+	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.mta_sts=false")
+
+	ids := map[string]string{}
+	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"} {
+		to := "u@" + dom
+		ids[dom] = r.send(peers.SwaksMessage{From: "a@src.test", To: []string{to}, Data: message("a@src.test", to, "dane "+dom)})
+	}
+	for dom, want := range map[string]string{"ee.dane.test": "dane", "ta.dane.test": "dane", "pkix.dane.test": "dane-unusable", "plain.test": "none"} {
+		r.waitAttempts(ids[dom], "delivered", 60*time.Second)
+		if got := lastPolicy(t, r, ids[dom]); got != want {
+			t.Errorf("%s: attempt made under TLS policy %q, want %q", dom, got, want)
+		}
+	}
+	for _, dom := range []string{"bad.dane.test", "bogus.dane.test"} {
+		atts := r.waitAttempts(ids[dom], "deferred", 60*time.Second)
+		if a := atts[0]; a.str("reason") != "tls" || !strings.Contains(fmt.Sprint(a), "4.7.5") {
+			t.Errorf("%s: first attempt %v, want deferred with reason tls, 4.7.5", dom, a)
+		}
+		if got := lastPolicy(t, r, ids[dom]); got != "dane" && dom == "bad.dane.test" {
+			t.Errorf("%s: attempt made under TLS policy %q, want dane", dom, got)
+		}
+	}
+	// Every delivery to Postfix was encrypted; the deferred ones never
+	// reached MAIL.
+	for _, m := range final.WaitFor(t, 4, 30*time.Second) {
+		for _, rc := range m.Rcpts {
+			if strings.HasSuffix(rc, "@bad.dane.test") || strings.HasSuffix(rc, "@bogus.dane.test") {
+				t.Errorf("%s was delivered despite a failed DANE check", rc)
+			}
+		}
+	}
+	log := px.Log()
+	if c := strings.Count(log, "TLS connection established from"); c < 4 {
+		t.Errorf("Postfix saw %d TLS sessions, want at least 4:\n%s", c, log)
+	}
+	if strings.Contains(log, "bad.dane.test>") || strings.Contains(log, "bogus.dane.test>") {
+		t.Errorf("Postfix saw an envelope for a domain whose DANE check failed:\n%s", log)
+	}
+	res := r.cli("queue", "show", ids["bad.dane.test"])
+	if !strings.Contains(res.Stdout, "TLS POLICY") || !strings.Contains(res.Stdout, " dane ") {
+		t.Errorf("queue show does not name the DANE policy:\n%s", res)
+	}
+}
+
+// lastPolicy returns the TLS policy of the newest attempt of message id's
+// only recipient, from `greyrelay queue show -json`.
+func lastPolicy(t *testing.T, r *testRelay, id string) string {
+	t.Helper()
+	res := r.cli("queue", "show", "-json", id)
+	var m struct {
+		Recipients []struct {
+			History []struct {
+				TLS string `json:"tls_policy"`
+			} `json:"history"`
+		} `json:"recipients"`
+	}
+	if err := json.Unmarshal([]byte(res.Stdout), &m); err != nil || len(m.Recipients) != 1 || len(m.Recipients[0].History) == 0 {
+		t.Fatalf("queue show -json %s: %v\n%s", id, err, res)
+	}
+	h := m.Recipients[0].History
+	return h[len(h)-1].TLS
+}
