@@ -11,7 +11,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,4 +140,107 @@ func lastPolicy(t *testing.T, r *testRelay, id string) string {
 	}
 	h := m.Recipients[0].History
 	return h[len(h)-1].TLS
+}
+
+// stsServer serves MTA-STS policies over HTTPS on ip:443 for the domains
+// in policies (by Host header), with a certificate for their mta-sts
+// names, and returns that certificate.
+func stsServer(t *testing.T, ip string, policies map[string]string) *peers.Cert {
+	t.Helper()
+	var names []string
+	for dom := range policies {
+		names = append(names, "mta-sts."+dom)
+	}
+	cert := peers.NewCert(t, names...)
+	ln, err := tls.Listen("tcp", net.JoinHostPort(ip, "443"), cert.Config)
+	if err != nil {
+		t.Fatalf("policy server: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		p, ok := policies[strings.TrimPrefix(req.Host, "mta-sts.")]
+		if !ok || req.URL.Path != "/.well-known/mta-sts.txt" {
+			http.NotFound(w, req)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = io.WriteString(w, p)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return cert
+}
+
+// TestMTASTS delivers under MTA-STS policies fetched over HTTPS from a
+// policy server whose certificate the relay trusts through
+// delivery.tls_ca_file, to a real Postfix with STARTTLS: "enforce" with
+// a listed MX and a valid certificate delivers over verified TLS;
+// "enforce" with an unlisted MX, or with an MX whose certificate is not
+// valid for its name, defers with reason tls and sends nothing;
+// "testing" delivers despite an unlisted MX.
+func TestMTASTS(t *testing.T) {
+	peers.Require(t, "postfix", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	mxIP, policyIP := n.host(""), n.host("")
+	mxCert := peers.NewCert(t, "mx.ok.test", "mx.unlisted.test", "mx.testing.test")
+	policy := func(mode, mx string) string {
+		return "version: STSv1\r\nmode: " + mode + "\r\nmx: " + mx + "\r\nmax_age: 86400\r\n"
+	}
+	policies := map[string]string{
+		"ok.test":       policy("enforce", "mx.ok.test"),
+		"unlisted.test": policy("enforce", "other.unlisted.test"),
+		"badcert.test":  policy("enforce", "*.badcert.test"),
+		"testing.test":  policy("testing", "other.testing.test"),
+	}
+	for dom := range policies {
+		n.dns.MX(dom, 10, "mx."+dom).A("mx."+dom, mxIP).A("mta-sts."+dom, policyIP).
+			TXT("_mta-sts."+dom, "v=STSv1; id=20261201;")
+	}
+	stsCert := stsServer(t, policyIP, policies)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, append(readFile(t, mxCert.CertFile), readFile(t, stsCert.CertFile)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
+		Hostname: "mx.ok.test", ServerCert: mxCert, DeliverTo: final.Addr,
+		RelayDomains: []string{"ok.test", "unlisted.test", "badcert.test", "testing.test"}})
+	r := n.relay("delivery.mta_sts=true", "delivery.tls_ca_file="+caFile)
+
+	ids := map[string]string{}
+	for dom := range policies {
+		to := "u@" + dom
+		ids[dom] = r.send(peers.SwaksMessage{From: "a@src.test", To: []string{to}, Data: message("a@src.test", to, "sts "+dom)})
+	}
+	for dom, want := range map[string]string{"ok.test": "mta-sts", "testing.test": "mta-sts-testing"} {
+		r.waitAttempts(ids[dom], "delivered", 60*time.Second)
+		if got := lastPolicy(t, r, ids[dom]); got != want {
+			t.Errorf("%s: attempt made under TLS policy %q, want %q", dom, got, want)
+		}
+	}
+	for _, dom := range []string{"unlisted.test", "badcert.test"} {
+		atts := r.waitAttempts(ids[dom], "deferred", 60*time.Second)
+		if a := atts[0]; a.str("reason") != "tls" || a.str("enhanced") != "4.7.5" {
+			t.Errorf("%s: first attempt %v, want deferred with reason tls, 4.7.5", dom, a)
+		}
+	}
+	for _, m := range final.WaitFor(t, 2, 30*time.Second) {
+		for _, rc := range m.Rcpts {
+			if strings.HasSuffix(rc, "@unlisted.test") || strings.HasSuffix(rc, "@badcert.test") {
+				t.Errorf("%s was delivered despite its enforced MTA-STS policy", rc)
+			}
+		}
+	}
+	if log := px.Log(); strings.Contains(log, "unlisted.test>") || strings.Contains(log, "badcert.test>") {
+		t.Errorf("Postfix saw an envelope for a domain whose MTA-STS policy forbids it:\n%s", log)
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
