@@ -14,12 +14,16 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
@@ -243,4 +247,135 @@ func readFile(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// plaintextRequireTLS sends EHLO and "MAIL FROM:<a@src.test> REQUIRETLS"
+// without TLS and returns both replies.
+func plaintextRequireTLS(t *testing.T, addr string) (ehlo, mail string) {
+	t.Helper()
+	c, err := textproto.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, _, err := c.ReadResponse(220); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PrintfLine("EHLO client.test"); err != nil {
+		t.Fatal(err)
+	}
+	_, ehlo, err = c.ReadResponse(250)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.PrintfLine("MAIL FROM:<a@src.test> REQUIRETLS"); err != nil {
+		t.Fatal(err)
+	}
+	code, msg, _ := c.ReadResponse(0)
+	return ehlo, fmt.Sprintf("%d %s", code, msg)
+}
+
+// submitTLS submits one message over STARTTLS with go-smtp's client, with
+// REQUIRETLS on MAIL if requireTLS, and returns the queue id.
+func submitTLS(t *testing.T, addr, to string, data []byte, requireTLS bool) string {
+	t.Helper()
+	c, err := smtp.DialStartTLS(addr, &tls.Config{InsecureSkipVerify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Mail("a@src.test", &smtp.MailOptions{RequireTLS: requireTLS}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt(to, nil); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = w.Write(data)
+	resp, err := w.CloseWithResponse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Quit()
+	m := regexp.MustCompile(`queued as ([0-9a-f]{16})`).FindStringSubmatch(resp.StatusText)
+	if m == nil {
+		t.Fatalf("no queue id in %q", resp.StatusText)
+	}
+	return m[1]
+}
+
+// TestRequireTLS: REQUIRETLS (RFC 8689) is refused outside TLS; a
+// REQUIRETLS message goes to a DANE-authenticated MX that advertises
+// REQUIRETLS, with REQUIRETLS on its MAIL; it bounces with 5.7.30 when the
+// destination has no DANE or MTA-STS policy, or when its authenticated MX
+// (a real Postfix) does not support REQUIRETLS. A message with
+// "TLS-Required: No" is delivered although its MX fails DANE.
+func TestRequireTLS(t *testing.T) {
+	peers.Require(t, "postfix", "nsd", "unbound", "ldns-signzone")
+	t.Parallel()
+	n := newMailNet(t)
+	sinkIP, pfIP := n.host(""), n.host("")
+	sinkCert, pfCert := peers.NewCert(t, "mx-rt.dane.test", "mx-bad.dane.test"), peers.NewCert(t, "mx-pf.dane.test")
+	tlsa := "_" + strconv.Itoa(n.port) + "._tcp."
+	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
+		peers.Zone{Name: "dane.test", Signed: true, Records: []string{
+			"rt MX 10 mx-rt", "mx-rt A " + sinkIP, tlsa + "mx-rt TLSA 3 1 1 " + tlsaHash(t, sinkCert, 1),
+			"bad MX 10 mx-bad", "mx-bad A " + sinkIP, tlsa + "mx-bad TLSA 3 1 1 " + strings.Repeat("cd", 32),
+			"pf MX 10 mx-pf", "mx-pf A " + pfIP, tlsa + "mx-pf TLSA 3 1 1 " + tlsaHash(t, pfCert, 1)}},
+		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + sinkIP}})
+	sink := peers.StartSink(t, net.JoinHostPort(sinkIP, strconv.Itoa(n.port)), peers.SinkOptions{
+		TLS: sinkCert.Config, Configure: func(s *smtp.Server) { s.EnableREQUIRETLS = true }})
+	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(pfIP, strconv.Itoa(n.port)),
+		Hostname: "mx-pf.dane.test", ServerCert: pfCert, DeliverTo: peers.FreeAddr(t, n.host("")),
+		RelayDomains: []string{"pf.dane.test"}})
+	ip := n.host("")
+	intakeCert := peers.NewCert(t, "relay.test")
+	addr := peers.FreeAddr(t, ip)
+	yml := n.relayYAML(ip, "delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false",
+		fmt.Sprintf("listeners=[{address: %q, mode: smtp, tls_cert: %q, tls_key: %q}]", addr, intakeCert.CertFile, intakeCert.KeyFile))
+	r := &testRelay{Relay: peers.StartRelay(t, yml), t: t, IP: ip}
+
+	ehlo, mail := plaintextRequireTLS(t, addr)
+	if strings.Contains(ehlo, "REQUIRETLS") || !strings.HasPrefix(mail, "530 5.7.10") {
+		t.Errorf("without TLS: EHLO %q (want no REQUIRETLS), MAIL ... REQUIRETLS answered %q (want 530 5.7.10)", ehlo, mail)
+	}
+	body := func(to, extra string) []byte {
+		return []byte("From: <a@src.test>\r\nTo: <" + to + ">\r\nSubject: requiretls\r\n" + extra + "\r\nbody\r\n")
+	}
+	ok := submitTLS(t, addr, "u@rt.dane.test", body("u@rt.dane.test", ""), true)
+	plain := submitTLS(t, addr, "u@plain.test", body("u@plain.test", ""), true)
+	pf := submitTLS(t, addr, "u@pf.dane.test", body("u@pf.dane.test", ""), true)
+	optional := submitTLS(t, addr, "v@bad.dane.test", body("v@bad.dane.test", "TLS-Required: No\r\n"), false)
+
+	r.waitAttempts(ok, "delivered", 60*time.Second)
+	r.waitAttempts(optional, "delivered", 60*time.Second)
+	if got := lastPolicy(t, r, optional); got != "tls-required-no" {
+		t.Errorf("TLS-Required: No message sent under policy %q, want tls-required-no", got)
+	}
+	for name, id := range map[string]string{"no policy": plain, "Postfix without REQUIRETLS": pf} {
+		atts := r.waitAttempts(id, "failed", 60*time.Second)
+		if a := atts[len(atts)-1]; a.str("enhanced") != "5.7.30" {
+			t.Errorf("%s: last attempt %v, want failed with 5.7.30", name, a)
+		}
+	}
+	var sawOK bool
+	for _, m := range sink.Messages() {
+		for _, rc := range m.Rcpts {
+			switch rc {
+			case "u@rt.dane.test":
+				sawOK = true
+				if !m.MailOptions.RequireTLS {
+					t.Errorf("REQUIRETLS message was relayed without REQUIRETLS on MAIL")
+				}
+			case "u@plain.test":
+				t.Errorf("REQUIRETLS message went to a destination without DANE or MTA-STS")
+			}
+		}
+	}
+	if !sawOK {
+		t.Errorf("the sink did not get the REQUIRETLS message")
+	}
 }

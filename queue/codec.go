@@ -289,7 +289,9 @@ const (
 	flagSMTPUTF8 = 1 << iota
 	flagEightBit
 	flagDSN
-	flagMask = flagSMTPUTF8 | flagEightBit | flagDSN
+	flagRequireTLS
+	flagTLSOptional
+	flagMask = flagSMTPUTF8 | flagEightBit | flagDSN | flagRequireTLS | flagTLSOptional
 )
 
 func encodeMessage(m *Message) []byte {
@@ -312,6 +314,12 @@ func encodeMessage(m *Message) []byte {
 	if m.DSN {
 		f |= flagDSN
 	}
+	if m.RequireTLS {
+		f |= flagRequireTLS
+	}
+	if m.TLSOptional {
+		f |= flagTLSOptional
+	}
 	e.u(f)
 	return e.b
 }
@@ -325,6 +333,7 @@ func decodeMessage(id ID, b []byte) (Message, error) {
 		d.fail("unknown flags")
 	}
 	m.SMTPUTF8, m.EightBit, m.DSN = f&flagSMTPUTF8 != 0, f&flagEightBit != 0, f&flagDSN != 0
+	m.RequireTLS, m.TLSOptional = f&flagRequireTLS != 0, f&flagTLSOptional != 0
 	return m, d.done()
 }
 

@@ -13,7 +13,7 @@ import (
 func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 	at := time.Unix(0, t0.UnixNano())
 	m := Message{ID: 7, From: "a@b", Arrival: at, Size: 1234, ClientAddr: "127.0.0.1:25",
-		AuthUser: "u", Helo: "h", RET: "FULL", EnvID: "e", SMTPUTF8: true, DSN: true}
+		AuthUser: "u", Helo: "h", RET: "FULL", EnvID: "e", SMTPUTF8: true, DSN: true, RequireTLS: true}
 	r := Recipient{Key: Key{7, 2}, Addr: "ü@d", Domain: "d", Notify: "DELAY", ORCPT: "rfc822;x@d",
 		Status: Deferred, Reason: "greylisted", Reply: Reply{451, "4.7.1", "later"}, Attempts: 3,
 		NextAttempt: at.Add(time.Hour), FirstAttempt: at, LastAttempt: at.Add(time.Minute),

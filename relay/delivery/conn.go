@@ -81,7 +81,7 @@ type leftover struct {
 // the hosts run out are deferred with the last verdict. It returns the
 // connection to reuse, if any.
 func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, rest leftover, begun bool) *session {
-	rt, ts, v := e.plan(ctx, d, j, a.start)
+	rt, ts, v := e.plan(ctx, d, j, a)
 	switch {
 	case ctx.Err() != nil:
 		if !begun {
@@ -137,7 +137,8 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 }
 
 // plan routes d and lists the hosts to try for j. With none, v says why.
-func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.Route, []target, classifier.Verdict) {
+func (e *Engine) plan(ctx context.Context, d *dest, j *job, a *attempt) (mx.Route, []target, classifier.Verdict) {
+	now := a.start
 	rt, err := e.opt.Router.Route(ctx, d.name)
 	if err != nil {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageDNS, err)
@@ -146,9 +147,9 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.R
 	if len(ts) == 0 {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
 	}
-	ts, refused := e.applyTLSPolicy(ctx, rt, ts)
+	ts, refused := e.applyTLSPolicy(ctx, rt, ts, a.msg)
 	if refused != nil {
-		return rt, nil, e.opt.Classifier.Classify(classifier.StageSTARTTLS, refused)
+		return rt, nil, tlsVerdict(e.opt.Classifier, refused)
 	}
 	return rt, ts, classifier.Verdict{}
 }
@@ -304,7 +305,7 @@ func (e *Engine) classifyErr(stage classifier.Stage, err error) classifier.Verdi
 // envelope is the SMTP envelope of msg for rs.
 func envelope(msg queue.Message, rs []queue.Recipient) smtpclient.Envelope {
 	env := smtpclient.Envelope{From: msg.From, Size: msg.Size, EightBit: msg.EightBit,
-		SMTPUTF8: msg.SMTPUTF8, RET: msg.RET, EnvID: msg.EnvID}
+		SMTPUTF8: msg.SMTPUTF8, RET: msg.RET, EnvID: msg.EnvID, RequireTLS: msg.RequireTLS}
 	for _, r := range rs {
 		env.Rcpts = append(env.Rcpts, smtpclient.Rcpt{Addr: r.Addr, Notify: r.Notify, ORCPT: r.ORCPT})
 	}
