@@ -83,7 +83,7 @@ func TestDANE(t *testing.T) {
 	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
 		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"}})
-	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.mta_sts=false")
+	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false")
 
 	ids := map[string]string{}
 	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"} {
@@ -124,6 +124,16 @@ func TestDANE(t *testing.T) {
 	res := r.cli("queue", "show", ids["bad.dane.test"])
 	if !strings.Contains(res.Stdout, "TLS POLICY") || !strings.Contains(res.Stdout, " dane ") {
 		t.Errorf("queue show does not name the DANE policy:\n%s", res)
+	}
+	// The status page names the policy of each delivery and deferral.
+	_, page := r.Get(t, "/")
+	for _, want := range []string{"u@ee.dane.test", "u@pkix.dane.test", `<td class="mono">dane</td>`, `<td class="mono">dane-unusable</td>`} {
+		if !strings.Contains(page, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	if m := r.metrics()["greyrelay_tls_policy_total"]; m == nil || len(m.GetMetric()) < 3 {
+		t.Errorf("metric greyrelay_tls_policy_total: %v, want series for dane, dane-unusable and none", m)
 	}
 }
 

@@ -420,6 +420,9 @@ func (e *Engine) logAttempt(a *attempt, l logLine) {
 		zap.String("reply", l.text),
 		zap.Duration("delay", l.res.End.Sub(a.msg.Arrival)),
 	}
+	if l.res.TLS != "" {
+		fields = append(fields, zap.String("tls_policy", l.res.TLS))
+	}
 	if !l.res.NextAttempt.IsZero() {
 		fields = append(fields, zap.Time("next_attempt", l.res.NextAttempt))
 	}
