@@ -77,7 +77,8 @@ func TestDANE(t *testing.T) {
 		tlsa+"mx-bogus TLSA 3 1 1 "+spki)
 	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
 		peers.Zone{Name: "dane.test", Signed: true, Records: signed, Forge: []string{tlsa + "mx-bogus"}},
-		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}})
+		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}},
+		peers.Zone{Name: "relay.test"}) // the probe looks up our HELO name
 
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
@@ -124,6 +125,21 @@ func TestDANE(t *testing.T) {
 	res := r.cli("queue", "show", ids["bad.dane.test"])
 	if !strings.Contains(res.Stdout, "TLS POLICY") || !strings.Contains(res.Stdout, " dane ") {
 		t.Errorf("queue show does not name the DANE policy:\n%s", res)
+	}
+	// probe shows the TLSA records with their DNSSEC state and probes
+	// under them: the matching MX accepts, the mismatching one defers.
+	res = r.cli("probe", "u@ee.dane.test")
+	if res.Code != 0 || !strings.Contains(res.Stdout, "TLSA of mx-ee.dane.test (base domain mx-ee.dane.test): secure") ||
+		!strings.Contains(res.Stdout, "3 1 1 "+spki) || !strings.Contains(res.Stdout, "mx-ee.dane.test: dane") {
+		t.Errorf("probe u@ee.dane.test: want exit 0, the secure TLSA record and policy dane:\n%s", res)
+	}
+	res = r.cli("probe", "u@bad.dane.test")
+	if res.Code == 0 || !strings.Contains(res.Stdout, "no TLSA record matches") {
+		t.Errorf("probe u@bad.dane.test: want a failure and the DANE mismatch:\n%s", res)
+	}
+	res = r.cli("probe", "u@bogus.dane.test")
+	if res.Code != 1 || !strings.Contains(res.Stdout, ": bogus") {
+		t.Errorf("probe u@bogus.dane.test: want exit 1 (deferred) and a bogus TLSA lookup:\n%s", res)
 	}
 	// The status page names the policy of each delivery and deferral.
 	_, page := r.Get(t, "/")

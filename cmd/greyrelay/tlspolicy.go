@@ -7,7 +7,6 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
@@ -23,14 +22,14 @@ const stsRefreshEvery = time.Hour
 
 // newTLSPolicy builds the DANE and MTA-STS checker of cfg, or nil when
 // both are off. DNSSEC queries go to the resolver routing uses.
-func newTLSPolicy(cfg *config.Config, router *mx.Router, q *queue.Queue) (*tlspolicy.Checker, error) {
+func newTLSPolicy(cfg *config.Config, router *mx.Router, cache tlspolicy.Cache) (*tlspolicy.Checker, error) {
 	d := cfg.Delivery
 	dns, ok := router.Resolver.(*mx.DNS)
 	if (d.DNSSEC != "trust-ad" && !d.MTASTS) || !ok {
 		return nil, nil
 	}
 	server := dns.Server
-	opt := tlspolicy.Options{STS: d.MTASTS, TXT: router.Resolver, Cache: q, Port: d.Port, Now: time.Now}
+	opt := tlspolicy.Options{STS: d.MTASTS, TXT: router.Resolver, Cache: cache, Port: d.Port, Now: time.Now}
 	if d.DNSSEC == "trust-ad" {
 		// RFC 6698 §4.1, RFC 4035 §4.9.3: the AD bit means something only
 		// when the path to the validating resolver is trusted.
