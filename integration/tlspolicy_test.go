@@ -301,9 +301,9 @@ func plaintextRequireTLS(t *testing.T, addr string) (ehlo, mail string) {
 	return ehlo, fmt.Sprintf("%d %s", code, msg)
 }
 
-// submitTLS submits one message over STARTTLS with go-smtp's client, with
+// submitOverTLS submits one message over STARTTLS with go-smtp's client, with
 // REQUIRETLS on MAIL if requireTLS, and returns the queue id.
-func submitTLS(t *testing.T, addr, to string, data []byte, requireTLS bool) string {
+func submitOverTLS(t *testing.T, addr, to string, data []byte, requireTLS bool) string {
 	t.Helper()
 	c, err := smtp.DialStartTLS(addr, &tls.Config{InsecureSkipVerify: true})
 	if err != nil {
@@ -371,10 +371,10 @@ func TestRequireTLS(t *testing.T) {
 	body := func(to, extra string) []byte {
 		return []byte("From: <a@src.test>\r\nTo: <" + to + ">\r\nSubject: requiretls\r\n" + extra + "\r\nbody\r\n")
 	}
-	ok := submitTLS(t, addr, "u@rt.dane.test", body("u@rt.dane.test", ""), true)
-	plain := submitTLS(t, addr, "u@plain.test", body("u@plain.test", ""), true)
-	pf := submitTLS(t, addr, "u@pf.dane.test", body("u@pf.dane.test", ""), true)
-	optional := submitTLS(t, addr, "v@bad.dane.test", body("v@bad.dane.test", "TLS-Required: No\r\n"), false)
+	ok := submitOverTLS(t, addr, "u@rt.dane.test", body("u@rt.dane.test", ""), true)
+	plain := submitOverTLS(t, addr, "u@plain.test", body("u@plain.test", ""), true)
+	pf := submitOverTLS(t, addr, "u@pf.dane.test", body("u@pf.dane.test", ""), true)
+	optional := submitOverTLS(t, addr, "v@bad.dane.test", body("v@bad.dane.test", "TLS-Required: No\r\n"), false)
 
 	r.waitAttempts(ok, "delivered", 60*time.Second)
 	r.waitAttempts(optional, "delivered", 60*time.Second)
