@@ -91,3 +91,38 @@ func FuzzParseSTSPolicy(f *testing.F) {
 		}
 	})
 }
+
+func TestParseTLSRPT(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int
+	}{
+		{"v=TLSRPTv1; rua=mailto:tlsrpt@example.com", 1},
+		{"v=TLSRPTv1;rua=mailto:a@example.com,https://r.example.com/tls;ext=1", 2},
+		{"v=TLSRPTv1; rua=http://r.example.com/", 0},
+		{"v=TLSRPTv1; rua=mailto:nobody", 0},
+		{"v=TLSRPTv1; rua=mailto:a@b; rua=mailto:c@d", 0},
+		{"v=TLSRPTv1;", 0},
+		{"v=TLSRPTv2; rua=mailto:a@b", 0},
+	} {
+		got, err := ParseTLSRPT(c.in)
+		if len(got) != c.want || (err == nil) != (c.want > 0) {
+			t.Errorf("ParseTLSRPT(%q) = %v, %v; want %d destinations", c.in, got, err, c.want)
+		}
+	}
+}
+
+func FuzzParseTLSRPT(f *testing.F) {
+	f.Add("v=TLSRPTv1; rua=mailto:tlsrpt@example.com,https://r.example.com/x")
+	f.Fuzz(func(t *testing.T, s string) {
+		us, err := ParseTLSRPT(s)
+		if err != nil {
+			return
+		}
+		for _, u := range us {
+			if u.Scheme != "mailto" && u.Scheme != "https" {
+				t.Fatalf("accepted rua scheme %q", u.Scheme)
+			}
+		}
+	})
+}
