@@ -3,7 +3,6 @@ package tlspolicy
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -126,9 +125,6 @@ type HostDANE struct {
 
 // Applies reports whether the host must be reached with DANE.
 func (h HostDANE) Applies() bool { return h.State == Secure && len(h.Records) > 0 }
-
-// errInsecureMX marks a domain whose MX RRset is not signed.
-var errInsecureMX = errors.New("MX RRset not DNSSEC-signed")
 
 // MXSecure looks up domain's MX RRset and reports whether it is secure
 // (RFC 7672 §2.2.1). A domain without MX records is its own implicit MX, and
