@@ -33,8 +33,14 @@ import (
 // fields that differ: a greylisting saga repeats the same route, reason and
 // reply. Times stay absolute: a field that grows on a later write makes
 // bbolt split a packed page (see setFillPercent).
+//
+// Version 2 of messages adds the body's CRC-32C. Messages, recipients and
+// histories are sealed (seal.go): the version byte's high bit set and a
+// CRC-32C of bucket, key and record at the end, checked before decoding.
+// Unsealed records of older versions still decode.
 const (
-	codecVersion = 1 // messages, destinations, counters
+	codecVersion = 1 // destinations, counters
+	msgVersion   = 2
 	rcptVersion  = 2
 	histVersion  = 3 // 3 adds each attempt's TLS policy
 )
@@ -130,12 +136,13 @@ func newDecV(b []byte, max byte) (*dec, byte) {
 		d.fail("empty")
 		return d, 0
 	}
-	if b[0] < 1 || b[0] > max {
+	v := b[0] &^ sealedFlag
+	if v < 1 || v > max {
 		d.fail(fmt.Sprintf("unknown version %d", b[0]))
 		return d, 0
 	}
 	d.b = b[1:]
-	return d, b[0]
+	return d, v
 }
 
 func (d *dec) fail(what string) {
@@ -295,7 +302,7 @@ const (
 )
 
 func encodeMessage(m *Message) []byte {
-	e := newEnc()
+	e := newEncV(msgVersion)
 	e.s(m.From)
 	e.t(m.Arrival)
 	e.i(m.Size)
@@ -321,11 +328,30 @@ func encodeMessage(m *Message) []byte {
 		f |= flagTLSOptional
 	}
 	e.u(f)
-	return e.b
+	if m.bodySummed {
+		e.u(1)
+		e.b = binary.BigEndian.AppendUint32(e.b, m.bodySum)
+	} else {
+		e.u(0)
+	}
+	return seal(bMsgs, idKey(m.ID), e.b)
 }
 
+// decodeMessage decodes a message record as callers see it (without the
+// body's checksum).
 func decodeMessage(id ID, b []byte) (Message, error) {
-	d := newDec(b)
+	m, err := decodeMessageRec(id, b)
+	m.bodySum, m.bodySummed = 0, false
+	return m, err
+}
+
+// decodeMessageRec decodes a message record with its body's checksum.
+func decodeMessageRec(id ID, b []byte) (Message, error) {
+	b, err := unseal(bMsgs, idKey(id), b)
+	if err != nil {
+		return Message{ID: id}, err
+	}
+	d, v := newDecV(b, msgVersion)
 	m := Message{ID: id, From: d.s(), Arrival: d.t(), Size: d.i(),
 		ClientAddr: d.s(), AuthUser: d.s(), Helo: d.s(), RET: d.s(), EnvID: d.s()}
 	f := d.u()
@@ -334,6 +360,17 @@ func decodeMessage(id ID, b []byte) (Message, error) {
 	}
 	m.SMTPUTF8, m.EightBit, m.DSN = f&flagSMTPUTF8 != 0, f&flagEightBit != 0, f&flagDSN != 0
 	m.RequireTLS, m.TLSOptional = f&flagRequireTLS != 0, f&flagTLSOptional != 0
+	if v >= 2 {
+		switch d.u() {
+		case 0:
+		case 1:
+			if s := d.bytes(4); s != nil {
+				m.bodySum, m.bodySummed = binary.BigEndian.Uint32(s), true
+			}
+		default:
+			d.fail("bad body checksum kind")
+		}
+	}
 	return m, d.done()
 }
 
@@ -364,13 +401,17 @@ func encodeRecipient(r *Recipient) []byte {
 	e.addr(r.MXHost)
 	e.addr(r.MXAddr)
 	e.i(int64(r.DelayWarnings))
-	return e.b
+	return seal(bRcpts, rcptKey(r.Key), e.b)
 }
 
 // domainOf returns the part of addr after its last '@'.
 func domainOf(addr string) string { return addr[strings.LastIndexByte(addr, '@')+1:] }
 
 func decodeRecipient(k Key, b []byte) (Recipient, error) {
+	b, err := unseal(bRcpts, rcptKey(k), b)
+	if err != nil {
+		return Recipient{Key: k}, err
+	}
 	d, v := newDecV(b, rcptVersion)
 	if v == 1 {
 		return decodeRecipientV1(k, d)
@@ -434,7 +475,7 @@ func historyRef(r *Recipient) Attempt {
 // encodeHistory writes h newest first, each attempt against a reference:
 // the attempt after it, or ref for the newest. A mask says which fields
 // equal the reference's and are left out. decodeHistory needs the same ref.
-func encodeHistory(h []Attempt, ref Attempt) []byte {
+func encodeHistory(k Key, h []Attempt, ref Attempt) []byte {
 	e := newEncV(histVersion)
 	e.u(uint64(len(h)))
 	for i := len(h) - 1; i >= 0; i-- {
@@ -471,7 +512,7 @@ func encodeHistory(h []Attempt, ref Attempt) []byte {
 		}
 		ref = *a
 	}
-	return e.b
+	return seal(bHist, rcptKey(k), e.b)
 }
 
 func sameMask(a, ref *Attempt) int {
@@ -493,7 +534,11 @@ func sameMask(a, ref *Attempt) int {
 	return m
 }
 
-func decodeHistory(b []byte, ref Attempt) ([]Attempt, error) {
+func decodeHistory(k Key, b []byte, ref Attempt) ([]Attempt, error) {
+	b, err := unseal(bHist, rcptKey(k), b)
+	if err != nil {
+		return nil, err
+	}
 	d, v := newDecV(b, histVersion)
 	if v == 1 {
 		return decodeHistoryV1(d)

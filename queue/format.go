@@ -11,13 +11,16 @@ import (
 // formatVersion is the queue's on-disk format, stamped in the database
 // (bucket journal, key "format") when Open finds it missing or older: 2
 // is the record format of 2026-11-30 (smaller recipients and histories), 3
-// adds the intake journal next to the file, 4 the TLS policy of each
-// attempt in histories (history record version 3). A database stamped with a
+// adds the intake journal next to the file, 4 seals messages, recipients
+// and histories with checksums and stores each body's (seal.go; records
+// of earlier formats are still read), 5 adds the TLS policy of each
+// attempt to histories (history record version 3) and the REQUIRETLS
+// flags to messages and the journal. A database stamped with a
 // newer version was written by a newer greyrelay, whose records or journal
 // this one might not read: it would quarantine records it cannot decode,
 // or leave a journal unreplayed. Open refuses such a file rather than lose
 // mail; databases from before the stamp existed are read as they are.
-const formatVersion = 4
+const formatVersion = 5
 
 var keyFormat = []byte("format")
 
@@ -38,7 +41,7 @@ func storedFormat(tx *bolt.Tx) uint64 {
 // the stamp it found. It only reads, so a refused file is left as it was.
 func (q *Queue) checkFormat() (uint64, error) {
 	var v uint64
-	if err := q.db.View(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
+	if err := q.view(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
 		return 0, err
 	}
 	if v > formatVersion {

@@ -209,6 +209,10 @@ type Message struct {
 	// Finished is set (by Show and List) for a message that has left the
 	// queue: the time of the outcome that finished it. Its body is gone.
 	Finished time.Time
+	// bodySum is the CRC-32C of the body, checked each time it is read;
+	// records written before checksums have none (bodySummed false).
+	bodySum    uint32
+	bodySummed bool
 }
 
 // Start describes an attempt about to be made for one or more recipients.
