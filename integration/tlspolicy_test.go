@@ -102,7 +102,7 @@ func TestDANE(t *testing.T) {
 		if a := atts[0]; a.str("reason") != "tls" || !strings.Contains(fmt.Sprint(a), "4.7.5") {
 			t.Errorf("%s: first attempt %v, want deferred with reason tls, 4.7.5", dom, a)
 		}
-		if got := lastPolicy(t, r, ids[dom]); got != "dane" && dom == "bad.dane.test" {
+		if got := lastPolicy(t, r, ids[dom]); got != "dane" {
 			t.Errorf("%s: attempt made under TLS policy %q, want dane", dom, got)
 		}
 	}

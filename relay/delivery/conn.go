@@ -147,7 +147,7 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, a *attempt) (mx.Rout
 	if len(ts) == 0 {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
 	}
-	ts, refused := e.applyTLSPolicy(ctx, rt, ts, a.msg)
+	ts, refused := e.applyTLSPolicy(ctx, rt, ts, a)
 	if refused != nil {
 		return rt, nil, tlsVerdict(e.opt.Classifier, refused)
 	}

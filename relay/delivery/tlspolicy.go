@@ -44,7 +44,10 @@ func tlsVerdict(c *classifier.Classifier, err error) classifier.Verdict {
 // delivery. When every target is dropped, refused says why: a
 // *classifier.TLSError (reason "tls", 4.7.5, never a plaintext fallback),
 // or errRequireTLS.
-func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, msg queue.Message) (out []target, refused error) {
+// The policy of a refused host is noted in a.tried, so the attempt's
+// history names it.
+func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a *attempt) (out []target, refused error) {
+	msg := a.msg
 	if len(ts) == 0 {
 		return ts, nil
 	}
@@ -72,7 +75,7 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, m
 			// message back: delivery.tls applies.
 			t.policy = labelTLSOptional
 		case r.Refuse != nil:
-			transient = r.Refuse
+			transient, a.tried.policy = r.Refuse, r.Label
 			e.m.TLSPolicy.WithLabelValues(r.Label, "refused").Inc()
 			continue
 		case msg.RequireTLS && !r.Authenticated:
