@@ -15,6 +15,9 @@
 //     *TLSError, timeouts, refused or dropped connections. A connection that
 //     drops mid-dialogue (EOF, reset) counts as a connect problem: the host or
 //     the path failed, not the message (Exim calls these host errors).
+//   - ReplyParser (reply.go) is greyrelay's one SMTP reply parser; it is
+//     strict and does no I/O: relay/smtpclient reads the lines under its
+//     own limits and hands them over.
 //   - Explain (explain.go) turns a reason and status code into advice for
 //     operators: what it means, who is at fault, what to do.
 //
@@ -31,11 +34,8 @@ import (
 	"net"
 	"net/textproto"
 	"os"
-	"regexp"
 	"syscall"
 	"time"
-
-	"github.com/emersion/go-smtp"
 )
 
 // Stage is the step of the SMTP dialogue at which an attempt ended.
@@ -224,14 +224,13 @@ func reasonStatus(r Reason, o Outcome) string {
 // Classifier holds the compiled rule table. Build it with New; it is safe
 // for concurrent use.
 type Classifier struct {
-	rules  []rule
-	hintRE *regexp.Regexp
+	rules []rule
 }
 
 // New compiles extra (tried first, in order) followed by DefaultRules. It
 // rejects a rule with a bad pattern, code, enhanced code or reason, naming it.
 func New(extra []Rule) (*Classifier, error) {
-	c := &Classifier{hintRE: regexp.MustCompile(hintPattern)}
+	c := &Classifier{}
 	for i, r := range append(append([]Rule(nil), extra...), DefaultRules()...) {
 		cr, err := compileRule(r)
 		if err != nil {
@@ -353,28 +352,17 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 		}
 	}
 	if v.Outcome == Deferred {
-		v.Hint = c.hint(v.Text)
+		v.Hint = Hint(v.Text)
 	}
 	return v
 }
 
-// asReply extracts an SMTP reply from err: a *Reply, a go-smtp *SMTPError or
-// a *textproto.Error anywhere in its chain.
+// asReply extracts an SMTP reply from err: a *Reply anywhere in its chain,
+// as relay/smtpclient returns them.
 func asReply(err error) (Reply, bool) {
 	var r *Reply
-	var se *smtp.SMTPError
-	var tp *textproto.Error
-	switch {
-	case errors.As(err, &r):
+	if errors.As(err, &r) {
 		return *r, true
-	case errors.As(err, &se):
-		rep := buildReply(se.Code, se.Message)
-		if s := normEnhanced(fmtEnhanced(se.EnhancedCode)); s != "" {
-			rep.Enhanced = s
-		}
-		return rep, true
-	case errors.As(err, &tp):
-		return buildReply(tp.Code, tp.Msg), true
 	}
 	return Reply{}, false
 }

@@ -632,6 +632,13 @@ func encodeDestination(x *Destination) []byte {
 	}
 	e.reply(x.LastReply)
 	e.t(x.Updated)
+	// Added later; older records end here and decode with zero values.
+	e.i(int64(x.GreylistLow))
+	e.i(int64(x.GreylistQuiet))
+	e.t(x.GreylistProbe)
+	e.i(int64(x.PaceInterval))
+	e.i(int64(x.PaceBase))
+	e.i(int64(x.PaceRefusals))
 	return e.b
 }
 
@@ -649,5 +656,9 @@ func decodeDestination(b []byte) (Destination, error) {
 	}
 	x.LastReply = d.reply()
 	x.Updated = d.t()
+	if len(d.b) > 0 {
+		x.GreylistLow, x.GreylistQuiet, x.GreylistProbe = time.Duration(d.i()), d.int(), d.t()
+		x.PaceInterval, x.PaceBase, x.PaceRefusals = time.Duration(d.i()), time.Duration(d.i()), d.int()
+	}
 	return x, d.done()
 }

@@ -25,7 +25,8 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 	d := Destination{Domain: "d", Greylists: true, GreylistSeen: 4, GreylistPassed: 3,
 		LearnedDelay: 7 * time.Minute, LastGreylisted: at, ThrottleLevel: -1, ThrottledUntil: at,
 		DeadHosts: map[string]time.Time{"mx1": at, "127.0.0.9": at.Add(time.Hour)},
-		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at}
+		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistQuiet: 2,
+		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2}
 	return m, r, h, d
 }
 
@@ -49,6 +50,32 @@ func TestCodecRoundTrip(t *testing.T) {
 	zero.Status = Queued
 	if got, err := decodeRecipient(Key{}, encodeRecipient(&zero)); err != nil || !got.NextAttempt.IsZero() {
 		t.Errorf("zero times must stay zero: %+v, %v", got, err)
+	}
+}
+
+// TestDestinationOldRecord decodes a destination record written before the
+// greylisting window and the pace were added: they come back zero, the rest
+// as stored.
+func TestDestinationOldRecord(t *testing.T) {
+	_, _, _, d := sampleRecords()
+	full := encodeDestination(&d)
+	e := newEnc()
+	e.i(int64(d.GreylistLow))
+	e.i(int64(d.GreylistQuiet))
+	e.t(d.GreylistProbe)
+	e.i(int64(d.PaceInterval))
+	e.i(int64(d.PaceBase))
+	e.i(int64(d.PaceRefusals))
+	old := full[:len(full)-(len(e.b)-1)]
+	got, err := decodeDestination(old)
+	want := d
+	want.GreylistLow, want.GreylistQuiet, want.GreylistProbe = 0, 0, time.Time{}
+	want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("old record: %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := decodeDestination(full[:len(full)-1]); err == nil {
+		t.Error("a record cut inside the new fields decoded without error")
 	}
 }
 

@@ -123,15 +123,16 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	_, statErr := os.Stat(path)
 	created := errors.Is(statErr, fs.ErrNotExist)
-	// Never NoSync (pitfall F11): every commit is fsync'd before it returns.
+	// Never NoSync (bbolt calls it unsafe): every commit is fsync'd before it
+	// returns.
 	// NoFreelistSync (etcd's default) is another matter: the freelist is
 	// not written at each commit but rebuilt at Open by walking the
 	// pages. bbolt sorts and writes the whole freelist at every commit
 	// otherwise, and a queue that holds a backlog of 4 KiB bodies (two
-	// pages each) keeps thousands of free single pages: that took 6% of
-	// the relay's CPU and 10-15% of a healthy stream's throughput during a
-	// deferral storm (BENCHMARKS.md). The walk costs a fraction of a
-	// second at Open even with a million recipients.
+	// pages each) keeps thousands of free single pages, which cost a
+	// healthy stream a noticeable share of its throughput during a
+	// deferral storm (BENCHMARKS.md, "Tuning"). The walk costs a fraction
+	// of a second at Open even with a million recipients.
 	db, err := openBolt(path, &bolt.Options{
 		Timeout:        opt.LockTimeout,
 		FreelistType:   bolt.FreelistMapType,
@@ -180,7 +181,7 @@ func (q *Queue) init(created bool, dir string) error {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	if created {
-		// The new file's directory entry must be durable too (F11: a crash
+		// The new file's directory entry must be durable too (a crash
 		// right after first initialisation must not lose the file).
 		if err := syncDir(dir); err != nil {
 			return fmt.Errorf("queue: %w", err)
@@ -294,8 +295,11 @@ func (q *Queue) DBSize() int64 {
 	return fi.Size()
 }
 
-// Enqueue stores m and returns its ID only after the transaction holding it
-// has been committed and fsync'd. Concurrent callers share one commit.
+// Enqueue stores m and returns its ID only once m is durable: after the
+// fdatasync of the intake journal record holding it (journal.go; the writer
+// inserts it into the database later), or, with the journal turned off
+// (Options.JournalSize < 0), after the database commit holding it.
+// Concurrent callers share one record or one commit.
 func (q *Queue) Enqueue(m NewMessage) (ID, error) {
 	ids, err := q.EnqueueBatch([]NewMessage{m})
 	if err != nil {
@@ -667,7 +671,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 }
 
 // view runs fn in a read transaction. Keep fn short: long read
-// transactions stop bbolt from reusing freed pages (F11).
+// transactions stop bbolt from reusing freed pages, so the file grows.
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 	err := q.guard(func() error { return q.db.View(fn) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {

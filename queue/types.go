@@ -83,7 +83,7 @@ var (
 // Options configure Open.
 type Options struct {
 	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's
-	// own zero would wait forever (pitfall F11).
+	// own zero would wait forever.
 	LockTimeout time.Duration
 	// OnQuarantine, if set, is called (outside any transaction, from the
 	// goroutine that found it, possibly inside Open) each time a record that
@@ -292,6 +292,11 @@ type Destination struct {
 	Greylists      bool
 	GreylistSeen   int
 	GreylistPassed int
+	// LearnedDelay is the shortest wait after a first greylisting reply
+	// known to pass (the upper bound of the delay); GreylistLow the
+	// longest known to be refused (its lower bound); GreylistQuiet the
+	// passes since the last probe inside that window; GreylistProbe when
+	// the probe under way is decided (backoff.Window).
 	LearnedDelay   time.Duration
 	LastGreylisted time.Time
 	ThrottleLevel  int
@@ -299,4 +304,12 @@ type Destination struct {
 	DeadHosts      map[string]time.Time // MX host or address → skip until
 	LastReply      Reply
 	Updated        time.Time
+	GreylistLow    time.Duration
+	GreylistQuiet  int
+	GreylistProbe  time.Time
+	// PaceInterval, PaceBase and PaceRefusals are the learned sending rate
+	// of a throttling destination (backoff.Pace); PaceInterval 0: not paced.
+	PaceInterval time.Duration
+	PaceBase     time.Duration
+	PaceRefusals int
 }

@@ -6,12 +6,12 @@
 //   - It is written on the standard library (net, crypto/tls, bufio), not on
 //     go-smtp's client: that client sends "localhost" as EHLO name before
 //     STARTTLS and cannot continue in plaintext when STARTTLS is missing
-//     (pitfall F13). Replies are read by our own bounded reader, not
+//     (and has no PIPELINING nor BDAT). Replies are read by our own bounded reader, not
 //     net/textproto's, whose ReadLine has no length limit.
 //   - Every I/O step runs under one overall deadline (greeting, command or
 //     data timeout, and the caller's context), set before the write and
 //     kept for the whole reply, so a peer dripping one byte a minute cannot
-//     hold us longer than the timeout (bad-inputs c7).
+//     hold us longer than the timeout.
 //   - Errors are tagged with the dialogue stage (*Error). SMTP replies inside
 //     a transaction are results, not errors: Send returns them in TxResult so
 //     the caller can decide per recipient. Only connection-level trouble is an
