@@ -42,7 +42,7 @@ const (
 	codecVersion = 1 // destinations, counters
 	msgVersion   = 2
 	rcptVersion  = 2
-	histVersion  = 2
+	histVersion  = 3 // 3 adds each attempt's TLS policy
 )
 
 var errCorrupt = errors.New("corrupt record")
@@ -296,7 +296,9 @@ const (
 	flagSMTPUTF8 = 1 << iota
 	flagEightBit
 	flagDSN
-	flagMask = flagSMTPUTF8 | flagEightBit | flagDSN
+	flagRequireTLS
+	flagTLSOptional
+	flagMask = flagSMTPUTF8 | flagEightBit | flagDSN | flagRequireTLS | flagTLSOptional
 )
 
 func encodeMessage(m *Message) []byte {
@@ -318,6 +320,12 @@ func encodeMessage(m *Message) []byte {
 	}
 	if m.DSN {
 		f |= flagDSN
+	}
+	if m.RequireTLS {
+		f |= flagRequireTLS
+	}
+	if m.TLSOptional {
+		f |= flagTLSOptional
 	}
 	e.u(f)
 	if m.bodySummed {
@@ -351,6 +359,7 @@ func decodeMessageRec(id ID, b []byte) (Message, error) {
 		d.fail("unknown flags")
 	}
 	m.SMTPUTF8, m.EightBit, m.DSN = f&flagSMTPUTF8 != 0, f&flagEightBit != 0, f&flagDSN != 0
+	m.RequireTLS, m.TLSOptional = f&flagRequireTLS != 0, f&flagTLSOptional != 0
 	if v >= 2 {
 		switch d.u() {
 		case 0:
@@ -443,6 +452,7 @@ const (
 	sameReason
 	sameReply
 	zeroEnd
+	newTLS  // version 3: TLS differs from the reference's (set rarely, so the mask stays one byte)
 	maskAll = 1<<iota - 1
 )
 
@@ -497,6 +507,9 @@ func encodeHistory(k Key, h []Attempt, ref Attempt) []byte {
 		if m&sameReply == 0 {
 			e.reply(a.Reply)
 		}
+		if m&newTLS != 0 {
+			e.s(a.TLS)
+		}
 		ref = *a
 	}
 	return seal(bHist, rcptKey(k), e.b)
@@ -517,6 +530,7 @@ func sameMask(a, ref *Attempt) int {
 	set(sameReason, a.Reason == ref.Reason)
 	set(sameReply, a.Reply == ref.Reply)
 	set(zeroEnd, a.End.IsZero())
+	set(newTLS, a.TLS != ref.TLS)
 	return m
 }
 
@@ -535,7 +549,7 @@ func decodeHistory(k Key, b []byte, ref Attempt) ([]Attempt, error) {
 		h = make([]Attempt, n)
 	}
 	for i := n - 1; i >= 0 && d.err == nil; i-- {
-		h[i] = decodeAttempt(d, &ref)
+		h[i] = decodeAttempt(d, &ref, v)
 		ref = h[i]
 	}
 	if d.err != nil {
@@ -544,9 +558,9 @@ func decodeHistory(k Key, b []byte, ref Attempt) ([]Attempt, error) {
 	return h, d.done()
 }
 
-func decodeAttempt(d *dec, ref *Attempt) Attempt {
+func decodeAttempt(d *dec, ref *Attempt, version byte) Attempt {
 	m := d.u()
-	if m&^maskAll != 0 {
+	if m&^maskAll != 0 || (version < 3 && m&newTLS != 0) {
 		d.fail("bad history mask")
 		return Attempt{}
 	}
@@ -575,6 +589,13 @@ func decodeAttempt(d *dec, ref *Attempt) Attempt {
 		a.Reply = ref.Reply
 	} else {
 		a.Reply = d.reply()
+	}
+	switch {
+	case version < 3:
+	case m&newTLS == 0:
+		a.TLS = ref.TLS
+	default:
+		a.TLS = d.s()
 	}
 	return a
 }

@@ -387,6 +387,7 @@ func (w *wtx) apply(res *Result) (bool, error) {
 		setIf(&a.SourceIP, res.SourceIP)
 		setIf(&a.MXHost, res.MXHost)
 		setIf(&a.MXAddr, res.MXAddr)
+		setIf(&a.TLS, res.TLS)
 		return h
 	})
 	return r.Status.Final(), err

@@ -13,12 +13,14 @@ import (
 // is the record format of 2026-11-30 (smaller recipients and histories), 3
 // adds the intake journal next to the file, 4 seals messages, recipients
 // and histories with checksums and stores each body's (seal.go; records
-// of earlier formats are still read). A database stamped with a
+// of earlier formats are still read), 5 adds the TLS policy of each
+// attempt to histories (history record version 3) and the REQUIRETLS
+// flags to messages and the journal. A database stamped with a
 // newer version was written by a newer greyrelay, whose records or journal
 // this one might not read: it would quarantine records it cannot decode,
 // or leave a journal unreplayed. Open refuses such a file rather than lose
 // mail; databases from before the stamp existed are read as they are.
-const formatVersion = 4
+const formatVersion = 5
 
 var keyFormat = []byte("format")
 

@@ -62,7 +62,7 @@ const (
 	journalMagic     = 0x47524a31 // "GRJ1", each record
 	journalRecHead   = 20         // magic, length, sequence, CRC
 	journalStep      = 1 << 20    // the file grows by zero-filled steps of this size
-	journalVersion   = 1          // payload layout
+	journalVersion   = 2          // payload layout; 2 adds the REQUIRETLS flags
 	minJournalSize   = 64 << 10
 )
 
@@ -290,6 +290,8 @@ func encodeNew(e *enc, m *NewMessage) int {
 	e.bool(m.SMTPUTF8)
 	e.bool(m.EightBit)
 	e.bool(m.DSN)
+	e.bool(m.RequireTLS)
+	e.bool(m.TLSOptional)
 	e.t(m.NextAttempt)
 	e.u(uint64(len(m.To)))
 	for _, r := range m.To {
@@ -316,13 +318,13 @@ func encodeNew(e *enc, m *NewMessage) int {
 
 // decodeRecord reads a record's payload back into messages and their IDs.
 func decodeRecord(payload []byte) ([]NewMessage, []ID, error) {
-	d, _ := newDecV(payload, journalVersion)
+	d, v := newDecV(payload, journalVersion)
 	n := d.count()
 	ms := make([]NewMessage, 0, n)
 	ids := make([]ID, 0, n)
 	for i := 0; i < n && d.err == nil; i++ {
 		ids = append(ids, ID(d.u()))
-		ms = append(ms, decodeNew(d))
+		ms = append(ms, decodeNew(d, v))
 	}
 	if err := d.done(); err != nil {
 		return nil, nil, fmt.Errorf("journal record: %w", err)
@@ -330,9 +332,13 @@ func decodeRecord(payload []byte) ([]NewMessage, []ID, error) {
 	return ms, ids, nil
 }
 
-func decodeNew(d *dec) NewMessage {
+func decodeNew(d *dec, version byte) NewMessage {
 	m := NewMessage{From: d.s(), Arrival: d.t(), ClientAddr: d.s(), AuthUser: d.s(), Helo: d.s(),
-		RET: d.s(), EnvID: d.s(), SMTPUTF8: d.bool(), EightBit: d.bool(), DSN: d.bool(), NextAttempt: d.t()}
+		RET: d.s(), EnvID: d.s(), SMTPUTF8: d.bool(), EightBit: d.bool(), DSN: d.bool()}
+	if version >= 2 { // version 2 adds the REQUIRETLS flags
+		m.RequireTLS, m.TLSOptional = d.bool(), d.bool()
+	}
+	m.NextAttempt = d.t()
 	n := d.count()
 	for i := 0; i < n && d.err == nil; i++ {
 		m.To = append(m.To, NewRecipient{Addr: d.s(), Domain: d.s(), Notify: d.s(), ORCPT: d.s()})

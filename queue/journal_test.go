@@ -260,9 +260,9 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 	a := msg("s@x.test", "r@a.test", "q@b.test")
 	a.To[1].Notify, a.To[1].ORCPT = "FAILURE,DELAY", "rfc822;q@b.test"
 	a.AuthUser, a.ClientAddr, a.Helo, a.RET, a.EnvID = "u", "127.0.0.9", "client.test", "HDRS", "env1"
-	a.SMTPUTF8, a.EightBit, a.NextAttempt = true, true, t0.Add(1)
+	a.SMTPUTF8, a.EightBit, a.NextAttempt, a.RequireTLS = true, true, t0.Add(1), true
 	b := msg("", "d@c.test")
-	b.Body, b.File, b.DSN = nil, &BodyFile{name: "body-123", n: 4096}, true
+	b.Body, b.File, b.DSN, b.TLSOptional = nil, &BodyFile{name: "body-123", n: 4096}, true, true
 	in := []NewMessage{a, b}
 	rec, copies := encodeRecord([8]byte{}, 1, in, []ID{5, 6})
 	recs := parseJournal(journalImage([8]byte{}, rec), [8]byte{})

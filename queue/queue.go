@@ -599,6 +599,7 @@ func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
 		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
+		RequireTLS: m.RequireTLS, TLSOptional: m.TLSOptional,
 		bodySum: sum, bodySummed: summed}
 	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
 		return 0, err

@@ -152,6 +152,12 @@ type NewMessage struct {
 	EightBit    bool
 	DSN         bool      // the message is itself a DSN; no DSN is ever made for it
 	NextAttempt time.Time // zero means Arrival
+	// RequireTLS: MAIL FROM carried REQUIRETLS (RFC 8689 §4.1); the message
+	// may only leave over TLS whose server DANE or MTA-STS authenticated.
+	RequireTLS bool
+	// TLSOptional: the message has "TLS-Required: No" (RFC 8689 §5); DANE
+	// and MTA-STS failures do not hold it back.
+	TLSOptional bool
 }
 
 // Reply is an SMTP reply as the queue stores it.
@@ -168,6 +174,9 @@ type Attempt struct {
 	Outcome                         string // "in-progress", "interrupted" or the resulting Status
 	Reason                          string
 	Reply                           Reply
+	// TLS is the TLS policy the attempt was made under ("dane",
+	// "mta-sts", ...; empty: the configured delivery.tls).
+	TLS string
 }
 
 // Recipient is the stored state of one recipient.
@@ -195,6 +204,7 @@ type Message struct {
 	Size                                   int64
 	ClientAddr, AuthUser, Helo, RET, EnvID string
 	SMTPUTF8, EightBit, DSN                bool
+	RequireTLS, TLSOptional                bool        // see NewMessage
 	Recipients                             []Recipient // filled by Show only
 	// Finished is set (by Show and List) for a message that has left the
 	// queue: the time of the outcome that finished it. Its body is gone.
@@ -228,6 +238,8 @@ type Result struct {
 	DelayWarnings   int
 	// Optional overrides of the sticky route; empty keeps the stored value.
 	SourceIP, MXHost, MXAddr string
+	// TLS is the TLS policy the attempt was made under; empty: none known.
+	TLS string
 	// Events are outbox records (outbox.go) stored with this result, and
 	// only if it is stored (not for a recipient that is gone or final).
 	Events []Event

@@ -19,6 +19,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/probe"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
 
 // knownTimeout bounds the CLI probe's questions to the running relay.
@@ -28,7 +29,7 @@ const knownTimeout = 10 * time.Second
 // router and resolver, pinned source addresses, HELO name, TLS policies
 // and classifier rules as delivery, so the probe sees what delivery sees.
 // known answers step 5 (what the relay knows about the destination).
-func probeOptions(cfg *config.Config, known func(context.Context, string) (*probe.Knowledge, error)) (probe.Options, error) {
+func probeOptions(cfg *config.Config, known func(context.Context, string) (*probe.Knowledge, error), cache tlspolicy.Cache) (probe.Options, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return probe.Options{}, err
@@ -45,14 +46,43 @@ func probeOptions(cfg *config.Config, known func(context.Context, string) (*prob
 		return probe.Options{}, err
 	}
 	d := cfg.Delivery
-	return probe.Options{
+	policy, err := newTLSPolicy(cfg, router, cache)
+	if err != nil {
+		return probe.Options{}, err
+	}
+	opt := probe.Options{
 		Hostname: cfg.Hostname, Sender: cfg.Probe.Sender, DNSBL: cfg.Probe.DNSBL,
 		Router: router, Dialer4: d4, Dialer6: d6, SourceIPv4: d.SourceIPv4, SourceIPv6: d.SourceIPv6,
 		TLS: smtpclient.TLSPolicy(d.TLS), SmarthostTLS: smtpclient.TLSPolicy(d.Smarthost.TLS), TLSConfig: &tls.Config{},
 		Username: d.Smarthost.Username, Password: d.Smarthost.Password,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout, CommandTimeout: d.CommandTimeout,
 		Classifier: cl, Known: known, Now: time.Now,
-	}, nil
+	}
+	if policy != nil {
+		opt.TLSPolicy = policy // a nil *Checker in the interface would not be nil
+	}
+	return opt, nil
+}
+
+// memoryCache keeps MTA-STS policies for one probe run.
+type memoryCache struct{ m map[string][]byte }
+
+func (c *memoryCache) Policy(domain string) ([]byte, error) { return c.m[domain], nil }
+
+func (c *memoryCache) PutPolicy(domain string, v []byte) error {
+	if c.m == nil {
+		c.m = map[string][]byte{}
+	}
+	c.m[domain] = v
+	return nil
+}
+
+func (c *memoryCache) PolicyDomains() ([]string, error) {
+	var out []string
+	for d := range c.m {
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // probeFunc is handed to the admin server so the status page can probe.
@@ -60,7 +90,7 @@ func probeOptions(cfg *config.Config, known func(context.Context, string) (*prob
 func probeFunc(cfg *config.Config, q *queue.Queue) func(ctx context.Context, target string) (any, error) {
 	known := probe.QueueKnown(q, time.Now)
 	return func(ctx context.Context, target string) (any, error) {
-		opt, err := probeOptions(cfg, known)
+		opt, err := probeOptions(cfg, known, q)
 		if err != nil {
 			return nil, err
 		}
@@ -102,7 +132,9 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 	// The daemon holds the queue file's lock: ask it over its admin API.
 	api := admin.NewClient(cfg)
 	api.HTTP = &http.Client{Timeout: knownTimeout}
-	opt, err := probeOptions(cfg, probe.AdminKnown(api))
+	// The running relay holds the queue database: the CLI probe keeps the
+	// MTA-STS policies it fetches in memory.
+	opt, err := probeOptions(cfg, probe.AdminKnown(api), &memoryCache{})
 	if err != nil {
 		return &exitError{2, err}
 	}

@@ -33,6 +33,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
 
 // serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
@@ -149,6 +150,7 @@ type relayParts struct {
 	smtp   *smtpd.Server
 	engine *delivery.Engine
 	admin  *admin.Server
+	policy *tlspolicy.Checker // nil without DANE and MTA-STS
 }
 
 // runRelay runs the relay until ctx ends. checkQueue makes the queue
@@ -189,7 +191,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	m := metrics.New(reg)
 
 	p := relayParts{queue: q}
-	if p.engine, err = newEngine(cfg, q, log, m, ev); err != nil {
+	if p.engine, p.policy, err = newEngine(cfg, q, log, m, ev); err != nil {
 		return err
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
@@ -218,6 +220,9 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	engineCtx, stopEngine := context.WithCancel(context.Background())
 	engineDone := make(chan error, 1)
 	go func() { engineDone <- p.engine.Run(engineCtx) }()
+	if p.policy != nil {
+		go refreshPolicies(engineCtx, p.policy, log)
+	}
 	if err := p.smtp.Start(); err != nil {
 		stopEngine()
 		<-engineDone
@@ -269,22 +274,31 @@ func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Met
 		DKIM: signer})
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events) (*delivery.Engine, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events) (*delivery.Engine, *tlspolicy.Checker, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	router, err := newRouter(cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	d4, d6, err := dialers(cfg.Delivery)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return delivery.New(delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
+	policy, err := newTLSPolicy(cfg, router, q)
+	if err != nil {
+		return nil, nil, err
+	}
+	opt := delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
 		Dialer4: d4, Dialer6: d6, TLSConfig: &tls.Config{}, Logger: log, Metrics: m,
-		Now: time.Now, Rand: rand.Float64, Events: ev})
+		Now: time.Now, Rand: rand.Float64, Events: ev}
+	if policy != nil {
+		opt.TLSPolicy = policy // a nil *Checker in the interface would not be nil
+	}
+	e, err := delivery.New(opt)
+	return e, policy, err
 }
 
 func newRouter(cfg *config.Config) (*mx.Router, error) {

@@ -226,14 +226,14 @@ func printRecipient(tw *tabwriter.Writer, r *Recipient, now time.Time) {
 		return
 	}
 	fmt.Fprintf(tw, "  attempts:\n")
-	fmt.Fprintf(tw, "    START\tTOOK\tSOURCE IP\tMX\tSTAGE\tOUTCOME\tREASON\tREPLY\n")
+	fmt.Fprintf(tw, "    START\tTOOK\tSOURCE IP\tMX\tTLS POLICY\tSTAGE\tOUTCOME\tREASON\tREPLY\n")
 	for _, a := range r.History {
 		took := "-"
 		if a.End != nil {
 			took = humanDuration(a.End.Sub(a.Start))
 		}
-		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Start.UTC().Format(time.RFC3339), took,
-			cell(a.SourceIP, 0), cell(a.MXHost, 40), cell(a.Stage, 0), cell(a.Outcome, 0), cell(a.Reason, 0),
+		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Start.UTC().Format(time.RFC3339), took,
+			cell(a.SourceIP, 0), cell(a.MXHost, 40), cell(a.TLS, 0), cell(a.Stage, 0), cell(a.Outcome, 0), cell(a.Reason, 0),
 			cell(replyText(a.Reply), 70))
 	}
 }

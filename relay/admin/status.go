@@ -27,6 +27,7 @@ const (
 	pageOldest    = 10
 	pageDeferrals = 20
 	pageBounced   = 20
+	pageDelivered = 20
 	pageShapeRows = 15
 	pageDests     = 200
 )
@@ -41,6 +42,7 @@ type pageRow struct {
 	Age, Next, Last string
 	Reply           string
 	Why             string // anchor of the row's explanation; "" for none
+	TLS             string // the TLS policy of the last attempt (latest rows only)
 }
 
 type pageDest struct {
@@ -65,26 +67,28 @@ type pageExpl struct {
 }
 
 type pageData struct {
-	Hostname    string
-	Now         string
-	Stats       Stats
-	OldestAge   string
-	DBSize      string
-	ByStatus    []count
-	ByReason    []count
-	Charts      []pageChart
-	ChartHours  int
-	Shape       Shape
-	Oldest      []pageRow
-	Deferrals   []pageRow
-	DeferTotal  int
-	Bounced     []pageRow
-	BounceTotal int
-	Finished    int
-	Dests       []pageDest
-	DestsHidden int
-	Expls       []*pageExpl
-	Probe       bool
+	Hostname     string
+	Now          string
+	Stats        Stats
+	OldestAge    string
+	DBSize       string
+	ByStatus     []count
+	ByReason     []count
+	Charts       []pageChart
+	ChartHours   int
+	Shape        Shape
+	Oldest       []pageRow
+	Deferrals    []pageRow
+	DeferTotal   int
+	Bounced      []pageRow
+	BounceTotal  int
+	Delivered    []pageRow // finished deliveries still kept (history.retention)
+	DeliverTotal int
+	Finished     int
+	Dests        []pageDest
+	DestsHidden  int
+	Expls        []*pageExpl
+	Probe        bool
 
 	expls map[Explanation]*pageExpl
 }
@@ -159,6 +163,9 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	if d.Bounced, d.BounceTotal, err = s.latest(d, queue.Failed, pageBounced, now); err != nil {
 		return nil, err
 	}
+	if d.Delivered, d.DeliverTotal, err = s.latest(d, queue.Delivered, pageDelivered, now); err != nil {
+		return nil, err
+	}
 	if d.Finished, err = s.opt.Queue.Finished(); err != nil {
 		return nil, err
 	}
@@ -187,7 +194,30 @@ func (s *Server) latest(d *pageData, st queue.Status, n int, now time.Time) ([]p
 	sort.SliceStable(rows, func(i, j int) bool {
 		return rows[i].Recipient.LastAttempt.After(rows[j].Recipient.LastAttempt)
 	})
-	return d.pageRows(rows, now), total, nil
+	out := d.pageRows(rows, now)
+	s.lastTLS(out, rows)
+	return out, total, nil
+}
+
+// lastTLS fills in each row's TLS policy from its recipient's last
+// attempt (Walk gives no histories; these few rows are read with Show).
+func (s *Server) lastTLS(out []pageRow, rows []queue.Row) {
+	shown := map[queue.ID]queue.Message{}
+	for i, r := range rows {
+		m, ok := shown[r.Message.ID]
+		if !ok {
+			var err error
+			if m, err = s.opt.Queue.Show(r.Message.ID); err != nil {
+				continue
+			}
+			shown[r.Message.ID] = m
+		}
+		for _, rc := range m.Recipients {
+			if rc.Key == r.Recipient.Key && len(rc.History) > 0 {
+				out[i].TLS = rc.History[len(rc.History)-1].TLS
+			}
+		}
+	}
 }
 
 func (d *pageData) pageRows(rows []queue.Row, now time.Time) []pageRow {

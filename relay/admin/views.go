@@ -73,6 +73,9 @@ type Attempt struct {
 	Outcome  string     `json:"outcome"`
 	Reason   string     `json:"reason,omitempty"`
 	Reply    *Reply     `json:"reply,omitempty"`
+	// TLS is the TLS policy the attempt was made under (dane, mta-sts,
+	// mta-sts-testing, dane-unusable, none); empty when none was asked.
+	TLS string `json:"tls_policy,omitempty"`
 }
 
 // Recipient is a Row with everything the queue keeps about it: its
@@ -234,7 +237,7 @@ func messageOf(m *queue.Message, now time.Time) Message {
 		for _, a := range r.History {
 			rj.History = append(rj.History, Attempt{Start: a.Start, End: ts(a.End),
 				SourceIP: a.SourceIP, MXHost: a.MXHost, MXAddr: a.MXAddr, Stage: a.Stage,
-				Outcome: a.Outcome, Reason: a.Reason, Reply: replyOf(a.Reply)})
+				Outcome: a.Outcome, Reason: a.Reason, Reply: replyOf(a.Reply), TLS: a.TLS})
 		}
 		out.Recipients = append(out.Recipients, rj)
 	}

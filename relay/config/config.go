@@ -172,6 +172,10 @@ type Delivery struct {
 	Resolver                    string            `yaml:"resolver"`
 	AllowPrivateDestinations    bool              `yaml:"allow_private_destinations"`
 	TLS                         string            `yaml:"tls"`
+	DNSSEC                      string            `yaml:"dnssec"`                   // off | trust-ad (DANE, RFC 7672)
+	DNSSECTrustedResolvers      []string          `yaml:"dnssec_trusted_resolvers"` // non-loopback resolvers whose AD bit is believed
+	MTASTS                      bool              `yaml:"mta_sts"`                  // apply MTA-STS policies (RFC 8461)
+	TLSCAFile                   string            `yaml:"tls_ca_file"`              // extra roots for MTA-STS fetches and MX hosts
 	MaxConnections              int               `yaml:"max_connections"`
 	MaxPerDestination           int               `yaml:"max_per_destination"`
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`

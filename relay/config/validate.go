@@ -165,6 +165,11 @@ func (v *validator) delivery(d Delivery) {
 		v.hostPort("delivery.resolver", d.Resolver)
 	}
 	v.oneOf("delivery.tls", d.TLS, tlsModes...)
+	v.oneOf("delivery.dnssec", d.DNSSEC, "off", "trust-ad")
+	for _, r := range d.DNSSECTrustedResolvers {
+		v.check(isIP(r), "delivery.dnssec_trusted_resolvers: %q is not an IP address", r)
+	}
+	v.readable("delivery.tls_ca_file", d.TLSCAFile)
 	v.positive("delivery.max_connections", int64(d.MaxConnections))
 	v.positive("delivery.max_per_destination", int64(d.MaxPerDestination))
 	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))

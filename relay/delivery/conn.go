@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/netip"
 	"slices"
@@ -28,6 +29,13 @@ type target struct {
 	port   int
 	source string // our source address: configured before the dial, actual after
 	tls    smtpclient.TLSPolicy
+	// tlsConfig, when set, replaces Options.TLSConfig (DANE verification,
+	// MTA-STS roots); policy names the TLS policy applied ("" when the
+	// destination was not asked, see applyTLSPolicy) and authenticated
+	// says the server's identity will be verified by DANE or MTA-STS.
+	tlsConfig     *tls.Config
+	policy        string
+	authenticated bool
 }
 
 func (t target) addrString() string {
@@ -73,7 +81,7 @@ type leftover struct {
 // the hosts run out are deferred with the last verdict. It returns the
 // connection to reuse, if any.
 func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, rest leftover, begun bool) *session {
-	rt, ts, v := e.plan(ctx, d, j, a.start)
+	rt, ts, v := e.plan(ctx, d, j, a)
 	switch {
 	case ctx.Err() != nil:
 		if !begun {
@@ -113,6 +121,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		}
 		a.tried = t
 		c, err := e.dial(ctx, t, rt.Kind)
+		e.countTLSPolicy(t, err)
 		if ctx.Err() != nil {
 			if c != nil {
 				_ = c.Close()
@@ -135,7 +144,8 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 }
 
 // plan routes d and lists the hosts to try for j. With none, v says why.
-func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.Route, []target, classifier.Verdict) {
+func (e *Engine) plan(ctx context.Context, d *dest, j *job, a *attempt) (mx.Route, []target, classifier.Verdict) {
+	now := a.start
 	rt, err := e.opt.Router.Route(ctx, d.name)
 	if err != nil {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageDNS, err)
@@ -143,6 +153,10 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, now time.Time) (mx.R
 	ts := e.targets(d, rt, j.want, now)
 	if len(ts) == 0 {
 		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
+	}
+	ts, refused := e.applyTLSPolicy(ctx, rt, ts, a)
+	if refused != nil {
+		return rt, nil, tlsVerdict(e.opt.Classifier, refused)
 	}
 	return rt, ts, classifier.Verdict{}
 }
@@ -226,7 +240,11 @@ func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.C
 		dl = e.opt.Dialer6
 	}
 	d := e.cfg.Delivery
-	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: e.opt.TLSConfig,
+	cfg := e.opt.TLSConfig
+	if t.tlsConfig != nil {
+		cfg = t.tlsConfig
+	}
+	opt := smtpclient.Options{Hostname: e.cfg.Hostname, TLS: t.tls, TLSConfig: cfg,
 		ConnectTimeout: d.ConnectTimeout, GreetingTimeout: d.GreetingTimeout,
 		CommandTimeout: d.CommandTimeout, DataTimeout: d.DataTimeout, Chunking: d.Chunking,
 		LineLengthLimit: d.LineLengthLimit}
@@ -294,7 +312,7 @@ func (e *Engine) classifyErr(stage classifier.Stage, err error) classifier.Verdi
 // envelope is the SMTP envelope of msg for rs.
 func envelope(msg queue.Message, rs []queue.Recipient) smtpclient.Envelope {
 	env := smtpclient.Envelope{From: msg.From, Size: msg.Size, EightBit: msg.EightBit,
-		SMTPUTF8: msg.SMTPUTF8, RET: msg.RET, EnvID: msg.EnvID}
+		SMTPUTF8: msg.SMTPUTF8, RET: msg.RET, EnvID: msg.EnvID, RequireTLS: msg.RequireTLS}
 	for _, r := range rs {
 		env.Rcpts = append(env.Rcpts, smtpclient.Rcpt{Addr: r.Addr, Notify: r.Notify, ORCPT: r.ORCPT})
 	}

@@ -84,10 +84,12 @@ type Options struct {
 	// IPv6 MX addresses are skipped, never dialed from another address.
 	Dialer4, Dialer6 smtpclient.Dialer
 	TLSConfig        *tls.Config // base TLS settings (roots); ServerName is set per host
-	Logger           *zap.Logger
-	Metrics          *metrics.Metrics
-	Now              func() time.Time
-	Rand             func() float64 // uniform in [0,1), for backoff jitter
+	// TLSPolicy, if set, applies DANE and MTA-STS to MX delivery.
+	TLSPolicy TLSPolicy
+	Logger    *zap.Logger
+	Metrics   *metrics.Metrics
+	Now       func() time.Time
+	Rand      func() float64 // uniform in [0,1), for backoff jitter
 	// Events, if set, makes the application events each stored outcome
 	// carries into the queue (relay/events), and strips the tag header
 	// from what is sent.

@@ -276,6 +276,9 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 	res := queue.Result{Key: o.r.Key, End: now, FirstGreylisted: o.r.FirstGreylisted,
 		GreylistTries: o.r.GreylistTries, DelayWarnings: o.r.DelayWarnings}
 	routeOverride(&res, a.t, o.r)
+	if res.TLS == "" {
+		res.TLS = a.tried.policy // no host answered: the policy the last one was tried under
+	}
 	switch {
 	case o.ok:
 		e.delivered(s, rec, a, o, &res, now)
@@ -299,7 +302,7 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 // was greylisted at one MX keeps going there while the network hiccups.
 func routeOverride(res *queue.Result, t target, r queue.Recipient) {
 	if t.addr.IsValid() {
-		res.SourceIP, res.MXHost, res.MXAddr = t.source, t.host, t.addr.String()
+		res.SourceIP, res.MXHost, res.MXAddr, res.TLS = t.source, t.host, t.addr.String(), t.policy
 		return
 	}
 	res.SourceIP, res.MXHost, res.MXAddr = r.SourceIP, r.MXHost, r.MXAddr
@@ -444,6 +447,9 @@ func (e *Engine) logAttempt(a *attempt, l logLine) {
 		zap.String("enhanced", l.enhanced),
 		zap.String("reply", l.text),
 		zap.Duration("delay", l.res.End.Sub(a.msg.Arrival)),
+	}
+	if l.res.TLS != "" {
+		fields = append(fields, zap.String("tls_policy", l.res.TLS))
 	}
 	if !l.res.NextAttempt.IsZero() {
 		fields = append(fields, zap.Time("next_attempt", l.res.NextAttempt))

@@ -88,7 +88,10 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 		return s
 	}
 	defer release()
-	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection) {
+	// RFC 8689 §4.2.1: a REQUIRETLS message never rides a connection whose
+	// server was not authenticated by DANE or MTA-STS.
+	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection ||
+		(msg.RequireTLS && !s.t.authenticated)) {
 		e.closeSession(ctx, s)
 		s = nil
 	}

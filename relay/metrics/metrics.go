@@ -18,6 +18,7 @@ type Metrics struct {
 	ConnectionsOut  prometheus.Gauge       // open outbound connections
 	TLSIn           *prometheus.CounterVec // inbound sessions by tls yes/no
 	TLSOut          *prometheus.CounterVec // outbound connections by tls yes/no
+	TLSPolicy       *prometheus.CounterVec // outbound connections by TLS policy and outcome
 	AuthFailures    prometheus.Counter     // failed AUTH attempts
 	Deliveries      *prometheus.CounterVec // per recipient attempt outcome and reason
 	AttemptsPerMsg  prometheus.Histogram   // attempts a recipient needed until delivered
@@ -42,8 +43,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		ConnectionsOut: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_connections_out", Help: "Open outbound SMTP connections."}),
 		TLSIn:          prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_inbound_sessions_total", Help: "Inbound sessions that submitted mail, by TLS use."}, []string{"tls"}),
 		TLSOut:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_outbound_connections_total", Help: "Outbound connections that reached EHLO, by TLS use."}, []string{"tls"}),
-		AuthFailures:   prometheus.NewCounter(prometheus.CounterOpts{Name: "greyrelay_auth_failures_total", Help: "Failed AUTH attempts."}),
-		Deliveries:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_delivery_attempts_total", Help: "Recipient delivery attempts by outcome (delivered, relayed, deferred, failed) and classified reason."}, []string{"outcome", "reason"}),
+		TLSPolicy: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_tls_policy_total", Help: "MX hosts under a TLS policy (none, dane, dane-unusable, mta-sts, mta-sts-testing), by outcome: ok (session established), failed (TLS or authentication failed), refused (the policy forbade the host)."},
+			[]string{"policy", "outcome"}),
+		AuthFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "greyrelay_auth_failures_total", Help: "Failed AUTH attempts."}),
+		Deliveries:   prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_delivery_attempts_total", Help: "Recipient delivery attempts by outcome (delivered, relayed, deferred, failed) and classified reason."}, []string{"outcome", "reason"}),
 		AttemptsPerMsg: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "greyrelay_attempts_per_delivery", Help: "Attempts a recipient needed until it was delivered.",
 			Buckets: []float64{1, 2, 3, 4, 6, 10, 20, 50}}),
 		GreylistPass: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "greyrelay_greylist_pass_seconds", Help: "Time from the first greylisting reply to acceptance.",
@@ -54,7 +57,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		Recent:          NewRecent(),
 	}
 	reg.MustRegister(m.Accepted, m.AcceptedBytes, m.Rejected, m.IntakeLatency, m.ConnectionsIn,
-		m.ConnectionsOut, m.TLSIn, m.TLSOut, m.AuthFailures, m.Deliveries, m.AttemptsPerMsg,
+		m.ConnectionsOut, m.TLSIn, m.TLSOut, m.TLSPolicy, m.AuthFailures, m.Deliveries, m.AttemptsPerMsg,
 		m.GreylistPass, m.DSNs, m.DSNsSuppressed, m.SchedulerWakeup)
 	return m
 }

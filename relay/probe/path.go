@@ -69,6 +69,7 @@ type TLSInfo struct {
 type session struct {
 	host   string
 	policy smtpclient.TLSPolicy
+	config *tls.Config // replaces Options.TLSConfig under a DANE or MTA-STS policy
 	user   string
 	pass   string
 }
@@ -80,8 +81,13 @@ func (p *prober) paths(ctx context.Context, rt mx.Route) {
 	if rt.Kind == mx.KindSmarthost {
 		s = session{policy: p.opt.SmarthostTLS, user: p.opt.Username, pass: p.opt.Password}
 	}
+	base := s.policy
 	for _, h := range rt.Hops {
-		s.host = h.Host
+		s.host, s.policy = h.Host, base
+		if err := p.applyRule(&s); err != nil {
+			p.rep.Paths = append(p.rep.Paths, p.refusedPath(h.Host, err))
+			continue
+		}
 		for _, a := range h.Addrs {
 			pr := p.path(ctx, s, netip.AddrPortFrom(a, uint16(h.Port)))
 			pr.Pref = h.Pref
@@ -138,7 +144,7 @@ func (p *prober) classifyReplies(rec *recorder) {
 // records why and redials in plaintext, as smtpclient.DialWithFallback
 // does for the relay (RFC 7435 §4).
 func (p *prober) dial(ctx context.Context, s session, addr netip.AddrPort, rec *recorder, d smtpclient.Dialer) (*smtpclient.Client, error) {
-	o := smtpclient.Options{Hostname: p.opt.Hostname, TLS: s.policy, TLSConfig: p.opt.TLSConfig,
+	o := smtpclient.Options{Hostname: p.opt.Hostname, TLS: s.policy, TLSConfig: p.sessionConfig(s),
 		Username: s.user, Password: s.pass, ConnectTimeout: p.opt.ConnectTimeout,
 		GreetingTimeout: p.opt.GreetingTimeout, CommandTimeout: p.opt.CommandTimeout, Trace: rec.trace}
 	td := &tracingDialer{d: d, rec: rec}

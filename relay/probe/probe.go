@@ -45,6 +45,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
 
 // Verdicts, from best to worst.
@@ -87,6 +88,9 @@ type Options struct {
 	// checked (auth.go); DKIM holds the keys the relay signs with.
 	From string
 	DKIM *dkim.Keys
+	// TLSPolicy, if set, looks up DANE and MTA-STS for MX destinations;
+	// each MX is then probed under its policy, as the relay would send.
+	TLSPolicy TLSPolicy
 }
 
 // Report is the result of one probe. Its JSON form is the -json output and
@@ -101,6 +105,7 @@ type Report struct {
 	Identity   IdentityReport `json:"identity"`
 	Reputation []DNSBLResult  `json:"reputation"`
 	Paths      []PathReport   `json:"paths"`
+	Policy     *PolicyReport  `json:"tls_policy,omitempty"` // DANE and MTA-STS, when looked up
 	Knowledge  *Knowledge     `json:"knowledge,omitempty"`
 	// KnowledgeError says why Knowledge is missing, e.g. "relay not running".
 	KnowledgeError string `json:"knowledge_error,omitempty"`
@@ -154,6 +159,7 @@ type prober struct {
 	opt Options
 	res mx.Resolver
 	rep *Report
+	dec *tlspolicy.Decision // the destination's TLS policy, when looked up
 }
 
 // Run probes target, an address (user@domain) or a domain; for a domain
@@ -186,6 +192,7 @@ func Run(ctx context.Context, target string, opt Options) (Report, error) {
 	p.rep = &rep
 	route, ok := p.routing(ctx)
 	if ok {
+		p.tlsPolicy(ctx, route)
 		p.paths(ctx, route)
 	}
 	p.identity(ctx)

@@ -42,6 +42,9 @@ func (r Report) WriteText(w io.Writer) error {
 	sender := "<" + r.Sender + ">"
 	p.f("greyrelay probe %s: recipient <%s>, sender %s, %s", r.Target, r.Recipient, sender, r.Time.UTC().Format(time.RFC3339))
 	r.Routing.write(p, r.Domain)
+	if r.Policy != nil {
+		r.Policy.write(p)
+	}
 	r.Identity.write(p)
 	writeReputation(p, r.Reputation)
 	p.f("\n4. SMTP path")
@@ -259,5 +262,34 @@ func writeDestination(p *printer, d *admin.Destination, now time.Time) {
 	}
 	if d.LastReply != nil {
 		p.f("   last reply: %d %s %s", d.LastReply.Code, d.LastReply.Enhanced, d.LastReply.Text)
+	}
+}
+
+func (r PolicyReport) write(p *printer) {
+	p.f("\n   TLS policy (DANE, MTA-STS)")
+	if r.MXSecure != "" {
+		p.f("   MX records: DNSSEC %s", r.MXSecure)
+	}
+	for _, d := range r.DANE {
+		p.f("   TLSA of %s (base domain %s): %s", d.Host, d.Base, d.State)
+		for _, rec := range d.Records {
+			p.f("     %s", rec)
+		}
+		if d.Error != "" {
+			p.f("     %s", d.Error)
+		}
+	}
+	switch {
+	case r.STSMode != "":
+		p.f("   MTA-STS: mode %s, mx %s", r.STSMode, strings.Join(r.STSMX, ", "))
+	case r.STSError != "":
+		p.f("   MTA-STS: no policy (%s)", r.STSError)
+	}
+	for _, h := range r.Hosts {
+		if h.Refuse != "" {
+			p.f("   %s: %s, not used: %s", h.Host, h.Policy, h.Refuse)
+		} else {
+			p.f("   %s: %s", h.Host, h.Policy)
+		}
 	}
 }

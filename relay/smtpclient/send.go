@@ -30,6 +30,9 @@ type Envelope struct {
 	SMTPUTF8 bool   // headers need SMTPUTF8 (RFC 6531); implied by non-ASCII addresses
 	RET      string // "", "FULL" or "HDRS" (RFC 3461 §4.3)
 	EnvID    string // decoded ENVID (RFC 3461 §4.4)
+	// RequireTLS sends REQUIRETLS with MAIL (RFC 8689 §4.2.1); a peer that
+	// does not advertise it, or a session without TLS, gets nothing.
+	RequireTLS bool
 }
 
 // RcptResult is the reply to one RCPT.
@@ -100,6 +103,14 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 		// sent; we answer for the peer, as mox does, and send nothing.
 		res.Mail = classifier.Reply{Code: 553, Enhanced: "5.6.7",
 			Text: "local: peer does not support SMTPUTF8, required by this message (RFC 6531)"}
+		return res, nil
+	}
+	if ok, _ := c.Extension("REQUIRETLS"); env.RequireTLS && (!ok || !c.tls) {
+		// RFC 8689 §4.2.1: the message must not go to a server that does
+		// not promise to keep requiring TLS; 5.7.30 "REQUIRETLS support
+		// required" (RFC 8689 §6).
+		res.Mail = classifier.Reply{Code: 550, Enhanced: "5.7.30",
+			Text: "local: peer does not support REQUIRETLS, required by this message (RFC 8689)"}
 		return res, nil
 	}
 	t := tx{env: env, mail: mail, rcpts: rcpts, body: body, dsn: dsn}
@@ -261,6 +272,9 @@ func (c *Client) envelope(env Envelope) (string, []string, error) {
 	}
 	if ok, _ := c.Extension("SMTPUTF8"); ok && needsUTF8(env) {
 		mp = append(mp, "SMTPUTF8")
+	}
+	if env.RequireTLS {
+		mp = append(mp, "REQUIRETLS")
 	}
 	if dsn {
 		switch ret := strings.ToUpper(env.RET); ret {

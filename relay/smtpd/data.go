@@ -109,6 +109,8 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 		From: env.from, To: env.rcpts, Body: rb.body, File: rb.file, Arrival: final,
 		ClientAddr: s.clientIP, AuthUser: env.user, Helo: env.heloSafe,
 		RET: env.ret, EnvID: env.envID, SMTPUTF8: env.utf8, EightBit: env.eightBit || rb.eightBit,
+		// RFC 8689 §5: REQUIRETLS wins over a TLS-Required field.
+		RequireTLS: env.requireTLS, TLSOptional: rb.tlsOptional && !env.requireTLS,
 	}
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
@@ -179,9 +181,14 @@ func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared 
 		sp.discard()
 		return readResult{}, err
 	}
-	rb := readResult{size: n.total(), eightBit: n.eightBit, received: sp.received, file: sp.file}
+	head := sp.head
 	if sp.file == nil {
-		rb.body, rb.received = n.out, countReceived(n.out[n.base:])
+		head = scanHeader(n.out[n.base:])
+	}
+	rb := readResult{size: n.total(), eightBit: n.eightBit, received: head.received,
+		tlsOptional: head.tlsOptional, file: sp.file}
+	if sp.file == nil {
+		rb.body = n.out
 	}
 	return rb, nil
 }

@@ -214,6 +214,26 @@ func TestCountReceived(t *testing.T) {
 	}
 }
 
+// TestScanHeaderTLSRequired: "TLS-Required: No" (RFC 8689 §5) is found
+// in the header section only, in any case, and no other value counts.
+func TestScanHeaderTLSRequired(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"Subject: x\r\nTLS-Required: No\r\n\r\nbody\r\n", true},
+		{"tls-required :  no \r\n\r\n", true},
+		{"TLS-Required: Yes\r\n\r\n", false},
+		{"TLS-Required: Nope\r\n\r\n", false},
+		{"Subject: x\r\n\r\nTLS-Required: No\r\n", false},
+		{"X-TLS-Required: No\r\n\r\n", false},
+	} {
+		if got := scanHeader([]byte(tc.in)).tlsOptional; got != tc.want {
+			t.Errorf("scanHeader(%q).tlsOptional = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
 // TestData_BufferReuse: message buffers are reused between messages and
 // sessions (data.go dataBuf); nothing of one message may show in the
 // next, whatever the sizes, SIZE= declarations and refusals in between.

@@ -139,10 +139,19 @@ func sanitizeHelo(h string) string {
 	return b.String()
 }
 
+// headerFacts is what intake learns from the header section.
+type headerFacts struct {
+	received    int  // Received fields
+	tlsOptional bool // "TLS-Required: No" (RFC 8689 §5)
+}
+
 // countReceived counts Received fields in the header section of msg (up to
-// the first empty line). RFC 5321 §6.3: a loop shows as many of them.
-func countReceived(msg []byte) int {
-	n := 0
+// the first empty line).
+func countReceived(msg []byte) int { return scanHeader(msg).received }
+
+// scanHeader reads the header section of msg (up to the first empty line).
+func scanHeader(msg []byte) headerFacts {
+	var h headerFacts
 	for len(msg) > 0 {
 		line := msg
 		if i := bytes.Index(msg, []byte("\r\n")); i >= 0 {
@@ -153,11 +162,17 @@ func countReceived(msg []byte) int {
 		if len(line) == 0 {
 			break
 		}
-		name, _, ok := bytes.Cut(line, []byte(":"))
+		name, value, ok := bytes.Cut(line, []byte(":"))
 		// RFC 5322 §4.5 (obsolete syntax) allows blanks before the colon.
-		if ok && bytes.EqualFold(bytes.TrimRight(name, " \t"), []byte("Received")) {
-			n++
+		name = bytes.TrimRight(name, " \t")
+		switch {
+		case !ok:
+		case bytes.EqualFold(name, []byte("Received")):
+			h.received++
+		case bytes.EqualFold(name, []byte("TLS-Required")):
+			// RFC 8689 §5: the only defined value is "No", case-insensitive.
+			h.tlsOptional = bytes.EqualFold(bytes.TrimSpace(value), []byte("No"))
 		}
 	}
-	return n
+	return h
 }

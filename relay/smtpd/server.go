@@ -280,6 +280,8 @@ func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Se
 	srv.AllowInsecureAuth = l.AllowPlaintextAuth || isLoopback(addr)
 	srv.EnableSMTPUTF8 = true
 	srv.EnableDSN = true
+	// RFC 8689 §4.1: go-smtp advertises REQUIRETLS on TLS sessions only.
+	srv.EnableREQUIRETLS = true
 	srv.ErrorLog = errorLog{s.log}
 	return srv
 }

@@ -69,10 +69,12 @@ type envelope struct {
 	eightBit bool
 	ret      string
 	envID    string
-	size     int64 // the client's SIZE= declaration (RFC 1870), 0 if none
-	rcpts    []queue.NewRecipient
-	seen     map[string]bool       // the rcpts, once there are many of them
-	first    [1]queue.NewRecipient // rcpts' first array: one allocation less
+	// requireTLS: MAIL FROM carried REQUIRETLS (RFC 8689 §4.1).
+	requireTLS bool
+	size       int64 // the client's SIZE= declaration (RFC 1870), 0 if none
+	rcpts      []queue.NewRecipient
+	seen       map[string]bool       // the rcpts, once there are many of them
+	first      [1]queue.NewRecipient // rcpts' first array: one allocation less
 }
 
 // seenThreshold is the number of recipients from which duplicates are
@@ -223,6 +225,12 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		env.utf8, env.eightBit = opts.UTF8, opts.Body == smtp.Body8BitMIME
 		env.ret, env.envID = string(opts.Return), opts.EnvelopeID
 		env.size = opts.Size
+		env.requireTLS = opts.RequireTLS
+	}
+	if env.requireTLS && s.tlsState == nil {
+		// RFC 8689 §4.1: REQUIRETLS is only offered, and only accepted,
+		// in a TLS session; RFC 3463 X.7.10 "Encryption needed".
+		return s.refuse("syntax", reply(530, 5, 7, 10, "REQUIRETLS needs a TLS session"))
 	}
 	var fromAddr address.Address
 	if from != "" {

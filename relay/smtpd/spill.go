@@ -13,6 +13,8 @@ type readResult struct {
 	size     int64
 	eightBit bool
 	received int // Received headers in the message (not counting ours)
+	// tlsOptional: the message has "TLS-Required: No" (RFC 8689 §5).
+	tlsOptional bool
 }
 
 // discard removes the spool file of a body that will not be queued.
@@ -36,10 +38,10 @@ const spillAt = 64 << 10
 // file as it is read. After a failure it keeps the first error and drops
 // the data (the body is still read to its end, to stay in sync).
 type bodySpill struct {
-	q        Queue
-	file     *queue.BodyFile
-	err      error
-	received int // Received headers seen in the part held before spooling
+	q    Queue
+	file *queue.BodyFile
+	err  error
+	head headerFacts // of the part held before spooling
 }
 
 // maybeSpill starts spooling once the body reaches queue.SpoolThreshold,
@@ -62,7 +64,7 @@ func (sp *bodySpill) maybeSpill(n *normalizer) {
 		}
 		// The header section is in this first part for any real message:
 		// loop detection counts it here.
-		sp.received = countReceived(n.out[n.base:])
+		sp.head = scanHeader(n.out[n.base:])
 		if sp.file, sp.err = spooler.CreateBody(); sp.err != nil {
 			return
 		}

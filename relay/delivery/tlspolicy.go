@@ -1,0 +1,134 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
+)
+
+// TLSPolicy decides the TLS a destination's MX hosts require (DANE,
+// MTA-STS); *tlspolicy.Checker implements it. It is asked once per attempt,
+// before any host is dialed.
+type TLSPolicy interface {
+	Decide(ctx context.Context, domain string, hosts []string) tlspolicy.Decision
+}
+
+// errRequireTLS: a REQUIRETLS message has no next hop whose TLS is
+// authenticated (RFC 8689 §4.2.1: return it as undeliverable).
+var errRequireTLS = errors.New("REQUIRETLS: no MX host of the destination is authenticated by DANE or MTA-STS, and the message requires it")
+
+// labelTLSOptional marks an attempt whose policy was set aside because the
+// message has "TLS-Required: No" (RFC 8689 §5).
+const labelTLSOptional = "tls-required-no"
+
+// tlsVerdict classifies what applyTLSPolicy refused: a REQUIRETLS message
+// without an authenticated host bounces with 5.7.30 (RFC 8689 §6); a
+// policy failure (a DANE or MTA-STS host refused) defers with reason tls.
+func tlsVerdict(c *classifier.Classifier, err error) classifier.Verdict {
+	if errors.Is(err, errRequireTLS) {
+		return classifier.Verdict{Outcome: classifier.Failed, Reason: classifier.TLS,
+			Stage: classifier.StageSTARTTLS, Enhanced: "5.7.30", Text: err.Error()}
+	}
+	return c.Classify(classifier.StageSTARTTLS, err)
+}
+
+// applyTLSPolicy sets each target's TLS mode and configuration from the
+// destination's policy and drops the targets the policy forbids. Routes
+// the operator configured (smarthost, per-domain route, address literal)
+// keep their configured TLS: a policy published in DNS is about MX
+// delivery. When every target is dropped, refused says why: a
+// *classifier.TLSError (reason "tls", 4.7.5, never a plaintext fallback),
+// or errRequireTLS.
+// The policy of a refused host is noted in a.tried, so the attempt's
+// history names it.
+func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a *attempt) (out []target, refused error) {
+	msg := a.msg
+	if len(ts) == 0 {
+		return ts, nil
+	}
+	if rt.Kind != mx.KindMX && rt.Kind != mx.KindImplicitMX {
+		return requireTLSConfigured(ts, msg)
+	}
+	if e.opt.TLSPolicy == nil {
+		if msg.RequireTLS {
+			return nil, errRequireTLS
+		}
+		return ts, nil
+	}
+	var hosts []string
+	for _, h := range rt.Hops {
+		hosts = append(hosts, h.Host)
+	}
+	dec := e.opt.TLSPolicy.Decide(ctx, rt.Domain, hosts)
+	var transient error
+	for _, t := range ts {
+		r := dec.Rule(t.host)
+		t.policy = r.Label
+		switch {
+		case msg.TLSOptional && !msg.RequireTLS:
+			// RFC 8689 §5: the sender asks that policies not hold the
+			// message back: delivery.tls applies.
+			t.policy = labelTLSOptional
+		case r.Refuse != nil:
+			transient, a.tried.policy = r.Refuse, r.Label
+			e.m.TLSPolicy.WithLabelValues(r.Label, "refused").Inc()
+			continue
+		case msg.RequireTLS && !r.Authenticated:
+			continue
+		default:
+			if r.Mode != "" {
+				t.tls = r.Mode
+			}
+			t.tlsConfig, t.authenticated = r.Config, r.Authenticated
+		}
+		out = append(out, t)
+	}
+	switch {
+	case len(out) > 0:
+		return out, nil
+	case transient != nil:
+		return nil, transient // a DNSSEC failure or a policy refusal may pass later
+	case msg.RequireTLS:
+		return nil, errRequireTLS
+	}
+	return out, nil
+}
+
+// requireTLSConfigured keeps, for a REQUIRETLS message, only configured next
+// hops whose certificate is verified (RFC 8689 §4.2.1 allows a relay to
+// trust a configured, verified smarthost).
+func requireTLSConfigured(ts []target, msg queue.Message) ([]target, error) {
+	if !msg.RequireTLS {
+		return ts, nil
+	}
+	var out []target
+	for _, t := range ts {
+		if t.tls == smtpclient.TLSVerify {
+			t.authenticated = true
+			out = append(out, t)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errRequireTLS
+	}
+	return out, nil
+}
+
+// countTLSPolicy counts a dial's outcome under its target's policy.
+func (e *Engine) countTLSPolicy(t target, err error) {
+	if t.policy == "" {
+		return
+	}
+	var te *classifier.TLSError
+	switch {
+	case err == nil:
+		e.m.TLSPolicy.WithLabelValues(t.policy, "ok").Inc()
+	case errors.As(err, &te):
+		e.m.TLSPolicy.WithLabelValues(t.policy, "failed").Inc()
+	}
+}

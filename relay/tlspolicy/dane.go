@@ -1,0 +1,199 @@
+package tlspolicy
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Security is the DNSSEC state of an answer.
+type Security int
+
+// DNSSEC states (RFC 4035 §4.3). Bogus answers come back from a validating
+// resolver as SERVFAIL, which we cannot tell from an unreachable authority;
+// both are Bogus here, since both forbid using the answer.
+const (
+	Insecure Security = iota // no AD bit: DANE does not apply
+	Secure                   // AD bit set by the trusted resolver
+	Bogus                    // SERVFAIL or no answer: the host is unusable now
+)
+
+func (s Security) String() string {
+	return [...]string{"insecure", "secure", "bogus"}[s]
+}
+
+// DNSSEC asks one trusted validating resolver and reports the AD bit.
+type DNSSEC struct {
+	Server  string        // host:port of the validating resolver
+	Timeout time.Duration // per query
+}
+
+// answer is a DNSSEC-aware lookup result.
+type answer struct {
+	sec    Security
+	rrs    []dns.RR // records of the asked type, CNAME chain followed
+	target string   // the name the CNAME chain ends at (the asked name without one)
+	nx     bool     // NXDOMAIN
+}
+
+// lookup asks qtype for name with the DO bit set (RFC 3225).
+func (d *DNSSEC) lookup(ctx context.Context, name string, qtype uint16) (answer, error) {
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), qtype)
+	m.SetEdns0(1232, true)
+	m.AuthenticatedData = true // RFC 6840 §5.7: ask for the AD bit
+	c := &dns.Client{Net: "udp", Timeout: d.Timeout}
+	resp, _, err := c.ExchangeContext(ctx, m, d.Server)
+	if err == nil && resp.Truncated {
+		c.Net = "tcp"
+		resp, _, err = c.ExchangeContext(ctx, m, d.Server)
+	}
+	if err != nil {
+		return answer{sec: Bogus}, fmt.Errorf("%s %s: %w", dns.TypeToString[qtype], name, err)
+	}
+	a := answer{sec: Insecure, target: strings.ToLower(dns.Fqdn(name))}
+	if resp.AuthenticatedData {
+		a.sec = Secure
+	}
+	switch resp.Rcode {
+	case dns.RcodeSuccess:
+	case dns.RcodeNameError:
+		a.nx = true
+		return a, nil
+	default:
+		return answer{sec: Bogus}, fmt.Errorf("%s %s: %s", dns.TypeToString[qtype], name, dns.RcodeToString[resp.Rcode])
+	}
+	a.rrs, a.target = follow(resp.Answer, a.target, qtype)
+	return a, nil
+}
+
+// follow returns the records of qtype at the end of name's CNAME chain in
+// rrs, and the name the chain ends at.
+func follow(rrs []dns.RR, name string, qtype uint16) ([]dns.RR, string) {
+	for range 8 {
+		next := ""
+		for _, rr := range rrs {
+			if c, ok := rr.(*dns.CNAME); ok && strings.EqualFold(c.Hdr.Name, name) {
+				next = strings.ToLower(c.Target)
+			}
+		}
+		if next == "" || qtype == dns.TypeCNAME {
+			break
+		}
+		name = next
+	}
+	var out []dns.RR
+	for _, rr := range rrs {
+		if rr.Header().Rrtype == qtype && strings.EqualFold(rr.Header().Name, name) {
+			out = append(out, rr)
+		}
+	}
+	return out, name
+}
+
+// TLSA is one usable-or-not TLSA record (RFC 6698 §2.1).
+type TLSA struct {
+	Usage, Selector, MatchingType uint8
+	Data                          []byte
+}
+
+func (t TLSA) String() string {
+	return fmt.Sprintf("%d %d %d %x", t.Usage, t.Selector, t.MatchingType, t.Data)
+}
+
+// Usable reports whether RFC 7672 lets SMTP use the record: DANE-TA(2) or
+// DANE-EE(3), selector 0 or 1, matching type 0, 1 or 2 (§3.1.3, RFC 6698
+// §2.1).
+func (t TLSA) Usable() bool {
+	return (t.Usage == 2 || t.Usage == 3) && t.Selector <= 1 && t.MatchingType <= 2
+}
+
+// HostDANE is what DANE says about one MX host.
+type HostDANE struct {
+	Host    string   // the MX host name, lower case, no trailing dot
+	Base    string   // the TLSA base domain the records were found at
+	Names   []string // reference identifiers for DANE-TA (RFC 7672 §3.2.2)
+	State   Security // of the TLSA RRset (Insecure: DANE does not apply)
+	Records []TLSA   // all records found; see TLSA.Usable
+	Err     error    // why State is Bogus
+}
+
+// Applies reports whether the host must be reached with DANE.
+func (h HostDANE) Applies() bool { return h.State == Secure && len(h.Records) > 0 }
+
+// MXSecure looks up domain's MX RRset and reports whether it is secure
+// (RFC 7672 §2.2.1). A domain without MX records is its own implicit MX, and
+// its NODATA answer carries the AD bit when the zone is signed.
+func (d *DNSSEC) MXSecure(ctx context.Context, domain string) (Security, error) {
+	a, err := d.lookup(ctx, domain, dns.TypeMX)
+	if err != nil {
+		return Bogus, err
+	}
+	return a.sec, nil
+}
+
+// Host finds the TLSA records of an MX host (RFC 7672 §2.2.2, §2.2.3).
+func (d *DNSSEC) Host(ctx context.Context, host string, port int) HostDANE {
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	h := HostDANE{Host: host, Base: host, Names: []string{host}}
+	addr, err := d.lookup(ctx, host, dns.TypeA)
+	if err != nil {
+		h.State, h.Err = Bogus, err
+		return h
+	}
+	if addr.sec != Secure {
+		return h // §2.2.2: insecure address records, no TLSA lookup
+	}
+	bases := []string{host}
+	if exp := strings.TrimSuffix(addr.target, "."); exp != host {
+		bases = []string{exp, host} // §2.2.3: the expanded name first
+		h.Names = []string{exp, host}
+	}
+	for _, base := range bases {
+		t, err := d.lookup(ctx, fmt.Sprintf("_%d._tcp.%s", port, base), dns.TypeTLSA)
+		if err != nil {
+			h.State, h.Err = Bogus, err
+			return h
+		}
+		h.State, h.Base = t.sec, base
+		if t.sec != Secure {
+			return h
+		}
+		for _, rr := range t.rrs {
+			r := rr.(*dns.TLSA)
+			data, err := hex.DecodeString(r.Certificate)
+			if err != nil {
+				continue // a record we cannot read matches nothing
+			}
+			h.Records = append(h.Records, TLSA{Usage: r.Usage, Selector: r.Selector, MatchingType: r.MatchingType, Data: data})
+		}
+		if len(h.Records) > 0 {
+			return h
+		}
+	}
+	return h
+}
+
+// TrustedResolver reports whether the AD bit of server (host:port) may be
+// believed: it is on loopback or listed in trusted (RFC 6698 §4.1, RFC 4035
+// §4.9.3: the path to the resolver must be secure).
+func TrustedResolver(server string, trusted []string) bool {
+	host, _, err := net.SplitHostPort(server)
+	if err != nil {
+		host = server
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	for _, t := range trusted {
+		if t == host || t == server {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,111 @@
+package tlspolicy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"time"
+)
+
+// maxPolicySize bounds a fetched policy body (RFC 8461 §3.3 asks senders
+// to bound it; 64 KiB is what Postfix's and mox's fetchers accept).
+const maxPolicySize = 64 << 10
+
+// AddrResolver finds the addresses of the policy host (mx.Resolver fits).
+type AddrResolver interface {
+	LookupAddrs(ctx context.Context, host string, v4, v6 bool) ([]netip.Addr, error)
+}
+
+// Roots returns the system roots plus the PEM certificates of caFile (if
+// not empty): the WebPKI roots for policy fetches and MTA-STS MX hosts.
+func Roots(caFile string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	if caFile == "" {
+		return pool, nil
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls_ca_file: %w", err)
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("tls_ca_file %s: no PEM certificate", caFile)
+	}
+	return pool, nil
+}
+
+// Fetcher fetches MTA-STS policies over HTTPS (RFC 8461 §3.3).
+type Fetcher struct {
+	client *http.Client
+}
+
+// NewFetcher returns a Fetcher that resolves the policy host with r,
+// verifies its certificate against roots and gives up after timeout. It
+// uses no proxy and follows no redirect (§3.3: "MUST NOT follow
+// redirects").
+func NewFetcher(r AddrResolver, roots *x509.CertPool, port int, timeout time.Duration) *Fetcher {
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		addrs, err := r.LookupAddrs(ctx, host, true, true)
+		if err != nil {
+			return nil, err
+		}
+		var d net.Dialer
+		err = errors.New("no address")
+		for _, a := range addrs {
+			var c net.Conn
+			if c, err = d.DialContext(ctx, "tcp", netip.AddrPortFrom(a, uint16(port)).String()); err == nil {
+				return c, nil
+			}
+		}
+		return nil, fmt.Errorf("policy host %s: %w", host, err)
+	}
+	tr := &http.Transport{DialContext: dial, Proxy: nil, TLSClientConfig: &tls.Config{RootCAs: roots},
+		DisableKeepAlives: true, ResponseHeaderTimeout: timeout, MaxResponseHeaderBytes: maxPolicySize}
+	return &Fetcher{client: &http.Client{Transport: tr, Timeout: timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return errors.New("mta-sts: redirects are not followed (RFC 8461 §3.3)")
+		}}}
+}
+
+// Fetch fetches and parses the policy of domain.
+func (f *Fetcher) Fetch(ctx context.Context, domain string) (STSPolicy, error) {
+	url := "https://mta-sts." + domain + "/.well-known/mta-sts.txt"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return STSPolicy{}, err
+	}
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return STSPolicy{}, fmt.Errorf("mta-sts fetch: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return STSPolicy{}, fmt.Errorf("mta-sts fetch %s: HTTP %d", url, resp.StatusCode)
+	}
+	// §3.3: the policy is text/plain.
+	if mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type")); err != nil || mt != "text/plain" {
+		return STSPolicy{}, fmt.Errorf("mta-sts fetch %s: media type %q, not text/plain", url, resp.Header.Get("Content-Type"))
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxPolicySize+1))
+	if err != nil {
+		return STSPolicy{}, fmt.Errorf("mta-sts fetch %s: %w", url, err)
+	}
+	if len(body) > maxPolicySize {
+		return STSPolicy{}, fmt.Errorf("mta-sts fetch %s: policy larger than %d bytes", url, maxPolicySize)
+	}
+	return ParseSTSPolicy(string(body))
+}

@@ -1,0 +1,145 @@
+package tlspolicy
+
+import (
+	"context"
+	"crypto/x509"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
+)
+
+// stsEnv is a policy server for example.com (httptest's certificate is
+// valid for *.example.com), a DNS server, and a queue as the cache.
+type stsEnv struct {
+	srv     *httptest.Server
+	fetches atomic.Int32
+	policy  atomic.Value // string
+	roots   *x509.CertPool
+	port    int
+	q       *queue.Queue
+}
+
+func newSTSEnv(t *testing.T) *stsEnv {
+	e := &stsEnv{}
+	e.policy.Store("version: STSv1\nmode: enforce\nmx: mx.example.com\nmax_age: 3600\n")
+	e.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.fetches.Add(1)
+		if r.Host != "mta-sts.example.com" || r.URL.Path != "/.well-known/mta-sts.txt" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte(e.policy.Load().(string)))
+	}))
+	t.Cleanup(e.srv.Close)
+	e.roots = x509.NewCertPool()
+	e.roots.AddCert(e.srv.Certificate())
+	u, _ := url.Parse(e.srv.URL)
+	e.port, _ = strconv.Atoi(u.Port())
+	q, err := queue.Open(filepath.Join(t.TempDir(), "q.db"), queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { q.Close() })
+	e.q = q
+	return e
+}
+
+// checker is a Checker whose DNS says id for example.com.
+func (e *stsEnv) checker(t *testing.T, id string, now *time.Time) *Checker {
+	dns := &mxtest.Server{}
+	dns.Start(t)
+	dns.A("mta-sts.example.com", "127.0.0.1")
+	if id != "" {
+		dns.TXT("_mta-sts.example.com", "v=STSv1; id="+id)
+	}
+	r := mx.NewDNS(dns.Addr(), time.Second)
+	c, err := New(Options{STS: true, TXT: r, Cache: e.q, Roots: e.roots, Now: func() time.Time { return *now },
+		Fetcher: NewFetcher(r, e.roots, e.port, 5*time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestSTSPolicyCache follows RFC 8461 §5.1: a policy is fetched once per
+// TXT id and kept in the queue database until max_age; a changed id
+// fetches again; a failed fetch or a vanished TXT record keeps the cached
+// policy while it is valid; an expired policy is dropped.
+func TestSTSPolicyCache(t *testing.T) {
+	e := newSTSEnv(t)
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	ctx := context.Background()
+	step := func(name string, c *Checker, wantMode string, wantFetches int32) {
+		t.Helper()
+		p, err := c.STSPolicy(ctx, "example.com")
+		mode := ""
+		if p != nil {
+			mode = p.Mode
+		}
+		if mode != wantMode || e.fetches.Load() != wantFetches {
+			t.Errorf("%s: mode %q (err %v), %d fetches; want %q, %d", name, mode, err, e.fetches.Load(), wantMode, wantFetches)
+		}
+	}
+	id1 := e.checker(t, "one", &now)
+	step("first lookup fetches", id1, ModeEnforce, 1)
+	step("same id uses the cache", id1, ModeEnforce, 1)
+	e.policy.Store("version: STSv1\nmode: testing\nmx: mx.example.com\nmax_age: 3600\n")
+	step("new id fetches again", e.checker(t, "two", &now), ModeTesting, 2)
+	e.srv.Close()
+	step("fetch failure keeps the cached policy", e.checker(t, "three", &now), ModeTesting, 2)
+	none := e.checker(t, "", &now)
+	step("no TXT record keeps the cached policy", none, ModeTesting, 2)
+	now = now.Add(2 * time.Hour)
+	step("expired without TXT: no policy", none, "", 2)
+	if err := none.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, _ := e.q.PolicyDomains(); len(d) != 0 {
+		t.Errorf("Refresh kept expired policies of %v", d)
+	}
+}
+
+// TestSTSFetchRefusesRedirectsAndOtherTypes: RFC 8461 §3.3.
+func TestSTSFetchRefusesRedirectsAndOtherTypes(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Host {
+		case "mta-sts.redirect.example.com":
+			http.Redirect(w, r, "https://mta-sts.example.com/.well-known/mta-sts.txt", http.StatusFound)
+		case "mta-sts.html.example.com":
+			w.Header().Set("Content-Type", "text/html")
+			_, _ = w.Write([]byte("version: STSv1\nmode: enforce\nmx: a.example.com\nmax_age: 1\n"))
+		case "mta-sts.big.example.com":
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = w.Write(make([]byte, maxPolicySize+1))
+		default: // where the redirect leads: a valid policy
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = w.Write([]byte("version: STSv1\nmode: enforce\nmx: a.example.com\nmax_age: 1\n"))
+		}
+	}))
+	defer srv.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(srv.Certificate())
+	u, _ := url.Parse(srv.URL)
+	port, _ := strconv.Atoi(u.Port())
+	dns := &mxtest.Server{}
+	dns.Start(t)
+	for _, h := range []string{"mta-sts.redirect", "mta-sts.html", "mta-sts.big", "mta-sts"} {
+		dns.A(h+".example.com", "127.0.0.1")
+	}
+	f := NewFetcher(mx.NewDNS(dns.Addr(), time.Second), roots, port, 5*time.Second)
+	for _, h := range []string{"redirect", "html", "big"} {
+		if p, err := f.Fetch(context.Background(), h+".example.com"); err == nil {
+			t.Errorf("%s: fetched %+v", h, p)
+		}
+	}
+}
