@@ -58,10 +58,7 @@ func (q *Queue) offerFresh(ms []NewMessage, ids []ID) {
 		if m.File != nil || (!m.NextAttempt.IsZero() && m.NextAttempt.After(m.Arrival)) {
 			continue
 		}
-		f := Fresh{Message: Message{ID: ids[i], From: m.From, Arrival: m.Arrival, Size: int64(len(m.Body)),
-			ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
-			EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN},
-			Body: m.Body}
+		f := Fresh{Message: m.envelope(ids[i], int64(len(m.Body))), Body: m.Body}
 		f.Recipients = make([]Recipient, len(m.To))
 		for j, to := range m.To {
 			f.Recipients[j] = Recipient{Key: Key{ids[i], j}, Addr: to.Addr, Domain: to.Domain, Notify: to.Notify,

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -113,5 +114,38 @@ func TestInsertBudget_Needs(t *testing.T) {
 		if got := insertBudget(bs, tc.needs); got != tc.want {
 			t.Errorf("needs %d: budget %d, want %d", tc.needs, got, tc.want)
 		}
+	}
+}
+
+// The envelope a fresh attempt starts from is the one stored, every field
+// of it: a REQUIRETLS flag missing from the offered copy would send the
+// message without its TLS requirement.
+func TestFresh_EnvelopeAsStored(t *testing.T) {
+	q, _ := newQ(t)
+	q.Fresh()
+	m := msg("s@x.test", "a@d.test")
+	m.RequireTLS, m.SMTPUTF8, m.EightBit, m.DSN = true, true, true, true
+	m.EnvID, m.AuthUser, m.Helo, m.ClientAddr = "env-1", "alice", "client.test", "192.0.2.7"
+	id := mustEnqueue(t, q, m)
+	got := takeFresh(q)
+	if len(got) != 1 {
+		t.Fatalf("offered %d messages, want 1", len(got))
+	}
+	stored, err := q.Message(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offered := got[0].Message
+	offered.bodySum, offered.bodySummed = stored.bodySum, stored.bodySummed
+	offered.Recipients, stored.Recipients = nil, nil // offered apart, in Fresh.Recipients
+	if !offered.Arrival.Equal(stored.Arrival) {
+		t.Errorf("offered arrival %v, stored %v", offered.Arrival, stored.Arrival)
+	}
+	offered.Arrival = stored.Arrival // the same instant; the stored one has no monotonic reading
+	if !reflect.DeepEqual(offered, stored) {
+		t.Errorf("offered envelope\n%+v\nstored\n%+v", offered, stored)
+	}
+	if !offered.RequireTLS {
+		t.Error("the offered copy lost REQUIRETLS")
 	}
 }

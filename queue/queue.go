@@ -596,11 +596,8 @@ func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 		size = m.File.Len()
 		sum, summed = m.File.sum, m.File.summed
 	}
-	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
-		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
-		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
-		RequireTLS: m.RequireTLS, TLSOptional: m.TLSOptional,
-		bodySum: sum, bodySummed: summed}
+	rec := m.envelope(id, size)
+	rec.bodySum, rec.bodySummed = sum, summed
 	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
 		return 0, err
 	}
@@ -721,4 +718,16 @@ func (q *Queue) fixup(ps []problem) {
 		}
 		return nil
 	})
+}
+
+// envelope is the message record of m under id, without its body's
+// checksum: the one place a new message's fields are copied, so the record
+// inserted and the copy a fresh attempt starts from (offerFresh) cannot
+// differ (a REQUIRETLS flag lost on either would send the message without
+// its TLS requirement).
+func (m *NewMessage) envelope(id ID, size int64) Message {
+	return Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
+		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
+		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
+		RequireTLS: m.RequireTLS, TLSOptional: m.TLSOptional}
 }
