@@ -41,6 +41,7 @@ type Config struct {
 	Hostname        string     `yaml:"hostname"`
 	Listeners       []Listener `yaml:"listeners"`
 	TrustedNetworks []string   `yaml:"trusted_networks"`
+	ProxyProtocol   ProxyProto `yaml:"proxy_protocol"`
 	UsersFile       string     `yaml:"users_file"`
 	Limits          Limits     `yaml:"limits"`
 	BareCR          string     `yaml:"bare_cr"`
@@ -63,6 +64,14 @@ type Listener struct {
 	TLSCert            string `yaml:"tls_cert"`
 	TLSKey             string `yaml:"tls_key"`
 	AllowPlaintextAuth bool   `yaml:"allow_plaintext_auth"`
+	ProxyProtocol      bool   `yaml:"proxy_protocol"` // every connection starts with a PROXY header from proxy_protocol.trusted
+}
+
+// ProxyProto says whose PROXY protocol headers (HAProxy's v1 text or v2
+// binary preamble) are believed on listeners that set proxy_protocol.
+type ProxyProto struct {
+	Trusted       []string      `yaml:"trusted"`
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
 }
 
 // Limits bounds what one client or all clients together may use.
