@@ -4,10 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
@@ -94,4 +98,283 @@ func TestProxyProtocolBehindHAProxy(t *testing.T) {
 			}
 		}
 	}
+}
+
+// clusterNode starts a relay sharing the Redis at redisAddr.
+func (n *mailNet) clusterNode(redisAddr string, overrides ...string) *testRelay {
+	n.t.Helper()
+	return n.relay(append([]string{fmt.Sprintf("cluster.redis.addresses=[%q]", redisAddr),
+		"cluster.lease_ttl=3s"}, overrides...)...)
+}
+
+// TestClusterSharesGreylistDelay: node A learns how long a real postgrey
+// (behind a real Postfix) greylists; node B, which never mailed the
+// destination, waits that long before its first retry and passes after a
+// single greylisting deferral. On its own B would retry after 3s and be
+// greylisted again.
+func TestClusterSharesGreylistDelay(t *testing.T) {
+	peers.Require(t, "postfix", "postgrey", "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	grey := peers.StartPostgrey(t, "", 8*time.Second)
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
+	quick := []string{"retry.greylist_first_retry=3s", "retry.greylist_second_retry=3s"}
+	a := n.clusterNode(rds.Addr, quick...)
+	b := n.clusterNode(rds.Addr, quick...)
+
+	id1 := a.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b1@dest.test"}, Data: message("a@src.test", "b1@dest.test", "learn")})
+	final.WaitFor(t, 1, 40*time.Second)
+	a.waitAttempts(id1, "delivered", 5*time.Second)
+	d, ok := a.destination("dest.test")
+	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
+	if !ok || learned < grey.Delay {
+		t.Fatalf("node A learned %v (known %v), want at least postgrey's %v", learned, ok, grey.Delay)
+	}
+
+	id2 := b.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b2@dest.test"}, Data: message("a@src.test", "b2@dest.test", "adopt")})
+	final.WaitFor(t, 2, learned*2+20*time.Second)
+	atts := b.waitAttempts(id2, "delivered", 5*time.Second)
+	if len(atts) != 2 || atts[0].str("reason") != "greylisted" {
+		t.Fatalf("node B: want one greylisting deferral then delivery, got %v", outcomes(atts))
+	}
+	if gap := atts[0].time("next_attempt").Sub(atts[0].time("time")); gap < learned {
+		t.Errorf("node B scheduled its retry %v after the greylisting, want at least A's learned delay %v", gap, learned)
+	}
+	// Redis traffic is per connection or state change, not per message.
+	if got := redisCommands(t, b); got == 0 || got > 20 {
+		t.Errorf("node B made %v Redis calls for its work (load/publish/acquire/release), want a few", got)
+	}
+}
+
+// redisCommands sums node r's Redis round trips other than the
+// background loop's (ping, renew, heartbeat).
+func redisCommands(t *testing.T, r *testRelay) float64 {
+	t.Helper()
+	var sum float64
+	if f := r.metrics()["greyrelay_cluster_redis_commands_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			switch m.GetLabel()[0].GetValue() {
+			case "load", "publish", "acquire", "release":
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// countingMX is a destination that records the most transactions (from
+// MAIL to the end of DATA) it saw in progress at once, over all client
+// connections, and every recipient it accepted. Each MAIL waits until
+// gate is closed (nil: no wait), so that every connection the relays may
+// open is open at once, and each DATA takes a while, so that transactions
+// overlap. (peers.Sink runs its scripts under one lock: it cannot hold
+// several transactions at once.)
+type countingMX struct {
+	gate  chan struct{}
+	mu    sync.Mutex
+	cur   int
+	peak  int
+	rcpts map[string]int
+}
+
+func startCountingMX(n *mailNet, domain string, gate chan struct{}) *countingMX {
+	n.t.Helper()
+	m := &countingMX{gate: gate, rcpts: map[string]int{}}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
+		return &countingSession{m: m}, nil
+	}))
+	srv.Domain, srv.AllowInsecureAuth = "mx."+domain, true
+	srv.ReadTimeout, srv.WriteTimeout = 30*time.Second, 30*time.Second
+	ln, err := net.Listen("tcp", n.mxAddr(domain))
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	n.t.Cleanup(func() { srv.Close() })
+	return m
+}
+
+func (m *countingMX) peakTx() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak
+}
+
+func (m *countingMX) received() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.rcpts)
+}
+
+type countingSession struct {
+	m     *countingMX
+	inTx  bool
+	rcpts []string
+}
+
+func (s *countingSession) Mail(string, *smtp.MailOptions) error {
+	s.m.mu.Lock()
+	s.m.cur++
+	s.m.peak = max(s.m.peak, s.m.cur)
+	s.m.mu.Unlock()
+	s.inTx = true
+	if s.m.gate != nil {
+		<-s.m.gate
+	}
+	return nil
+}
+
+func (s *countingSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	s.rcpts = append(s.rcpts, to)
+	return nil
+}
+
+func (s *countingSession) Data(r io.Reader) error {
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.m.mu.Lock()
+	for _, rc := range s.rcpts {
+		s.m.rcpts[rc]++
+	}
+	s.m.mu.Unlock()
+	s.Reset()
+	return nil
+}
+
+func (s *countingSession) Reset() {
+	if s.inTx {
+		s.m.mu.Lock()
+		s.m.cur--
+		s.m.mu.Unlock()
+	}
+	s.inTx, s.rcpts = false, nil
+}
+
+func (s *countingSession) Logout() error {
+	s.Reset()
+	return nil
+}
+
+// waitRcpts waits until want recipients arrived.
+func (m *countingMX) waitRcpts(t *testing.T, want int, timeout time.Duration) map[string]int {
+	t.Helper()
+	eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", want), func() error {
+		if got := len(m.received()); got < want {
+			return fmt.Errorf("%d arrived", got)
+		}
+		return nil
+	})
+	return m.received()
+}
+
+// TestClusterConnectionLimit: three nodes, each with its own queue of
+// messages for one destination, share delivery.max_per_destination: 2.
+// The destination never sees more than 2 transactions at once. With
+// cluster.destination_limits: local the same nodes reach more than 2 (so
+// the bound is the shared limit's doing, not a slow machine's).
+func TestClusterConnectionLimit(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	for _, tc := range []struct {
+		scope   string
+		maxPeak int
+	}{{"shared", 2}, {"local", 6}} {
+		t.Run(tc.scope, func(t *testing.T) {
+			n := newMailNet(t)
+			rds := peers.StartRedis(t, "")
+			gate := make(chan struct{})
+			mx := startCountingMX(n, "busy.test", gate)
+			var nodes []*testRelay
+			for range 3 {
+				nodes = append(nodes, n.clusterNode(rds.Addr, "delivery.max_per_destination=2",
+					"delivery.max_messages_per_connection=1", "cluster.destination_limits="+tc.scope))
+			}
+			// The first transactions wait at MAIL until everything is
+			// queued: each node then has work for every connection it may
+			// open.
+			const per = 4
+			for i, node := range nodes {
+				for j := range per {
+					node.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("n%d-%d@busy.test", i, j)}})
+				}
+			}
+			close(gate)
+			mx.waitRcpts(t, 3*per, 90*time.Second)
+			got := mx.peakTx()
+			t.Logf("%s limits: at most %d transactions at once", tc.scope, got)
+			if tc.scope == "shared" && got > tc.maxPeak {
+				t.Errorf("the destination saw %d transactions at once, want at most the cluster-wide limit 2", got)
+			}
+			if tc.scope == "local" && got <= 2 {
+				t.Errorf("with local limits the destination saw at most %d transactions at once, want more than 2 (three nodes, two each)", got)
+			}
+		})
+	}
+}
+
+// TestClusterRedisKilledLosesNothing: Redis is killed while two nodes
+// deliver, and started again. Every message arrives exactly once, the
+// nodes report greyrelay_cluster_redis_up 0 with a warning meanwhile, and 1
+// once Redis is back.
+func TestClusterRedisKilledLosesNothing(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	mx := startCountingMX(n, "dest.test", nil)
+	a := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
+	b := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
+	const per = 10
+	for i := range per {
+		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}})
+		if i == per/2 {
+			rds.Kill()
+		}
+		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+	}
+	eventually(t, 20*time.Second, "nodes see Redis down", func() error {
+		for _, r := range []*testRelay{a, b} {
+			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 0 {
+				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
+			}
+		}
+		return nil
+	})
+	mx.waitRcpts(t, 2*per, 60*time.Second)
+	a.waitQueueEmpty(30 * time.Second)
+	b.waitQueueEmpty(30 * time.Second)
+	seen := mx.received()
+	for i := range per {
+		for _, p := range []string{"a", "b"} {
+			if r := fmt.Sprintf("%s%d@dest.test", p, i); seen[r] != 1 {
+				t.Errorf("%s delivered %d times, want once", r, seen[r])
+			}
+		}
+	}
+	for _, r := range []*testRelay{a, b} {
+		if !strings.Contains(r.Log(), "Redis unreachable") {
+			t.Errorf("node %s logged no warning about Redis", r.IP)
+		}
+	}
+	rds.Start()
+	eventually(t, 20*time.Second, "nodes see Redis back", func() error {
+		for _, r := range []*testRelay{a, b} {
+			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 1 {
+				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
+			}
+		}
+		return nil
+	})
+}
+
+// gauge reads a gauge without labels from r's metrics (-1 if absent).
+func gauge(r *testRelay, name string) float64 {
+	if f := r.metrics()[name]; f != nil && len(f.GetMetric()) > 0 {
+		return f.GetMetric()[0].GetGauge().GetValue()
+	}
+	return -1
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/cluster"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/delivery"
 	"github.com/greyrelay/greyrelay/relay/dkim"
@@ -170,7 +172,15 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	m := metrics.New(reg)
 
 	p := relayParts{queue: q}
-	if p.engine, err = newEngine(cfg, q, log, m); err != nil {
+	shared, err := newCluster(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	if shared != nil {
+		defer shared.Close()
+		go reportQueued(ctx, q, shared)
+	}
+	if p.engine, err = newEngine(cfg, q, log, m, shared); err != nil {
 		return err
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
@@ -242,7 +252,39 @@ func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Met
 		DKIM: signer})
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics) (*delivery.Engine, error) {
+// newCluster connects to the shared Redis when cluster.redis is set; nil
+// for a node on its own.
+func newCluster(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) (*cluster.Cluster, error) {
+	c := cfg.Cluster
+	if len(c.Redis.Addresses) == 0 {
+		return nil, nil
+	}
+	cluster.RouteRedisLogs(log)
+	node := cluster.Node{Name: cmp.Or(c.NodeName, cfg.Hostname), AdminURL: c.AdminURL,
+		Version: version(), Started: time.Now().UTC()}
+	if node.AdminURL == "" && cfg.Admin.Address != "" {
+		node.AdminURL = "http://" + cfg.Admin.Address
+	}
+	return cluster.New(cluster.Options{Config: c, Node: node, Logger: log, Registry: reg})
+}
+
+// reportQueued keeps the node's registry entry's queue count current.
+func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		if st, err := q.Stats(); err == nil {
+			c.SetQueued(st.Recipients)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, c *cluster.Cluster) (*delivery.Engine, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, err
@@ -255,9 +297,13 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if err != nil {
 		return nil, err
 	}
-	return delivery.New(delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
+	opt := delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
 		Dialer4: d4, Dialer6: d6, TLSConfig: &tls.Config{}, Logger: log, Metrics: m,
-		Now: time.Now, Rand: rand.Float64})
+		Now: time.Now, Rand: rand.Float64}
+	if c != nil { // a nil *cluster.Cluster in the interface would not be nil
+		opt.Shared = c
+	}
+	return delivery.New(opt)
 }
 
 func newRouter(cfg *config.Config) (*mx.Router, error) {

@@ -55,6 +55,31 @@ type Config struct {
 	DSN             DSN        `yaml:"dsn"`
 	Probe           Probe      `yaml:"probe"`
 	DKIM            DKIM       `yaml:"dkim"`
+	Cluster         Cluster    `yaml:"cluster"`
+}
+
+// Cluster configures sharing destination knowledge and limits with other
+// nodes through Redis (relay/cluster). No Redis address: a single node.
+type Cluster struct {
+	Redis             Redis         `yaml:"redis"`
+	NodeName          string        `yaml:"node_name"`
+	AdminURL          string        `yaml:"admin_url"`
+	DestinationLimits string        `yaml:"destination_limits"` // shared | local
+	LeaseTTL          time.Duration `yaml:"lease_ttl"`
+}
+
+// Redis is how to reach the shared Redis: one address is a single server,
+// several a Redis Cluster; master_name makes them Sentinels.
+type Redis struct {
+	Addresses     []string      `yaml:"addresses"`
+	MasterName    string        `yaml:"master_name"`
+	Username      string        `yaml:"username"`
+	Password      string        `yaml:"password"`
+	PasswordFile  string        `yaml:"password_file"`
+	TLS           bool          `yaml:"tls"`
+	TLSCA         string        `yaml:"tls_ca"`
+	TLSServerName string        `yaml:"tls_server_name"`
+	Timeout       time.Duration `yaml:"timeout"`
 }
 
 // Listener is one SMTP listening socket.
@@ -312,6 +337,7 @@ func readSecrets(c *Config, read func(string) ([]byte, error)) {
 	}{
 		{c.Admin.TokenFile, &c.Admin.Token},
 		{c.Delivery.Smarthost.PasswordFile, &c.Delivery.Smarthost.Password},
+		{c.Cluster.Redis.PasswordFile, &c.Cluster.Redis.Password},
 	}
 	for _, p := range pairs {
 		if p.file == "" {

@@ -47,6 +47,7 @@ func (c *Config) Validate() error {
 	v.positive("dsn.max_returned_bytes", int64(c.DSN.MaxReturnedBytes))
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
 	v.dkim(c.DKIM)
+	v.cluster(c.Cluster)
 	return errors.Join(v.errs...)
 }
 
@@ -139,6 +140,17 @@ func (v *validator) proxyProtocol(p ProxyProto, ls []Listener) {
 		v.check(!l.ProxyProtocol || len(p.Trusted) > 0,
 			"listeners[%d]: proxy_protocol needs proxy_protocol.trusted (the load balancers' networks)", i)
 	}
+}
+
+func (v *validator) cluster(c Cluster) {
+	for i, a := range c.Redis.Addresses {
+		v.hostPort(fmt.Sprintf("cluster.redis.addresses[%d]", i), a)
+	}
+	v.readable("cluster.redis.password_file", c.Redis.PasswordFile)
+	v.readable("cluster.redis.tls_ca", c.Redis.TLSCA)
+	v.positive("cluster.redis.timeout", int64(c.Redis.Timeout))
+	v.oneOf("cluster.destination_limits", c.DestinationLimits, "shared", "local")
+	v.check(c.LeaseTTL >= time.Second, "cluster.lease_ttl: %v, want 1s or more", c.LeaseTTL)
 }
 
 func (v *validator) limits(l Limits) {

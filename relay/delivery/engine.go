@@ -83,6 +83,9 @@ type Options struct {
 	Metrics          *metrics.Metrics
 	Now              func() time.Time
 	Rand             func() float64 // uniform in [0,1), for backoff jitter
+	// Shared is what other nodes know and the cluster-wide connection
+	// limits (shared.go); nil for a node on its own.
+	Shared Shared
 }
 
 // Engine delivers queued mail. Create it with New, then call Run once.

@@ -130,6 +130,10 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	d.mu.Unlock()
 	if err != nil {
 		e.logStoreFailed(po, err, true)
+		return
+	}
+	if e.opt.Shared != nil {
+		e.opt.Shared.Publish(rec)
 	}
 }
 
