@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -103,8 +104,11 @@ func TestProxyProtocolBehindHAProxy(t *testing.T) {
 // clusterNode starts a relay sharing the Redis at redisAddr.
 func (n *mailNet) clusterNode(redisAddr string, overrides ...string) *testRelay {
 	n.t.Helper()
-	return n.relay(append([]string{fmt.Sprintf("cluster.redis.addresses=[%q]", redisAddr),
-		"cluster.lease_ttl=3s"}, overrides...)...)
+	ip := n.host("")
+	ov := append([]string{fmt.Sprintf("cluster.redis.addresses=[%q]", redisAddr),
+		"cluster.lease_ttl=3s", "cluster.node_name=node-" + ip}, overrides...)
+	r := peers.StartRelay(n.t, n.relayYAML(ip, ov...))
+	return &testRelay{Relay: r, t: n.t, IP: ip}
 }
 
 // TestClusterSharesGreylistDelay: node A learns how long a real postgrey
@@ -366,6 +370,28 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 1 {
 				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
 			}
+		}
+		return nil
+	})
+	// Both nodes registered again: `greyrelay cluster status` lists them.
+	eventually(t, 20*time.Second, "cluster status lists both nodes", func() error {
+		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath, "-json")
+		var st struct {
+			Nodes []struct {
+				Name     string `json:"name"`
+				AdminURL string `json:"admin_url"`
+			} `json:"nodes"`
+		}
+		if err := json.Unmarshal([]byte(res.Stdout), &st); err != nil {
+			return fmt.Errorf("%v: %s", err, res)
+		}
+		got := map[string]string{}
+		for _, n := range st.Nodes {
+			got[n.Name] = n.AdminURL
+		}
+		want := map[string]string{"node-" + a.IP: "http://" + a.AdminAddr, "node-" + b.IP: "http://" + b.AdminAddr}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("nodes %v, want %v", got, want)
 		}
 		return nil
 	})

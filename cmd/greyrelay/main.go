@@ -11,6 +11,7 @@
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
+//	greyrelay cluster status             the nodes sharing this node's Redis
 //	greyrelay version
 package main
 
@@ -71,6 +72,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return probeCmd(rest, stdout, stderr)
 	case "dkim":
 		return dkimCmd(rest, stdout, stderr)
+	case "cluster":
+		return clusterCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "greyrelay", version())
 		return nil
@@ -101,6 +104,8 @@ const usage = `usage:
   greyrelay dkim keygen [-algorithm rsa2048|ed25519] [-out FILE] DOMAIN SELECTOR
                                         write a DKIM private key (mode 0600), print its DNS TXT record
   greyrelay health [-config FILE]
+  greyrelay cluster status [-config FILE] [-json]
+                                        the nodes registered in cluster.redis (name, admin URL, queue)
   greyrelay version
 `
 

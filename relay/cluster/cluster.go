@@ -32,12 +32,16 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +84,9 @@ type Cluster struct {
 	leaseMu sync.Mutex
 	leases  map[string]string // lease member → its domain's key
 	seq     atomic.Uint64
+	// instance tells this run's leases from those of any other process,
+	// even one with the same node name (a restart, a misconfiguration).
+	instance string
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -98,7 +105,8 @@ func New(opt Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{rdb: redis.NewUniversalClient(uo), cfg: opt.Config, node: opt.Node, log: opt.Logger,
-		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{})}
+		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		instance: rand.Text()[:12]}
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
@@ -229,7 +237,7 @@ func (c *Cluster) loop() {
 func (c *Cluster) heartbeat() {
 	n := c.node
 	n.Seen, n.Queued = time.Now().UTC(), int(c.queued.Load())
-	b, err := marshal(n)
+	b, err := json.Marshal(n)
 	if err != nil {
 		return
 	}
@@ -240,9 +248,23 @@ func (c *Cluster) heartbeat() {
 }
 
 // Nodes lists the registered nodes (those whose entry has not expired).
-func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
+func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) { return nodes(ctx, c.rdb) }
+
+// ListNodes connects to the Redis r names only to list the registered
+// nodes (`greyrelay cluster status`): it registers nothing itself.
+func ListNodes(ctx context.Context, r config.Redis) ([]Node, error) {
+	uo, err := universalOptions(r)
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewUniversalClient(uo)
+	defer rdb.Close()
+	return nodes(ctx, rdb)
+}
+
+func nodes(ctx context.Context, rdb redis.UniversalClient) ([]Node, error) {
 	var keys []string
-	if cc, ok := c.rdb.(*redis.ClusterClient); ok {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
 		// SCAN runs on one shard of a Redis Cluster: ask every master.
 		var mu sync.Mutex
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
@@ -258,7 +280,7 @@ func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
 			return nil, fmt.Errorf("cluster: nodes: %w", err)
 		}
 	} else {
-		iter := c.rdb.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
+		iter := rdb.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
 		for iter.Next(ctx) {
 			keys = append(keys, iter.Val())
 		}
@@ -268,15 +290,16 @@ func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) {
 	}
 	var out []Node
 	for _, k := range keys {
-		b, err := c.rdb.Get(ctx, k).Bytes()
+		b, err := rdb.Get(ctx, k).Bytes()
 		if err != nil {
 			continue // expired between SCAN and GET
 		}
 		var n Node
-		if unmarshal(b, &n) == nil {
+		if json.Unmarshal(b, &n) == nil {
 			out = append(out, n)
 		}
 	}
+	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }
 
@@ -285,7 +308,7 @@ func nodeKey(name string) string { return "greyrelay:node:" + name }
 
 // newLeaseID names one lease of this node.
 func (c *Cluster) newLeaseID() string {
-	return c.node.Name + "/" + strconv.FormatUint(c.seq.Add(1), 36)
+	return c.node.Name + "/" + c.instance + "/" + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
 // RouteRedisLogs sends go-redis's own log lines (pool dial failures and

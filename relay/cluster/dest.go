@@ -75,6 +75,3 @@ func (c *Cluster) Publish(d queue.Destination) {
 	c.count("publish")
 	c.failed("publish", c.rdb.Set(ctx, destKey(d.Domain), b, sharedTTL).Err())
 }
-
-func marshal(v any) ([]byte, error)    { return json.Marshal(v) }
-func unmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }

@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/greyrelay/greyrelay/relay/cluster"
+)
+
+// clusterCmd runs `greyrelay cluster status`: the nodes registered in the
+// shared Redis, read from Redis itself so that it works while any node is
+// down.
+func clusterCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "status" {
+		return &exitError{2, errors.New("usage: greyrelay cluster status [-config FILE] [-json]")}
+	}
+	fs := flag.NewFlagSet("cluster status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration file (default: $GREYRELAY_CONFIG, else the embedded default)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return &exitError{2, err}
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Cluster.Redis.Addresses) == 0 {
+		return &exitError{2, errors.New("cluster.redis.addresses is empty: this node is on its own")}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"nodes": nodes})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADMIN\tVERSION\tQUEUED\tUP SINCE\tLAST SEEN")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\n", n.Name, n.AdminURL, n.Version, n.Queued,
+			n.Started.Format(time.RFC3339), time.Since(n.Seen).Round(time.Second))
+	}
+	fmt.Fprintf(tw, "%d node(s)\n", len(nodes))
+	return tw.Flush()
+}
