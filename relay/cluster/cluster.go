@@ -87,9 +87,9 @@ type Cluster struct {
 	// instance tells this run's leases from those of any other process,
 	// even one with the same node name (a restart, a misconfiguration).
 	instance string
-	stop    chan struct{}
-	done    chan struct{}
-	once    sync.Once
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
 }
 
 type clusterMetrics struct {
