@@ -7,6 +7,9 @@ import (
 	"io"
 	"maps"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -185,13 +188,19 @@ type countingMX struct {
 
 func startCountingMX(n *mailNet, domain string, gate chan struct{}) *countingMX {
 	n.t.Helper()
+	return startCountingMXAt(n, n.mxAddr(domain), "mx."+domain, gate)
+}
+
+// startCountingMXAt is startCountingMX on an address already published.
+func startCountingMXAt(n *mailNet, addr, name string, gate chan struct{}) *countingMX {
+	n.t.Helper()
 	m := &countingMX{gate: gate, rcpts: map[string]int{}}
 	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
 		return &countingSession{m: m}, nil
 	}))
-	srv.Domain, srv.AllowInsecureAuth = "mx."+domain, true
+	srv.Domain, srv.AllowInsecureAuth = name, true
 	srv.ReadTimeout, srv.WriteTimeout = 30*time.Second, 30*time.Second
-	ln, err := net.Listen("tcp", n.mxAddr(domain))
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		n.t.Fatal(err)
 	}
@@ -403,4 +412,58 @@ func gauge(r *testRelay, name string) float64 {
 		return f.GetMetric()[0].GetGauge().GetValue()
 	}
 	return -1
+}
+
+// TestClusterMoveDeadNodeQueue: a node dies (SIGKILL) with mail queued for
+// a destination that is down. Its queue files (queue.db, the journal and
+// the body spool), copied as they are to another host's node, are
+// delivered from there once the destination is back: every recipient
+// exactly once.
+func TestClusterMoveDeadNodeQueue(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	mxAddr := n.mxAddr("dest.test") // nothing listens yet: connections are refused
+	a := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
+	const count = 5
+	var ids []string
+	for i := range count {
+		ids = append(ids, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("r%d@dest.test", i)}}))
+	}
+	eventually(t, 20*time.Second, "every message deferred once", func() error {
+		for _, id := range ids {
+			if len(a.attempts(id)) == 0 {
+				return fmt.Errorf("%s not tried yet", id)
+			}
+		}
+		return nil
+	})
+	a.Kill()
+
+	b := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
+	b.Kill() // only its directory and configuration are wanted: the queue moves in
+	for _, f := range []string{"queue.db", "queue.db.journal", "queue.db.bodies"} {
+		if _, err := os.Stat(filepath.Join(a.Dir, f)); err != nil {
+			continue
+		}
+		os.RemoveAll(filepath.Join(b.Dir, f))
+		if out, err := exec.Command("cp", "-a", filepath.Join(a.Dir, f), filepath.Join(b.Dir, f)).CombinedOutput(); err != nil {
+			t.Fatalf("cp %s: %v\n%s", f, err, out)
+		}
+	}
+	b.Restart(t)
+	mx := startCountingMXAt(n, mxAddr, "mx.dest.test", nil)
+	got := mx.waitRcpts(t, count, 60*time.Second)
+	b.waitQueueEmpty(30 * time.Second)
+	for i := range count {
+		if r := fmt.Sprintf("r%d@dest.test", i); got[r] != 1 {
+			t.Errorf("%s delivered %d times, want once", r, got[r])
+		}
+	}
+	for _, id := range ids {
+		if len(b.attempts(id)) == 0 {
+			t.Errorf("message %s: no attempt logged by the node that took the queue over", id)
+		}
+	}
 }
