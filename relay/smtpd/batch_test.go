@@ -2,6 +2,7 @@ package smtpd
 
 import (
 	"errors"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -39,6 +40,9 @@ func (r *recConn) Write(b []byte) (int, error) {
 func (r *recConn) Read(b []byte) (int, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if len(r.in) == 0 {
+		return 0, io.EOF // the client is done, as a closing socket says
+	}
 	n := copy(b, r.in)
 	r.in = r.in[n:]
 	return n, nil

@@ -185,7 +185,8 @@ type conn struct {
 	closeAfter   bool      // close after the next Write
 	draining     bool      // Shutdown started
 	lines        lineFramer
-	linger       bool // drain the client's input before closing (lingerClose)
+	linger       bool // the read error is our over-long line: Close lingers
+	closed       bool // Close has run
 	closeOnce    sync.Once
 }
 
@@ -362,11 +363,20 @@ func (c *conn) Write(b []byte) (int, error) {
 
 // Close sends what is buffered (within the write deadline), closes the
 // socket once and releases its place in the limiter.
+//
+// The first close lingers (lingerClose) while the client may still be
+// sending: go-smtp closes right after some replies (500 5.4.0 for a line
+// over its own MaxLineLength, which it detects itself, 221 after QUIT),
+// and a close with unread input makes the kernel send a reset, which can
+// destroy that last reply on its way. It does not linger when the
+// client's side has already ended (EOF, a read error, a timeout), unless
+// the error is our own over-long line, nor under Shutdown, whose goodbye
+// has its own bound.
 func (c *conn) Close() error {
 	c.out.close(net.ErrClosed)
 	c.mu.Lock()
-	linger := c.linger
-	c.linger = false
+	linger := !c.closed && !c.draining && (c.broken == nil || c.linger)
+	c.closed = true
 	c.mu.Unlock()
 	if linger {
 		c.lingerClose()
