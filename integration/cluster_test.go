@@ -453,6 +453,24 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 		}
 	}
 	b.Restart(t)
+	// The moved queue is visible through the cluster: `queue list -cluster`
+	// asks every registered node's admin API.
+	eventually(t, 20*time.Second, "queue list -cluster shows the moved queue", func() error {
+		res := runGreyrelay(t, b.Dir, "", nil, "queue", "-config", b.ConfigPath, "list", "-cluster", "-json")
+		var line struct {
+			Node string `json:"node"`
+			List struct {
+				Total int `json:"total"`
+			} `json:"list"`
+		}
+		if err := json.Unmarshal([]byte(res.Stdout), &line); err != nil || res.Code != 0 {
+			return fmt.Errorf("%v: %s", err, res)
+		}
+		if line.Node != "node-a" || line.List.Total != count {
+			return fmt.Errorf("node %q lists %d recipients, want node-a with %d", line.Node, line.List.Total, count)
+		}
+		return nil
+	})
 	mx := startCountingMXAt(n, mxAddr, "mx.dest.test", nil)
 	got := mx.waitRcpts(t, count, 60*time.Second)
 	b.waitQueueEmpty(30 * time.Second)

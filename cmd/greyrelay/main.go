@@ -93,7 +93,8 @@ const usage = `usage:
   greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
                                         SENDER: an address, *@domain or <> this user may send as
                                         (default: any address no other user lists)
-  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json] [-cluster]
+                                        -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)

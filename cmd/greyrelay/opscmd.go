@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"slices"
 
 	"github.com/greyrelay/greyrelay/relay/admin"
 )
@@ -32,6 +33,9 @@ func queueCmd(args []string, stdout, stderr io.Writer) error {
 	c, rest, err := clientFor(args, stderr)
 	if err != nil {
 		return err
+	}
+	if len(rest) > 0 && rest[0] == "list" && slices.Contains(rest, "-cluster") {
+		return queueListCluster(args, slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" }), c, stdout, stderr)
 	}
 	return admin.RunQueue(rest, c, stdout, stderr)
 }
