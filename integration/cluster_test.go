@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -404,6 +405,16 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
+	// Node A's status page shows both nodes' queues, asked from their
+	// admin APIs.
+	code, page := a.Get(t, "/")
+	for _, node := range []*testRelay{a, b} {
+		row := regexp.MustCompile(`<tr><td>node-` + regexp.QuoteMeta(node.IP) + `</td><td class="mono">http://` +
+			regexp.QuoteMeta(node.AdminAddr) + `</td><td>[^<]*</td><td class="n">0</td>`)
+		if code != 200 || !row.MatchString(page) {
+			t.Errorf("status page (%d) has no cluster row with the queue of node-%s", code, node.IP)
+		}
+	}
 }
 
 // gauge reads a gauge without labels from r's metrics (-1 if absent).

@@ -187,7 +187,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		return err
 	}
 	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
-		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent,
+		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")
@@ -266,6 +266,22 @@ func newCluster(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) 
 		node.AdminURL = "http://" + cfg.Admin.Address
 	}
 	return cluster.New(cluster.Options{Config: c, Node: node, Logger: log, Registry: reg})
+}
+
+// nodesFunc lists the cluster's nodes for the status page; nil for a node
+// on its own.
+func nodesFunc(c *cluster.Cluster) func(context.Context) ([]admin.ClusterNode, error) {
+	if c == nil {
+		return nil
+	}
+	return func(ctx context.Context) ([]admin.ClusterNode, error) {
+		ns, err := c.Nodes(ctx)
+		out := make([]admin.ClusterNode, len(ns))
+		for i, n := range ns {
+			out[i] = admin.ClusterNode{Name: n.Name, AdminURL: n.AdminURL, Version: n.Version, Seen: n.Seen}
+		}
+		return out, err
+	}
 }
 
 // reportQueued keeps the node's registry entry's queue count current.

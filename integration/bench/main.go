@@ -8,6 +8,7 @@
 //	go run ./integration/bench scale -recipients 1000000
 //	go run ./integration/bench profile -seconds 20
 //	go run ./integration/bench disk
+//	go run ./integration/bench cluster -n 20000 -rounds 2
 //
 // Design notes:
 //
@@ -55,6 +56,7 @@ commands:
   scale     a big deferred queue: RSS, database size, restart time, idle CPU, queue list
   profile   CPU profile of greyrelay under the compare load (perf)
   disk      fsync latency of the disk holding the temporary directory
+  cluster   1 node vs 3 nodes behind HAProxy, without and with Redis sharing
 
 Run "go run ./integration/bench COMMAND -h" for a command's flags. Needs root
 (Postfix switches users) and the postfix package for Postfix rounds.
@@ -126,6 +128,7 @@ func main() {
 	cmds := map[string]func(context.Context, []string) error{
 		"compare": runCompare, "sizes": runSizes, "storm": runStorm,
 		"scale": runScale, "profile": runProfile, "disk": runDisk,
+		"cluster": runCluster,
 	}
 	f, ok := cmds[os.Args[1]]
 	if !ok {
