@@ -373,6 +373,12 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		if !strings.Contains(r.Log(), "Redis unreachable") {
 			t.Errorf("node %s logged no warning about Redis", r.IP)
 		}
+		// go-redis's own complaints go through the relay's JSON log too.
+		for _, line := range strings.Split(strings.TrimSpace(r.Log()), "\n") {
+			if !strings.HasPrefix(line, "{") && !strings.HasPrefix(line, "--- peers:") {
+				t.Errorf("node %s wrote a line outside its JSON log: %q", r.IP, line)
+			}
+		}
 	}
 	rds.Start()
 	eventually(t, 20*time.Second, "nodes see Redis back", func() error {

@@ -93,7 +93,7 @@ func runCluster(ctx context.Context, args []string) error {
 	var all []roundResult
 	var notes []string
 	for r := 1; r <= *rounds && ctx.Err() == nil; r++ {
-		for _, setup := range []string{"1 node", "3 nodes, HAProxy", "3 nodes, HAProxy, Redis"} {
+		for _, setup := range clusterSetups {
 			res, note, err := clusterOnce(ctx, e, bin, setup, spec)
 			res.Round, res.SUT, res.Label = r, "greyrelay", setup
 			all = append(all, res)
@@ -115,6 +115,12 @@ func runCluster(ctx context.Context, args []string) error {
 	return ctx.Err()
 }
 
+// clusterSetups are what `bench cluster` compares. "local limits" shares
+// destination knowledge through Redis but keeps delivery.max_per_destination
+// per node, which tells the cost of sharing from the effect of a limit
+// that now holds for the three nodes together.
+var clusterSetups = []string{"1 node", "3 nodes, HAProxy", "3 nodes, HAProxy, Redis, local limits", "3 nodes, HAProxy, Redis"}
+
 // clusterOnce starts the setup on fresh queues, warms it up and measures.
 func clusterOnce(ctx context.Context, e *env, bin, setup string, spec loadSpec) (roundResult, string, error) {
 	sk, err := startSink(ipSink+":0", false)
@@ -132,7 +138,7 @@ func clusterOnce(ctx context.Context, e *env, bin, setup string, spec loadSpec) 
 		}
 		s = g
 	} else {
-		cs, err = startCluster(e, bin, routes, setup != "3 nodes, HAProxy")
+		cs, err = startCluster(e, bin, routes, setup)
 		if err != nil {
 			return roundResult{}, "", err
 		}
@@ -157,8 +163,13 @@ func clusterOnce(ctx context.Context, e *env, bin, setup string, spec loadSpec) 
 // startCluster starts three nodes (each with a plain listener for the
 // harness's readiness check and a PROXY listener for HAProxy) and
 // HAProxy; with redis, a redis-server too, shared by the nodes.
-func startCluster(e *env, bin string, routes map[string]string, redis bool) (*clusterSUT, error) {
+func startCluster(e *env, bin string, routes map[string]string, setup string) (*clusterSUT, error) {
 	t := e.tb("cluster")
+	redis := setup != "3 nodes, HAProxy"
+	limits := "shared"
+	if setup == "3 nodes, HAProxy, Redis, local limits" {
+		limits = "local"
+	}
 	var redisAddr string
 	if redis {
 		redisAddr = peers.StartRedis(t, "").Addr
@@ -172,7 +183,7 @@ func startCluster(e *env, bin string, routes map[string]string, redis bool) (*cl
 		}
 		o := grOptions{Routes: routes, ProxyListener: addr, Extra: map[string]any{}}
 		if redis {
-			o.Extra["cluster"] = map[string]any{"node_name": fmt.Sprintf("node%d", i+1),
+			o.Extra["cluster"] = map[string]any{"node_name": fmt.Sprintf("node%d", i+1), "destination_limits": limits,
 				"redis": map[string]any{"addresses": []string{redisAddr}}}
 		}
 		g, err := startGreyrelay(e, bin, o)
