@@ -45,7 +45,9 @@ COPY --from=build /out/etc /etc/greyrelay
 # runAsNonRoot check it.
 USER 65532:65532
 # Configuration: mount a file at /etc/greyrelay/greyrelay.yaml and set
-# GREYRELAY_CONFIG to it, or set keys through GREYRELAY_* variables. The
+# GREYRELAY_CONFIG to it, or set keys through GREYRELAY_* variables (which
+# win over the file's: so only what every container needs is set here; the
+# admin server keeps the default, the container's own 127.0.0.1:8025). The
 # defaults below trust no client address (behind Docker's NAT every client
 # looks like the bridge gateway): every client must authenticate, so set
 # GREYRELAY_USERS_FILE (a mounted secret) and a TLS certificate or
@@ -53,8 +55,7 @@ USER 65532:65532
 ENV GREYRELAY_QUEUE_PATH=/var/spool/greyrelay/queue.db \
     GREYRELAY_LOG_FORMAT=json \
     GREYRELAY_LISTENERS_0_ADDRESS=0.0.0.0:2525 \
-    GREYRELAY_TRUSTED_NETWORKS= \
-    GREYRELAY_ADMIN_ADDRESS=127.0.0.1:8025
+    GREYRELAY_TRUSTED_NETWORKS=
 VOLUME ["/var/spool/greyrelay"]
 EXPOSE 2525 8025
 # `greyrelay health` asks the running relay's admin server (the same

@@ -28,15 +28,11 @@ import (
 // runs in a directory of its own).
 func readmeDKIM(t *testing.T, dir string, dns *peers.DNS) map[string]any {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
+	blocks := recipeBlocks(t, "TestDKIMSignedMailVerifies")
+	if len(blocks) != 3 || !strings.HasPrefix(blocks[0].Text, "greyrelay dkim keygen") || !strings.HasPrefix(blocks[1].Text, "dkim:") {
+		t.Fatalf("README.md's blocks for TestDKIMSignedMailVerifies: want dkim keygen, the dkim configuration and probe -from: %+v", blocks)
 	}
-	block := regexp.MustCompile("(?s)```sh\n(greyrelay dkim keygen .*?)```").FindSubmatch(b)
-	if block == nil {
-		t.Fatal("README.md has no `greyrelay dkim keygen` example")
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(block[1])), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(blocks[0].Text), "\n") {
 		args := strings.Fields(line)[1:]
 		res := runGreyrelay(t, dir, "", nil, args...)
 		if res.Code != 0 {
@@ -49,12 +45,8 @@ func readmeDKIM(t *testing.T, dir string, dns *peers.DNS) map[string]any {
 			t.Errorf("key file %s: %v, mode %v; want mode 0600", f, err, fi.Mode())
 		}
 	}
-	ym := regexp.MustCompile("(?s)```yaml\n(dkim:\n.*?)```").FindSubmatch(b)
-	if ym == nil {
-		t.Fatal("README.md has no dkim configuration example")
-	}
 	var cfg map[string]any
-	if err := yaml.Unmarshal(ym[1], &cfg); err != nil {
+	if err := yaml.Unmarshal([]byte(blocks[1].Text), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	d := cfg["dkim"].(map[string]any)
@@ -147,15 +139,11 @@ func TestDKIMSignedMailVerifies(t *testing.T) {
 	// SPF, both keys and DMARC pass.
 	n.dns.TXT("example.com", "v=spf1 ip4:"+r.IP+" -all").TXT("_dmarc.example.com", "v=DMARC1; p=reject")
 	n.sink("example.net", peers.SinkOptions{})
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
+	line, ok := strings.CutPrefix(strings.TrimSpace(recipeBlocks(t, "TestDKIMSignedMailVerifies")[2].Text), "greyrelay probe -from ")
+	if !ok {
+		t.Fatal("README.md's third block for TestDKIMSignedMailVerifies is not `greyrelay probe -from`")
 	}
-	line := regexp.MustCompile("(?m)^greyrelay (probe -from .*)$").FindSubmatch(b)
-	if line == nil {
-		t.Fatal("README.md has no `greyrelay probe -from` example")
-	}
-	res := runGreyrelay(t, r.Dir, "", []string{"GREYRELAY_CONFIG=" + r.ConfigPath}, strings.Fields(string(line[1]))...)
+	res := runGreyrelay(t, r.Dir, "", []string{"GREYRELAY_CONFIG=" + r.ConfigPath}, append([]string{"probe", "-from"}, strings.Fields(line)...)...)
 	if res.Code != 0 || !strings.Contains(res.Stdout, "6. Sender authentication for example.com") ||
 		!strings.Contains(res.Stdout, "): PASS") || strings.Count(res.Stdout, "published key matches") != 2 {
 		t.Errorf("README's probe -from: want exit 0 and every check passing:\n%s", res)

@@ -647,3 +647,181 @@ func randomHex(t *testing.T) string {
 	}
 	return hex.EncodeToString(b)
 }
+
+// TestRecipeDocker runs README's Docker blocks as written: the offline
+// build (the builder base made only when it does not exist yet, GOPROXY
+// pointed at the host's module cache served on loopback), then the
+// secrets, `docker run` and `docker exec … queue list`. Substituted: the
+// image, container and volume names (unique per run), the certificate's
+// path, the smarthost's address (a closed port, so the message waits in
+// the queue), and `-p 587:2525`, which needs a bridge network the test
+// daemon does not have: it becomes --network host with the listener and
+// admin addresses on free loopback ports.
+func TestRecipeDocker(t *testing.T) {
+	requireDocker(t)
+	peers.Require(t, "swaks")
+	root, dir := moduleRoot(t), t.TempDir()
+	blocks := recipeBlocks(t, "TestRecipeDocker")
+	if len(blocks) != 2 {
+		t.Fatalf("README.md: %d blocks for TestRecipeDocker, want the build and the run", len(blocks))
+	}
+	id := randomHex(t)
+	tag, name, volume := "greyrelay-test:"+id, "greyrelay-test-"+id, "greyrelay-test-"+id+"-queue"
+	proxy := moduleProxy(t, root)
+
+	build := recipeText(t, "README.md", blocks[0].Text, "https://proxy.golang.org", proxy, "-t greyrelay .", "-t "+tag+" .")
+	lines := strings.SplitN(build, "\n", 2)
+	if _, err := dockerTry(context.Background(), "image", "inspect", baseImage); err != nil || !strings.Contains(lines[0], baseImage) {
+		if res := runDockerShell(t, root, lines[0]); res.Code != 0 {
+			t.Fatalf("README's %q: %s", lines[0], res)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = dockerTry(context.Background(), "rm", "-f", "-v", name)
+		_, _ = dockerTry(context.Background(), "volume", "rm", "-f", volume)
+		_, _ = dockerTry(context.Background(), "rmi", tag)
+		_, _ = dockerTry(context.Background(), "image", "prune", "-f", "--filter", "label=greyrelay.stage=build")
+	})
+	if res := runDockerShell(t, root, lines[1]); res.Code != 0 {
+		t.Fatalf("README's docker build: %s", res)
+	}
+
+	cert := peers.NewCert(t, "relay.test", "127.0.0.1")
+	etc := filepath.Join(dir, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, cert.CertFile, filepath.Join(etc, "cert.pem"))
+	copyFile(t, cert.KeyFile, filepath.Join(etc, "key.pem"))
+	if err := os.WriteFile(filepath.Join(dir, "app-password"), []byte(dockerPassword+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(peers.Binary(t), filepath.Join(bin, "greyrelay")); err != nil {
+		t.Fatal(err)
+	}
+	smtpAddr, adminAddr := peers.FreeAddr(t, "127.0.0.1"), peers.FreeAddr(t, "127.0.0.1")
+	run := recipeText(t, "README.md", blocks[1].Text,
+		"--name greyrelay ", "--name "+name+" ", "docker exec greyrelay ", "docker exec "+name+" ",
+		"greyrelay-queue:", volume+":", "/etc/greyrelay/", etc+"/",
+		"mail.example.net:587 greyrelay\n", peers.FreeAddr(t, "127.0.0.1")+" "+tag+"\n",
+		"-p 587:2525 ", "--network host -e GREYRELAY_LISTENERS_0_ADDRESS="+smtpAddr+" -e GREYRELAY_ADMIN_ADDRESS="+adminAddr+" ")
+	script := strings.TrimSpace(run)
+	execLine := script[strings.LastIndex(script, "\n")+1:]
+	if !strings.HasPrefix(execLine, "docker exec ") {
+		t.Fatalf("README's run block no longer ends with docker exec: %q", execLine)
+	}
+	if res := runDockerShell(t, dir, "PATH="+bin+":$PATH\n"+strings.TrimSuffix(script, execLine)); res.Code != 0 {
+		t.Fatalf("README's docker run block: %s", res)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for peers.Greets(smtpAddr, false) != nil {
+		if time.Now().After(deadline) {
+			logs, _ := dockerTry(context.Background(), "logs", name)
+			t.Fatalf("the container does not greet on %s:\n%s", smtpAddr, logs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	submitTLS(t, smtpAddr, "app", dockerPassword)
+	res := runDockerShell(t, dir, execLine)
+	if res.Code != 0 || !strings.Contains(res.Stdout, "user@dest.example") {
+		logs, _ := dockerTry(context.Background(), "logs", name)
+		t.Errorf("README's %q: want the queued recipient listed: %s\n%s", execLine, res, logs)
+	}
+	_, _ = dockerTry(context.Background(), "rm", "-f", "-v", name)
+
+	// The same image under configs/docker-compose.yml (one build: on a
+	// loaded machine a build takes minutes).
+	t.Run("compose", func(t *testing.T) { recipeDockerCompose(t, tag) })
+}
+
+// runDockerShell runs README lines with sh in dir, with the classic
+// builder (the test daemon's client has no buildx).
+func runDockerShell(t *testing.T, dir, script string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, "sh", "-e", "-c", script)
+	cmd.WaitDelay = 10 * time.Second // sh's children (the docker client) may hold the pipes
+	cmd.Dir, cmd.Stdout, cmd.Stderr = dir, &stdout, &stderr
+	cmd.Env = append(peers.CleanEnv(), "DOCKER_BUILDKIT=0", "GOROOT="+goEnv(t, moduleRoot(t), "GOROOT"))
+	err := cmd.Run()
+	res := cliResult{Stdout: stdout.String(), Stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		res.Code = ee.ExitCode()
+	case err != nil:
+		res.Code, res.Stderr = -1, res.Stderr+err.Error()
+	}
+	return res
+}
+
+// recipeDockerCompose runs configs/docker-compose.yml with Debian's
+// docker-compose as its header says, in a project directory holding
+// configs/container.yaml, the TLS files and the secrets; substituted: the
+// image, the published host ports and the project name. The relay must
+// take container.yaml (AUTH over STARTTLS on the published port, the admin
+// server with its token on the other).
+func recipeDockerCompose(t *testing.T, image string) {
+	compose := requireTool(t, "docker-compose")
+	root, dir := moduleRoot(t), t.TempDir()
+	for _, sub := range []string{"configs", "tls", "secrets"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	copyFile(t, filepath.Join(root, "configs", "container.yaml"), filepath.Join(dir, "configs", "container.yaml"))
+	cert := peers.NewCert(t, "relay.example.com", "127.0.0.1")
+	copyFile(t, cert.CertFile, filepath.Join(dir, "tls", "cert.pem"))
+	copyFile(t, cert.KeyFile, filepath.Join(dir, "tls", "key.pem"))
+	copyFile(t, writeUsersFile(t), filepath.Join(dir, "secrets", "users"))
+	if err := os.WriteFile(filepath.Join(dir, "secrets", "admin_token"), []byte("compose-token\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, "configs", "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	smtpAddr, adminAddr := peers.FreeAddr(t, "127.0.0.1"), peers.FreeAddr(t, "127.0.0.1")
+	file := recipeText(t, "configs/docker-compose.yml", string(b), "image: greyrelay\n", "image: "+image+"\n",
+		`"587:2525"`, `"`+portOf(smtpAddr)+`:2525"`, `"127.0.0.1:8025:8025"`, `"`+adminAddr+`:8025"`)
+	path := filepath.Join(dir, "docker-compose.yml")
+	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	project := "greyrelaytest" + randomHex(t)
+	dc := func(args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, compose, append([]string{"-f", path, "--project-directory", dir, "-p", project}, args...)...)
+		cmd.Env = peers.CleanEnv()
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() { _, _ = dc("down", "-v") })
+	if out, err := dc("up", "-d"); err != nil {
+		t.Fatalf("docker-compose up: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for peers.Greets(smtpAddr, false) != nil {
+		if time.Now().After(deadline) {
+			out, _ := dc("logs")
+			t.Fatalf("the service does not greet on %s:\n%s", smtpAddr, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	submitTLS(t, smtpAddr, dockerUser, dockerPassword)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+adminAddr+"/api/stats", nil)
+	req.Header.Set("Authorization", "Bearer compose-token")
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		out, _ := dc("logs")
+		t.Fatalf("admin API through the published port with the token: %v %v\n%s", resp, err, out)
+	}
+	resp.Body.Close()
+}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -23,13 +22,9 @@ import (
 // NAME-password file holds NAME-pw. It returns the users file.
 func runReadmeUserAdd(t *testing.T, dir string) string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	block := regexp.MustCompile("(?s)```sh\n(greyrelay user add .*?)```").FindSubmatch(b)
-	if block == nil {
-		t.Fatal("README.md has no `greyrelay user add` example")
+	block := recipeBlocks(t, "TestSenderOwnedByAnotherUser")[0].Text
+	if !strings.HasPrefix(block, "greyrelay user add ") {
+		t.Fatalf("README.md's block for this test is not the `greyrelay user add` example:\n%s", block)
 	}
 	bin := filepath.Join(dir, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
@@ -43,7 +38,7 @@ func runReadmeUserAdd(t *testing.T, dir string) string {
 			t.Fatal(err)
 		}
 	}
-	script := strings.ReplaceAll(string(block[1]), "/etc/greyrelay/", dir+"/")
+	script := strings.ReplaceAll(block, "/etc/greyrelay/", dir+"/")
 	cmd := exec.Command("sh", "-e", "-c", script)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))

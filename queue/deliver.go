@@ -369,6 +369,9 @@ func (w *wtx) apply(res *Result) (bool, error) {
 	if !ok || r.Status.Final() {
 		return false, nil
 	}
+	if err := w.putEvents(res.Events); err != nil {
+		return false, err
+	}
 	before := r
 	if r.Status != Held || res.Status.Final() {
 		r.Status = res.Status

@@ -24,6 +24,10 @@
 //   - when Options.History asks, a compact record of each finished message
 //     (envelope, recipients, attempts; no body), written by the commit that
 //     retires it and pruned by age and number (finished.go).
+//   - an outbox of opaque records per sink (the relay's delivery events),
+//     each written by the transaction that stores the change it reports,
+//     including the insert of a message replayed from the journal, and
+//     removed by its reader once passed on (outbox.go).
 //
 // Open reads only the stored counters, not the records: a start costs the
 // same at 1,000,000 recipients as at 10, and it does not pull the whole file

@@ -127,6 +127,9 @@ func (w *wtx) insertJournaled(bs []*insertBatch) error {
 			if _, err := w.insertMessage(&b.ms[i], b.ids[i]); err != nil {
 				return err
 			}
+			if err := w.accepted(b.ids[i], &b.ms[i]); err != nil {
+				return err
+			}
 		}
 	}
 	return w.b(bJournal).Put(keyApplied, binary.BigEndian.AppendUint64(nil, bs[len(bs)-1].seq))
@@ -298,6 +301,9 @@ func (q *Queue) insertDirect(ms []NewMessage, ids []ID) error {
 	return q.submit(len(ms), size, func(w *wtx) error {
 		for i := range ms {
 			if _, err := w.insertMessage(&ms[i], ids[i]); err != nil {
+				return err
+			}
+			if err := w.accepted(ids[i], &ms[i]); err != nil {
 				return err
 			}
 		}

@@ -327,6 +327,9 @@ func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 			if err != nil {
 				return err
 			}
+			if err := w.accepted(id, &ms[i]); err != nil {
+				return err
+			}
 			ids = append(ids, id)
 		}
 		return nil
@@ -599,6 +602,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
 	err := q.db.Update(func(tx *bolt.Tx) error {
 		w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID, history: q.opt.History}
+		w.events = eventTx{accept: q.opt.OnAccept, spool: q.spoolDir()}
 		w.setFillPercent()
 		if err := fn(w); err != nil {
 			return err
@@ -634,6 +638,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	q.lowerCursors(w.low) // before signal: a woken scan must see the mark
 	q.mu.Unlock()
 	q.report(w.quar)
+	q.eventsStored(w.events.added)
 	if w.wake {
 		q.signal()
 	}

@@ -143,6 +143,7 @@ type wtx struct {
 	// the time of the outcomes this transaction stores (zero: none).
 	history    HistoryOptions
 	finishedAt time.Time
+	events     eventTx // outbox records (outbox.go)
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }

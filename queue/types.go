@@ -114,6 +114,17 @@ type Options struct {
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
 	History HistoryOptions
+	// OnAccept, if set, returns the outbox records (outbox.go) that tell
+	// of message id's acceptance. It is called inside the transaction
+	// that inserts a message from intake, also when Open replays the
+	// journal after a crash, so the records exist iff the message was
+	// inserted. head is the start of the body (at most 64 KiB). It must
+	// not call back into the Queue.
+	OnAccept func(id ID, m *NewMessage, head []byte) []Event
+	// OnEvents, if set, is called after each commit that stored outbox
+	// records, with their number by sink (from the writer's goroutine:
+	// it must not call back into the Queue, only signal).
+	OnEvents func(added map[string]int)
 }
 
 // NewRecipient is one envelope recipient of a NewMessage.
@@ -213,6 +224,9 @@ type Result struct {
 	DelayWarnings   int
 	// Optional overrides of the sticky route; empty keeps the stored value.
 	SourceIP, MXHost, MXAddr string
+	// Events are outbox records (outbox.go) stored with this result, and
+	// only if it is stored (not for a recipient that is gone or final).
+	Events []Event
 }
 
 // Update is applied atomically by Apply.

@@ -19,13 +19,14 @@ import (
 // -config flag, GREYRELAY_CONFIG names the file (the container's way).
 func loadConfig(path string) (*config.Config, error) {
 	if path == "" {
-		path = os.Getenv("GREYRELAY_CONFIG")
+		path = os.Getenv(config.EnvConfigFile)
 	}
 	c, err := config.LoadFile(configs.Default, path)
-	if err != nil {
+	if c == nil {
 		return nil, &exitError{2, err}
 	}
-	if err := c.Validate(); err != nil {
+	// Validate what could be read too: every problem in one run.
+	if err := errors.Join(err, c.Validate()); err != nil {
 		return nil, &exitError{2, fmt.Errorf("invalid configuration:\n%w", err)}
 	}
 	return c, nil
@@ -49,8 +50,12 @@ func configCmd(args []string, stdout, stderr io.Writer) error {
 		if *path == "" && fs.NArg() == 1 {
 			*path = fs.Arg(0)
 		}
-		if _, err := loadConfig(*path); err != nil {
+		c, err := loadConfig(*path)
+		if err != nil {
 			return err
+		}
+		for _, w := range c.Warnings() {
+			fmt.Fprintln(stderr, "warning:", w)
 		}
 		fmt.Fprintf(stdout, "%s: configuration is valid\n", displayName(*path))
 		return nil

@@ -22,6 +22,8 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
+	"strings"
 )
 
 // exitError carries the process exit status out of a subcommand.
@@ -51,6 +53,11 @@ func main() {
 // run dispatches a subcommand. Streams are passed in so that commands can be
 // tested without a process.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	args = configFirst(args)
 	if len(args) == 0 || len(args[0]) > 0 && args[0][0] == '-' {
 		return serve(args, stderr)
 	}
@@ -84,6 +91,47 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	return &exitError{2, fmt.Errorf("unknown command %q\n%s", cmd, usage)}
 }
 
+// configFirst moves a -config FILE given anywhere on the command line to
+// where the subcommand reads it (its first argument; after check for
+// config check), so that `queue list -json -config F` works like
+// `queue -config F list -json`. Commands that read no configuration
+// (user, dkim, version) ignore it. Nothing after "--" is looked at.
+func configFirst(args []string) []string {
+	var path string
+	var rest []string
+	found := false
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			rest = append(rest, args[i:]...)
+			break
+		}
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "config" || !hasValue && i+1 == len(args) {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasValue {
+			i++
+			value = args[i]
+		}
+		path, found = value, true
+	}
+	if !found {
+		return args
+	}
+	flag := []string{"-config", path}
+	switch {
+	case len(rest) == 0 || strings.HasPrefix(rest[0], "-"):
+		return append(flag, rest...) // serve, the default command
+	case rest[0] == "config" && len(rest) > 1:
+		return slices.Concat(rest[:2], flag, rest[2:])
+	case rest[0] == "user" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
+		return rest
+	}
+	return slices.Concat(rest[:1], flag, rest[1:])
+}
+
 const usage = `usage:
   greyrelay [serve] [-config FILE] [-check-queue]
                                         run the relay (no file: the embedded default, loopback only);
@@ -108,6 +156,12 @@ const usage = `usage:
   greyrelay cluster status [-config FILE] [-json]
                                         the nodes registered in cluster.redis (name, admin URL, queue)
   greyrelay version
+  greyrelay help | -h                   this list
+
+Every command that reads the configuration takes -config FILE anywhere on
+its command line; without it, $GREYRELAY_CONFIG names the file, else the
+embedded default is used. GREYRELAY_* variables override single keys
+(GREYRELAY_RETRY_LIFETIME=3d); one that names no key is an error.
 `
 
 // version reports the module version and VCS revision the binary was built from.

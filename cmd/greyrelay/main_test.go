@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -29,7 +32,7 @@ func exitCode(err error) int {
 }
 
 func TestCommands(t *testing.T) {
-	t.Setenv("GREYRELAY_CONFIG", "")
+	clearEnv(t)
 	cases := []struct {
 		name     string
 		args     []string
@@ -81,5 +84,82 @@ func TestUserAddLineAuthenticates(t *testing.T) {
 	}
 	if ok, _ := users.Authenticate("bob", "wrong"); ok {
 		t.Error("a wrong password authenticates")
+	}
+}
+
+// clearEnv removes GREYRELAY_ variables (CI sets some for the test
+// harness) for the test's duration: the commands refuse unknown ones.
+func clearEnv(t *testing.T) {
+	t.Helper()
+	for _, kv := range os.Environ() {
+		if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "GREYRELAY_") {
+			t.Setenv(name, "") // restored after the test
+			os.Unsetenv(name)
+		}
+	}
+}
+
+func TestHelpListsEveryCommand(t *testing.T) {
+	for _, arg := range []string{"-h", "--help", "help"} {
+		out, _, err := runCmd(t, "", arg)
+		if err != nil {
+			t.Fatalf("%s: %v", arg, err)
+		}
+		for _, cmd := range []string{"serve", "config check", "config default", "user add", "queue list", "queue show",
+			"queue shape", "destinations", "destinations forget", "probe", "dkim keygen", "health", "version"} {
+			if !strings.Contains(out, "greyrelay "+cmd) && !strings.Contains(out, "greyrelay ["+cmd) {
+				t.Errorf("%s: the command list lacks %q:\n%s", arg, cmd, out)
+			}
+		}
+	}
+}
+
+func TestConfigFlagAnywhere(t *testing.T) {
+	cases := []struct{ in, want []string }{
+		{[]string{"queue", "list", "-json", "-config", "F"}, []string{"queue", "-config", "F", "list", "-json"}},
+		{[]string{"queue", "-config", "F", "list"}, []string{"queue", "-config", "F", "list"}},
+		{[]string{"-config=F", "queue", "show", "X"}, []string{"queue", "-config", "F", "show", "X"}},
+		{[]string{"destinations", "forget", "--config", "F", "-all"}, []string{"destinations", "-config", "F", "forget", "-all"}},
+		{[]string{"config", "check", "-config", "F"}, []string{"config", "check", "-config", "F"}},
+		{[]string{"-check-queue", "-config", "F"}, []string{"-config", "F", "-check-queue"}},
+		{[]string{"serve", "-config", "F"}, []string{"serve", "-config", "F"}},
+		{[]string{"health", "--config=F"}, []string{"health", "-config", "F"}},
+		{[]string{"user", "add", "bob", "-config", "F"}, []string{"user", "add", "bob"}},
+		{[]string{"queue", "list", "-sender", "x", "--", "-config", "F"}, []string{"queue", "list", "-sender", "x", "--", "-config", "F"}},
+		{[]string{"queue", "list"}, []string{"queue", "list"}},
+	}
+	for _, tc := range cases {
+		if got := configFirst(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("configFirst(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+// config check reads the file, the environment and validates, and reports
+// everything it found in one run; warnings do not make it fail.
+func TestConfigCheckReportsEverything(t *testing.T) {
+	clearEnv(t)
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("hostnme: x\nretry:\n  lifetime: 5 minutes\nlimits:\n  max_connections: 0\n"), 0o600)
+	t.Setenv("GREYRELAY_RETRY_INITAL_INTERVAL", "1s")
+	_, _, err := runCmd(t, "", "config", "check", "-config", bad)
+	if exitCode(err) != 2 {
+		t.Fatalf("exit %d, want 2: %v", exitCode(err), err)
+	}
+	for _, want := range []string{"line 1: unknown key hostnme (did you mean hostname?)", "line 3 (key retry.lifetime)",
+		"GREYRELAY_RETRY_INITAL_INTERVAL", "limits.max_connections"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	os.Unsetenv("GREYRELAY_RETRY_INITAL_INTERVAL")
+	warn := filepath.Join(dir, "warn.yaml")
+	os.WriteFile(warn, []byte("listeners:\n  - {address: 0.0.0.0:2525, mode: smtp}\nretry:\n  lifetime: 2h\n"), 0o600)
+	out, errOut, err := runCmd(t, "", "config", "check", warn)
+	if err != nil || !strings.Contains(out, "configuration is valid") ||
+		!strings.Contains(errOut, "warning: listeners[0]: 0.0.0.0:2525 accepts connections from other hosts") ||
+		!strings.Contains(errOut, "warning: retry.delay_warnings: 4h0m0s is not before retry.lifetime") {
+		t.Errorf("warnings: err %v\nstdout %s\nstderr %s", err, out, errOut)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/delivery"
 	"github.com/greyrelay/greyrelay/relay/dkim"
+	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
@@ -55,6 +56,9 @@ func serve(args []string, stderr io.Writer) error {
 		return &exitError{2, err}
 	}
 	defer log.Sync()
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration: "+w, zap.String("config", displayName(*path)))
+	}
 	tuneGC()
 	tuneProcs()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -143,7 +147,12 @@ type relayParts struct {
 // decode every record at start (queue.Options.FullScan).
 func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQueue bool, signer *dkim.Signer) error {
 	var ready atomic.Bool
-	q, err := queue.Open(cfg.Queue.Path, queue.Options{
+	reg := prometheus.NewRegistry()
+	ev, err := newEvents(cfg.Events, log, metrics.NewEvents(reg))
+	if err != nil {
+		return err
+	}
+	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		After:       time.After,
@@ -152,11 +161,12 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
 		},
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
 	}
 	defer q.Close()
+	defer runEvents(ctx, ev, q)() // stopped before the queue closes
 	if n := q.Replayed(); n > 0 {
 		// Accepted (250 sent) but not yet in the database when the last
 		// run stopped: a crash, not a clean stop.
@@ -167,7 +177,6 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		log.Info("queue checked: every record decoded, damaged ones quarantined",
 			zap.Int("messages", st.Messages), zap.Int("recipients", st.Recipients))
 	}
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
@@ -180,7 +189,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		defer shared.Close()
 		go reportQueued(ctx, q, shared)
 	}
-	if p.engine, err = newEngine(cfg, q, log, m, shared); err != nil {
+	if p.engine, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
 		return err
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
@@ -300,7 +309,7 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	}
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, c *cluster.Cluster) (*delivery.Engine, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, err
@@ -315,7 +324,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	}
 	opt := delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
 		Dialer4: d4, Dialer6: d6, TLSConfig: &tls.Config{}, Logger: log, Metrics: m,
-		Now: time.Now, Rand: rand.Float64}
+		Now: time.Now, Rand: rand.Float64, Events: ev}
 	if c != nil { // a nil *cluster.Cluster in the interface would not be nil
 		opt.Shared = c
 	}

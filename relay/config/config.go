@@ -15,11 +15,13 @@ package config
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
-	"io"
 	"os"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,7 +57,10 @@ type Config struct {
 	DSN             DSN        `yaml:"dsn"`
 	Probe           Probe      `yaml:"probe"`
 	DKIM            DKIM       `yaml:"dkim"`
+	Events          Events     `yaml:"events"`
 	Cluster         Cluster    `yaml:"cluster"`
+
+	warnings []string // what Load changed or ignored (Warnings)
 }
 
 // Cluster configures sharing destination knowledge and limits with other
@@ -223,6 +228,23 @@ type DKIMSelector struct {
 	Algorithm string `yaml:"algorithm"` // rsa-sha256 | ed25519-sha256; "": the key's own
 }
 
+// Events configures the delivery events for applications (relay/events).
+type Events struct {
+	File      string        `yaml:"file"`
+	MaxAge    time.Duration `yaml:"max_age"`
+	Tag       string        `yaml:"tag"` // keep | strip
+	Timeout   time.Duration `yaml:"timeout"`
+	BatchSize int           `yaml:"batch_size"`
+	Webhooks  []Webhook     `yaml:"webhooks"`
+}
+
+// Webhook is one HTTP receiver of events.
+type Webhook struct {
+	URL        string   `yaml:"url"`
+	Events     []string `yaml:"events"` // empty: every kind
+	SecretFile string   `yaml:"secret_file"`
+}
+
 // Source is everything Load reads. Keeping the inputs explicit lets tests
 // load a configuration without touching the process environment.
 type Source struct {
@@ -232,44 +254,55 @@ type Source struct {
 	Getenv   func(string) (string, bool)  // os.LookupEnv, or nil for none
 	ReadFile func(string) ([]byte, error) // os.ReadFile, for *_file keys
 	Hostname func() (string, error)       // os.Hostname
+	Environ  func() []string              // os.Environ, to find GREYRELAY_ variables that name no key; nil for none
 }
 
 // Load builds the effective configuration: defaults, then the file, then
 // the environment, then secrets from files. It does not validate; call
-// Validate (config check does both).
+// Validate (config check does both). An error lists every problem found
+// in the file and the environment; the configuration returned with it is
+// what could be read (a key with a problem keeps its default), so that
+// Validate can report the remaining problems in the same run.
 func Load(src Source) (*Config, error) {
 	var c Config
 	if err := decodeStrict(src.Default, &c); err != nil {
 		return nil, fmt.Errorf("embedded default: %w", err)
 	}
+	var errs []error
 	if len(bytes.TrimSpace(src.File)) > 0 {
 		// A file that sets listeners replaces the default list rather than
 		// merging index by index: yaml decodes into a fresh slice.
 		if err := decodeStrict(src.File, &c); err != nil {
-			return nil, fmt.Errorf("%s: %w", src.FileName, err)
+			for _, e := range splitErrors(err) {
+				errs = append(errs, fmt.Errorf("%s: %w", src.FileName, e))
+			}
 		}
+	}
+	if src.Environ != nil {
+		errs = append(errs, checkEnv(src.Environ())...)
 	}
 	if src.Getenv != nil {
 		if err := applyEnv(&c, src.Getenv); err != nil {
-			return nil, err
+			errs = append(errs, err)
 		}
 	}
 	readSecrets(&c, src.ReadFile)
 	if c.Hostname == "" && src.Hostname != nil {
 		h, err := src.Hostname()
 		if err != nil {
-			return nil, fmt.Errorf("hostname: %w", err)
+			errs = append(errs, fmt.Errorf("hostname: %w", err))
 		}
 		c.Hostname = h
 	}
-	return &c, nil
+	c.dropLateWarnings()
+	return &c, errors.Join(errs...)
 }
 
 // LoadFile is Load with the process's environment and files: what
 // `greyrelay serve` and `config check` use. An empty path means no file.
 func LoadFile(def []byte, path string) (*Config, error) {
 	src := Source{Default: def, FileName: path, Getenv: os.LookupEnv,
-		ReadFile: os.ReadFile, Hostname: os.Hostname}
+		ReadFile: os.ReadFile, Hostname: os.Hostname, Environ: os.Environ}
 	if path != "" {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -280,26 +313,62 @@ func LoadFile(def []byte, path string) (*Config, error) {
 	return Load(src)
 }
 
+// decodeStrict decodes one YAML file onto c and reports every problem it
+// finds, each with its line: a syntax error (alone, since nothing after it
+// can be read), unknown keys, durations that do not parse and values of
+// the wrong type. Fields with a problem keep what they had.
 func decodeStrict(b []byte, c *Config) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	err := dec.Decode(c)
-	if errors.Is(err, io.EOF) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return syntaxError(b, err)
+	}
+	if len(doc.Content) == 0 {
 		return nil
 	}
-	if err != nil {
-		return errors.New(nameKeys(friendlyYAMLError(err.Error()), b))
+	k := keyChecker{all: allKeyPaths(reflect.TypeOf(Config{}), "")}
+	k.walk(&doc, reflect.TypeOf(Config{}), "")
+	errs := k.errs
+	if err := doc.Decode(c); err != nil {
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return errors.Join(append(errs, errors.New(nameKeys(friendlyYAMLError(err.Error()), b)))...)
+		}
+		for _, e := range te.Errors {
+			errs = append(errs, errors.New(nameKeys(friendlyYAMLError(e), b)))
+		}
 	}
-	return nil
+	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(errLine(a), errLine(b)) })
+	return errors.Join(errs...)
 }
 
-var lineRef = regexp.MustCompile(`line (\d+): `)
+// splitErrors returns the parts of a joined error, or err alone.
+func splitErrors(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// errLine is the line an error names, for listing a file's errors in order.
+func errLine(err error) int {
+	m := lineRef.FindStringSubmatch(err.Error() + " ")
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
+}
+
+var lineRef = regexp.MustCompile(`line (\d+)[: ]`)
 
 // nameKeys adds the key to yaml's "line N: cannot unmarshal …" messages, so
 // that every error names the key the operator has to fix.
 func nameKeys(msg string, src []byte) string {
 	lines := strings.Split(string(src), "\n")
 	return lineRef.ReplaceAllStringFunc(msg, func(m string) string {
+		if !strings.HasSuffix(m, ":") {
+			return m // already names its key
+		}
 		n, _ := strconv.Atoi(lineRef.FindStringSubmatch(m)[1])
 		if n < 1 || n > len(lines) {
 			return m
@@ -308,7 +377,7 @@ func nameKeys(msg string, src []byte) string {
 		if !ok || strings.ContainsAny(key, " {[") {
 			return m
 		}
-		return fmt.Sprintf("line %d (key %s): ", n, key)
+		return fmt.Sprintf("line %d (key %s):", n, key)
 	})
 }
 

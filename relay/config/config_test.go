@@ -22,6 +22,13 @@ func load(t *testing.T, file string, env map[string]string) (*Config, error) {
 		Getenv:   func(k string) (string, bool) { v, ok := env[k]; return v, ok },
 		ReadFile: os.ReadFile,
 		Hostname: func() (string, error) { return "relay.test", nil },
+		Environ: func() []string {
+			var kv []string
+			for k, v := range env {
+				kv = append(kv, k+"="+v)
+			}
+			return kv
+		},
 	})
 }
 
@@ -72,6 +79,9 @@ func TestDefault_DocumentsEveryKey(t *testing.T) {
 func keyPaths(t reflect.Type, prefix string) []string {
 	var out []string
 	for i := 0; i < t.NumField(); i++ {
+		if !t.Field(i).IsExported() {
+			continue
+		}
 		tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]
 		p := prefix + tag
 		out = append(out, p)
@@ -177,7 +187,7 @@ func TestValidate_Refusals(t *testing.T) {
 		{"allowed host wildcard", "admin:\n  allowed_hosts: [\"*\"]\n", "admin.allowed_hosts"},
 		{"bad source", "delivery:\n  source_ipv4: \"::1\"\n", "source_ipv4"},
 		{"bad tls", "delivery:\n  tls: maybe\n", "delivery.tls"},
-		{"warning past lifetime", "retry:\n  lifetime: 1h\n  delay_warnings: [2h]\n", "delay_warnings"},
+		{"zero delay warning", "retry:\n  delay_warnings: [0s]\n", "delay_warnings"},
 		{"bad rule", "retry:\n  rules: [{pattern: \"(\", reason: greylisted}]\n", "retry.rules"},
 		{"long commit delay", "queue:\n  commit_delay: 1s\n", "queue.commit_delay"},
 		{"negative commit delay", "queue:\n  commit_delay: -1ms\n", "queue.commit_delay"},
@@ -206,8 +216,8 @@ func TestValidate_Refusals(t *testing.T) {
 }
 
 func TestLoad_TypeErrorNamesKey(t *testing.T) {
-	_, err := load(t, "retry:\n  lifetime: 5 days\n", nil)
-	if err == nil || !strings.Contains(err.Error(), "key lifetime") {
+	_, err := load(t, "retry:\n  factor: double\n", nil)
+	if err == nil || !strings.Contains(err.Error(), "key factor") {
 		t.Errorf("err = %v, want the key named", err)
 	}
 }

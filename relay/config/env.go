@@ -81,7 +81,7 @@ func envStructSlice(f reflect.Value, prefix string, getenv func(string) (string,
 
 func setScalar(f reflect.Value, s string) error {
 	if f.Type() == durationType {
-		d, err := time.ParseDuration(s)
+		d, err := ParseDuration(s)
 		if err != nil {
 			return err
 		}

@@ -47,6 +47,7 @@ func (c *Config) Validate() error {
 	v.positive("dsn.max_returned_bytes", int64(c.DSN.MaxReturnedBytes))
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
 	v.dkim(c.DKIM)
+	v.events(c.Events)
 	v.cluster(c.Cluster)
 	return errors.Join(v.errs...)
 }
@@ -245,7 +246,8 @@ func (v *validator) retry(r Retry) {
 	// retry.lifetime need not repeat the change here.
 	v.positive("retry.dsn_lifetime", int64(r.DSNLifetime))
 	for _, w := range r.DelayWarnings {
-		v.check(w > 0 && w < r.Lifetime, "retry.delay_warnings: %v must be between 0 and retry.lifetime", w)
+		// One at or past retry.lifetime was dropped by Load, with a warning.
+		v.check(w > 0, "retry.delay_warnings: %v must be greater than 0", w)
 	}
 	if _, err := classifier.New(r.Rules); err != nil {
 		v.check(false, "retry.rules: %v", err)

@@ -85,6 +85,7 @@ func (e *Engine) bounceMessage(id queue.ID, rs []queue.Recipient, now time.Time)
 		}
 		notice = append(notice, rc)
 	}
+	e.attachBounceEvents(msg, body, rs, &u)
 	if len(notice) > 0 {
 		if m, ok := e.dsnMessage(msg, body, notice, now); ok {
 			u.DSNs = append(u.DSNs, m)

@@ -62,6 +62,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/dsn"
+	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
@@ -83,6 +84,10 @@ type Options struct {
 	Metrics          *metrics.Metrics
 	Now              func() time.Time
 	Rand             func() float64 // uniform in [0,1), for backoff jitter
+	// Events, if set, makes the application events each stored outcome
+	// carries into the queue (relay/events), and strips the tag header
+	// from what is sent.
+	Events *events.Events
 	// Shared is what other nodes know and the cluster-wide connection
 	// limits (shared.go); nil for a node on its own.
 	Shared Shared

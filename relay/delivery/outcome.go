@@ -58,6 +58,7 @@ type logLine struct {
 	code           int
 	enhanced, text string
 	expired        bool
+	status         string // a failure's RFC 3463 status, as its DSN reports it
 }
 
 // pendingOutcome is a settled attempt on its way into the queue: the
@@ -105,6 +106,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
 	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
 	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
+	e.attachEvents(a, s)
 	po.u = s.u
 	if sameDest(rec, d.stored) {
 		// Nothing learned: the stored record stays as it is, so this Apply
@@ -329,7 +331,7 @@ func (e *Engine) failed(s *settlement, a *attempt, o outcome, res *queue.Result,
 		s.notices[dsn.Failed] = append(s.notices[dsn.Failed], e.dsnRecipient(a, o, dsn.Failed, status, res.End))
 	}
 	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Failed), reason: string(o.v.Reason),
-		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired})
+		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired, status: status})
 }
 
 // deferred records a temporary failure and schedules the next attempt.

@@ -21,7 +21,7 @@ import (
 func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, rcpts []queue.Recipient) (*session, leftover) {
 	a.t, a.tried, a.relay = s.t, s.t, s.relay
 	for round := 0; ; round++ {
-		res, err := send(ctx, s, envelope(a.msg, rcpts), a.body)
+		res, err := send(ctx, s, envelope(a.msg, rcpts), e.opt.Events.Wire(a.body))
 		s.count++
 		a.peerDSN = res.DSN
 		jd := e.judge(rcpts, res, err, round < maxFollowUps)

@@ -1,0 +1,74 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+)
+
+// Warnings lists settings that are valid but cannot do what they seem to:
+// the relay starts, and `config check` and the start log say why.
+func (c *Config) Warnings() []string {
+	out := slices.Clone(c.warnings)
+	for i, l := range c.Listeners {
+		if w := c.unusableListener(l); w != "" {
+			out = append(out, fmt.Sprintf("listeners[%d]: %s", i, w))
+		}
+	}
+	return out
+}
+
+// dropLateWarnings removes delay warnings due at or after retry.lifetime:
+// the message has bounced by then. A configuration that shortens the
+// lifetime need not repeat the list of warnings (as Postfix's
+// delay_warning_time simply never fires after the bounce).
+func (c *Config) dropLateWarnings() {
+	kept := c.Retry.DelayWarnings[:0:0]
+	for _, w := range c.Retry.DelayWarnings {
+		if c.Retry.Lifetime > 0 && w >= c.Retry.Lifetime {
+			c.warnings = append(c.warnings, fmt.Sprintf(
+				"retry.delay_warnings: %v is not before retry.lifetime (%v), when the message bounces: dropped", w, c.Retry.Lifetime))
+			continue
+		}
+		kept = append(kept, w)
+	}
+	c.Retry.DelayWarnings = kept
+}
+
+// unusableListener explains why a listener other hosts can reach serves
+// none of them: nobody may relay without AUTH (trusted_networks holds only
+// loopback networks), and AUTH is impossible (no users_file, or a
+// plaintext listener where AUTH is offered only after STARTTLS).
+func (c *Config) unusableListener(l Listener) string {
+	host, _, err := net.SplitHostPort(l.Address)
+	if err != nil || isLoopbackHost(host) {
+		return ""
+	}
+	for _, s := range c.TrustedNetworks {
+		if p, err := netip.ParsePrefix(s); err == nil && !p.Addr().IsLoopback() {
+			return ""
+		}
+	}
+	tls := l.TLSCert != "" || l.AllowPlaintextAuth
+	switch {
+	case c.UsersFile == "":
+		return fmt.Sprintf("%s accepts connections from other hosts, but none of them may send: trusted_networks "+
+			"holds no network beyond loopback and there is no users_file for AUTH (add the clients' network to "+
+			"trusted_networks, or set users_file and TLS)", l.Address)
+	case !tls:
+		return fmt.Sprintf("%s accepts connections from other hosts, but none of them may send: trusted_networks "+
+			"holds no network beyond loopback, and AUTH is offered only after STARTTLS, which needs tls_cert and tls_key", l.Address)
+	}
+	return ""
+}
+
+// isLoopbackHost reports whether a listener's host accepts only local
+// connections.
+func isLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
+}
