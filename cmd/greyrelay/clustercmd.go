@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 )
@@ -20,17 +22,24 @@ import (
 // shared Redis, read from Redis itself so that it works while any node is
 // down.
 func clusterCmd(args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: greyrelay cluster status [-config FILE] [-json]"
+	path := ""
+	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
+		path, args = args[1], args[2:] // where the command line's -config is put (configFirst)
+	}
 	if len(args) == 0 || args[0] != "status" {
-		return &exitError{2, errors.New("usage: greyrelay cluster status [-config FILE] [-json]")}
+		return &exitError{2, errors.New(usage)}
 	}
 	fs := flag.NewFlagSet("cluster status", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	path := fs.String("config", "", "configuration file (default: $GREYRELAY_CONFIG, else the embedded default)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if err := fs.Parse(args[1:]); err != nil {
 		return &exitError{2, err}
 	}
-	cfg, err := loadConfig(*path)
+	if fs.NArg() > 0 {
+		return &exitError{2, errors.New(usage)}
+	}
+	cfg, err := loadConfig(path)
 	if err != nil {
 		return err
 	}
@@ -39,6 +48,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
 	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
 	if err != nil {
 		return err
@@ -76,6 +86,7 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
 	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
 	if err != nil {
 		return err
