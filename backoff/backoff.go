@@ -10,12 +10,16 @@
 //   - A retry hint from the server ("try again in 10 minutes") wins for any
 //     kind. It is clamped to [HintMin, HintMax] and jittered upwards only,
 //     so we never come back earlier than the server asked.
-//   - Greylisting gets a short track: the first retry lands just after the
-//     destination's learned greylist delay (+10%, at most +1m, clamped to
-//     [HintMin, HintMax]) or, if unknown, at GreylistFirst (5m30s, which
-//     clears postgrey's default --delay=300). The second is GreylistSecond
-//     (10m). Jitter is upward only. From the third greylisting deferral on,
-//     the general schedule applies, floored at the greylist delays.
+//   - Greylisting with a learned delay (Window, window.go): the first retry
+//     lands just past the destination's learned upper bound (+2% +1s, +2%
+//     jitter), or probes inside its window; a probe refused retries just
+//     past the bound. Neither is clamped by HintMin: hint_min guards against
+//     servers asking for silly waits, not against what we measured.
+//   - Greylisting at an unknown destination gets a short track: the first
+//     retry at GreylistFirst (5m30s, which clears postgrey's default
+//     --delay=300), the second at GreylistSecond (10m). Jitter is upward
+//     only. From the third greylisting deferral on, the general schedule
+//     applies, floored at the greylist delays.
 //   - Everything else follows the general schedule Initial·Factor^n with
 //     n = Attempt-1, capped at Max, then jittered by ±Jitter. With the
 //     defaults: 5m, 10m, 20m, 40m, 1h, 1h, ... Greylisting tries count as
@@ -24,7 +28,10 @@
 //   - A rate-limited deferral is one step further along the general
 //     schedule (n = Attempt, so at least Initial·Factor before jitter): the
 //     server told us to slow down, so a generic hiccup's first retry is too
-//     eager. Destination-wide slowdown is Throttle's job (throttle.go).
+//     eager. Destination-wide slowdown is Throttle's job (throttle.go),
+//     and the delivery engine brings a rate-limited recipient back at the
+//     destination's learned Pace (pace.go) instead when the server gave no
+//     hint.
 //
 // Messages expire Lifetime (default 120h) after arrival.
 //
@@ -60,7 +67,7 @@ type Policy struct {
 	Jitter         float64       // retry.jitter: ±fraction on generic delays, upward fraction otherwise
 	GreylistFirst  time.Duration // retry.greylist_first_retry: first retry after greylisting
 	GreylistSecond time.Duration // retry.greylist_second_retry: second quick retry
-	HintMin        time.Duration // retry.hint_min: lower clamp for server hints and learned delays
+	HintMin        time.Duration // retry.hint_min: lower clamp for server hints only
 	HintMax        time.Duration // retry.hint_max: upper clamp for server hints and learned delays
 	Lifetime       time.Duration // retry.lifetime: give up this long after arrival
 }
@@ -123,10 +130,16 @@ const (
 // Input describes the deferral just recorded.
 type Input struct {
 	Kind          Kind
-	Attempt       int           // attempts so far, including the one that just failed (>= 1)
-	GreylistTries int           // consecutive greylisting deferrals so far, including this one
-	LearnedDelay  time.Duration // destination's learned greylist delay, 0 if unknown
-	Hint          time.Duration // retry hint parsed from the server reply, 0 if none
+	Attempt       int // attempts so far, including the one that just failed (>= 1)
+	GreylistTries int // consecutive greylisting deferrals so far, including this one
+	// Window is what the destination's greylisting is known to be, as it
+	// was before this deferral (see Window); Probe is the wait of a probe
+	// chosen for this first retry (Window.Probe), 0 if none; Elapsed is
+	// the time since the episode's first greylisting reply.
+	Window  Window
+	Probe   time.Duration
+	Elapsed time.Duration
+	Hint    time.Duration // retry hint parsed from the server reply, 0 if none
 }
 
 // Next returns the delay before the next attempt. rnd is a uniform sample in
@@ -140,7 +153,11 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 	}
 	switch in.Kind {
 	case Greylisted:
-		return p.greylisted(attempt, max(in.GreylistTries, 1), in.LearnedDelay, rnd)
+		tries := max(in.GreylistTries, 1)
+		if d, ok := p.greylistedWindow(in, tries, rnd); ok {
+			return min(d, p.HintMax)
+		}
+		return p.greylisted(attempt, tries, rnd)
 	case RateLimited:
 		return p.spread(p.general(float64(attempt)), rnd)
 	default:
@@ -149,13 +166,8 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 }
 
 // greylisted handles Kind == Greylisted without a server hint.
-func (p Policy) greylisted(attempt, tries int, learned time.Duration, rnd float64) time.Duration {
+func (p Policy) greylisted(attempt, tries int, rnd float64) time.Duration {
 	switch {
-	case tries == 1 && learned > 0:
-		// Margin: +10% of the learned delay, at most one minute, so that
-		// clock skew and the receiver's own rounding do not bite us.
-		d := learned + min(learned/10, time.Minute)
-		return p.up(clampDur(d, p.HintMin, p.HintMax), rnd)
 	case tries == 1:
 		return p.up(p.GreylistFirst, rnd)
 	case tries == 2:

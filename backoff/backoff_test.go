@@ -58,18 +58,23 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"greylist tries ahead of attempt", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 5}, 0.5, time.Hour},
 		{"generic after greylisting continues", Input{Kind: Generic, Attempt: 3}, 0.5, 20 * minute},
 
-		// Learned greylist delay: +10% capped at 1m, clamped to [HintMin, HintMax].
-		{"learned 3m", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 3 * minute}, 0, 3*minute + 18*sec},
-		{"learned 3m mid", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 3 * minute}, 0.5, 3*minute + 27900*ms},
-		{"learned 20m margin capped", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 20 * minute}, 0, 21 * minute},
-		{"learned 30s floored", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 30 * sec}, 0, minute},
-		{"learned 10h capped", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 10 * time.Hour}, 0, 4 * time.Hour},
-		{"learned ignored on second", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, LearnedDelay: 3 * minute}, 0, 10 * minute},
+		// Learned window: just past High (+2% +1s, up to +2% jitter), never
+		// floored at HintMin; a probe as chosen; a refused probe just past High.
+		{"window 25s", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0, 26500 * ms},
+		{"window 25s high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0.5, 26750 * ms},
+		{"window 5m", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 5 * minute}}, 0, 5*minute + 7*sec},
+		{"window 10h capped", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 10 * time.Hour}}, 0, 4 * time.Hour},
+		{"window probe", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 10 * sec, High: 30 * sec}, Probe: 20 * sec}, 0.9, 20 * sec},
+		{"window probe refused", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 10 * sec, High: 30 * sec}, Elapsed: 20 * sec}, 0.9, 11600 * ms},
+		{"window no high yet", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 26 * sec}}, 0.9, 52 * sec},
+		{"window grew: doubling", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 24 * sec, High: 25 * sec}, Elapsed: 26 * sec}, 0.9, 26 * sec},
+		{"window grew: doubling past second", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{High: 25 * sec}, Elapsed: 11 * minute}, 0, 11 * minute},
+		{"window grew: doubling capped", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3, Window: Window{High: 25 * sec}, Elapsed: 3 * time.Hour}, 0, time.Hour},
 
 		// Server hints win for any kind, clamped, upward jitter only.
 		{"hint generic", Input{Attempt: 1, Hint: 10 * minute}, 0, 10 * minute},
 		{"hint generic mid", Input{Attempt: 1, Hint: 10 * minute}, 0.5, 10*minute + 30*sec},
-		{"hint greylist", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, LearnedDelay: 3 * minute, Hint: 2 * minute}, 0, 2 * minute},
+		{"hint greylist", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 3 * minute}, Hint: 2 * minute}, 0, 2 * minute},
 		{"hint ratelimited", Input{Kind: RateLimited, Attempt: 9, Hint: 90 * sec}, 0, 90 * sec},
 		{"hint below minute", Input{Attempt: 1, Hint: 10 * sec}, 0, minute},
 		{"hint above max", Input{Attempt: 1, Hint: 24 * time.Hour}, 0, 4 * time.Hour},
@@ -248,7 +253,7 @@ func FuzzNext(f *testing.F) {
 	f.Fuzz(func(t *testing.T, kind, attempt, tries int, learned, hint int64, rnd float64, initial, maxD int64, factor, jitter float64) {
 		p := DefaultPolicy()
 		p.Initial, p.Max, p.Factor, p.Jitter = time.Duration(initial), time.Duration(maxD), factor, jitter
-		in := Input{Kind: Kind(kind), Attempt: attempt, GreylistTries: tries, LearnedDelay: time.Duration(learned), Hint: time.Duration(hint)}
+		in := Input{Kind: Kind(kind), Attempt: attempt, GreylistTries: tries, Window: Window{High: time.Duration(learned)}, Hint: time.Duration(hint)}
 		got := p.Next(in, rnd) // must not panic, even for an invalid policy
 		if p.Validate() != nil {
 			return
@@ -260,7 +265,7 @@ func FuzzNext(f *testing.F) {
 		if in.Hint > 0 && got < min(max(in.Hint, p.HintMin), p.HintMax) {
 			t.Fatalf("Next(%+v) = %v earlier than the clamped hint", in, got)
 		}
-		if in.Hint <= 0 && in.Kind == Greylisted && in.LearnedDelay <= 0 && got < p.GreylistFirst && in.GreylistTries != 2 {
+		if in.Hint <= 0 && in.Kind == Greylisted && !in.Window.Known() && got < p.GreylistFirst && in.GreylistTries != 2 {
 			t.Fatalf("Next(%+v) = %v earlier than GreylistFirst", in, got)
 		}
 	})
@@ -281,10 +286,10 @@ func TestThrottle_Transitions(t *testing.T) {
 		wantUntil time.Time
 		wantConc  int
 	}{
-		{"first rate limit: generic delay for level 1",
-			func(s Throttle) Throttle { return p.OnRateLimited(s, t0, 0, 0.5) }, 1, t0.Add(5 * minute), 1},
-		{"second rate limit: level 2 delay",
-			func(s Throttle) Throttle { return p.OnRateLimited(s, t0.Add(6*minute), 0, 0.5) }, 2, t0.Add(16 * minute), 1},
+		{"first rate limit without hint: no pause (pacing spaces it)",
+			func(s Throttle) Throttle { return p.OnRateLimited(s, t0, 0, 0.5) }, 1, time.Time{}, 1},
+		{"second rate limit without hint",
+			func(s Throttle) Throttle { return p.OnRateLimited(s, t0.Add(6*minute), 0, 0.5) }, 2, time.Time{}, 1},
 		{"hint honoured, jitter upward",
 			func(s Throttle) Throttle { return p.OnRateLimited(s, t0.Add(20*minute), 30*minute, 0) }, 3, t0.Add(50 * minute), 1},
 		{"shorter new pause keeps the longer one",
@@ -310,8 +315,8 @@ func TestThrottle_Transitions(t *testing.T) {
 func TestThrottle_PausedAndBounds(t *testing.T) {
 	p := DefaultPolicy()
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	th := p.OnRateLimited(Throttle{}, t0, 0, 0)
-	if want := t0.Add(4*minute + 30*sec); !th.Until.Equal(want) {
+	th := p.OnRateLimited(Throttle{}, t0, 5*minute, 0)
+	if want := t0.Add(5 * minute); !th.Until.Equal(want) {
 		t.Fatalf("Until = %v, want %v", th.Until, want)
 	}
 	for _, c := range []struct {
@@ -331,8 +336,8 @@ func TestThrottle_PausedAndBounds(t *testing.T) {
 		t.Errorf("Concurrency(0) while throttled = %d, want 0 (never above the limit)", got)
 	}
 	top := p.OnRateLimited(Throttle{Level: math.MaxInt}, t0, 0, 0.5)
-	if top.Level != maxLevel || !top.Until.Equal(t0.Add(p.Max)) {
-		t.Errorf("saturated level: got %+v, want level %d until %v", top, maxLevel, t0.Add(p.Max))
+	if top.Level != maxLevel || !top.Until.IsZero() {
+		t.Errorf("saturated level: got %+v, want level %d, no pause", top, maxLevel)
 	}
 	neg := p.OnRateLimited(Throttle{Level: -4}, t0, 0, 0.5)
 	if neg.Level != 1 {

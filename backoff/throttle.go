@@ -20,16 +20,19 @@ type Throttle struct {
 const maxLevel = math.MaxInt32
 
 // OnRateLimited returns the new state after a rate-limit deferral at now,
-// honouring hint (0 = none). Concurrency drops to 1, Level grows, and the
-// destination pauses until the (clamped, upward-jittered) hint or, without
-// one, the general schedule's delay for attempt Level. An existing longer
-// pause is kept.
+// honouring hint (0 = none). Concurrency drops to 1 and Level grows. The
+// destination pauses only when the server said how long to wait (the
+// clamped, upward-jittered hint; an existing longer pause is kept): without
+// a hint, the learned Pace spaces the next transactions instead, which
+// keeps using the rate the destination allows rather than pausing for a
+// schedule made for failures.
 func (p Policy) OnRateLimited(t Throttle, now time.Time, hint time.Duration, rnd float64) Throttle {
 	level := min(max(t.Level, 0), maxLevel-1) + 1
-	d := p.Next(Input{Kind: Generic, Attempt: level, Hint: hint}, rnd)
-	until := now.Add(d)
-	if t.Until.After(until) {
-		until = t.Until
+	until := t.Until
+	if hint > 0 {
+		if u := now.Add(p.Next(Input{Kind: Generic, Attempt: level, Hint: hint}, rnd)); u.After(until) {
+			until = u
+		}
 	}
 	return Throttle{Level: level, Until: until}
 }

@@ -31,7 +31,6 @@ import (
 	"net"
 	"net/textproto"
 	"os"
-	"regexp"
 	"syscall"
 	"time"
 
@@ -224,14 +223,13 @@ func reasonStatus(r Reason, o Outcome) string {
 // Classifier holds the compiled rule table. Build it with New; it is safe
 // for concurrent use.
 type Classifier struct {
-	rules  []rule
-	hintRE *regexp.Regexp
+	rules []rule
 }
 
 // New compiles extra (tried first, in order) followed by DefaultRules. It
 // rejects a rule with a bad pattern, code, enhanced code or reason, naming it.
 func New(extra []Rule) (*Classifier, error) {
-	c := &Classifier{hintRE: regexp.MustCompile(hintPattern)}
+	c := &Classifier{}
 	for i, r := range append(append([]Rule(nil), extra...), DefaultRules()...) {
 		cr, err := compileRule(r)
 		if err != nil {
@@ -353,7 +351,7 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 		}
 	}
 	if v.Outcome == Deferred {
-		v.Hint = c.hint(v.Text)
+		v.Hint = Hint(v.Text)
 	}
 	return v
 }

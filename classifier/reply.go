@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -143,38 +142,4 @@ func sanitize(s string) string {
 		i--
 	}
 	return strings.TrimSpace(s[:i])
-}
-
-// hintPattern finds retry hints such as "try again in 5 minutes", "after 300
-// seconds", "Greylisted for 60s" or milter-greylist's "come back in 00:04:59".
-const hintPattern = `(?i)\b(?:in|after|for|wait)\s+(?:(\d{1,2}):(\d{2}):(\d{2})|(\d{1,7})\s*` +
-	`(seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h))\b`
-
-// maxHint caps a hint; the backoff policy applies its own bounds as well.
-const maxHint = 24 * time.Hour
-
-// hint returns the first retry hint in text, at most maxHint, or 0.
-func (c *Classifier) hint(text string) time.Duration {
-	m := c.hintRE.FindStringSubmatch(text)
-	if m == nil {
-		return 0
-	}
-	var secs int64
-	if m[1] != "" {
-		h, _ := strconv.ParseInt(m[1], 10, 64)
-		mi, _ := strconv.ParseInt(m[2], 10, 64)
-		s, _ := strconv.ParseInt(m[3], 10, 64)
-		secs = h*3600 + mi*60 + s
-	} else {
-		n, _ := strconv.ParseInt(m[4], 10, 64) // at most 7 digits
-		switch strings.ToLower(m[5])[0] {
-		case 'h':
-			secs = n * 3600
-		case 'm':
-			secs = n * 60
-		default:
-			secs = n
-		}
-	}
-	return time.Duration(min(secs, int64(maxHint/time.Second))) * time.Second
 }

@@ -81,29 +81,3 @@ func TestSanitize(t *testing.T) {
 		t.Errorf("sanitize(long) = %d bytes, valid %v", len(got), utf8.ValidString(got))
 	}
 }
-
-func TestHint(t *testing.T) {
-	c := newClassifier(t)
-	cases := map[string]string{
-		"try again in 5 minutes":                              "5m0s",
-		"please retry after 300 seconds":                      "5m0s",
-		"retry in 1 hour":                                     "1h0m0s",
-		"Greylisted for 60s":                                  "1m0s",
-		"come back in 00:04:59":                               "4m59s",
-		"Please wait 10 min.":                                 "10m0s",
-		"try again in 2 hrs":                                  "2h0m0s",
-		"TRY AGAIN IN 30 SECONDS":                             "30s",
-		"Greylisted, see http://postgrey.schweikert.ch/help/": "0s",
-		"try again later":                                     "0s",
-		"sent 5 messages in 60 minutes":                       "1h0m0s",
-		"in 2 messages":                                       "0s",
-		"in 0 seconds":                                        "0s",
-		"retry in 48 hours":                                   "24h0m0s",
-		"retry in 99:99:99":                                   "24h0m0s",
-	}
-	for in, want := range cases {
-		if got := c.hint(in).String(); got != want {
-			t.Errorf("hint(%q) = %s, want %s", in, got, want)
-		}
-	}
-}

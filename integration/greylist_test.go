@@ -15,6 +15,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 
+	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
@@ -81,9 +82,10 @@ func TestGreylistPostgreyPasses(t *testing.T) {
 
 // TestGreylistLearnsDelay greylists with a postgrey delay (8s) longer than
 // the relay's quick retries (3s): the first message needs several tries,
-// and the relay learns how long the destination greylists. A second
-// message (a new recipient, so a new triplet) then waits that long before
-// its first retry and passes after one greylisting deferral.
+// and the relay learns a window for the destination's delay (refused after
+// one wait, passed after a longer one). A second message (a new recipient,
+// so a new triplet) then retries inside the window (a probe) or just past
+// it, never before its lower bound, and the window narrows or stays.
 func TestGreylistLearnsDelay(t *testing.T) {
 	peers.Require(t, "postfix", "postgrey", "swaks")
 	t.Parallel()
@@ -101,30 +103,85 @@ func TestGreylistLearnsDelay(t *testing.T) {
 		t.Fatal("the destinations API knows nothing about dest.test after greylisting")
 	}
 	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
-	if !d.Greylists || learned < grey.Delay {
-		t.Fatalf("destination dest.test: greylists %v, learned delay %v; want true and at least postgrey's %v", d.Greylists, learned, grey.Delay)
+	low := time.Duration(d.GreylistLowSeconds * float64(time.Second))
+	if !d.Greylists || learned < grey.Delay || low <= 0 || low >= grey.Delay {
+		t.Fatalf("destination dest.test: greylists %v, window %v..%v; want true and a window around postgrey's %v", d.Greylists, low, learned, grey.Delay)
 	}
 
-	t.Logf("first message: %v; learned delay %v", outcomes(r.attempts(id1)), learned)
+	t.Logf("first message: %v; learned window %v..%v", outcomes(r.attempts(id1)), low, learned)
 
 	id2 := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b2@dest.test"}, Data: message("a@src.test", "b2@dest.test", "use learned")})
 	final.WaitFor(t, 2, learned*2+15*time.Second)
 	atts := r.waitAttempts(id2, "delivered", 5*time.Second)
-	if len(atts) != 2 || atts[0].str("reason") != "greylisted" {
-		t.Fatalf("second message: want one greylisting deferral then delivery, got %v", outcomes(atts))
+	if len(atts) < 2 || len(atts) > 3 || atts[0].str("reason") != "greylisted" {
+		t.Fatalf("second message: want a greylisting deferral, perhaps a refused probe, then delivery, got %v", outcomes(atts))
 	}
-	if gap := atts[0].time("next_attempt").Sub(atts[0].time("time")); gap < learned {
-		t.Errorf("second message's retry scheduled %v after the greylisting, want at least the learned delay %v", gap, learned)
+	if gap := atts[1].time("time").Sub(atts[0].time("time")); gap < low {
+		t.Errorf("second message retried %v after the greylisting, before the learned lower bound %v", gap, low)
 	}
-	if gap := atts[1].time("time").Sub(atts[0].time("time")); gap < learned {
-		t.Errorf("second message retried %v after the greylisting, want at least the learned delay %v", gap, learned)
+	if gap := atts[len(atts)-1].time("time").Sub(atts[0].time("time")); gap > learned+backoff.Margin(learned)+2*time.Second {
+		t.Errorf("second message passed %v after the greylisting, want by the learned upper bound %v plus its margin", gap, learned)
+	}
+	d2, _ := r.destination("dest.test")
+	if d2.LearnedDelaySeconds > d.LearnedDelaySeconds || d2.GreylistLowSeconds < d.GreylistLowSeconds {
+		t.Errorf("window %.1fs..%.1fs after the second message, want within the first %.1fs..%.1fs", d2.GreylistLowSeconds, d2.LearnedDelaySeconds, d.GreylistLowSeconds, d.LearnedDelaySeconds)
+	}
+}
+
+// TestGreylistLearnsTrueDelay sends 10 messages, one after the other, to
+// new recipients (new triplets) through a Postfix asking a real postgrey
+// with a 25 s delay. The first message teaches the relay a window for the
+// delay (refused after 20 s, passed after 30 s); from the second on, every
+// message arrives within 25 × 1.25 + 2 s of its 250, from the pinned
+// source address, in 2 attempts, or 3 when its first retry was a probe
+// inside the window that was refused (at most two such messages).
+func TestGreylistLearnsTrueDelay(t *testing.T) {
+	peers.Require(t, "postfix", "postgrey", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	grey := peers.StartPostgrey(t, "", 25*time.Second)
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
+	r := n.relay("retry.greylist_first_retry=20s", "retry.greylist_second_retry=10s")
+	bound := grey.Delay*125/100 + 2*time.Second
+
+	probes := 0
+	for k := 1; k <= 10; k++ {
+		rcpt := fmt.Sprintf("b%d@dest.test", k)
+		id := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{rcpt}, Data: message("a@src.test", rcpt, "learn the true delay")})
+		accepted := time.Now()
+		final.WaitFor(t, k, 2*time.Minute)
+		took := time.Since(accepted)
+		atts := r.waitAttempts(id, "delivered", 5*time.Second)
+		d, _ := r.destination("dest.test")
+		t.Logf("message %d: %d attempts, arrived %v after its 250; window %.1fs..%.1fs", k, len(atts), took.Round(100*time.Millisecond), d.GreylistLowSeconds, d.LearnedDelaySeconds)
+		for _, a := range atts {
+			if a.str("source_ip") != r.IP {
+				t.Errorf("message %d: attempt from %s, want the pinned %s", k, a.str("source_ip"), r.IP)
+			}
+		}
+		if k == 1 {
+			continue
+		}
+		if took > bound {
+			t.Errorf("message %d arrived %v after its 250, want within %v", k, took, bound)
+		}
+		switch {
+		case len(atts) == 3 && atts[1].time("time").Sub(atts[0].time("time")) < time.Duration(d.LearnedDelaySeconds*float64(time.Second)):
+			probes++ // a refused probe inside the window
+		case len(atts) != 2:
+			t.Errorf("message %d: %v, want a greylisting deferral then delivery", k, outcomes(atts))
+		}
+	}
+	if probes > 2 {
+		t.Errorf("%d messages needed a third attempt after a refused probe, want at most 2", probes)
 	}
 }
 
 // TestGreylistRateLimitThrottles has a destination refuse each recipient's
 // first try with 451 4.7.28 (a rate limit): the destination is throttled
-// (the destinations API says so) and no attempt follows a rate-limit reply
-// sooner than the throttle pause (retry.initial_interval, 1s ± jitter).
+// and paced (the destinations API says so), not paused, and no attempt
+// follows a rate-limit reply sooner than the learned pace (1 s at first).
 func TestGreylistRateLimitThrottles(t *testing.T) {
 	peers.Require(t, "swaks")
 	t.Parallel()
@@ -153,7 +210,7 @@ func TestGreylistRateLimitThrottles(t *testing.T) {
 		ids = append(ids, r.send(peers.SwaksMessage{From: "a@src.test", To: []string{rc}, Data: message("a@src.test", rc, "rate "+rc)}))
 	}
 	eventually(t, 10*time.Second, "rl.test throttled in the destinations API", func() error {
-		if d, ok := r.destination("rl.test"); !ok || d.ThrottleLevel < 1 || d.ThrottledUntil == nil {
+		if d, ok := r.destination("rl.test"); !ok || d.ThrottleLevel < 1 || d.PaceSeconds <= 0 || d.ThrottledUntil != nil {
 			return fmt.Errorf("destination: %+v", d)
 		}
 		return nil
@@ -177,7 +234,7 @@ func TestGreylistRateLimitThrottles(t *testing.T) {
 	}
 	for i := 1; i < len(events); i++ {
 		if events[i-1].limited && events[i].at.Sub(events[i-1].at) < 800*time.Millisecond {
-			t.Errorf("RCPT %s came %v after a rate-limit reply (to %s): the destination was hammered, want the throttle pause (~1s)",
+			t.Errorf("RCPT %s came %v after a rate-limit reply (to %s): the destination was hammered, want the learned pace (~1s)",
 				events[i].rcpt, events[i].at.Sub(events[i-1].at), events[i-1].rcpt)
 		}
 	}

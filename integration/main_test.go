@@ -446,7 +446,9 @@ type (
 		GreylistSeen        int        `json:"greylist_seen"`
 		GreylistPassed      int        `json:"greylist_passed"`
 		LearnedDelaySeconds float64    `json:"learned_delay_seconds"`
+		GreylistLowSeconds  float64    `json:"greylist_low_seconds"`
 		ThrottleLevel       int        `json:"throttle_level"`
+		PaceSeconds         float64    `json:"pace_seconds"`
 		ThrottledUntil      *time.Time `json:"throttled_until"`
 		LastReply           *apiReply  `json:"last_reply"`
 	}

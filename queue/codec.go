@@ -33,8 +33,14 @@ import (
 // fields that differ: a greylisting saga repeats the same route, reason and
 // reply. Times stay absolute: a field that grows on a later write makes
 // bbolt split a packed page (see setFillPercent).
+//
+// Version 2 of messages adds the body's CRC-32C. Messages, recipients and
+// histories are sealed (seal.go): the version byte's high bit set and a
+// CRC-32C of bucket, key and record at the end, checked before decoding.
+// Unsealed records of older versions still decode.
 const (
-	codecVersion = 1 // messages, destinations, counters
+	codecVersion = 1 // destinations, counters
+	msgVersion   = 2
 	rcptVersion  = 2
 	histVersion  = 2
 )
@@ -130,12 +136,13 @@ func newDecV(b []byte, max byte) (*dec, byte) {
 		d.fail("empty")
 		return d, 0
 	}
-	if b[0] < 1 || b[0] > max {
+	v := b[0] &^ sealedFlag
+	if v < 1 || v > max {
 		d.fail(fmt.Sprintf("unknown version %d", b[0]))
 		return d, 0
 	}
 	d.b = b[1:]
-	return d, b[0]
+	return d, v
 }
 
 func (d *dec) fail(what string) {
@@ -293,7 +300,7 @@ const (
 )
 
 func encodeMessage(m *Message) []byte {
-	e := newEnc()
+	e := newEncV(msgVersion)
 	e.s(m.From)
 	e.t(m.Arrival)
 	e.i(m.Size)
@@ -313,11 +320,30 @@ func encodeMessage(m *Message) []byte {
 		f |= flagDSN
 	}
 	e.u(f)
-	return e.b
+	if m.bodySummed {
+		e.u(1)
+		e.b = binary.BigEndian.AppendUint32(e.b, m.bodySum)
+	} else {
+		e.u(0)
+	}
+	return seal(bMsgs, idKey(m.ID), e.b)
 }
 
+// decodeMessage decodes a message record as callers see it (without the
+// body's checksum).
 func decodeMessage(id ID, b []byte) (Message, error) {
-	d := newDec(b)
+	m, err := decodeMessageRec(id, b)
+	m.bodySum, m.bodySummed = 0, false
+	return m, err
+}
+
+// decodeMessageRec decodes a message record with its body's checksum.
+func decodeMessageRec(id ID, b []byte) (Message, error) {
+	b, err := unseal(bMsgs, idKey(id), b)
+	if err != nil {
+		return Message{ID: id}, err
+	}
+	d, v := newDecV(b, msgVersion)
 	m := Message{ID: id, From: d.s(), Arrival: d.t(), Size: d.i(),
 		ClientAddr: d.s(), AuthUser: d.s(), Helo: d.s(), RET: d.s(), EnvID: d.s()}
 	f := d.u()
@@ -325,6 +351,17 @@ func decodeMessage(id ID, b []byte) (Message, error) {
 		d.fail("unknown flags")
 	}
 	m.SMTPUTF8, m.EightBit, m.DSN = f&flagSMTPUTF8 != 0, f&flagEightBit != 0, f&flagDSN != 0
+	if v >= 2 {
+		switch d.u() {
+		case 0:
+		case 1:
+			if s := d.bytes(4); s != nil {
+				m.bodySum, m.bodySummed = binary.BigEndian.Uint32(s), true
+			}
+		default:
+			d.fail("bad body checksum kind")
+		}
+	}
 	return m, d.done()
 }
 
@@ -355,13 +392,17 @@ func encodeRecipient(r *Recipient) []byte {
 	e.addr(r.MXHost)
 	e.addr(r.MXAddr)
 	e.i(int64(r.DelayWarnings))
-	return e.b
+	return seal(bRcpts, rcptKey(r.Key), e.b)
 }
 
 // domainOf returns the part of addr after its last '@'.
 func domainOf(addr string) string { return addr[strings.LastIndexByte(addr, '@')+1:] }
 
 func decodeRecipient(k Key, b []byte) (Recipient, error) {
+	b, err := unseal(bRcpts, rcptKey(k), b)
+	if err != nil {
+		return Recipient{Key: k}, err
+	}
 	d, v := newDecV(b, rcptVersion)
 	if v == 1 {
 		return decodeRecipientV1(k, d)
@@ -424,7 +465,7 @@ func historyRef(r *Recipient) Attempt {
 // encodeHistory writes h newest first, each attempt against a reference:
 // the attempt after it, or ref for the newest. A mask says which fields
 // equal the reference's and are left out. decodeHistory needs the same ref.
-func encodeHistory(h []Attempt, ref Attempt) []byte {
+func encodeHistory(k Key, h []Attempt, ref Attempt) []byte {
 	e := newEncV(histVersion)
 	e.u(uint64(len(h)))
 	for i := len(h) - 1; i >= 0; i-- {
@@ -458,7 +499,7 @@ func encodeHistory(h []Attempt, ref Attempt) []byte {
 		}
 		ref = *a
 	}
-	return e.b
+	return seal(bHist, rcptKey(k), e.b)
 }
 
 func sameMask(a, ref *Attempt) int {
@@ -479,7 +520,11 @@ func sameMask(a, ref *Attempt) int {
 	return m
 }
 
-func decodeHistory(b []byte, ref Attempt) ([]Attempt, error) {
+func decodeHistory(k Key, b []byte, ref Attempt) ([]Attempt, error) {
+	b, err := unseal(bHist, rcptKey(k), b)
+	if err != nil {
+		return nil, err
+	}
 	d, v := newDecV(b, histVersion)
 	if v == 1 {
 		return decodeHistoryV1(d)
@@ -566,6 +611,13 @@ func encodeDestination(x *Destination) []byte {
 	}
 	e.reply(x.LastReply)
 	e.t(x.Updated)
+	// Added later; older records end here and decode with zero values.
+	e.i(int64(x.GreylistLow))
+	e.i(int64(x.GreylistQuiet))
+	e.t(x.GreylistProbe)
+	e.i(int64(x.PaceInterval))
+	e.i(int64(x.PaceBase))
+	e.i(int64(x.PaceRefusals))
 	return e.b
 }
 
@@ -583,5 +635,9 @@ func decodeDestination(b []byte) (Destination, error) {
 	}
 	x.LastReply = d.reply()
 	x.Updated = d.t()
+	if len(d.b) > 0 {
+		x.GreylistLow, x.GreylistQuiet, x.GreylistProbe = time.Duration(d.i()), d.int(), d.t()
+		x.PaceInterval, x.PaceBase, x.PaceRefusals = time.Duration(d.i()), time.Duration(d.i()), d.int()
+	}
 	return x, d.done()
 }

@@ -25,7 +25,8 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 	d := Destination{Domain: "d", Greylists: true, GreylistSeen: 4, GreylistPassed: 3,
 		LearnedDelay: 7 * time.Minute, LastGreylisted: at, ThrottleLevel: -1, ThrottledUntil: at,
 		DeadHosts: map[string]time.Time{"mx1": at, "127.0.0.9": at.Add(time.Hour)},
-		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at}
+		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistQuiet: 2,
+		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2}
 	return m, r, h, d
 }
 
@@ -38,7 +39,7 @@ func TestCodecRoundTrip(t *testing.T) {
 		t.Errorf("recipient: %+v, %v", got, err)
 	}
 	for _, ref := range []Attempt{{}, historyRef(&r), h[0], h[1]} {
-		if got, err := decodeHistory(encodeHistory(h, ref), ref); err != nil || !reflect.DeepEqual(got, h) {
+		if got, err := decodeHistory(Key{1, 1}, encodeHistory(Key{1, 1}, h, ref), ref); err != nil || !reflect.DeepEqual(got, h) {
 			t.Errorf("history against %+v: %+v, %v", ref, got, err)
 		}
 	}
@@ -49,6 +50,32 @@ func TestCodecRoundTrip(t *testing.T) {
 	zero.Status = Queued
 	if got, err := decodeRecipient(Key{}, encodeRecipient(&zero)); err != nil || !got.NextAttempt.IsZero() {
 		t.Errorf("zero times must stay zero: %+v, %v", got, err)
+	}
+}
+
+// TestDestinationOldRecord decodes a destination record written before the
+// greylisting window and the pace were added: they come back zero, the rest
+// as stored.
+func TestDestinationOldRecord(t *testing.T) {
+	_, _, _, d := sampleRecords()
+	full := encodeDestination(&d)
+	e := newEnc()
+	e.i(int64(d.GreylistLow))
+	e.i(int64(d.GreylistQuiet))
+	e.t(d.GreylistProbe)
+	e.i(int64(d.PaceInterval))
+	e.i(int64(d.PaceBase))
+	e.i(int64(d.PaceRefusals))
+	old := full[:len(full)-(len(e.b)-1)]
+	got, err := decodeDestination(old)
+	want := d
+	want.GreylistLow, want.GreylistQuiet, want.GreylistProbe = 0, 0, time.Time{}
+	want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("old record: %+v, %v; want %+v", got, err, want)
+	}
+	if _, err := decodeDestination(full[:len(full)-1]); err == nil {
+		t.Error("a record cut inside the new fields decoded without error")
 	}
 }
 
@@ -74,7 +101,7 @@ func TestCodecRejectsDamage(t *testing.T) {
 		"outcome":     {2, 1, maskAll, 99},
 		"count":       {2, 9, maskAll, 1},
 	} {
-		if _, err := decodeHistory(b, Attempt{}); !errors.Is(err, errCorrupt) {
+		if _, err := decodeHistory(Key{1, 1}, b, Attempt{}); !errors.Is(err, errCorrupt) {
 			t.Errorf("history %s: err = %v, want errCorrupt", name, err)
 		}
 	}
@@ -111,14 +138,15 @@ func TestCodecDecodesVersion1(t *testing.T) {
 		}
 		e.reply(a.Reply)
 	}
-	if got, err := decodeHistory(e.b, historyRef(&r)); err != nil || !reflect.DeepEqual(got, h) {
+	if got, err := decodeHistory(Key{1, 1}, e.b, historyRef(&r)); err != nil || !reflect.DeepEqual(got, h) {
 		t.Errorf("version 1 history: %+v, %v", got, err)
 	}
 }
 
 // TestCodecIsCompact pins the sizes that matter at a million recipients: a
 // deferred recipient and its one-attempt history as the scale benchmark
-// stores them took 165 and 135 bytes in version 1.
+// stores them took 165 and 135 bytes in version 1 (and 4 bytes more each
+// since they carry a checksum).
 func TestCodecIsCompact(t *testing.T) {
 	at := time.Unix(0, t0.UnixNano())
 	r := Recipient{Addr: "user0001@slow.test", Domain: "slow.test", Status: Deferred, Reason: "server-error",
@@ -127,10 +155,10 @@ func TestCodecIsCompact(t *testing.T) {
 		SourceIP: "127.0.0.1", MXHost: "127.0.0.41", MXAddr: "127.0.0.41"}
 	h := []Attempt{{Start: at, End: at.Add(time.Second), SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr,
 		Stage: "mail", Outcome: string(Deferred), Reason: r.Reason, Reply: r.Reply}}
-	if n := len(encodeRecipient(&r)); n > 139 {
+	if n := len(encodeRecipient(&r)); n > 139+sealSize {
 		t.Errorf("recipient takes %d bytes", n)
 	}
-	if n := len(encodeHistory(h, historyRef(&r))); n > 14 {
+	if n := len(encodeHistory(Key{1, 1}, h, historyRef(&r))); n > 14+sealSize {
 		t.Errorf("history takes %d bytes", n)
 	}
 }
@@ -175,8 +203,8 @@ func TestTimeKeyClamps(t *testing.T) {
 // survives an encode/decode round trip unchanged.
 func FuzzDecode(f *testing.F) {
 	m, r, h, d := sampleRecords()
-	for _, b := range [][]byte{encodeMessage(&m), encodeRecipient(&r), encodeHistory(h, Attempt{}),
-		encodeHistory(h, historyRef(&r)),
+	for _, b := range [][]byte{encodeMessage(&m), encodeRecipient(&r), encodeHistory(Key{1, 1}, h, Attempt{}),
+		encodeHistory(Key{1, 1}, h, historyRef(&r)),
 		encodeDestination(&d), {}, {1}, {1, 0}, {1, 5, 0xff}} {
 		f.Add(b)
 	}
@@ -200,8 +228,8 @@ func FuzzDecode(f *testing.F) {
 			check("recipient", x, err, func() (any, error) { return decodeRecipient(Key{1, 1}, encodeRecipient(&x)) })
 		}
 		for _, ref := range []Attempt{{}, historyRef(&r)} {
-			if x, err := decodeHistory(b, ref); true {
-				check("history", x, err, func() (any, error) { return decodeHistory(encodeHistory(x, ref), ref) })
+			if x, err := decodeHistory(Key{1, 1}, b, ref); true {
+				check("history", x, err, func() (any, error) { return decodeHistory(Key{1, 1}, encodeHistory(Key{1, 1}, x, ref), ref) })
 			}
 		}
 		if x, err := decodeDestination(b); true {
@@ -237,7 +265,7 @@ func TestHistoryRoundTripRandom(t *testing.T) {
 			h = nil
 		}
 		ref := historyRef(&r)
-		got, err := decodeHistory(encodeHistory(h, ref), ref)
+		got, err := decodeHistory(Key{1, 1}, encodeHistory(Key{1, 1}, h, ref), ref)
 		if err != nil || !reflect.DeepEqual(got, h) {
 			t.Fatalf("round trip of %+v against %+v:\n got %+v, %v", h, ref, got, err)
 		}

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"sync"
@@ -75,7 +76,7 @@ func sameCounts(t *testing.T, q *Queue, when string) {
 	q.db.View(func(tx *bolt.Tx) error {
 		cur := tx.Bucket(bMsgs).Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
-			if _, err := decodeMessage(0, v); err == nil {
+			if _, err := decodeMessage(ID(binary.BigEndian.Uint64(k)), v); err == nil {
 				want.msgs++
 			}
 		}

@@ -84,7 +84,7 @@ func (q *Queue) Show(id ID) (Message, error) {
 				continue
 			}
 			if hv := hist.Get(k); hv != nil {
-				if r.History, err = decodeHistory(hv, historyRef(&r)); err != nil {
+				if r.History, err = decodeHistory(r.Key, hv, historyRef(&r)); err != nil {
 					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(k), err})
 				}
 			}
@@ -124,18 +124,30 @@ func (q *Queue) OpenBody(id ID) (*Content, error) {
 	}
 	var body []byte
 	var spooled string
+	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
+		mv := tx.Bucket(bMsgs).Get(idKey(id))
+		if mv == nil {
+			return fmt.Errorf("queue: body %s: %w", id, ErrNotFound)
+		}
+		var err error
+		if m, err = decodeMessageRec(id, mv); err != nil {
+			ps = append(ps, problem{corruptRecord, bMsgs, idKey(id), err})
+			return fmt.Errorf("queue: body %s: %w (%v)", id, ErrNotFound, err)
+		}
 		v := tx.Bucket(bBodies).Get(idKey(id))
 		if v == nil {
 			if name := tx.Bucket(bSpool).Get(idKey(id)); name != nil {
 				spooled = string(name)
 				return nil
 			}
-			if tx.Bucket(bMsgs).Get(idKey(id)) != nil {
-				ps = append(ps, problem{missingBody, bMsgs, idKey(id), errMissing("message body")})
-			}
+			ps = append(ps, problem{missingBody, bMsgs, idKey(id), errMissing("message body")})
 			return fmt.Errorf("queue: body %s: %w", id, ErrNotFound)
+		}
+		if err := checkBody(&m, v); err != nil {
+			ps = append(ps, problem{badBody, bMsgs, idKey(id), err})
+			return fmt.Errorf("queue: body %s: %w (%v)", id, ErrNotFound, err)
 		}
 		body = bytes.Clone(v) // v points into the mmap, valid only inside the tx
 		return nil
@@ -157,6 +169,11 @@ func (q *Queue) OpenBody(id ID) (*Content, error) {
 	}
 	if err != nil {
 		return nil, fmt.Errorf("queue: body %s: %w", id, err)
+	}
+	if err := checkBody(&m, c.b); err != nil {
+		c.Close()
+		q.quarantineSpooled(id, spooled, err)
+		return nil, fmt.Errorf("queue: body %s: %w (%v)", id, ErrNotFound, err)
 	}
 	return c, nil
 }

@@ -76,4 +76,15 @@
 // and in which order).
 //
 // Records are versioned and encoded with a small binary codec (codec.go).
+// Those that carry mail (messages, recipients, histories) are sealed with
+// a CRC-32C, and every body's CRC-32C is kept in its message record and
+// checked whenever the body is read (seal.go): bbolt does not check its
+// data pages, and an altered body must never be sent.
+//
+// A damaged file is a fact the queue reports, not a crash: every way into
+// bbolt runs under a guard that turns its panics and memory faults into a
+// *DamagedError, after which every call fails with it (guard.go); a file
+// left by an unclean stop is walked by our own bounds-checked reader
+// before bbolt walks it (pagefile.go); and Salvage copies what can still
+// be read into a fresh file (salvage.go).
 package queue

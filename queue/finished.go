@@ -186,7 +186,7 @@ func decodeFinished(id ID, b []byte, withHistory bool) (finishedRecord, error) {
 			return f, err
 		}
 		if withHistory && len(hv) > 0 {
-			if r.History, err = decodeHistory(hv, historyRef(&r)); err != nil {
+			if r.History, err = decodeHistory(r.Key, hv, historyRef(&r)); err != nil {
 				return f, err
 			}
 		}

@@ -11,12 +11,14 @@ import (
 // formatVersion is the queue's on-disk format, stamped in the database
 // (bucket journal, key "format") when Open finds it missing or older: 2
 // is the record format of 2026-11-30 (smaller recipients and histories), 3
-// adds the intake journal next to the file. A database stamped with a
+// adds the intake journal next to the file, 4 seals messages, recipients
+// and histories with checksums and stores each body's (seal.go; records
+// of earlier formats are still read). A database stamped with a
 // newer version was written by a newer greyrelay, whose records or journal
 // this one might not read: it would quarantine records it cannot decode,
 // or leave a journal unreplayed. Open refuses such a file rather than lose
 // mail; databases from before the stamp existed are read as they are.
-const formatVersion = 3
+const formatVersion = 4
 
 var keyFormat = []byte("format")
 
@@ -37,7 +39,7 @@ func storedFormat(tx *bolt.Tx) uint64 {
 // the stamp it found. It only reads, so a refused file is left as it was.
 func (q *Queue) checkFormat() (uint64, error) {
 	var v uint64
-	if err := q.db.View(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
+	if err := q.view(func(tx *bolt.Tx) error { v = storedFormat(tx); return nil }); err != nil {
 		return 0, err
 	}
 	if v > formatVersion {

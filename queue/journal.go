@@ -299,9 +299,12 @@ func encodeNew(e *enc, m *NewMessage) int {
 		e.s(r.ORCPT)
 	}
 	if m.File != nil {
-		e.u(1)
+		// Kind 2 carries the file's checksum (seal.go); kind 1, without
+		// it, is still read.
+		e.u(2)
 		e.s(m.File.name)
 		e.i(m.File.n)
+		e.b = binary.BigEndian.AppendUint32(e.b, m.File.sum)
 		return 0
 	}
 	e.u(0)
@@ -339,6 +342,11 @@ func decodeNew(d *dec) NewMessage {
 		m.Body = d.bytes(d.u())
 	case 1:
 		m.File = &BodyFile{name: d.s(), n: d.i()}
+	case 2:
+		m.File = &BodyFile{name: d.s(), n: d.i(), summed: true}
+		if s := d.bytes(4); s != nil {
+			m.File.sum = binary.BigEndian.Uint32(s)
+		}
 	default:
 		d.fail("bad body kind")
 	}

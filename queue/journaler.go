@@ -25,7 +25,7 @@ var (
 // writer not yet running.
 func (q *Queue) startJournal() error {
 	var seq uint64
-	err := q.db.View(func(tx *bolt.Tx) error {
+	err := q.view(func(tx *bolt.Tx) error {
 		q.lastID.Store(tx.Bucket(bMsgs).Sequence())
 		seq = appliedSeq(tx)
 		return nil
@@ -61,7 +61,7 @@ func (q *Queue) startJournal() error {
 // or has long delivered.
 func (q *Queue) claimJournal(j *journal, created bool) error {
 	var stored []byte
-	if err := q.db.View(func(tx *bolt.Tx) error {
+	if err := q.view(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bJournal); b != nil {
 			stored = bytes.Clone(b.Get(keySalt))
 		}

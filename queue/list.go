@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"strings"
 
@@ -184,7 +185,10 @@ func (q *Queue) Stats() (Stats, error) {
 	err := q.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bMsgs).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if m, err := decodeMessage(0, v); err == nil {
+			if len(k) != 8 {
+				continue
+			}
+			if m, err := decodeMessage(ID(binary.BigEndian.Uint64(k)), v); err == nil {
 				s.Oldest = m.Arrival
 				return nil
 			}

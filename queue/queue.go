@@ -53,6 +53,11 @@ type Queue struct {
 	closed  atomic.Bool
 	once    sync.Once
 
+	// damaged is set, and damagedCh closed, when a transaction finds the
+	// file damaged (guard.go); every call fails with it from then on.
+	damaged   atomic.Pointer[DamagedError]
+	damagedCh chan struct{}
+
 	mu      sync.Mutex
 	counts  counts
 	cursors []*DueCursor
@@ -127,7 +132,7 @@ func Open(path string, opt Options) (*Queue, error) {
 	// the relay's CPU and 10-15% of a healthy stream's throughput during a
 	// deferral storm (BENCHMARKS.md). The walk costs a fraction of a
 	// second at Open even with a million recipients.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	db, err := openBolt(path, &bolt.Options{
 		Timeout:        opt.LockTimeout,
 		FreelistType:   bolt.FreelistMapType,
 		NoFreelistSync: true,
@@ -140,8 +145,8 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		counts: newCounts(),
-		jreqs:  make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
+		counts: newCounts(), damagedCh: make(chan struct{}),
+		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
 		return nil, err
@@ -182,7 +187,7 @@ func (q *Queue) init(created bool, dir string) error {
 		}
 	}
 	var stored bool
-	err = q.db.View(func(tx *bolt.Tx) error {
+	err = q.view(func(tx *bolt.Tx) error {
 		q.counts, stored = loadCounts(tx.Bucket(bCounts), tx.ID())
 		return nil
 	})
@@ -205,7 +210,7 @@ func (q *Queue) init(created bool, dir string) error {
 // the stored counters (a write here makes Open count again).
 func (q *Queue) createBuckets() error {
 	missing := false
-	err := q.db.View(func(tx *bolt.Tx) error {
+	err := q.view(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets {
 			missing = missing || tx.Bucket(b) == nil
 		}
@@ -214,13 +219,15 @@ func (q *Queue) createBuckets() error {
 	if err != nil || !missing {
 		return err
 	}
-	return q.db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
+	return q.guard(func() error {
+		return q.db.Update(func(tx *bolt.Tx) error {
+			for _, b := range allBuckets {
+				if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 }
 
@@ -301,6 +308,9 @@ func (q *Queue) Enqueue(m NewMessage) (ID, error) {
 func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 	if len(ms) == 0 {
 		return nil, fmt.Errorf("%w: no messages", ErrInvalid)
+	}
+	if err := q.Err(); err != nil {
+		return nil, err // the journal must not take what the database may never hold
 	}
 	size := 0
 	for i := range ms {
@@ -411,8 +421,7 @@ func (q *Queue) writer() {
 			if busy {
 				q.linger()
 			}
-			q.commit(q.gather(r))
-			busy = len(q.reqs) > 0
+			busy = q.commit(q.gather(r))
 		case <-q.done:
 			q.drain()
 			return
@@ -479,8 +488,9 @@ func (q *Queue) gatherMore(batch []request) []request {
 // commit runs every request of the batch in one transaction, after the
 // journaled messages not inserted yet (oldest first; they stay pending until
 // a commit holding them succeeds). A refused request fails alone; any other
-// error rolls back the batch and fails all.
-func (q *Queue) commit(all []request) {
+// error rolls back the batch and fails all. It reports whether requests
+// were waiting when the transaction ended (the writer then lingers).
+func (q *Queue) commit(all []request) (waiting bool) {
 	batch := all[:0:0]
 	for _, r := range all {
 		if r.ins != nil {
@@ -513,6 +523,10 @@ func (q *Queue) commit(all []request) {
 		clear(pending) // the array outlives the slice: let the inserted bodies go
 		q.pending = q.pending[len(pending):]
 	}
+	// Whether requests waited when the commit ended is decided before
+	// anyone is answered: a caller answered now may send its next request
+	// at once, and that one found the writer idle.
+	waiting = len(q.reqs) > 0
 	for i, r := range batch {
 		if err != nil {
 			r.reply <- err
@@ -520,6 +534,7 @@ func (q *Queue) commit(all []request) {
 			r.reply <- errs[i]
 		}
 	}
+	return waiting
 }
 
 // insertBudget is how many of the pending journaled batches (at least one)
@@ -554,12 +569,15 @@ func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 		}
 	}
 	size := int64(len(m.Body))
+	sum, summed := bodySum(m.Body), true
 	if m.File != nil {
 		size = m.File.Len()
+		sum, summed = m.File.sum, m.File.summed
 	}
 	rec := Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
-		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN}
+		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
+		bodySum: sum, bodySummed: summed}
 	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
 		return 0, err
 	}
@@ -600,17 +618,19 @@ func (w *wtx) putBody(id ID, m *NewMessage) error {
 // missing buckets in Open.
 func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
-	err := q.db.Update(func(tx *bolt.Tx) error {
-		w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID, history: q.opt.History}
-		w.events = eventTx{accept: q.opt.OnAccept, spool: q.spoolDir()}
-		w.setFillPercent()
-		if err := fn(w); err != nil {
-			return err
-		}
-		if w.recount {
-			w.setCounts(countAll(tx))
-		}
-		return w.saveCounts()
+	err := q.guard(func() error {
+		return q.db.Update(func(tx *bolt.Tx) error {
+			w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID, history: q.opt.History}
+			w.events = eventTx{accept: q.opt.OnAccept, spool: q.spoolDir()}
+			w.setFillPercent()
+			if err := fn(w); err != nil {
+				return err
+			}
+			if w.recount {
+				w.setCounts(countAll(tx))
+			}
+			return w.saveCounts()
+		})
 	})
 	if err != nil {
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
@@ -648,7 +668,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 // view runs fn in a read transaction. Keep fn short: long read
 // transactions stop bbolt from reusing freed pages (F11).
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
-	err := q.db.View(fn)
+	err := q.guard(func() error { return q.db.View(fn) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return ErrClosed
 	}

@@ -3,6 +3,7 @@ package queue
 import (
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -49,6 +50,10 @@ type BodyFile struct {
 	name string // base name in the spool directory
 	n    int64
 	err  error // first write error; sticky
+	// sum is the CRC-32C of what was written (seal.go); summed is false
+	// only for a file named by a journal record of an older greyrelay.
+	sum    uint32
+	summed bool
 }
 
 // CreateBody creates an empty body file in the spool directory.
@@ -57,7 +62,7 @@ func (q *Queue) CreateBody() (*BodyFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: spool: %w", err)
 	}
-	return &BodyFile{f: f, name: filepath.Base(f.Name())}, nil
+	return &BodyFile{f: f, name: filepath.Base(f.Name()), summed: true}, nil
 }
 
 // Write appends p to the body. After a failed write every later one fails.
@@ -67,6 +72,7 @@ func (b *BodyFile) Write(p []byte) (int, error) {
 	}
 	n, err := b.f.Write(p)
 	b.n += int64(n)
+	b.sum = crc32.Update(b.sum, castagnoli, p[:n])
 	if err != nil {
 		b.err = fmt.Errorf("queue: spool: %w", err)
 	}
@@ -165,7 +171,7 @@ func (q *Queue) sweepSpool() error {
 		return nil
 	}
 	named := map[string]bool{}
-	err = q.db.View(func(tx *bolt.Tx) error {
+	err = q.view(func(tx *bolt.Tx) error {
 		collect := func(b *bolt.Bucket) {
 			if b == nil {
 				return

@@ -11,3 +11,9 @@ import (
 func mapFile(*os.File, int64) ([]byte, func([]byte) error, error) {
 	return nil, nil, errors.New("no mmap")
 }
+
+// lockFree cannot tell here; Salvage relies on the operator.
+func lockFree(*os.File) bool { return true }
+
+// copyOwner has nothing to do here.
+func copyOwner(from, to string) {}

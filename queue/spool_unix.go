@@ -16,3 +16,26 @@ func mapFile(f *os.File, size int64) ([]byte, func([]byte) error, error) {
 	}
 	return b, syscall.Munmap, nil
 }
+
+// lockFree reports whether no process holds f's lock (bbolt's flock): it
+// takes the lock and lets it go at once.
+func lockFree(f *os.File) bool {
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return false
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return true
+}
+
+// copyOwner gives to the owner and group of from (when run as root, so
+// that a queue salvaged by root stays the relay's), ignoring failures: an
+// operator who is the relay's user owns both already.
+func copyOwner(from, to string) {
+	fi, err := os.Stat(from)
+	if err != nil {
+		return
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		os.Chown(to, int(st.Uid), int(st.Gid))
+	}
+}

@@ -216,7 +216,7 @@ func (w *wtx) rewriteHistory(before, after *Recipient, edit func([]Attempt) []At
 	var h []Attempt
 	if v != nil {
 		var err error
-		if h, err = decodeHistory(v, historyRef(before)); err != nil {
+		if h, err = decodeHistory(after.Key, v, historyRef(before)); err != nil {
 			w.move(bHist, rk, err)
 			if edit == nil {
 				return nil
@@ -230,7 +230,7 @@ func (w *wtx) rewriteHistory(before, after *Recipient, edit func([]Attempt) []At
 	if len(h) > historyFirst+historyLast {
 		h = append(h[:historyFirst:historyFirst], h[len(h)-historyLast:]...)
 	}
-	return hb.Put(rk, encodeHistory(h, historyRef(after)))
+	return hb.Put(rk, encodeHistory(after.Key, h, historyRef(after)))
 }
 
 // storeRcpt is putRcpt without the history.
@@ -415,6 +415,7 @@ const (
 	staleDue                         // due entry that does not match its recipient
 	orphanRcpt                       // recipient whose message record is gone
 	missingBody                      // message record without a body
+	badBody                          // a body that fails its checksum
 )
 
 // fix re-checks p inside the write transaction (another writer may have
@@ -446,10 +447,22 @@ func (w *wtx) fix(p problem) error {
 		if !hasBody(w.tx, p.key) {
 			w.quarantineMessage(ID(binary.BigEndian.Uint64(p.key)), p.err)
 		}
+	case badBody:
+		w.fixBadBody(p)
 	case corruptRecord:
 		w.fixCorrupt(p, v)
 	}
 	return nil
+}
+
+// fixBadBody quarantines the message whose body in the database still
+// fails its checksum.
+func (w *wtx) fixBadBody(p problem) {
+	id := ID(binary.BigEndian.Uint64(p.key))
+	m, err := decodeMessageRec(id, w.b(bMsgs).Get(p.key))
+	if body := w.b(bBodies).Get(p.key); err == nil && body != nil && checkBody(&m, body) != nil {
+		w.quarantineMessage(id, p.err)
+	}
 }
 
 func (w *wtx) fixCorrupt(p problem, v []byte) {
@@ -478,14 +491,19 @@ func validate(bucket, key, v []byte) error {
 		if len(key) != 8 {
 			return fmt.Errorf("%w: bad message key", errCorrupt)
 		}
-		_, err = decodeMessage(0, v)
+		_, err = decodeMessage(ID(binary.BigEndian.Uint64(key)), v)
 	case bytes.Equal(bucket, bRcpts):
 		if _, ok := parseRcptKey(key); !ok {
 			return fmt.Errorf("%w: bad recipient key", errCorrupt)
 		}
-		_, err = decodeRecipient(Key{}, v)
+		k, _ := parseRcptKey(key)
+		_, err = decodeRecipient(k, v)
 	case bytes.Equal(bucket, bHist):
-		_, err = decodeHistory(v, Attempt{}) // the structure; the reference only fills in fields
+		k, ok := parseRcptKey(key)
+		if !ok {
+			return fmt.Errorf("%w: bad history key", errCorrupt)
+		}
+		_, err = decodeHistory(k, v, Attempt{}) // the structure; the reference only fills in fields
 	case bytes.Equal(bucket, bDests):
 		_, err = decodeDestination(v)
 	}

@@ -199,6 +199,10 @@ type Message struct {
 	// Finished is set (by Show and List) for a message that has left the
 	// queue: the time of the outcome that finished it. Its body is gone.
 	Finished time.Time
+	// bodySum is the CRC-32C of the body, checked each time it is read;
+	// records written before checksums have none (bodySummed false).
+	bodySum    uint32
+	bodySummed bool
 }
 
 // Start describes an attempt about to be made for one or more recipients.
@@ -276,6 +280,11 @@ type Destination struct {
 	Greylists      bool
 	GreylistSeen   int
 	GreylistPassed int
+	// LearnedDelay is the shortest wait after a first greylisting reply
+	// known to pass (the upper bound of the delay); GreylistLow the
+	// longest known to be refused (its lower bound); GreylistQuiet the
+	// passes since the last probe inside that window; GreylistProbe when
+	// the probe under way is decided (backoff.Window).
 	LearnedDelay   time.Duration
 	LastGreylisted time.Time
 	ThrottleLevel  int
@@ -283,4 +292,12 @@ type Destination struct {
 	DeadHosts      map[string]time.Time // MX host or address → skip until
 	LastReply      Reply
 	Updated        time.Time
+	GreylistLow    time.Duration
+	GreylistQuiet  int
+	GreylistProbe  time.Time
+	// PaceInterval, PaceBase and PaceRefusals are the learned sending rate
+	// of a throttling destination (backoff.Pace); PaceInterval 0: not paced.
+	PaceInterval time.Duration
+	PaceBase     time.Duration
+	PaceRefusals int
 }

@@ -6,7 +6,7 @@
 //	greyrelay config check -config FILE  validate a configuration (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
-//	greyrelay queue list|show|shape|retry|hold|release|delete|bounce …
+//	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
@@ -146,6 +146,8 @@ const usage = `usage:
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
+  greyrelay queue salvage -config FILE  copy what can be read of a damaged queue file into a fresh
+                                        one (relay stopped); keeps the damaged file aside
   greyrelay destinations [-json] [DOMAIN]
   greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN

@@ -2,9 +2,12 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"slices"
+	"time"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 )
 
@@ -30,6 +33,9 @@ func clientFor(args []string, stderr io.Writer) (*admin.Client, []string, error)
 }
 
 func queueCmd(args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "salvage" {
+		return salvageCmd(args[1:], stdout, stderr)
+	}
 	c, rest, err := clientFor(args, stderr)
 	if err != nil {
 		return err
@@ -54,4 +60,39 @@ func healthCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	return admin.RunHealth(c, stdout)
+}
+
+// salvageCmd copies what can be read of a damaged queue file into a fresh
+// one (queue.Salvage), offline: it refuses a file a running relay holds.
+func salvageCmd(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("queue salvage", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration file of the stopped relay")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	cfg, err := loadConfig(*path)
+	if err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return &exitError{2, fmt.Errorf("queue salvage takes no arguments, only -config FILE")}
+	}
+	rep, err := queue.Salvage(cfg.Queue.Path, time.Now())
+	if rep != nil {
+		printSalvage(stdout, cfg.Queue.Path, rep)
+	}
+	return err
+}
+
+func printSalvage(w io.Writer, path string, rep *queue.SalvageReport) {
+	fmt.Fprintf(w, "damaged file kept as %s\n", rep.DamagedPath)
+	for _, d := range rep.Damage {
+		fmt.Fprintf(w, "unreadable: %s\n", d)
+	}
+	for _, l := range rep.Lost {
+		fmt.Fprintf(w, "not recovered: %s\n", l)
+	}
+	fmt.Fprintf(w, "recovered %d messages (%d recipients to deliver) into %s; %d not recovered\n",
+		rep.Messages, rep.Recipients, path, len(rep.Lost))
 }

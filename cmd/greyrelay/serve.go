@@ -74,8 +74,19 @@ func serve(args []string, stderr io.Writer) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	go reloadDKIM(ctx, hup, *path, signer, log)
-	return runRelay(ctx, cfg, log, *check, signer)
+	err = runRelay(ctx, cfg, log, *check, signer)
+	var damaged *queue.DamagedError
+	if errors.As(err, &damaged) {
+		log.Error("queue file damaged: stopping", zap.Error(damaged))
+		return &exitError{exitDamaged, err}
+	}
+	return err
 }
+
+// exitDamaged is serve's exit status when the queue file is damaged:
+// starting again cannot help (the unit's RestartPreventExitStatus), the
+// operator salvages the file (greyrelay queue salvage).
+const exitDamaged = 3
 
 // defaultGCPercent replaces Go's GOGC=100 unless GOGC is set. The relay's
 // live heap is small (tens of MB: bodies of 256 KiB and more are spooled,
@@ -226,10 +237,18 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	ready.Store(true)
 	log.Info("greyrelay started", zap.String("version", version()), zap.String("hostname", cfg.Hostname),
 		zap.Stringers("smtp", p.smtp.Addrs()), zap.String("admin", cfg.Admin.Address), zap.String("queue", cfg.Queue.Path))
+	var stopErr error
 	select {
 	case <-ctx.Done():
 	case err := <-engineDone:
 		log.Error("delivery engine stopped", zap.Error(err))
+		engineDone <- err // for the wait below
+	case <-p.queue.Damaged():
+		// Nothing more can be read or stored: stop rather than answer
+		// every client 451 and deliver nothing until someone looks.
+	}
+	if err := p.queue.Err(); err != nil {
+		stopErr = err
 	}
 	ready.Store(false)
 	log.Info("shutting down")
@@ -245,7 +264,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
 	}
-	return nil
+	return stopErr
 }
 
 func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer) (*smtpd.Server, error) {

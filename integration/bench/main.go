@@ -8,6 +8,7 @@
 //	go run ./integration/bench scale -recipients 1000000
 //	go run ./integration/bench profile -seconds 20
 //	go run ./integration/bench disk
+//	go run ./integration/bench greylist
 //	go run ./integration/bench cluster -n 20000 -rounds 2
 //
 // Design notes:
@@ -56,6 +57,7 @@ commands:
   scale     a big deferred queue: RSS, database size, restart time, idle CPU, queue list
   profile   CPU profile of greyrelay under the compare load (perf)
   disk      fsync latency of the disk holding the temporary directory
+  greylist  greyrelay vs Postfix through a real postgrey and a throttling destination
   cluster   1 node vs 3 nodes behind HAProxy, without and with Redis sharing
 
 Run "go run ./integration/bench COMMAND -h" for a command's flags. Needs root
@@ -127,7 +129,7 @@ func main() {
 	defer stop()
 	cmds := map[string]func(context.Context, []string) error{
 		"compare": runCompare, "sizes": runSizes, "storm": runStorm,
-		"scale": runScale, "profile": runProfile, "disk": runDisk,
+		"scale": runScale, "profile": runProfile, "disk": runDisk, "greylist": runGreylist,
 		"cluster": runCluster,
 	}
 	f, ok := cmds[os.Args[1]]

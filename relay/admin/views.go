@@ -151,9 +151,11 @@ type Destination struct {
 	Greylists           bool       `json:"greylists"`
 	GreylistSeen        int        `json:"greylist_seen"`
 	GreylistPassed      int        `json:"greylist_passed"`
-	LearnedDelaySeconds float64    `json:"learned_delay_seconds"`
+	LearnedDelaySeconds float64    `json:"learned_delay_seconds"` // upper bound of the greylisting delay
+	GreylistLowSeconds  float64    `json:"greylist_low_seconds"`  // its lower bound (0: none)
 	LastGreylisted      *time.Time `json:"last_greylisted,omitempty"`
 	ThrottleLevel       int        `json:"throttle_level"`
+	PaceSeconds         float64    `json:"pace_seconds"` // learned interval between transactions (0: not paced)
 	ThrottledUntil      *time.Time `json:"throttled_until,omitempty"`
 	DeadHosts           []DeadHost `json:"dead_hosts"` // sorted by host
 	LastReply           *Reply     `json:"last_reply,omitempty"`
@@ -242,6 +244,7 @@ func messageOf(m *queue.Message, now time.Time) Message {
 func destinationOf(d *queue.Destination) Destination {
 	out := Destination{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
 		GreylistPassed: d.GreylistPassed, LearnedDelaySeconds: d.LearnedDelay.Seconds(),
+		GreylistLowSeconds: d.GreylistLow.Seconds(), PaceSeconds: d.PaceInterval.Seconds(),
 		LastGreylisted: ts(d.LastGreylisted), ThrottleLevel: d.ThrottleLevel,
 		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]DeadHost, 0, len(d.DeadHosts)),
 		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated)}

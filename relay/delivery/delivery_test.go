@@ -343,24 +343,3 @@ func TestTooManyRecipients(t *testing.T) {
 		}
 	}
 }
-
-func TestLearnGreylistPass(t *testing.T) {
-	const m = time.Minute
-	for _, c := range []struct {
-		name          string
-		learned, seen time.Duration
-		tries         int
-		want          time.Duration
-	}{
-		{"first observation", 0, 6 * m, 1, 6 * m},
-		{"passed at first retry: keep the shorter", 6 * m, 7 * m, 1, 6 * m},
-		{"a shorter pass teaches a shorter delay", 6 * m, 4 * m, 1, 4 * m},
-		{"needed more retries: raise", 6 * m, 16 * m, 2, 16 * m},
-	} {
-		rec := queue.Destination{LearnedDelay: c.learned}
-		learnGreylistPass(&rec, c.seen, c.tries)
-		if rec.LearnedDelay != c.want || !rec.Greylists || rec.GreylistPassed != 1 {
-			t.Errorf("%s: %+v, want learned %v", c.name, rec, c.want)
-		}
-	}
-}

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"maps"
 	"time"
 
@@ -11,52 +12,90 @@ import (
 // What the engine learns about a destination domain, stored in its
 // queue.Destination record with the outcomes that taught it.
 //
-// Greylisting. A pass observed after a greylisting episode is an upper
-// bound of the receiver's delay (it let us in after that long), biased
-// upwards by our own retry schedule. Taking the average or the maximum of
-// such observations would drift upwards: each first retry lands a margin
-// after the learned delay and would teach a slightly longer one. So:
+// Greylisting. A destination's greylisting delay lies between the longest
+// wait (from an episode's first greylisting reply) after which a retry was
+// refused again and the shortest after which one passed: the window of
+// backoff.Window, kept in the record (GreylistLow, LearnedDelay). First
+// retries of later episodes land just past its upper bound or, now and
+// then, probe inside it; each pass and each refusal narrows it. Taking the
+// pass times themselves as the delay would drift upwards: every retry lands
+// a margin after the learned delay and would teach a slightly longer one.
 //
-//   - nothing learned yet: the observed time becomes the learned delay;
-//   - passed at the first retry: the learned delay is good; keep the
-//     smaller of the two (a shorter pass proves a shorter delay suffices);
-//   - passed only after two or more greylisting replies: the learned delay
-//     was too short (the receiver changed or differs per MX); take the
-//     larger of the two.
+// The window only shapes the retries of greylisted recipients
+// (backoff.Input.Window); it never delays other recipients: greylisting is
+// per triplet and never slows the whole destination.
 //
-// The learned delay only shapes the first retry of later greylisting
-// episodes (backoff.Input.LearnedDelay); it never delays other recipients:
-// greylisting is per triplet and never slows the whole destination.
+// Throttling. A destination that rate-limits us gets a learned pace
+// (backoff.Pace, AIMD): transactions to it start at most one per
+// PaceInterval, whichever worker makes them (paceWait), and a refused
+// recipient comes back one interval later, instead of the destination
+// pausing for the generic retry schedule.
+
+// window returns rec's greylisting window.
+func window(rec *queue.Destination) backoff.Window {
+	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Quiet: rec.GreylistQuiet, ProbeUntil: rec.GreylistProbe}
+}
+
+// setWindow stores w in rec.
+func setWindow(rec *queue.Destination, w backoff.Window) {
+	rec.GreylistLow, rec.LearnedDelay, rec.GreylistQuiet, rec.GreylistProbe = w.Low, w.High, w.Quiet, w.ProbeUntil
+}
 
 // learnGreylistPass records that a recipient first greylisted passed after
-// passed, having been greylisted tries times.
-func learnGreylistPass(rec *queue.Destination, passed time.Duration, tries int) {
+// passed (measured from its first greylisting reply).
+func learnGreylistPass(rec *queue.Destination, passed time.Duration) {
 	if passed <= 0 {
 		return
 	}
-	switch {
-	case rec.LearnedDelay <= 0:
-		rec.LearnedDelay = passed
-	case tries <= 1:
-		rec.LearnedDelay = min(rec.LearnedDelay, passed)
-	default:
-		rec.LearnedDelay = max(rec.LearnedDelay, passed)
-	}
+	setWindow(rec, window(rec).Passed(passed))
 	rec.Greylists = true
 	rec.GreylistPassed++
 }
 
-// learnGreylisted records one greylisting reply.
-func learnGreylisted(rec *queue.Destination, now time.Time) {
+// learnGreylisted records one greylisting reply at now, elapsed after the
+// episode's first (0 for the first), and fills in what the backoff policy
+// needs to place the retry: the window as it was, and a probe if this first
+// retry is to be one. A server's hint places the retry itself, so no probe
+// is spent on it.
+func learnGreylisted(rec *queue.Destination, in *backoff.Input, elapsed time.Duration, now time.Time) {
 	rec.Greylists = true
 	rec.GreylistSeen++
 	rec.LastGreylisted = now
+	w := window(rec)
+	in.Window, in.Elapsed = w, elapsed
+	switch {
+	case in.GreylistTries <= 1 && in.Hint <= 0:
+		in.Probe, w = w.Probe(now)
+	case in.GreylistTries > 1:
+		w = w.Refused(elapsed)
+	}
+	setWindow(rec, w)
+}
+
+// greylistWait learns from a greylisting reply at now (in.GreylistTries
+// counts it; the episode began at first) and returns how long the
+// recipient waits before its next retry.
+func greylistWait(p backoff.Policy, rec *queue.Destination, in backoff.Input, first, now time.Time, rnd float64) time.Duration {
+	learnGreylisted(rec, &in, now.Sub(first), now)
+	return p.Next(in, rnd)
+}
+
+// pace returns rec's learned pace.
+func pace(rec *queue.Destination) backoff.Pace {
+	return backoff.Pace{Interval: rec.PaceInterval, Base: rec.PaceBase, Refusals: rec.PaceRefusals}
+}
+
+// setPace stores p in rec.
+func setPace(rec *queue.Destination, p backoff.Pace) {
+	rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = p.Interval, p.Base, p.Refusals
 }
 
 // learnThrottle updates the destination-wide throttle after an attempt: a
-// rate-limit reply throttles the destination (concurrency 1, paused for a
-// while; backoff.Policy.OnRateLimited), an accepted message relaxes it one
-// level. A rate limit wins over a success in the same attempt.
+// rate-limit reply throttles the destination (concurrency 1, paused only
+// for a server's hint; backoff.Policy.OnRateLimited; its pace was slowed
+// down when the reply was settled), accepted messages relax it one level
+// and speed up its pace. A rate limit wins over a success in the same
+// attempt.
 func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.Time) {
 	t := backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
 	switch {
@@ -65,10 +104,48 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		rec.LastReply = queue.Reply{Code: s.rated.Code, Enhanced: s.rated.Enhanced, Text: s.rated.Text}
 	case s.success:
 		t = t.OnSuccess()
+		p := pace(rec)
+		for range s.accepted {
+			p = p.OnAccepted()
+		}
+		setPace(rec, p)
 	default:
 		return
 	}
 	rec.ThrottleLevel, rec.ThrottledUntil = t.Level, t.Until
+}
+
+// paceIdle is the longest wait for a paced start that keeps the worker's
+// connection open: longer, and release closes it first (servers drop idle
+// clients after a while, and an open connection is a slot others could
+// use).
+const paceIdle = 5 * time.Second
+
+// paceWait waits until d's next transaction may start under its learned
+// pace, and takes that start for the caller; before a wait longer than
+// paceIdle it calls release. It returns false if ctx ended first.
+func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
+	d.mu.Lock()
+	p := pace(&d.rec)
+	now := e.now()
+	at := p.Start(d.lastStart, now)
+	d.lastStart = at // also unpaced: a refusal paces from the start before it
+	d.mu.Unlock()
+	wait := at.Sub(now)
+	if wait <= 0 {
+		return true
+	}
+	if wait > paceIdle {
+		release()
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // decayThrottle ends a destination's throttling when recipients of it
@@ -92,6 +169,7 @@ func (e *Engine) decayThrottle(rec *queue.Destination, results []queue.Result) {
 		return
 	}
 	rec.ThrottleLevel, rec.ThrottledUntil = 0, time.Time{}
+	setPace(rec, backoff.Pace{})
 }
 
 // markDead remembers that addr refused or ignored a connection, so that no

@@ -40,13 +40,14 @@ type attempt struct {
 
 // settlement collects what one attempt changes, before it is stored.
 type settlement struct {
-	u       queue.Update
-	notices map[dsn.Action][]dsn.Recipient
-	lines   []logLine
-	rated   classifier.Verdict // a rate-limit verdict seen in this attempt
-	limited bool
-	success bool
-	expired bool // some recipient's lifetime ran out
+	u        queue.Update
+	notices  map[dsn.Action][]dsn.Recipient
+	lines    []logLine
+	rated    classifier.Verdict // a rate-limit verdict seen in this attempt
+	limited  bool
+	success  bool
+	accepted int  // recipients accepted
+	expired  bool // some recipient's lifetime ran out
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -306,11 +307,12 @@ func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o 
 	res.Stage = classifier.StageEndOfData.String()
 	if !o.r.FirstGreylisted.IsZero() {
 		passed := now.Sub(o.r.FirstGreylisted)
-		learnGreylistPass(rec, passed, o.r.GreylistTries)
+		learnGreylistPass(rec, passed)
 		e.m.GreylistPass.Observe(passed.Seconds())
 	}
 	res.FirstGreylisted, res.GreylistTries = time.Time{}, 0
 	s.success = true
+	s.accepted++
 	e.m.AttemptsPerMsg.Observe(float64(o.r.Attempts + 1))
 	// RFC 3461 §5.2.2: a peer without the DSN extension cannot report
 	// success, so we report "relayed" ourselves when SUCCESS was asked for.
@@ -336,8 +338,8 @@ func (e *Engine) failed(s *settlement, a *attempt, o outcome, res *queue.Result,
 
 // deferred records a temporary failure and schedules the next attempt.
 func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o outcome, res *queue.Result, now time.Time) {
-	in := backoff.Input{Kind: backoff.Generic, Attempt: o.r.Attempts + 1, GreylistTries: o.r.GreylistTries,
-		LearnedDelay: rec.LearnedDelay, Hint: o.v.Hint}
+	in := backoff.Input{Kind: backoff.Generic, Attempt: o.r.Attempts + 1, GreylistTries: o.r.GreylistTries, Hint: o.v.Hint}
+	var paced time.Duration
 	switch o.v.Reason {
 	case classifier.Greylisted:
 		in.Kind = backoff.Greylisted
@@ -346,12 +348,24 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 		if res.FirstGreylisted.IsZero() {
 			res.FirstGreylisted = now
 		}
-		learnGreylisted(rec, now)
 	case classifier.RateLimited:
 		in.Kind = backoff.RateLimited
+		if !s.limited {
+			setPace(rec, pace(rec).OnRefused())
+		}
 		s.rated, s.limited = o.v, true
+		if o.v.Hint <= 0 {
+			paced = rec.PaceInterval // back in line at the learned pace
+		}
 	}
-	next := now.Add(e.policy.Next(in, e.opt.Rand()))
+	wait := paced
+	switch {
+	case in.Kind == backoff.Greylisted:
+		wait = greylistWait(e.policy, rec, in, res.FirstGreylisted, now, e.opt.Rand())
+	case wait <= 0:
+		wait = e.policy.Next(in, e.opt.Rand())
+	}
+	next := now.Add(wait)
 	// Never schedule past the deadline: the last try happens at the
 	// deadline, and its deferral expires the recipient.
 	if dl := e.deadline(a.msg); next.After(dl) {

@@ -71,11 +71,13 @@ func TestGreylisting(t *testing.T) {
 }
 
 // TestRateLimited: 451 4.7.28 throttles the whole destination: concurrency
-// 1 and a pause; a message arriving during the pause is not attempted
-// before it ends, and a success relaxes the throttle again.
+// 1 and a learned pace instead of a pause. Transactions after the refusal
+// start one pace interval apart (the refused recipient comes back in line
+// one interval later, not after retry.initial_interval), and accepted
+// messages relax the throttle and speed the pace up.
 func TestRateLimited(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
 	h.dns.MX("rl.test", 10, "mx.rl.test").A("mx.rl.test", "127.0.0.35")
 	f := startMX(t, "127.0.0.35", h.port, fakeOpt{rcpt: func(n int, _ string) error {
 		if n == 0 {
@@ -87,28 +89,31 @@ func TestRateLimited(t *testing.T) {
 	h.start()
 	eventually(t, wait, "rate-limited once", func() bool { return len(h.outcomes("a@rl.test")) == 1 })
 	dst, _, _ := h.q.Destination("rl.test")
-	if dst.ThrottleLevel != 1 || !dst.ThrottledUntil.After(f.transactions()[0].at) {
-		t.Fatalf("destination %+v, want throttled (level 1, paused)", dst)
+	if dst.ThrottleLevel != 1 || !dst.ThrottledUntil.IsZero() || dst.PaceInterval <= 0 {
+		t.Fatalf("destination %+v, want throttled (level 1), paced, not paused", dst)
 	}
-	if r, _ := h.rcpt(a, 0); r.Reason != "rate-limited" {
-		t.Errorf("reason %q, want rate-limited", r.Reason)
+	interval := dst.PaceInterval
+	if r, _ := h.rcpt(a, 0); r.Reason != "rate-limited" || r.NextAttempt.After(time.Now().Add(interval)) {
+		t.Errorf("a: reason %q next attempt %v, want rate-limited, back within the pace interval %v", r.Reason, r.NextAttempt, interval)
 	}
 	b := h.enqueue("alice@sender.test", "b@rl.test")
-	// b is not attempted while the destination is paused: it is pushed to
-	// the end of the pause.
-	eventually(t, wait, "b pushed to the end of the pause", func() bool {
-		r, ok := h.rcpt(b, 0)
-		return ok && r.Attempts == 0 && r.NextAttempt.Equal(dst.ThrottledUntil)
-	})
-	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
-	for _, tx := range f.transactions()[1:] {
-		if tx.at.Before(dst.ThrottledUntil) {
-			t.Errorf("transaction at %v during the pause (until %v)", tx.at, dst.ThrottledUntil)
+	c := h.enqueue("alice@sender.test", "c@rl.test")
+	eventually(t, 3*wait, "all delivered", func() bool { return h.gone(a) && h.gone(b) && h.gone(c) })
+	txs := f.transactions()
+	if len(txs) != 4 {
+		t.Fatalf("%d transactions, want 4 (a refused, then a, b, c)", len(txs))
+	}
+	for i := 1; i < len(txs); i++ {
+		// Each start waits for the previous start plus the interval then
+		// learned; the pace only speeds up after acceptances (by 10% each
+		// in slow start), so 80% of the first interval is a lower bound.
+		if gap := txs[i].at.Sub(txs[i-1].at); gap < interval*8/10 {
+			t.Errorf("transaction %d started %v after the previous one, want the pace interval (%v)", i+1, gap, interval)
 		}
 	}
 	dst, _, _ = h.q.Destination("rl.test")
-	if dst.ThrottleLevel != 0 {
-		t.Errorf("throttle level %d after success, want 0", dst.ThrottleLevel)
+	if dst.ThrottleLevel != 0 || dst.PaceInterval >= interval {
+		t.Errorf("after three acceptances: throttle level %d, pace %v; want 0 and faster than %v", dst.ThrottleLevel, dst.PaceInterval, interval)
 	}
 }
 

@@ -62,6 +62,9 @@ type dest struct {
 	mu     sync.Mutex
 	rec    queue.Destination // guarded by mu
 	stored queue.Destination // what the queue holds (deep copy); guarded by mu
+	// lastStart is when the last transaction was allowed to start
+	// (paceWait); guarded by mu.
+	lastStart time.Time
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one

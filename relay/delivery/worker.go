@@ -41,6 +41,9 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		e.closeSession(ctx, s)
 	}()
 	for served := 0; ctx.Err() == nil; served++ {
+		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
+			return
+		}
 		j := e.nextJob(d, s, served)
 		if j == nil {
 			return

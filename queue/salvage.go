@@ -1,0 +1,475 @@
+package queue
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Salvage: what can be read of a damaged file goes into a fresh one.
+//
+// The daemon is stopped (a file another process holds is refused). The
+// damaged file is read with the bounds-checked reader (pagefile.go), never
+// with bbolt: first the tree from the newest valid meta page, which knows
+// which record is current; every key range under a page it cannot read is
+// noted as lost. Then page by page: every page that parses as a leaf gives
+// its records, and a record is taken only for a key in a lost range of
+// its bucket (everywhere when no meta page is valid), only when its seal
+// proves its bucket and key (unsealed records of older formats are taken
+// from the tree only), and of several versions of a recipient the most
+// advanced. A message is copied when its envelope, its body (matching the
+// envelope's body checksum, in the database or its spool file) and at
+// least one live recipient are all intact, with its recipients' state and
+// histories; a message with a finished record is not (it left the queue).
+// Destination records, finished records and the intake journal's state
+// (so that Open replays what it holds) come along from the tree. The
+// damaged file is renamed path.damaged-TIMESTAMP and kept.
+//
+// Limits: a recipient whose current record was on a lost page comes back
+// in the state of an older copy, so it may be delivered again (never lost
+// or altered); messages that had left the queue can come back only when
+// both their envelope and their recipients lie in lost ranges and no
+// finished record names them.
+
+// SalvageReport is what Salvage recovered and what it could not.
+type SalvageReport struct {
+	DamagedPath string   // where the damaged file was kept
+	Messages    int      // messages copied
+	Recipients  int      // live recipients copied
+	Damage      []string // what the walk of the damaged file could not read
+	Lost        []string // messages seen but not copied, with the reason
+}
+
+// salvaged is what the damaged file gave for one bucket.
+type salvaged struct {
+	tree  map[string][]byte // from the tree: current
+	lost  [][2][]byte       // key ranges under unreadable pages
+	pages map[string][]byte // from the page scan, for keys in lost ranges
+}
+
+func (s *salvaged) inLost(k []byte) bool {
+	for _, r := range s.lost {
+		if (r[0] == nil || bytes.Compare(k, r[0]) >= 0) && (r[1] == nil || bytes.Compare(k, r[1]) < 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// Salvage copies every intact message of the damaged queue file at path
+// into a fresh file at path, keeping the damaged one aside; now names it.
+// The relay must be stopped.
+func Salvage(path string, now time.Time) (*SalvageReport, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	free := lockFree(f)
+	f.Close()
+	if !free {
+		return nil, fmt.Errorf("queue: salvage: %w: %s; stop greyrelay first", ErrLocked, path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	rep := &SalvageReport{DamagedPath: path + ".damaged-" + now.UTC().Format("20060102T150405Z")}
+	bs, seq := readDamaged(b, rep)
+	fresh := path + ".salvage-tmp"
+	os.Remove(fresh)
+	if err := writeSalvaged(fresh, path, bs, seq, rep); err != nil {
+		os.Remove(fresh)
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	copyOwner(path, fresh)
+	if err := os.Rename(path, rep.DamagedPath); err != nil {
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	if err := os.Rename(fresh, path); err != nil {
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("queue: salvage: %w", err)
+	}
+	// Open replays the journal into the fresh file and checks it opens.
+	q, err := Open(path, Options{})
+	if err != nil {
+		return rep, fmt.Errorf("queue: salvage: the fresh queue does not open: %w", err)
+	}
+	return rep, q.Close()
+}
+
+// readDamaged walks the damaged file's tree, then its pages.
+func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, uint64) {
+	bs := map[string]*salvaged{}
+	get := func(name []byte) *salvaged {
+		s := bs[string(name)]
+		if s == nil {
+			s = &salvaged{tree: map[string][]byte{}, pages: map[string][]byte{}}
+			bs[string(name)] = s
+		}
+		return s
+	}
+	var seq uint64
+	pf := newPageFile(b, os.Getpagesize())
+	w := &walker{f: pf, seen: map[uint64]bool{}, v: treeVisitor{
+		kv: func(path [][]byte, k, v []byte) {
+			if len(path) == 1 {
+				get(path[0]).tree[string(k)] = v
+			}
+		},
+		lost: func(path [][]byte, lo, hi []byte, err error) {
+			rep.Damage = append(rep.Damage, err.Error())
+			if len(path) == 0 { // the root itself: every bucket
+				for _, n := range allBuckets {
+					get(n).lost = append(get(n).lost, [2][]byte{nil, nil})
+				}
+			} else if len(path) == 1 {
+				get(path[0]).lost = append(get(path[0]).lost, [2][]byte{lo, hi})
+			}
+		},
+		seq: func(path [][]byte, s uint64) {
+			if len(path) == 1 && bytes.Equal(path[0], bMsgs) {
+				seq = s
+			}
+		},
+	}}
+	w.walk()
+	pf.scanPages(func(_ []byte, k, v []byte) { pickPaged(get, k, v) })
+	return bs, seq
+}
+
+// pickPaged files a record found by the page scan under the bucket its
+// seal proves, if its key lies in a lost range there, keeping the most
+// advanced version. Bodies and spool names cannot be proved: they are
+// kept as candidates and checked against their envelope later.
+func pickPaged(get func([]byte) *salvaged, k, v []byte) {
+	switch len(k) {
+	case 8:
+		id := ID(binary.BigEndian.Uint64(k))
+		if sealed(v) {
+			if _, err := decodeMessageRec(id, v); err == nil {
+				keepPaged(get(bMsgs), k, v, nil)
+			}
+			return
+		}
+		for _, n := range [][]byte{bBodies, bSpool} {
+			keepPaged(get(n), k, v, func(old, v []byte) bool { return false })
+		}
+	case 16:
+		// Perhaps a finished-message record (time|id): used only to keep a
+		// message that left the queue from coming back, so an unproved
+		// one costs at most a message not recovered, never a duplicate.
+		get(bFinished).pages[string(k)] = nil
+	case rcptKeyLen:
+		key, _ := parseRcptKey(k)
+		if !sealed(v) {
+			return
+		}
+		if r, err := decodeRecipient(key, v); err == nil {
+			keepPaged(get(bRcpts), k, v, func(old, _ []byte) bool {
+				o, _ := decodeRecipient(key, old)
+				return ahead(&r, &o)
+			})
+		} else if h, err := decodeHistory(key, v, Attempt{}); err == nil {
+			keepPaged(get(bHist), k, v, func(old, _ []byte) bool {
+				o, _ := decodeHistory(key, old, Attempt{})
+				return len(h) > len(o)
+			})
+		}
+	}
+}
+
+func sealed(v []byte) bool { return len(v) > sealSize && v[0]&sealedFlag != 0 }
+
+// keepPaged keeps v for k in s when k lies in a lost range and no version
+// is kept yet, or better says v is ahead of the kept one.
+func keepPaged(s *salvaged, k, v []byte, better func(old, v []byte) bool) {
+	if _, ok := s.tree[string(k)]; ok || !s.inLost(k) {
+		return
+	}
+	if old, ok := s.pages[string(k)]; ok && (better == nil || !better(old, v)) {
+		return
+	}
+	s.pages[string(k)] = bytes.Clone(v)
+}
+
+// ahead reports whether recipient a is a later state than b.
+func ahead(a, b *Recipient) bool {
+	if a.Status.Final() != b.Status.Final() {
+		return a.Status.Final()
+	}
+	if a.Attempts != b.Attempts {
+		return a.Attempts > b.Attempts
+	}
+	return a.LastAttempt.After(b.LastAttempt)
+}
+
+// value returns the current value of k in bucket: the tree's, else the
+// page scan's.
+func (s *salvaged) value(k []byte) []byte {
+	if s == nil {
+		return nil
+	}
+	if v, ok := s.tree[string(k)]; ok {
+		return v
+	}
+	return s.pages[string(k)]
+}
+
+// writeSalvaged builds the fresh file at fresh.
+func writeSalvaged(fresh, path string, bs map[string]*salvaged, seq uint64, rep *SalvageReport) error {
+	db, err := bolt.Open(fresh, 0o600, &bolt.Options{Timeout: DefaultLockTimeout})
+	if err != nil {
+		return err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, n := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
+				return err
+			}
+		}
+		c := &salvageCopy{tx: tx, bs: bs, spoolDir: path + ".bodies", rep: rep, seq: seq}
+		return c.run()
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+type salvageCopy struct {
+	tx       *bolt.Tx
+	bs       map[string]*salvaged
+	spoolDir string
+	rep      *SalvageReport
+	seq      uint64
+}
+
+func (c *salvageCopy) run() error {
+	ids := c.messageIDs()
+	for _, id := range ids {
+		if why, err := c.message(id); err != nil {
+			return err
+		} else if why != "" {
+			c.rep.Lost = append(c.rep.Lost, fmt.Sprintf("message %s: %s", id, why))
+			c.keepSpoolName(id)
+		}
+		c.seq = max(c.seq, uint64(id))
+	}
+	if err := c.tx.Bucket(bMsgs).SetSequence(c.seq); err != nil {
+		return err
+	}
+	if err := c.copyTree(bDests, func(k, v []byte) bool { _, err := decodeDestination(v); return err == nil }); err != nil {
+		return err
+	}
+	if err := c.copyTree(bFinished, func(k, v []byte) bool { return len(k) == 16 }); err != nil {
+		return err
+	}
+	// The journal's salt and applied number, so that Open replays what
+	// the database lacks; and the format, so that Open knows the records.
+	return c.copyTree(bJournal, func(k, v []byte) bool { return true })
+}
+
+// messageIDs lists every message ID any recipient or envelope names.
+func (c *salvageCopy) messageIDs() []ID {
+	seen := map[ID]bool{}
+	for _, n := range [][]byte{bMsgs, bRcpts} {
+		s := c.bs[string(n)]
+		if s == nil {
+			continue
+		}
+		for _, m := range []map[string][]byte{s.tree, s.pages} {
+			for k := range m {
+				if len(k) >= 8 {
+					seen[ID(binary.BigEndian.Uint64([]byte(k)))] = true
+				}
+			}
+		}
+	}
+	ids := make([]ID, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids
+}
+
+func (c *salvageCopy) finished(id ID) bool {
+	s := c.bs[string(bFinished)]
+	if s == nil {
+		return false
+	}
+	for _, m := range []map[string][]byte{s.tree, s.pages} {
+		for k := range m {
+			if len(k) == 16 && ID(binary.BigEndian.Uint64([]byte(k)[8:])) == id {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// message copies message id; it returns why it could not (and nil).
+func (c *salvageCopy) message(id ID) (string, error) {
+	k := idKey(id)
+	mv := c.bs[string(bMsgs)].value(k)
+	if mv == nil {
+		if c.finished(id) {
+			return "", nil // recipients left behind by a finished message
+		}
+		return "envelope lost", nil
+	}
+	m, err := decodeMessageRec(id, mv)
+	if err != nil {
+		return "envelope damaged: " + err.Error(), nil
+	}
+	if c.finished(id) {
+		return "", nil
+	}
+	body, spool, why := c.body(&m)
+	if why != "" {
+		return why, nil
+	}
+	rs, hs := c.recipients(id)
+	if len(rs) == 0 {
+		return "no live recipient readable", nil
+	}
+	if err := c.tx.Bucket(bMsgs).Put(k, mv); err != nil {
+		return "", err
+	}
+	if spool != nil {
+		err = c.tx.Bucket(bSpool).Put(k, spool)
+	} else {
+		err = c.tx.Bucket(bBodies).Put(k, body)
+	}
+	if err != nil {
+		return "", err
+	}
+	for i := range rs {
+		if err := c.putRcpt(&rs[i], hs[i]); err != nil {
+			return "", err
+		}
+	}
+	c.rep.Messages++
+	c.rep.Recipients += len(rs)
+	return "", nil
+}
+
+// body finds message m's body: in the database, or its spool file.
+func (c *salvageCopy) body(m *Message) (body, spool []byte, why string) {
+	k := idKey(m.ID)
+	check := func(b []byte) bool { return m.bodySummed && bodySum(b) == m.bodySum || !m.bodySummed }
+	if s := c.bs[string(bBodies)]; s != nil {
+		if v, ok := s.tree[string(k)]; ok {
+			if check(v) {
+				return v, nil, ""
+			}
+			return nil, nil, "body fails its checksum"
+		}
+		if v, ok := s.pages[string(k)]; ok && m.bodySummed && check(v) {
+			return v, nil, ""
+		}
+	}
+	name := c.bs[string(bSpool)].value(k)
+	if name == nil || !bytes.HasPrefix(name, []byte(bodyFilePrefix)) {
+		return nil, nil, "body lost"
+	}
+	fb, err := os.ReadFile(filepath.Join(c.spoolDir, string(name)))
+	if err != nil {
+		return nil, nil, "spool file: " + err.Error()
+	}
+	if !check(fb) {
+		return nil, nil, "spool file " + string(name) + " fails its checksum"
+	}
+	return nil, name, ""
+}
+
+// recipients returns the live recipients of id with their raw histories.
+func (c *salvageCopy) recipients(id ID) ([]Recipient, [][]byte) {
+	var rs []Recipient
+	var hs [][]byte
+	s := c.bs[string(bRcpts)]
+	if s == nil {
+		return nil, nil
+	}
+	keys := map[string]bool{}
+	for _, m := range []map[string][]byte{s.tree, s.pages} {
+		for k := range m {
+			if len(k) == rcptKeyLen && ID(binary.BigEndian.Uint64([]byte(k))) == id {
+				keys[k] = true
+			}
+		}
+	}
+	for k := range keys {
+		key, _ := parseRcptKey([]byte(k))
+		r, err := decodeRecipient(key, s.value([]byte(k)))
+		if err != nil {
+			c.rep.Lost = append(c.rep.Lost, fmt.Sprintf("recipient %s: %v", key, err))
+			continue
+		}
+		if r.Status.Final() {
+			continue
+		}
+		h := c.bs[string(bHist)].value([]byte(k))
+		if h != nil {
+			if _, err := decodeHistory(key, h, historyRef(&r)); err != nil {
+				h = nil // the state is what matters; a history that does not fit is left out
+			}
+		}
+		rs, hs = append(rs, r), append(hs, h)
+	}
+	return rs, hs
+}
+
+// putRcpt stores a recipient as it was, with its due entry and history.
+func (c *salvageCopy) putRcpt(r *Recipient, h []byte) error {
+	k := rcptKey(r.Key)
+	if err := c.tx.Bucket(bRcpts).Put(k, encodeRecipient(r)); err != nil {
+		return err
+	}
+	if h != nil {
+		if err := c.tx.Bucket(bHist).Put(k, h); err != nil {
+			return err
+		}
+	}
+	if dk := expectedDueKey(r); dk != nil {
+		return c.tx.Bucket(bDue).Put(dk, dueValue(r))
+	}
+	return nil
+}
+
+// copyTree copies bucket's current records the tree gave that ok accepts.
+func (c *salvageCopy) copyTree(bucket []byte, ok func(k, v []byte) bool) error {
+	s := c.bs[string(bucket)]
+	if s == nil {
+		return nil
+	}
+	for k, v := range s.tree {
+		if ok([]byte(k), v) {
+			if err := c.tx.Bucket(bucket).Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// keepSpoolName keeps the spool file of a message not copied (the sweep
+// at Open would remove it otherwise), under the quarantine bucket.
+func (c *salvageCopy) keepSpoolName(id ID) {
+	name := c.bs[string(bSpool)].value(idKey(id))
+	if name == nil {
+		return
+	}
+	qb, err := c.tx.Bucket(bQuarantine).CreateBucketIfNotExists(bSpool)
+	if err == nil {
+		_ = qb.Put(idKey(id), name)
+	}
+}
