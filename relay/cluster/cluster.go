@@ -5,8 +5,8 @@
 //
 //   - Each node keeps its own durable queue and its own destination
 //     records; Redis holds a shared copy of the part worth sharing (learned
-//     greylisting delay, throttle level and pause, dead MX hosts, the last
-//     rate-limit reply). The delivery engine reads it when it loads a
+//     greylisting window, throttle level, pause and pace, dead MX hosts,
+//     the last rate-limit reply). The delivery engine reads it when it loads a
 //     domain's state and when it opens a connection, and writes it when its
 //     own record changed: Redis traffic is per connection or state change,
 //     never per message.

@@ -29,13 +29,16 @@ type Shared interface {
 const leaseRetry = time.Second
 
 // adoptShared merges another node's view of a destination into rec: what
-// it learned later than rec wins. The learned greylisting delay and the
-// throttle come from the newer record, dead hosts are the union (the
+// it learned later than rec wins. The learned greylisting window, the
+// throttle level and the learned pace come from the newer record, dead hosts are the union (the
 // later time for each), and per-node counters stay rec's own.
 func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 	if sh.Updated.After(rec.Updated) {
 		if sh.LearnedDelay > 0 {
-			rec.LearnedDelay = sh.LearnedDelay
+			rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
+		}
+		if sh.PaceInterval > 0 {
+			rec.PaceInterval, rec.PaceBase = sh.PaceInterval, sh.PaceBase
 		}
 		rec.Greylists = rec.Greylists || sh.Greylists
 		if sh.LastGreylisted.After(rec.LastGreylisted) {

@@ -35,6 +35,14 @@ func TestAdoptShared(t *testing.T) {
 			want:  queue.Destination{Domain: "d", Greylists: true, GreylistSeen: 4, LearnedDelay: 3 * time.Minute, Updated: old},
 		},
 		{
+			name:  "a newer shared greylisting window and pace win",
+			local: queue.Destination{Domain: "d", LearnedDelay: time.Minute, GreylistLow: 30 * time.Second, Updated: old},
+			sh: queue.Destination{LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				PaceInterval: 2 * time.Second, PaceBase: time.Second, Updated: recent},
+			want: queue.Destination{Domain: "d", LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				PaceInterval: 2 * time.Second, PaceBase: time.Second, Updated: old},
+		},
+		{
 			name:  "a running pause elsewhere pauses here, whatever the age",
 			local: queue.Destination{Domain: "d", Updated: recent},
 			sh:    queue.Destination{ThrottleLevel: 2, ThrottledUntil: now.Add(time.Minute), Updated: old},
