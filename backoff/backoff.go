@@ -59,7 +59,8 @@ import (
 )
 
 // Policy holds the retry parameters. Every field is configurable (config
-// keys retry.*); the zero value is invalid, start from DefaultPolicy.
+// keys retry.*, whose defaults are in configs/default.yaml); the zero value
+// is invalid.
 type Policy struct {
 	Initial        time.Duration // retry.initial_interval: first generic retry
 	Factor         float64       // retry.factor: growth per attempt
@@ -70,21 +71,6 @@ type Policy struct {
 	HintMin        time.Duration // retry.hint_min: lower clamp for server hints only
 	HintMax        time.Duration // retry.hint_max: upper clamp for server hints and learned delays
 	Lifetime       time.Duration // retry.lifetime: give up this long after arrival
-}
-
-// DefaultPolicy returns the documented defaults.
-func DefaultPolicy() Policy {
-	return Policy{
-		Initial:        5 * time.Minute,
-		Factor:         2,
-		Max:            time.Hour,
-		Jitter:         0.1,
-		GreylistFirst:  5*time.Minute + 30*time.Second, // postgrey --delay=300 plus margin
-		GreylistSecond: 10 * time.Minute,
-		HintMin:        time.Minute,
-		HintMax:        4 * time.Hour,
-		Lifetime:       120 * time.Hour, // RFC 5321 §4.5.4.1: "at least 4-5 days"
-	}
 }
 
 // Validate reports every invalid parameter, joined into one error.

@@ -15,6 +15,9 @@
 //     *TLSError, timeouts, refused or dropped connections. A connection that
 //     drops mid-dialogue (EOF, reset) counts as a connect problem: the host or
 //     the path failed, not the message (Exim calls these host errors).
+//   - ReplyParser (reply.go) is greyrelay's one SMTP reply parser; it is
+//     strict and does no I/O: relay/smtpclient reads the lines under its
+//     own limits and hands them over.
 //   - Explain (explain.go) turns a reason and status code into advice for
 //     operators: what it means, who is at fault, what to do.
 //
@@ -33,8 +36,6 @@ import (
 	"os"
 	"syscall"
 	"time"
-
-	"github.com/emersion/go-smtp"
 )
 
 // Stage is the step of the SMTP dialogue at which an attempt ended.
@@ -356,23 +357,12 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 	return v
 }
 
-// asReply extracts an SMTP reply from err: a *Reply, a go-smtp *SMTPError or
-// a *textproto.Error anywhere in its chain.
+// asReply extracts an SMTP reply from err: a *Reply anywhere in its chain,
+// as relay/smtpclient returns them.
 func asReply(err error) (Reply, bool) {
 	var r *Reply
-	var se *smtp.SMTPError
-	var tp *textproto.Error
-	switch {
-	case errors.As(err, &r):
+	if errors.As(err, &r) {
 		return *r, true
-	case errors.As(err, &se):
-		rep := buildReply(se.Code, se.Message)
-		if s := normEnhanced(fmtEnhanced(se.EnhancedCode)); s != "" {
-			rep.Enhanced = s
-		}
-		return rep, true
-	case errors.As(err, &tp):
-		return buildReply(tp.Code, tp.Msg), true
 	}
 	return Reply{}, false
 }

@@ -2,10 +2,11 @@ package classifier
 
 import (
 	"fmt"
+	"net/textproto"
 	"strconv"
 	"strings"
-	"unicode"
-	"unicode/utf8"
+
+	"github.com/greyrelay/greyrelay/internal/safetext"
 )
 
 // maxText bounds Verdict.Text: enough for any real reply, small enough for
@@ -26,68 +27,122 @@ func (r *Reply) Error() string {
 	if r.Enhanced != "" {
 		s += " " + r.Enhanced
 	}
-	if t := flatten(r.Text); t != "" {
+	if t := safetext.Line(r.Text); t != "" {
 		s += " " + t
 	}
 	return s
 }
 
-// ParseReply parses a reply line such as "451 4.7.1 Greylisted" or
-// "450-4.2.1 ...". It is tolerant: several lines separated by CRLF or LF are
-// joined, repeated codes and enhanced codes on continuation lines
-// (RFC 2034 §4) are stripped, and a missing text is fine. It fails only if
-// the input does not start with a three-digit code followed by a space, a
-// hyphen or the end; the returned Reply then holds the cleaned input as Text.
-func ParseReply(line string) (Reply, error) {
-	lines := strings.Split(strings.TrimRight(line, "\r\n"), "\n")
-	code, ok := replyCode(strings.TrimRight(lines[0], "\r"))
-	if !ok {
-		return Reply{Text: flatten(line)}, fmt.Errorf("classifier: malformed SMTP reply %q", sanitize(line))
-	}
-	for i, l := range lines {
-		l = strings.TrimRight(l, "\r")
-		if _, ok := replyCode(l); ok {
-			l = l[min(4, len(l)):]
-		}
-		lines[i] = l
-	}
-	return buildReply(code, strings.Join(lines, "\n")), nil
+// ReplyParser parses one SMTP reply a line at a time (RFC 5321 §4.2.1),
+// without reading anything itself: the caller reads lines (with CRLF or LF
+// removed) under its own limits and hands them to Add. The zero value is
+// ready for one reply.
+//
+// It is strict: every line is "ddd text", "ddd-text" or "ddd"; every line of
+// a reply carries the same code; codes outside 200-599 cannot be a reply to
+// anything a client sends (1xx is unused by SMTP, 6xx-9xx do not exist).
+// Malformed input is a textproto.ProtocolError, which Classify treats as
+// temporary. The text is returned as the peer sent it: sanitising is the
+// job of whoever prints or stores it.
+type ReplyParser struct {
+	code  int
+	lines []string
 }
 
-// replyCode reads the three-digit code that starts an SMTP reply line.
-func replyCode(l string) (int, bool) {
-	if len(l) < 3 || (len(l) > 3 && l[3] != ' ' && l[3] != '-') {
-		return 0, false
+// Add parses the next line. It returns the reply when line was the last one
+// (a space after the code, or nothing), and nil while more lines follow.
+func (p *ReplyParser) Add(line string) (*Reply, error) {
+	code, final, text, err := splitLine(line)
+	if err != nil {
+		return nil, err
 	}
-	for i := range 3 {
-		if l[i] < '0' || l[i] > '9' {
-			return 0, false
-		}
+	if p.code != 0 && code != p.code {
+		// RFC 5321 §4.2.1: every line of a reply carries the same code.
+		return nil, textproto.ProtocolError("inconsistent codes in multi-line reply: " + quote(line))
 	}
-	n, _ := strconv.Atoi(l[:3])
-	return n, true
+	p.code = code
+	p.lines = append(p.lines, text)
+	if !final {
+		return nil, nil
+	}
+	return buildReply(code, p.lines), nil
 }
 
-// buildReply splits an enhanced code off the text of a reply whose lines
-// already lost their reply codes (as textproto and go-smtp deliver them).
-func buildReply(code int, msg string) Reply {
-	r := Reply{Code: code}
-	var out []string
-	for i, l := range strings.Split(msg, "\n") {
-		l = strings.TrimSpace(l)
-		tok, rest, _ := strings.Cut(l, " ")
-		if e, ok := parseEnhanced(tok); ok && (i == 0 || fmtEnhanced(e) == r.Enhanced) {
-			if i == 0 {
-				r.Enhanced = fmtEnhanced(e)
+// Lines returns the text of each line added so far (after "ddd-" or
+// "ddd "), which EHLO parsing needs.
+func (p *ReplyParser) Lines() []string { return p.lines }
+
+// splitLine parses "ddd text", "ddd-text" or "ddd".
+func splitLine(line string) (code int, final bool, text string, err error) {
+	if len(line) < 3 || !digit(line[0]) || !digit(line[1]) || !digit(line[2]) {
+		return 0, false, "", textproto.ProtocolError("malformed reply: " + quote(line))
+	}
+	code = int(line[0]-'0')*100 + int(line[1]-'0')*10 + int(line[2]-'0')
+	if code < 200 || code > 599 {
+		return 0, false, "", textproto.ProtocolError("invalid reply code: " + quote(line))
+	}
+	if len(line) == 3 {
+		return code, true, "", nil
+	}
+	switch line[3] {
+	case ' ':
+		return code, true, line[4:], nil
+	case '-':
+		return code, false, line[4:], nil
+	}
+	return 0, false, "", textproto.ProtocolError("malformed reply: " + quote(line))
+}
+
+// buildReply joins the lines and extracts the enhanced status code.
+//
+// RFC 2034 §3 lets a client rely on enhanced codes only when the server
+// advertised ENHANCEDSTATUSCODES, but greetings and EHLO replies arrive
+// before we know, and many servers send them regardless. So we take one
+// whenever the first line starts with a well-formed x.y.z whose class
+// matches the reply code's first digit; text that merely looks like one in
+// another class (e.g. "250 1.2.3.4 accepted") is left alone. The code is
+// stripped from every line that repeats it (RFC 2034 §4).
+func buildReply(code int, lines []string) *Reply {
+	r := &Reply{Code: code}
+	if enh, ok := enhancedPrefix(lines[0], code/100); ok {
+		r.Enhanced = enh
+		out := make([]string, len(lines))
+		for i, l := range lines {
+			if e, ok := enhancedPrefix(l, code/100); ok && e == enh {
+				l = strings.TrimPrefix(l[len(e):], " ")
 			}
-			l = rest
+			out[i] = l
 		}
-		if l = flatten(l); l != "" {
-			out = append(out, l)
+		lines = out
+	}
+	r.Text = strings.Join(lines, "\n")
+	return r
+}
+
+// enhancedPrefix returns the RFC 3463 code "class.subject.detail" that
+// starts text, if any: class is one digit, subject and detail 1-3 digits.
+func enhancedPrefix(text string, class int) (string, bool) {
+	tok, _, _ := strings.Cut(text, " ")
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 || parts[0] != string(rune('0'+class)) {
+		return "", false
+	}
+	for _, p := range parts[1:] {
+		if len(p) < 1 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
+			return "", false
 		}
 	}
-	r.Text = strings.Join(out, "\n")
-	return r
+	return tok, true
+}
+
+func digit(b byte) bool { return '0' <= b && b <= '9' }
+
+// quote shortens and quotes peer text for error messages.
+func quote(s string) string {
+	if len(s) > 80 {
+		s = s[:80] + "..."
+	}
+	return strconv.Quote(s)
 }
 
 // parseEnhanced parses an RFC 3463 code: class 2, 4 or 5, then subject and
@@ -118,28 +173,8 @@ func normEnhanced(s string) string {
 	return ""
 }
 
-// flatten makes text safe for one log or DSN line: invalid UTF-8 and control
-// characters (CR, LF, NUL, ...) become spaces, and runs of space collapse.
-func flatten(s string) string {
-	s = strings.ToValidUTF8(s, "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	return strings.Join(strings.Fields(s), " ")
-}
-
-// sanitize flattens s and cuts it to maxText bytes on a rune boundary.
+// sanitize makes outside text one safe line (safetext.Line) of at most
+// maxText bytes.
 func sanitize(s string) string {
-	s = flatten(s)
-	if len(s) <= maxText {
-		return s
-	}
-	i := maxText
-	for i > 0 && !utf8.RuneStart(s[i]) {
-		i--
-	}
-	return strings.TrimSpace(s[:i])
+	return strings.TrimSpace(safetext.Cut(safetext.Line(s), maxText))
 }

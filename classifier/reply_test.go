@@ -1,10 +1,30 @@
 package classifier
 
 import (
+	"net/textproto"
 	"strings"
 	"testing"
 	"unicode/utf8"
 )
+
+// ParseReply parses a whole reply written as text, lines separated by LF
+// or CRLF, with ReplyParser, as relay/smtpclient does when it reads one.
+func ParseReply(s string) (Reply, error) {
+	var p ReplyParser
+	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
+	for i, l := range lines {
+		r, err := p.Add(strings.TrimSuffix(l, "\r"))
+		switch {
+		case err != nil:
+			return Reply{}, err
+		case r != nil && i == len(lines)-1:
+			return *r, nil
+		case r != nil:
+			return Reply{}, textproto.ProtocolError("text after the last line of a reply")
+		}
+	}
+	return Reply{}, textproto.ProtocolError("reply without a last line")
+}
 
 func TestParseReply(t *testing.T) {
 	cases := []struct {
@@ -16,16 +36,15 @@ func TestParseReply(t *testing.T) {
 		{"450-4.2.1 first\r\n450-4.2.1 second\r\n450 4.2.1 third", Reply{450, "4.2.1", "first\nsecond\nthird"}},
 		{"550-5.1.1 a\n550 b", Reply{550, "5.1.1", "a\nb"}},
 		{"421", Reply{421, "", ""}},
-		{"421-", Reply{421, "", ""}},
 		{"421 ", Reply{421, "", ""}},
 		{"554 Transaction failed", Reply{554, "", "Transaction failed"}},
-		{"451 4.07.001 odd but valid", Reply{451, "4.7.1", "odd but valid"}},
+		{"451 4.07.001 odd but valid", Reply{451, "4.07.001", "odd but valid"}}, // normalised by Classify
 		{"451 4.7 not an enhanced code", Reply{451, "", "4.7 not an enhanced code"}},
 		{"451 6.7.1 not a class", Reply{451, "", "6.7.1 not a class"}},
 		{"451 4.7.1", Reply{451, "4.7.1", ""}},
-		{"451 4.7.1 tab\there\x00nul", Reply{451, "4.7.1", "tab here nul"}},
-		{"450 4.7.1 bad \xff utf8", Reply{450, "4.7.1", "bad \uFFFD utf8"}},
-		{"999 odd code", Reply{999, "", "odd code"}},
+		// The text is kept as sent; Error and Classify sanitise it.
+		{"451 4.7.1 tab\there\x00nul", Reply{451, "4.7.1", "tab\there\x00nul"}},
+		{"450 4.7.1 bad \xff utf8", Reply{450, "4.7.1", "bad \xff utf8"}},
 	}
 	for _, tc := range cases {
 		got, err := ParseReply(tc.in)
@@ -36,7 +55,8 @@ func TestParseReply(t *testing.T) {
 }
 
 func TestParseReply_Malformed(t *testing.T) {
-	for _, in := range []string{"", "\r\n", "45", "4510 x", "abc def", "hello world", "ESMTP ready", " 451 x", "45a x"} {
+	for _, in := range []string{"", "\r\n", "45", "4510 x", "abc def", "hello world", "ESMTP ready", " 451 x", "45a x",
+		"421-", "999 odd code", "199 x", "450-a\r\n451 b", "250 a\r\n250 b"} {
 		r, err := ParseReply(in)
 		if err == nil {
 			t.Errorf("ParseReply(%q) = %+v, want error", in, r)

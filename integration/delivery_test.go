@@ -1,6 +1,6 @@
 package integration
 
-// Issue 3, delivery: MX routing through DNS, the pinned source address,
+// Delivery: MX routing through DNS, the pinned source address,
 // the message passed on unchanged, one transaction per destination domain.
 
 import (

@@ -18,7 +18,7 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// TestRobustDiskFull is scenario 4 (reliability D4): the queue lives on a
+// TestRobustDiskFull: a full disk gets 4xx, never 250 or 5xx. The queue lives on a
 // 4 MiB tmpfs and limits.max_message_bytes is 256 KiB, so the relay's
 // free-space threshold (1.5 × max_message_bytes) is 384 KiB.
 //

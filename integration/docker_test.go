@@ -185,7 +185,7 @@ func missingRecipients(msgs []peers.Received) int {
 	return n
 }
 
-// Fields the operations issue names for the two log lines operators grep.
+// Fields of the two log lines operators grep (README documents them).
 var (
 	acceptedFields = []string{"queue_id", "client", "user", "from", "rcpts", "size", "tls"}
 	attemptFields  = []string{"queue_id", "rcpt", "domain", "mx", "source_ip", "attempt", "outcome", "reason", "code", "reply", "delay"}

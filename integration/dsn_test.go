@@ -1,6 +1,6 @@
 package integration
 
-// Issue 5, delivery status notifications: one RFC 3464 DSN per failure
+// Delivery status notifications: one RFC 3464 DSN per failure
 // event, from <>, to the sender's own MX; none about a bounce; only the
 // recipients that failed.
 

@@ -1,6 +1,6 @@
 package integration
 
-// Issue 4, greylisting and throttling: retries from the same address just
+// Greylisting and throttling: retries from the same address just
 // after the greylist delay, a delay learned per destination, rate limits
 // slowing a destination as a whole, and a lifetime that ends in one DSN.
 

@@ -17,8 +17,9 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// TestRobustHostileNextHop is scenario 7 (bad-inputs c7, reliability L6):
-// each of these destinations is a scripted raw TCP peer that misbehaves:
+// TestRobustHostileNextHop: a hostile or slow next hop cannot hold a
+// delivery worker past its timeouts or make it buffer without bound. Each
+// of these destinations is a scripted raw TCP peer that misbehaves:
 //
 //	stall     220, then never answers EHLO
 //	endless   answers EHLO with "250-" continuation lines forever

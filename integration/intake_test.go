@@ -1,6 +1,6 @@
 package integration
 
-// Issue 2, intake: a 250 means the message is on disk; the queue file has
+// Intake: a 250 means the message is on disk; the queue file has
 // one owner; configuration files are checked before anything runs; users
 // made with `greyrelay user add` can authenticate.
 

@@ -12,11 +12,11 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// TestRobustLimits is scenario 8 (security S4, S9; reliability L2, L3):
-// the connection cap per client address answers 421 and closes; a client
+// TestRobustLimits: denial-of-service and brute-force limits. The
+// connection cap per client address answers 421 and closes; a client
 // sending DATA below limits.min_data_rate is cut off with no 250 (while one
 // above the rate, for longer than command_timeout, is not: the deadline is
-// a data rate, not a fixed read timeout, pitfall F1); an AUTH brute force
+// a data rate, not a fixed read timeout); an AUTH brute force
 // ends with 421 and a close after limits.max_auth_failures, and the
 // per-address AUTH limit then refuses even the right password from that
 // address, but not from another.

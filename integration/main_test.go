@@ -50,6 +50,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // hostSeq hands out this package's loopback addresses, 127.0.0.100 to
@@ -378,23 +379,10 @@ func outcomes(es []logEntry) []string {
 	return out
 }
 
-// eventually polls check until it returns nil, failing the test with the
-// last error after timeout.
+// eventually is relaytest.Eventually.
 func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	interval := 20 * time.Millisecond
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting %v for %s: %v", timeout, what, err)
-		}
-		time.Sleep(interval)
-		interval = min(interval*3/2, 250*time.Millisecond)
-	}
+	relaytest.Eventually(t, timeout, what, check)
 }
 
 // The admin API's JSON, as far as the tests read it.

@@ -9,7 +9,8 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// rbRelayTrick is one MAIL FROM / RCPT TO pair of bad-inputs.md c3. The
+// rbRelayTrick is one open-relay address trick, as a MAIL FROM / RCPT TO
+// pair. The
 // arguments are sent verbatim after "MAIL FROM:" and "RCPT TO:"; "IP" and
 // "RELAY" are replaced by the relay's address literal and host name.
 type rbRelayTrick struct {
@@ -35,7 +36,7 @@ var rbRelayTricks = []rbRelayTrick{
 	{"nmap14", "<antispam@[IP]>", "<target.test!user>"},
 	{"nmap15", "<antispam@[IP]>", "<target.test!user@[IP]>"},
 	{"nmap16", "<antispam@[IP]>", "<target.test!user@RELAY>"},
-	// The extras of c3 (MAPS relay-test style and our probe).
+	// More tricks in the style of the MAPS relay test, and our probe.
 	{"localhost-sender", "<spamtest@localhost>", "<user@target.test>"},
 	{"bare-sender", "<spamtest>", "<user@target.test>"},
 	{"trailing-dot", "<antispam@[IP]>", "<user@target.test.>"},
@@ -57,8 +58,8 @@ var rbRelayTricks = []rbRelayTrick{
 	{"postmaster-bare", "<antispam@[IP]>", "<postmaster>"},
 }
 
-// TestRobustNoOpenRelay is scenario 5 (bad-inputs c3, security S1-S3, S7):
-// from an address outside trusted_networks, every address trick on every
+// TestRobustNoOpenRelay: no open relay by default, and no AUTH that skips
+// TLS. From an address outside trusted_networks, every address trick on every
 // listener mode (smtp with STARTTLS offered, submission, submissions), in
 // plaintext and after STARTTLS without AUTH, is refused with 5xx at MAIL
 // or RCPT (530 on the submission modes), a DATA that follows is refused

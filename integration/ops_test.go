@@ -1,6 +1,6 @@
 package integration
 
-// Issue 6, operations: the queue commands against a populated queue,
+// Operations: the queue commands against a populated queue,
 // destinations and health, Prometheus metrics after a scripted delivery,
 // JSON log lines with their fields, no secrets in the log, and a SIGTERM
 // under load that loses no acknowledged message.

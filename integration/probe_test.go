@@ -1,6 +1,6 @@
 package integration
 
-// Issue 10, `greyrelay probe`: a delivery attempt that stops before DATA,
+// `greyrelay probe`: a delivery attempt that stops before DATA,
 // with the relay's own configuration, and an exit status a script can use
 // (0 accepted, 1 deferred, 2 refused or unreachable).
 

@@ -14,7 +14,7 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// TestRobustPostfixSmarthost is scenario 1 (interop P4): an application
+// TestRobustPostfixSmarthost: greyrelay as Postfix's relayhost. An application
 // submits 200 messages to a private Postfix whose relayhost is greyrelay
 // (submission listener, STARTTLS required by Postfix with
 // smtp_tls_security_level = encrypt, SASL PLAIN with a credential made by
@@ -24,8 +24,8 @@ import (
 // bounces, with MAIL FROM:<>, through greyrelay. greyrelay delivers to a second Postfix
 // (the destination), which hands everything to a sink.
 //
-// Every message arrives exactly once (no duplicates in normal operation,
-// R10), byte-identical apart from Received header fields, compared through
+// Every message arrives exactly once (no duplicates in normal operation),
+// byte-identical apart from Received header fields, compared through
 // a Message-ID → hash map, with exactly one Received field added by
 // greyrelay (saying ESMTPSA: TLS and AUTH). Every bounce arrives once, from
 // <>, to the original sender, whole (its MIME structure ends with the

@@ -14,14 +14,15 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// rbSmuggleVariants are the 13 end-of-data impostors of bad-inputs.md c1.
+// rbSmuggleVariants are 13 end-of-data impostors: sequences some MTA might
+// take for the final dot where RFC 5321 allows only CRLF.CRLF.
 var rbSmuggleVariants = []struct {
 	name string
 	seq  string
 	// strayCR: the relay sees a CR that is not part of a CRLF, so
 	// bare_cr: reject must refuse the message (521 5.5.2). Variants whose
-	// CR go-smtp swallows together with a leading dot (pitfall F7: "CRLF .
-	// CR x") are not marked: the relay never sees that CR.
+	// CR go-smtp swallows together with a leading dot ("CRLF . CR x")
+	// are not marked: the relay never sees that CR.
 	strayCR bool
 	nul     bool // contains NUL: refused with 554 5.6.0 under both policies
 }{
@@ -40,7 +41,7 @@ var rbSmuggleVariants = []struct {
 	{"CR+CRLF.CRLF", "\r\r\n.\r\n", true, false},
 }
 
-// TestRobustSmuggling is scenario 6 (bad-inputs c1 and c2): every
+// TestRobustSmuggling: SMTP smuggling, inbound and outbound. Every
 // end-of-data impostor, sent to the relay with a smuggled transaction
 // behind it, yields at most one message at the destination, the smuggled
 // MAIL FROM is never executed (neither by the relay nor at the

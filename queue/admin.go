@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -38,22 +37,14 @@ func (s Selector) validate() error {
 func selectRcpts(tx *bolt.Tx, sel Selector) ([]Recipient, []problem) {
 	var out []Recipient
 	var ps []problem
-	c := tx.Bucket(bRcpts).Cursor()
 	var prefix []byte
-	k, v := c.First()
 	if sel.ID != 0 {
 		prefix = idKey(sel.ID)
-		k, v = c.Seek(prefix)
 	}
-	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		key, ok := parseRcptKey(k)
-		if !ok {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")})
-			continue
-		}
-		r, err := decodeRecipient(key, v)
-		if err != nil {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+	for rec := range rcptRecords(tx, prefix, &ps) {
+		r, p := rec.decode()
+		if p != nil {
+			ps = append(ps, *p)
 			continue
 		}
 		if sel.Domain == "" || strings.EqualFold(r.Domain, sel.Domain) {

@@ -40,7 +40,7 @@ func (q *Queue) ApplyAsync(u Update) *Pending {
 		return p
 	}
 	n, size := updateWeight(&u)
-	r := request{n: n, size: size, reply: make(chan error, 1), fn: func(w *wtx) error {
+	r := request{n: n, size: size, needs: startsNeed(u.Starts), reply: make(chan error, 1), fn: func(w *wtx) error {
 		var err error
 		p.ids, err = w.applyUpdate(&u)
 		return err
@@ -70,6 +70,33 @@ func (p *Pending) Wait() ([]ID, error) {
 	return p.ids, p.err
 }
 
+// beginFresh begins s's keys that are still Queued or Deferred (see
+// Update.Starts); the others were held, deleted or settled meanwhile.
+func (w *wtx) beginFresh(s *Start) error {
+	for _, k := range s.Keys {
+		r, ok := w.getRcpt(k)
+		if !ok || (r.Status != Queued && r.Status != Deferred) {
+			continue
+		}
+		if err := w.begin(k, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startsNeed is the highest message ID that Starts name: the commit of an
+// update with Starts must hold the insert of that message (see commit).
+func startsNeed(ss []Start) ID {
+	var id ID
+	for _, s := range ss {
+		for _, k := range s.Keys {
+			id = max(id, k.ID)
+		}
+	}
+	return id
+}
+
 // updateWeight weighs u against the writer's batch limits.
 func updateWeight(u *Update) (n, size int) {
 	n = len(u.Results) + len(u.Destinations)
@@ -89,6 +116,11 @@ func (w *wtx) applyUpdate(u *Update) ([]ID, error) {
 	for i := range u.Results {
 		if u.Results[i].End.After(w.finishedAt) {
 			w.finishedAt = u.Results[i].End
+		}
+	}
+	for i := range u.Starts {
+		if err := w.beginFresh(&u.Starts[i]); err != nil {
+			return nil, err
 		}
 	}
 	for i := range u.Results {

@@ -68,8 +68,10 @@ func (c *DueCursor) Rewind(t time.Time) {
 	}
 }
 
-// Next is Queue.DueSkip from the cursor's position: up to limit due
-// recipients at or before now, in index order. It then moves the position
+// Next returns up to limit due recipients at or before now, from the
+// cursor's position, in index order; a true skip passes over an entry
+// before its recipient is decoded (entries that do not match their
+// recipient are skipped and repaired; History is not filled). It then moves the position
 // just after the last entry it examined (taken, skipped or active), or
 // after the last one taken when the limit cut the walk short. skip also
 // gets the entry's due time.

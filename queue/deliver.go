@@ -73,19 +73,16 @@ func (q *Queue) Show(id ID) (Message, error) {
 		if m, err = getMessage(tx, id, &ps); err != nil {
 			return err
 		}
-		prefix := idKey(id)
 		hist := tx.Bucket(bHist)
-		c := tx.Bucket(bRcpts).Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-			key, _ := parseRcptKey(k)
-			r, err := decodeRecipient(key, v)
-			if err != nil {
-				ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+		for rec := range rcptRecords(tx, idKey(id), &ps) {
+			r, p := rec.decode()
+			if p != nil {
+				ps = append(ps, *p)
 				continue
 			}
-			if hv := hist.Get(k); hv != nil {
+			if hv := hist.Get(rec.k); hv != nil {
 				if r.History, err = decodeHistory(r.Key, hv, historyRef(&r)); err != nil {
-					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(k), err})
+					ps = append(ps, problem{corruptRecord, bHist, bytes.Clone(rec.k), err})
 				}
 			}
 			m.Recipients = append(m.Recipients, r)
@@ -207,33 +204,6 @@ func (q *Queue) NextDue() (t time.Time, ok bool, err error) {
 		return nil
 	})
 	return t, ok, err
-}
-
-// Due returns up to limit recipients (limit <= 0: no limit) whose
-// NextAttempt is at or before now, in index order (earliest first). It seeks
-// the due index and stops at now, so its cost is proportional to the work it
-// returns, not to the queue size. Active leases are skipped; entries that do
-// not match their recipient (held, final, missing) are skipped and repaired.
-// History is not filled.
-func (q *Queue) Due(now time.Time, limit int) ([]Recipient, error) {
-	return q.DueSkip(now, limit, nil)
-}
-
-// DueSkip is Due with a filter applied before a recipient is decoded: skip
-// gets the destination domain (lower case) and the key from the index
-// entry, and a true result passes over the entry. The scheduler uses it to
-// leave out recipients it already holds and destinations with no free
-// capacity, so a large backlog for one domain costs little per scan.
-func (q *Queue) DueSkip(now time.Time, limit int, skip func(domain string, k Key) bool) ([]Recipient, error) {
-	if err := q.settle(); err != nil {
-		return nil, err
-	}
-	var f func(string, Key, time.Time) bool
-	if skip != nil {
-		f = func(domain string, k Key, _ time.Time) bool { return skip(domain, k) }
-	}
-	out, _, err := q.dueFrom(nil, now, limit, f)
-	return out, err
 }
 
 // dueRecipient loads and checks the recipient a due entry points at.

@@ -35,8 +35,8 @@
 // counters cannot drift from the records, because every write transaction
 // stores its own change to them and bbolt commits a transaction whole or
 // not at all; a file written by anything else is detected (counters.go) and
-// counted again. What Open no longer does on every start is decode every
-// record to find damage. That is safe because every read path checks what
+// counted again. Open does not decode every record to find damage on
+// every start. That is safe because every read path checks what
 // it reads and repairs it in a write transaction of its own: a recipient,
 // message, history or destination record that does not decode is
 // quarantined when it is first read (Due, Begin, Apply, List, Show, Select,
@@ -47,14 +47,17 @@
 // Removing a record whose counts are unknown (it no longer decodes) makes
 // that transaction count all records again, so Stats stays exact.
 // Options.FullScan, and any start whose counters cannot be trusted, does
-// the old full scan: decode everything, quarantine, count.
+// a full scan: decode everything, quarantine, count.
 //
 // Lifecycle of a recipient: Queued → (Begin) Active → (Apply) Deferred,
 // Delivered, Relayed or Failed; Deferred → Active again when due. The
 // attempt is recorded before it is made (Begin, as in mox) and its due entry
 // moves to a lease; after a crash, Recover turns every Active recipient back
 // into a Deferred one, due at once. That may deliver a message twice; it
-// never loses one.
+// never loses one. A message just journaled may instead be attempted from
+// the journal's copy (Fresh, fresh.go) and its start stored with the
+// outcome (Update.Starts): Queued → Deferred or final in one commit, and
+// still Queued, hence due, after a crash in between.
 //
 // Durability: Enqueue returns once its messages are in the intake journal
 // (journal.go: one fdatasync shared by concurrent callers); the writer then

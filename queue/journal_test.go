@@ -348,7 +348,7 @@ func TestJournal_InsertBudget(t *testing.T) {
 	for range n {
 		ids = append(ids, mustEnqueue(t, q, msg("s@x.test", rcpts...)))
 	}
-	if got := insertBudget([]*insertBatch{{ms: make([]NewMessage, 1)}}); got != 1 {
+	if got := insertBudget([]*insertBatch{{ms: make([]NewMessage, 1)}}, 0); got != 1 {
 		t.Errorf("budget for one batch = %d, want 1 (never zero)", got)
 	}
 	checkStats(t, q)

@@ -64,9 +64,11 @@ func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
 // the finished records, oldest first; it stops early when fn says so.
 func (l *lister) walk(tx *bolt.Tx, finished bool) []problem {
 	var ps []problem
-	c := tx.Bucket(bRcpts).Cursor()
-	for k, v := c.First(); k != nil && !l.stop; k, v = c.Next() {
-		if p := l.visit(k, v); p != nil {
+	for rec := range rcptRecords(tx, nil, &ps) {
+		if l.stop {
+			break
+		}
+		if p := l.visit(rec); p != nil {
 			ps = append(ps, *p)
 		}
 	}
@@ -93,11 +95,8 @@ type lister struct {
 	total      int
 }
 
-func (l *lister) visit(k, v []byte) *problem {
-	key, ok := parseRcptKey(k)
-	if !ok {
-		return &problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")}
-	}
+func (l *lister) visit(rec rcptRecord) *problem {
+	key := rec.key
 	if !l.seen || key.ID != l.id {
 		l.seen, l.id = true, key.ID
 		var p *problem
@@ -106,14 +105,14 @@ func (l *lister) visit(k, v []byte) *problem {
 		}
 	}
 	if l.msgMissing {
-		return &problem{orphanRcpt, bRcpts, bytes.Clone(k), errMissing("message record")}
+		return &problem{orphanRcpt, bRcpts, bytes.Clone(rec.k), errMissing("message record")}
 	}
 	if !l.msgOK {
 		return nil
 	}
-	r, err := decodeRecipient(key, v)
-	if err != nil {
-		return &problem{corruptRecord, bRcpts, bytes.Clone(k), err}
+	r, p := rec.decode()
+	if p != nil {
+		return p
 	}
 	l.add(&l.msg, &r)
 	return nil

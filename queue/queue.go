@@ -77,6 +77,9 @@ type Queue struct {
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
 	replayed   int            // messages Open inserted from the journal
+
+	fresh   chan Fresh  // fresh.go
+	freshOn atomic.Bool // Fresh was called
 }
 
 // request is one call waiting for the writer. fn runs inside the shared
@@ -86,6 +89,7 @@ type request struct {
 	n, size int
 	reply   chan error   // buffered 1: the writer never blocks on it
 	ins     *insertBatch // instead of fn: journaled messages to insert; no reply
+	needs   ID           // fn reads message needs: its journaled insert must be in the same transaction or before
 }
 
 // refused wraps an error that fails one call of a batch and no other. An
@@ -123,15 +127,16 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	_, statErr := os.Stat(path)
 	created := errors.Is(statErr, fs.ErrNotExist)
-	// Never NoSync (pitfall F11): every commit is fsync'd before it returns.
+	// Never NoSync (bbolt calls it unsafe): every commit is fsync'd before it
+	// returns.
 	// NoFreelistSync (etcd's default) is another matter: the freelist is
 	// not written at each commit but rebuilt at Open by walking the
 	// pages. bbolt sorts and writes the whole freelist at every commit
 	// otherwise, and a queue that holds a backlog of 4 KiB bodies (two
-	// pages each) keeps thousands of free single pages: that took 6% of
-	// the relay's CPU and 10-15% of a healthy stream's throughput during a
-	// deferral storm (BENCHMARKS.md). The walk costs a fraction of a
-	// second at Open even with a million recipients.
+	// pages each) keeps thousands of free single pages, which cost a
+	// healthy stream a noticeable share of its throughput during a
+	// deferral storm (BENCHMARKS.md, "Tuning"). The walk costs a fraction
+	// of a second at Open even with a million recipients.
 	db, err := openBolt(path, &bolt.Options{
 		Timeout:        opt.LockTimeout,
 		FreelistType:   bolt.FreelistMapType,
@@ -145,7 +150,7 @@ func Open(path string, opt Options) (*Queue, error) {
 	}
 	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
-		counts: newCounts(), damagedCh: make(chan struct{}),
+		counts: newCounts(), damagedCh: make(chan struct{}), fresh: make(chan Fresh, freshBuffer),
 		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
 	if err := q.init(created, dir); err != nil {
 		db.Close()
@@ -180,7 +185,7 @@ func (q *Queue) init(created bool, dir string) error {
 		return fmt.Errorf("queue: init %s: %w", q.path, err)
 	}
 	if created {
-		// The new file's directory entry must be durable too (F11: a crash
+		// The new file's directory entry must be durable too (a crash
 		// right after first initialisation must not lose the file).
 		if err := syncDir(dir); err != nil {
 			return fmt.Errorf("queue: %w", err)
@@ -294,8 +299,11 @@ func (q *Queue) DBSize() int64 {
 	return fi.Size()
 }
 
-// Enqueue stores m and returns its ID only after the transaction holding it
-// has been committed and fsync'd. Concurrent callers share one commit.
+// Enqueue stores m and returns its ID only once m is durable: after the
+// fdatasync of the intake journal record holding it (journal.go; the writer
+// inserts it into the database later), or, with the journal turned off
+// (Options.JournalSize < 0), after the database commit holding it.
+// Concurrent callers share one record or one commit.
 func (q *Queue) Enqueue(m NewMessage) (ID, error) {
 	ids, err := q.EnqueueBatch([]NewMessage{m})
 	if err != nil {
@@ -500,7 +508,11 @@ func (q *Queue) commit(all []request) (waiting bool) {
 		}
 	}
 	errs := make([]error, len(batch))
-	pending := q.pending[:insertBudget(q.pending)]
+	var needs ID
+	for _, r := range batch {
+		needs = max(needs, r.needs)
+	}
+	pending := q.pending[:insertBudget(q.pending, needs)]
 	err := q.update(func(w *wtx) error {
 		if err := w.insertJournaled(pending); err != nil {
 			return err
@@ -540,19 +552,29 @@ func (q *Queue) commit(all []request) (waiting bool) {
 // insertBudget is how many of the pending journaled batches (at least one)
 // the next transaction inserts: a transaction's dirty pages stay in memory
 // until its commit, and a burst of messages with a thousand recipients
-// each would otherwise build one of hundreds of megabytes.
-func insertBudget(bs []*insertBatch) int {
+// each would otherwise build one of hundreds of megabytes. The budget
+// always covers the batch holding message needs (0: none), which a
+// request of the same transaction reads: an outcome of an attempt begun
+// from the journaled copy (Fresh) must not commit before its message.
+func insertBudget(bs []*insertBatch, needs ID) int {
 	rcpts, size := 0, 0
 	for i, b := range bs {
 		for j := range b.ms {
 			rcpts += len(b.ms[j].To)
 			size += len(b.ms[j].Body)
 		}
-		if i > 0 && (rcpts > maxBatchRcpts || size > maxBatchBytes) {
+		if i > 0 && (rcpts > maxBatchRcpts || size > maxBatchBytes) && !holdsAbove(b, needs) {
 			return i
 		}
 	}
 	return len(bs)
+}
+
+// holdsAbove reports whether b may hold message needs: its first ID is at
+// most needs (IDs grow along the journal, so no later batch holds it when
+// b does not).
+func holdsAbove(b *insertBatch, needs ID) bool {
+	return needs != 0 && len(b.ids) > 0 && b.ids[0] <= needs
 }
 
 // insertMessage writes one new message: record, body, and one Queued
@@ -666,7 +688,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 }
 
 // view runs fn in a read transaction. Keep fn short: long read
-// transactions stop bbolt from reusing freed pages (F11).
+// transactions stop bbolt from reusing freed pages, so the file grows.
 func (q *Queue) view(fn func(tx *bolt.Tx) error) error {
 	err := q.guard(func() error { return q.db.View(fn) })
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {

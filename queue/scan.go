@@ -12,8 +12,8 @@ import (
 // decodes every record once (no bodies), counts them, repairs what it found
 // (undecodable records, messages without a body and recipients without a
 // message go to quarantine; malformed due entries are dropped) and stores
-// the counters. It is O(records), about 0.15 s per 100,000 messages on a
-// small VM (BenchmarkOpenScan100k), with bounded memory (only problems are
+// the counters. It is O(records) (BenchmarkOpenScan100k measures it), with
+// bounded memory (only problems are
 // kept). Nothing else runs during Open, so the long write transaction
 // holds no one up.
 func (q *Queue) scan() error {
@@ -62,16 +62,11 @@ func scanRcpts(tx *bolt.Tx, c *counts) []problem {
 	msgs := tx.Bucket(bMsgs)
 	var lastID ID
 	lastOK := false
-	cur := tx.Bucket(bRcpts).Cursor()
-	for k, v := cur.First(); k != nil; k, v = cur.Next() {
-		key, ok := parseRcptKey(k)
-		if !ok {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), errMissing("valid key")})
-			continue
-		}
-		r, err := decodeRecipient(key, v)
-		if err != nil {
-			ps = append(ps, problem{corruptRecord, bRcpts, bytes.Clone(k), err})
+	for rec := range rcptRecords(tx, nil, &ps) {
+		key := rec.key
+		r, p := rec.decode()
+		if p != nil {
+			ps = append(ps, *p)
 			continue
 		}
 		if key.ID != lastID || !lastOK {
@@ -79,7 +74,7 @@ func scanRcpts(tx *bolt.Tx, c *counts) []problem {
 		}
 		c.rcpt(&r, +1)
 		if !lastOK {
-			ps = append(ps, problem{orphanRcpt, bRcpts, bytes.Clone(k), errMissing("message record")})
+			ps = append(ps, problem{orphanRcpt, bRcpts, bytes.Clone(rec.k), errMissing("message record")})
 		}
 	}
 	return ps
@@ -121,8 +116,8 @@ func scanDue(tx *bolt.Tx, bad []problem) []problem {
 // recipient (an attempt was in flight when the process stopped) becomes
 // Deferred and due at now, and its in-progress history entry is marked
 // "interrupted". The message may or may not have reached the destination, so
-// this can cause a duplicate delivery; it can never lose one (mox semantics,
-// test D3). It walks the due index (Active recipients keep their entry at the
+// this can cause a duplicate delivery; it can never lose one (mox semantics:
+// a duplicate is better than a loss). It walks the due index (Active recipients keep their entry at the
 // lease), not the recipient bucket, and returns how many it recovered.
 //
 // When the counters say no recipient is Active (after a clean stop), it

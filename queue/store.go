@@ -276,13 +276,10 @@ func (w *wtx) deleteRcpt(r *Recipient) error {
 // rcptsOf returns the keys and raw values of all recipients of id.
 // Values are copied: the caller may modify the bucket afterwards.
 func (w *wtx) rcptsOf(id ID) (keys []Key, vals [][]byte) {
-	prefix := idKey(id)
-	c := w.b(bRcpts).Cursor()
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		if key, ok := parseRcptKey(k); ok {
-			keys = append(keys, key)
-			vals = append(vals, bytes.Clone(v))
-		}
+	var malformed []problem // reported by the scans that read recipients
+	for rec := range rcptRecords(w.tx, idKey(id), &malformed) {
+		keys = append(keys, rec.key)
+		vals = append(vals, bytes.Clone(rec.v))
 	}
 	return keys, vals
 }

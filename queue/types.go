@@ -83,7 +83,7 @@ var (
 // Options configure Open.
 type Options struct {
 	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's
-	// own zero would wait forever (pitfall F11).
+	// own zero would wait forever.
 	LockTimeout time.Duration
 	// OnQuarantine, if set, is called (outside any transaction, from the
 	// goroutine that found it, possibly inside Open) each time a record that
@@ -238,6 +238,14 @@ type Update struct {
 	Results      []Result
 	DSNs         []NewMessage
 	Destinations []Destination
+	// Starts records attempts begun without Begin, from a Fresh message:
+	// each key still Queued or Deferred is begun as Begin would (attempt
+	// counted, route and an in-progress history entry stored) in the
+	// same transaction as the Results, which then end it. A key in no
+	// other state is left alone. Until that commit the recipient stays
+	// Queued, so a crash during the attempt makes it due again: the
+	// guarantee Begin gives, without a commit before the attempt.
+	Starts []Start
 }
 
 // Selector picks recipients for operator actions: by message ID, by

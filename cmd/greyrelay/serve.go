@@ -91,12 +91,11 @@ const exitDamaged = 3
 // defaultGCPercent replaces Go's GOGC=100 unless GOGC is set. The relay's
 // live heap is small (tens of MB: bodies of 256 KiB and more are spooled,
 // smaller ones are pooled), so at 100 the collector ran several times a
-// second under load and took about a tenth of the CPU. 200 got most of
-// the gain (accepted 4,480 → 5,100 msgs/s in the compare benchmark). 300
-// gained another 2–5% but took a 1,000,000-recipient queue's peak RSS
-// from 436–443 MB to 465–490 MB, too close to the 512 MB we hold it under
-// (BENCHMARKS.md); 400, to 492–523 MB. GOMEMLIMIT, if set, still caps
-// the heap.
+// second under load and took about a tenth of the CPU. 200 gets most of
+// the gain; higher values gain a little more throughput but bring a
+// 1,000,000-recipient queue's peak RSS too close to the 512 MB it is held
+// under (figures in BENCHMARKS.md, "Tuning"). GOMEMLIMIT, if set, still
+// caps the heap.
 const defaultGCPercent = 200
 
 func tuneGC() {
@@ -111,9 +110,9 @@ func tuneGC() {
 // calls; a P held by a thread blocked in the kernel runs nothing until
 // the runtime's monitor takes it back (tens of microseconds each time, a
 // thousand times a second), and with two CPUs that left half the Ps idle
-// when the sessions had work. Two more Ps keep the CPUs busy through it:
-// accepted 7,400–7,800 → 8,450–9,300 msgs/s in the compare benchmark at
-// 2 CPUs (6 Ps: no better than 4; BENCHMARKS.md). The number of writers
+// when the sessions had work. Two more Ps keep the CPUs busy through it,
+// and more than two gain nothing (figures in BENCHMARKS.md, "Tuning").
+// The number of writers
 // blocking at once does not grow with the machine, so neither does this.
 const extraProcs = 2
 

@@ -160,3 +160,45 @@ func TestCPUTimes(t *testing.T) {
 		t.Errorf("cpuTimes = %+v", a)
 	}
 }
+
+func TestPostfixToolCounters(t *testing.T) {
+	sinkLines := []struct {
+		line string
+		want int64
+		ok   bool
+	}{
+		{"sess=0 quit=0 mesg=1", 1, true},
+		{"sess=12 quit=3 mesg=20500", 20500, true},
+		{"sess=1 quit=1", 0, false},
+		{"sess=1 quit=1 mesg=x", 0, false},
+	}
+	for _, tc := range sinkLines {
+		if n, ok := msgCount(tc.line); n != tc.want || ok != tc.ok {
+			t.Errorf("msgCount(%q) = %d, %v; want %d, %v", tc.line, n, ok, tc.want, tc.ok)
+		}
+	}
+	sources := []struct {
+		out  string
+		want int
+	}{
+		{"1\r2\r3\r4\r5\r\n", 5},
+		{"", 0},
+		{"1\r2\rsmtp-source: fatal: lost connection\n", 2},
+	}
+	for _, tc := range sources {
+		if n := lastCount([]byte(tc.out)); n != tc.want {
+			t.Errorf("lastCount(%q) = %d, want %d", tc.out, n, tc.want)
+		}
+	}
+}
+
+func TestParsePerfStat(t *testing.T) {
+	text := "# started\n836,,raw_syscalls:sys_enter,60607861,100.00,,\n30,,context-switches,60607861,100.00,,\n"
+	c, err := parsePerfStat(text)
+	if err != nil || c != (perfCounts{Syscalls: 836, Switches: 30}) {
+		t.Fatalf("got %+v, %v", c, err)
+	}
+	if _, err := parsePerfStat("<not counted>,,raw_syscalls:sys_enter,0,100.00,,\n"); err == nil {
+		t.Fatal("no counts: want an error")
+	}
+}

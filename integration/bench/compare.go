@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 )
 
@@ -14,7 +15,8 @@ type compareFlags struct {
 	n, size, sessions, rounds, warm int
 	reuse, pipelining               bool
 	pacedSeconds                    float64
-	only                            string
+	only, tools                     string
+	toolSets                        []string
 }
 
 func (c *compareFlags) register(fs *flag.FlagSet) {
@@ -28,6 +30,16 @@ func (c *compareFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.warm, "warmup", 500, "messages sent and drained before each measured phase")
 	fs.Float64Var(&c.pacedSeconds, "paced-seconds", 10, "after each saturating phase, a phase paced at half its accepted rate for this long (0: none)")
 	fs.StringVar(&c.only, "only", "both", "greyrelay, postfix, both, or sink (the load generator straight into the sink: the harness's own ceiling)")
+	fs.StringVar(&c.tools, "tools", toolsGo, "load generator and sink: go (this harness's), postfix (Postfix's smtp-source and smtp-sink) or both (each round runs each system with each)")
+}
+
+// tools lists the tool sets of round r, alternating their order too.
+func (c *compareFlags) toolsOf(r int) []string {
+	ts := append([]string(nil), c.toolSets...)
+	if r%2 == 0 {
+		slices.Reverse(ts)
+	}
+	return ts
 }
 
 // systems lists the systems of round r: both, alternating which goes
@@ -44,8 +56,8 @@ func (c *compareFlags) systems(r int) []string {
 }
 
 // startSUT starts a fresh system (and its sink) for one round.
-func startSUT(e *env, bin, name string, sk *sink, maxSize int) (sut, error) {
-	routes := map[string]string{domainHealthy: sk.Addr}
+func startSUT(e *env, bin, name string, sk destination, maxSize int) (sut, error) {
+	routes := map[string]string{domainHealthy: sk.addr()}
 	switch name {
 	case "sink":
 		return direct{sk}, nil
@@ -85,6 +97,10 @@ func runSizes(ctx context.Context, args []string) error {
 }
 
 func (c *compareFlags) run(ctx context.Context, command string, sizes []int, counts map[int]int) error {
+	var err error
+	if c.toolSets, err = toolList(c.tools); err != nil {
+		return err
+	}
 	e, bin, err := c.setup()
 	if err != nil {
 		return err
@@ -96,13 +112,15 @@ phases:
 	for _, size := range sizes {
 		for r := 1; r <= c.rounds; r++ {
 			for _, name := range c.systems(r) {
-				rs, err := c.round(ctx, e, bin, name, r, size, counts[size])
-				all = append(all, rs...)
-				if err != nil {
-					fmt.Fprintf(os.Stderr, "bench: %s round %d: %v\n", name, r, err)
-				}
-				if ctx.Err() != nil {
-					break phases // interrupted: print what was measured
+				for _, tool := range c.toolsOf(r) {
+					rs, err := c.round(ctx, e, bin, name, tool, r, size, counts[size])
+					all = append(all, rs...)
+					if err != nil {
+						fmt.Fprintf(os.Stderr, "bench: %s (%s tools) round %d: %v\n", name, tool, r, err)
+					}
+					if ctx.Err() != nil {
+						break phases // interrupted: print what was measured
+					}
 				}
 			}
 		}
@@ -111,11 +129,13 @@ phases:
 	roundsTable(os.Stdout, all)
 	for _, size := range sizes {
 		label := sizeLabel(size)
-		fmt.Printf("### %s, %d sessions, reuse %v: saturating\n\n", label, c.sessions, c.reuse)
-		summaryTable(os.Stdout, all, label, false)
-		if c.pacedSeconds > 0 {
-			fmt.Printf("### %s: paced at half of each system's own saturating rate\n\n", label)
-			summaryTable(os.Stdout, all, label, true)
+		for _, tool := range c.toolSets {
+			fmt.Printf("### %s, %d sessions, reuse %v, %s: saturating\n\n", label, c.sessions, c.reuse, toolsTitle(tool))
+			summaryTable(os.Stdout, all, label, tool, false)
+			if c.pacedSeconds > 0 && tool == toolsGo {
+				fmt.Printf("### %s, %s: paced at half of each system's own saturating rate\n\n", label, toolsTitle(tool))
+				summaryTable(os.Stdout, all, label, tool, true)
+			}
 		}
 	}
 	saveJSON(c.jsonPath, command, all)
@@ -124,8 +144,8 @@ phases:
 
 // round runs one system once: start, warm up, a saturating phase and
 // optionally a paced one, stop.
-func (c *compareFlags) round(ctx context.Context, e *env, bin, name string, r, size, n int) ([]roundResult, error) {
-	sk, err := startSink(ipSink+":0", false)
+func (c *compareFlags) round(ctx context.Context, e *env, bin, name, tool string, r, size, n int) ([]roundResult, error) {
+	sk, err := startDestination(tool)
 	if err != nil {
 		return nil, err
 	}
@@ -135,19 +155,19 @@ func (c *compareFlags) round(ctx context.Context, e *env, bin, name string, r, s
 		return nil, err
 	}
 	defer s.Stop()
-	base := loadSpec{Size: size, Sessions: c.sessions, Reuse: c.reuse, Pipelining: c.pipelining, Timeout: 15 * time.Minute}
+	base := loadSpec{Size: size, Sessions: c.sessions, Reuse: c.reuse, Pipelining: c.pipelining, Timeout: 15 * time.Minute, Tool: tool}
 	if err := warmup(ctx, s, sk, c.warm, base); err != nil {
 		return nil, err
 	}
 	label := sizeLabel(size)
 	spec := base
 	spec.Messages, spec.FirstID = n, 0
-	fmt.Fprintf(os.Stderr, "bench: %s round %d: %d × %s over %d sessions\n", name, r, n, label, c.sessions)
+	fmt.Fprintf(os.Stderr, "bench: %s round %d (%s tools): %d × %s over %d sessions\n", name, r, tool, n, label, c.sessions)
 	res, err := measure(ctx, s, sk, roundSpec{Load: spec, Label: label, DrainTimeout: 10 * time.Minute})
 	res.Round = r
 	out := []roundResult{res}
-	if err != nil || c.pacedSeconds <= 0 || res.AccRate <= 0 {
-		return out, err
+	if err != nil || c.pacedSeconds <= 0 || res.AccRate <= 0 || tool != toolsGo {
+		return out, err // smtp-source cannot pace
 	}
 	paced := base
 	paced.Rate = res.AccRate / 2
@@ -158,12 +178,28 @@ func (c *compareFlags) round(ctx context.Context, e *env, bin, name string, r, s
 	return append(out, pr), err
 }
 
+// startDestination starts the sink of a tool set.
+func startDestination(tool string) (destination, error) {
+	if tool == toolsPostfix {
+		return startPSink(ipSink)
+	}
+	return startSink(ipSink+":0", false)
+}
+
+// toolsTitle names a tool set in a heading.
+func toolsTitle(tool string) string {
+	if tool == toolsPostfix {
+		return "smtp-source → smtp-sink"
+	}
+	return "Go load generator → Go sink"
+}
+
 // direct is "no relay": the load generator talks to the sink itself, which
 // shows the ceiling of the harness on this machine.
-type direct struct{ sk *sink }
+type direct struct{ sk destination }
 
 func (d direct) Name() string              { return "sink" }
-func (d direct) SMTPAddr() string          { return d.sk.Addr }
+func (d direct) SMTPAddr() string          { return d.sk.addr() }
 func (d direct) QueueDir() string          { return os.TempDir() }
 func (d direct) Pids() []int               { return nil }
 func (d direct) QueueEmpty() (bool, error) { return true, nil }

@@ -27,6 +27,17 @@ type loadSpec struct {
 	FirstID    int      // X-Bench-Id of the first message
 	Rcpts      []string // recipients per message; default one at dest.test
 	Timeout    time.Duration
+	// Tool is the load generator: "" or "go" for this harness's client,
+	// "postfix" for Postfix's smtp-source (postfixtools.go).
+	Tool string
+}
+
+// toolName names the load generator (and sink) of a phase.
+func (s *loadSpec) toolName() string {
+	if s.Tool == "" {
+		return toolsGo
+	}
+	return s.Tool
 }
 
 // loadResult is what the load generator saw.
@@ -84,6 +95,9 @@ func runLoad(ctx context.Context, spec loadSpec) loadResult {
 	defer cancel()
 	if len(spec.Rcpts) == 0 {
 		spec.Rcpts = []string{"rcpt@dest.test"}
+	}
+	if spec.Tool == toolsPostfix {
+		return runSource(ctx, spec)
 	}
 	msg := newMessage(spec.Size)
 	res := loadResult{Codes: map[string]int{}, AckAt: make([]int64, spec.Messages)}

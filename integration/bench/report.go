@@ -48,19 +48,23 @@ func sizeLabel(n int) string {
 
 // roundsTable lists every measured phase.
 func roundsTable(w io.Writer, rs []roundResult) {
-	t := &table{head: []string{"system", "round", "phase", "msgs", "size", "sessions", "reuse",
+	t := &table{head: []string{"system", "tools", "round", "phase", "msgs", "size", "sessions", "reuse",
 		"accepted/s", "delivered/s", "drain s", "p50 ms", "p99 ms", "max ms", "e2e p50 ms", "e2e p99 ms",
-		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
+		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "syscalls/msg", "switches/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
 	for _, r := range rs {
 		phase := r.Label
 		if r.Rate > 0 {
 			phase = fmt.Sprintf("%s paced %.0f/s", phase, r.Rate)
 		}
-		t.add(r.SUT, fmt.Sprint(r.Round), phase, fmt.Sprint(r.Messages), sizeLabel(r.Size), fmt.Sprint(r.Sessions),
+		lost := fmt.Sprintf("%d/%d/%d", r.Lost, r.Dups, r.BadBody)
+		if r.Tools == toolsPostfix {
+			lost = "–" // smtp-sink keeps nothing to check
+		}
+		t.add(r.SUT, r.Tools, fmt.Sprint(r.Round), phase, fmt.Sprint(r.Messages), sizeLabel(r.Size), fmt.Sprint(r.Sessions),
 			fmt.Sprint(r.Reuse), f0(r.AccRate), f0(r.DelivRate), f2(r.Drain.Seconds()),
 			ms(r.P50), ms(r.P99), ms(r.Max), ms(r.E2E50), ms(r.E2E99),
-			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg),
-			f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), fmt.Sprintf("%d/%d/%d", r.Lost, r.Dups, r.BadBody))
+			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg), f1(r.SyscallsPerMsg), f1(r.SwitchesPerMsg),
+			f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), lost)
 	}
 	t.write(w)
 	for _, r := range rs {
@@ -90,14 +94,22 @@ var compareMetrics = []metric{
 	{"peak PSS, MB (Σ over processes)", func(r roundResult) float64 { return r.Usage.PeakPSSMB }, f1},
 	{"CPU s per 1000 msgs", func(r roundResult) float64 { return r.CPUPer1000 }, f3},
 	{"disk flushes per msg", func(r roundResult) float64 { return r.FlushPerMsg }, f2},
+	{"syscalls per msg (perf stat)", func(r roundResult) float64 { return r.SyscallsPerMsg }, f1},
+	{"context switches per msg (perf stat)", func(r roundResult) float64 { return r.SwitchesPerMsg }, f1},
+}
+
+// latencyMetric reports whether m needs per-message times, which
+// smtp-source and smtp-sink do not give.
+func latencyMetric(m metric) bool {
+	return strings.Contains(m.name, "→ 250") || strings.Contains(m.name, "250 →")
 }
 
 // summaryTable prints the median of each metric per system and the ratio
 // greyrelay/Postfix.
-func summaryTable(w io.Writer, rs []roundResult, label string, paced bool) {
+func summaryTable(w io.Writer, rs []roundResult, label, tools string, paced bool) {
 	var g, p []roundResult
 	for _, r := range rs {
-		if r.Label != label || (r.Rate > 0) != paced {
+		if r.Label != label || (r.Rate > 0) != paced || (tools != "" && r.Tools != tools) {
 			continue
 		}
 		switch r.SUT {
@@ -109,6 +121,9 @@ func summaryTable(w io.Writer, rs []roundResult, label string, paced bool) {
 	}
 	t := &table{head: []string{"metric (median of rounds)", "greyrelay", "Postfix", "greyrelay / Postfix"}}
 	for _, m := range compareMetrics {
+		if tools == toolsPostfix && latencyMetric(m) {
+			continue
+		}
 		gv, pv := median(g, m.f), median(p, m.f)
 		ratio := "–"
 		if len(g) > 0 && len(p) > 0 && pv != 0 {

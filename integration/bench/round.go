@@ -14,6 +14,7 @@ import (
 // roundResult is one measured load phase against one system under test.
 type roundResult struct {
 	SUT      string
+	Tools    string // load generator and sink: "go" (this harness) or "postfix" (smtp-source, smtp-sink)
 	Round    int
 	Label    string // what varied (size, paced...)
 	Messages int
@@ -35,6 +36,8 @@ type roundResult struct {
 	Usage            usage
 	CPUPer1000       float64 // CPU seconds of the system under test per 1000 accepted messages
 	FlushPerMsg      float64
+	SyscallsPerMsg   float64 // system calls of the system under test per accepted message (perf stat; 0: not measured)
+	SwitchesPerMsg   float64 // its context switches per accepted message
 }
 
 // roundSpec says how to measure.
@@ -46,7 +49,7 @@ type roundSpec struct {
 
 // measure runs one load phase against s, with sk as the destination, and
 // waits until the sink has every accepted message and the queue is empty.
-func measure(ctx context.Context, s sut, sk *sink, rs roundSpec) (roundResult, error) {
+func measure(ctx context.Context, s sut, sk destination, rs roundSpec) (roundResult, error) {
 	spec := rs.Load
 	spec.Addr = s.SMTPAddr()
 	msg := newMessage(spec.Size)
@@ -58,10 +61,16 @@ func measure(ctx context.Context, s sut, sk *sink, rs roundSpec) (roundResult, e
 	if err != nil {
 		return roundResult{}, err
 	}
+	ps := startPerfStat(s.Pids())
 	lr := runLoad(ctx, spec)
 	tEmpty, werr := waitDrained(ctx, s, sk, lr.Accepted, rs.DrainTimeout)
+	pc, perr := ps.finish()
 	u := mon.finish()
 	r := summarize(s.Name(), rs, lr, sk, tEmpty, u)
+	if perr == nil && lr.Accepted > 0 {
+		r.SyscallsPerMsg = float64(pc.Syscalls) / float64(lr.Accepted)
+		r.SwitchesPerMsg = float64(pc.Switches) / float64(lr.Accepted)
+	}
 	if werr != nil {
 		return r, werr
 	}
@@ -70,7 +79,7 @@ func measure(ctx context.Context, s sut, sk *sink, rs roundSpec) (roundResult, e
 
 // waitDrained polls until the sink has n good messages and the queue is
 // empty; it returns when the queue was first seen empty.
-func waitDrained(ctx context.Context, s sut, sk *sink, n int, timeout time.Duration) (time.Time, error) {
+func waitDrained(ctx context.Context, s sut, sk destination, n int, timeout time.Duration) (time.Time, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
@@ -90,10 +99,10 @@ func waitDrained(ctx context.Context, s sut, sk *sink, n int, timeout time.Durat
 	}
 }
 
-func summarize(name string, rs roundSpec, lr loadResult, sk *sink, tEmpty time.Time, u usage) roundResult {
+func summarize(name string, rs roundSpec, lr loadResult, sk destination, tEmpty time.Time, u usage) roundResult {
 	spec := rs.Load
 	c := sk.counts()
-	r := roundResult{SUT: name, Label: rs.Label, Messages: spec.Messages, Size: spec.Size, Sessions: spec.Sessions,
+	r := roundResult{SUT: name, Tools: spec.toolName(), Label: rs.Label, Messages: spec.Messages, Size: spec.Size, Sessions: spec.Sessions,
 		Reuse: spec.Reuse, Rate: spec.Rate, Accepted: lr.Accepted, Failed: lr.Failed, Codes: lr.Codes,
 		Delivered: c.Good, BadBody: c.Bad, Dups: c.Dups, Usage: u}
 	if d := lr.LastAck.Sub(lr.Start).Seconds(); d > 0 {
@@ -112,6 +121,9 @@ func summarize(name string, rs roundSpec, lr loadResult, sk *sink, tEmpty time.T
 	}
 	arr := sk.arrivals()
 	var e2e []time.Duration
+	if arr == nil {
+		lr.AckAt = nil // smtp-sink keeps no per-message times: no e2e, no loss count
+	}
 	for i, ack := range lr.AckAt {
 		id := spec.FirstID + i
 		switch {
@@ -134,7 +146,7 @@ func summarize(name string, rs roundSpec, lr loadResult, sk *sink, tEmpty time.T
 // warmup sends a few messages and waits for them to drain, so that the
 // measured phase sees a running system (Postfix spawns its daemons on
 // first use).
-func warmup(ctx context.Context, s sut, sk *sink, n int, base loadSpec) error {
+func warmup(ctx context.Context, s sut, sk destination, n int, base loadSpec) error {
 	if n <= 0 {
 		return nil
 	}

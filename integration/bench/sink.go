@@ -151,7 +151,23 @@ func (s *sink) arrivals() []int64 {
 	return append([]int64(nil), s.arrived...)
 }
 
-func (s *sink) close() { _ = s.srv.Close() }
+func (s *sink) close()       { _ = s.srv.Close() }
+func (s *sink) addr() string { return s.Addr }
+
+// destination is the next hop of a measured phase: this harness's sink
+// or Postfix's smtp-sink (postfixtools.go).
+type destination interface {
+	addr() string
+	// expect resets the counters for a run of n messages with the given
+	// body.
+	expect(n int, body []byte)
+	counts() sinkCounts
+	// arrivals are the arrival times by message number (Unix
+	// nanoseconds, 0 = not yet), or nil when the sink cannot tell
+	// messages apart.
+	arrivals() []int64
+	close()
+}
 
 func (s *sink) record(id int, ok bool) {
 	now := time.Now()

@@ -29,7 +29,7 @@ type Postgrey struct {
 // StartPostgrey runs postgrey on addr ("" means 127.0.0.1 on a free port)
 // with the given delay (rounded up to whole seconds), in the foreground,
 // with a database in a fresh t.TempDir() (so it remembers nothing) and the
-// settings of real-peers.md: triplets keyed on the full client IP
+// settings a test needs to predict it: triplets keyed on the full client IP
 // (--lookup-by-host), no automatic whitelisting of clients, empty
 // whitelists. It waits until postgrey answers a policy request, and stops
 // it in t.Cleanup.

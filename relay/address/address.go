@@ -5,7 +5,7 @@
 // Design notes:
 //
 //   - go-smtp unquotes local parts and drops source routes before the
-//     session sees an address (pitfall F8): <"user@target"@relay> and
+//     session sees an address: <"user@target"@relay> and
 //     <user@target@relay> both arrive as user@target@relay, and <"a b"@x>
 //     as a b@x. So the domain is what follows the LAST "@", and any "@"
 //     left in the local part (quoted or not) is refused rather than guessed
@@ -23,8 +23,12 @@
 //     address can always be written back into an SMTP command or a header.
 //   - Non-ASCII is accepted only when the transaction uses SMTPUTF8
 //     (RFC 6531). Internationalised domains are then kept as U-labels and
-//     lowercased; full IDNA2008 mapping would need golang.org/x/text, which
-//     this module does not carry. A-labels ("xn--") must decode (RFC 3492).
+//     lowercased. A domain with a U-label or an A-label ("xn--") must be a
+//     valid IDNA2008 name (RFC 5891 §4 and §5.4, checked by
+//     golang.org/x/net/idna's registration profile: PVALID code points,
+//     NFC, no leading combining mark, the CONTEXTJ and bidi (RFC 5893)
+//     rules, labels of at most 63 octets as A-labels). Nothing is mapped:
+//     a name that needs mapping is refused, not rewritten.
 package address
 
 import (
@@ -33,6 +37,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/net/idna"
 )
 
 // Limits from RFC 5321 §4.5.3.1.
@@ -268,7 +274,8 @@ func splitDecoded(s string, opt Options) (raw, local, rest string, err error) {
 }
 
 // checkLocal applies the rules that hold however the local part was
-// written: not empty, and none of the routing characters (F8).
+// written: not empty, and none of the routing characters (go-smtp has
+// already stripped the quotes that made them harmless).
 func checkLocal(local string, opt Options) error {
 	switch {
 	case local == "":
@@ -367,9 +374,18 @@ func ParseDomain(s string, opt Options) (string, error) {
 		return parseLiteral(s, opt)
 	}
 	labels := strings.Split(s, ".")
+	idn := false
 	for _, l := range labels {
 		if err := checkLabel(l, opt); err != nil {
 			return "", err
+		}
+		idn = idn || !isASCII(l) || strings.HasPrefix(strings.ToLower(l), "xn--")
+	}
+	// The bidi rule (RFC 5893 §2) applies to the whole name, so the whole
+	// name is checked, once its labels passed the checks above.
+	if idn {
+		if _, err := idna.Registration.ToASCII(strings.ToLower(s)); err != nil {
+			return "", syntaxErr(opt, "Bad domain: not a valid internationalised domain name")
 		}
 	}
 	// RFC 3696 §2 (a TLD is never all-numeric) and RFC 1123 §2.1 (a name
@@ -385,9 +401,8 @@ func ParseDomain(s string, opt Options) (string, error) {
 // checkLabel validates one label: RFC 1035 §2.3.1 LDH (letters, digits,
 // hyphens; no hyphen at either end), at most 63 octets; RFC 5891 §4.2.3.1:
 // "--" in positions 3 and 4 is reserved, and only "xn--" A-labels that
-// decode (RFC 3492) may use it. With SMTPUTF8, U-labels made of letters,
-// marks, digits and hyphens are accepted (an approximation of IDNA2008's
-// PVALID set, which needs Unicode tables this module does not carry).
+// decode to a U-label may use it. Non-ASCII characters are left to the
+// IDNA2008 check of the whole name (ParseDomain).
 func checkLabel(l string, opt Options) error {
 	if l == "" {
 		return syntaxErr(opt, "Bad domain: empty label")
@@ -399,8 +414,7 @@ func checkLabel(l string, opt Options) error {
 		return syntaxErr(opt, "Bad domain: label starts or ends with a hyphen")
 	}
 	for _, r := range l {
-		ok := r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-			r >= 0x80 && (unicode.IsLetter(r) || unicode.IsMark(r) || unicode.IsDigit(r))
+		ok := r == '-' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r >= 0x80
 		if !ok {
 			return syntaxErr(opt, "Bad domain: invalid character")
 		}
@@ -409,30 +423,32 @@ func checkLabel(l string, opt Options) error {
 		if !strings.EqualFold(l[:2], "xn") {
 			return syntaxErr(opt, "Bad domain: reserved label")
 		}
-		if u, ok := punyDecode(strings.ToLower(l[4:])); !ok || !validULabel(u) {
+		if _, ok := decodeALabel(strings.ToLower(l)); !ok {
 			return syntaxErr(opt, "Bad domain: invalid A-label")
 		}
 	}
 	return nil
 }
 
-// validULabel checks what an A-label decodes to: it must need the encoding
-// (contain non-ASCII) and be made of the characters checkLabel accepts.
-func validULabel(u string) bool {
-	nonASCII := false
-	for _, r := range u {
-		switch {
-		case r >= 0x80:
-			nonASCII = true
-			if !unicode.IsLetter(r) && !unicode.IsMark(r) && !unicode.IsDigit(r) {
-				return false
-			}
-		case r == '-' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-		default:
+// decodeALabel returns the U-label an "xn--" label encodes, if it is a
+// valid A-label: valid Punycode (RFC 3492) of a valid IDNA2008 label that
+// needs the encoding (has non-ASCII; RFC 5890 §2.3.2.1).
+func decodeALabel(l string) (string, bool) {
+	u, err := idna.Registration.ToUnicode(l)
+	if err != nil || isASCII(u) {
+		return "", false
+	}
+	return u, true
+}
+
+// isASCII reports whether s is plain US-ASCII.
+func isASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
 			return false
 		}
 	}
-	return nonASCII && u[0] != '-' && u[len(u)-1] != '-'
+	return true
 }
 
 // parseLiteral accepts the two address literals RFC 5321 §4.1.3 defines

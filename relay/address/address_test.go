@@ -86,8 +86,8 @@ func TestParse_Refused(t *testing.T) {
 		opt  Options
 		want string
 	}{
-		// bad-inputs c3: the nmap smtp-open-relay tests, as written and as
-		// go-smtp hands them over (quotes and routes stripped, pitfall F8).
+		// The nmap smtp-open-relay tests, as written and as go-smtp hands
+		// them over (quotes and routes stripped).
 		{"user%target@[192.0.2.1]", rcpt, routing},    // nmap 5
 		{"user%target@relay.example", rcpt, routing},  // nmap 6
 		{`"user@target"`, rcpt, routing},              // nmap 7
@@ -109,7 +109,7 @@ func TestParse_Refused(t *testing.T) {
 		{"user@0x7f000001", rcpt, syntax}, // inet_aton trick
 		{"user@127.0.0.1", rcpt, syntax},  // unbracketed IP
 		{"user@2130706433", rcpt, syntax},
-		// bad-inputs c4: control characters and injection.
+		// Control characters and injection.
 		{"user@target\x00.relay", rcpt, syntax},
 		{"us\rer@target.example", rcpt, syntax},
 		{"a\r@b.example", rcpt, syntax},
@@ -128,7 +128,17 @@ func TestParse_Refused(t *testing.T) {
 		{"user@xn--", rcpt, syntax},
 		{"user@xn--a.example", rcpt, syntax},   // decodes to a control character
 		{"user@xn--abc.example", rcpt, syntax}, // not a valid A-label
-		{"user@ab--cd.example", rcpt, syntax},  // reserved R-LDH label
+		// Accepted by the letters-marks-digits approximation that IDNA2008
+		// replaced, refused by IDNA2008.
+		{"user@\u0301abc.example", utf, syntax},     // leading combining mark
+		{"user@xn--abc-jdc.example", rcpt, syntax},  // the same as an A-label
+		{"user@abc\u05d0.example", utf, syntax},     // Latin and Hebrew in one label (bidi)
+		{"user@a\u0660.example", utf, syntax},       // Arabic-Indic digit in a Latin label (bidi)
+		{"user@1abc.\u05d0\u05d1", utf, syntax},     // bidi name with a label starting with a digit
+		{"user@\u02b0.example", utf, syntax},        // modifier letter, not PVALID
+		{"user@\u01c5.example", utf, syntax},        // titlecase letter, not PVALID
+		{"user@e\u0301xample.example", utf, syntax}, // not NFC
+		{"user@ab--cd.example", rcpt, syntax},       // reserved R-LDH label
 		{"user@-a.example", rcpt, syntax},
 		{"user@a-.example", rcpt, syntax},
 		{"user@a_b.example", rcpt, syntax},
@@ -160,7 +170,7 @@ func TestParse_Refused(t *testing.T) {
 		// Sender context.
 		{"user%x@y.example", sender, srouting},
 		{"bad..dots@x.example", sender, ssyntax},
-		// c5 lengths.
+		// Length limits (RFC 5321 §4.5.3.1).
 		{strings.Repeat("a", 65) + "@x.example", rcpt, long},
 		{`"` + strings.Repeat("a", 63) + `"@x.example`, rcpt, long}, // 65 octets as written
 		{strings.Repeat("a", 2000) + "@x.example", rcpt, long},
@@ -245,7 +255,9 @@ func TestParse_Boundaries(t *testing.T) {
 	}
 }
 
-func TestPunyDecode(t *testing.T) {
+// TestDecodeALabel: what the Punycode decoder used to be tested with, now
+// through x/net/idna.
+func TestDecodeALabel(t *testing.T) {
 	tests := []struct {
 		in   string
 		want string
@@ -257,11 +269,15 @@ func TestPunyDecode(t *testing.T) {
 		{"-", "", false},
 		{"zzzzzzzzzzzzzzzzzzzz", "", false}, // overflow
 		{"a€", "", false},
+		{"abc-", "", false},        // decodes to ASCII: needs no encoding
+		{"abc-jdc", "", false},     // a leading combining mark
+		{"9pa", "", false},         // U+02B0, not PVALID
+		{"example-tge", "", false}, // not NFC
 	}
 	for _, tc := range tests {
-		got, ok := punyDecode(tc.in)
+		got, ok := decodeALabel("xn--" + tc.in)
 		if ok != tc.ok || ok && got != tc.want {
-			t.Errorf("punyDecode(%q) = %q, %v; want %q, %v", tc.in, got, ok, tc.want, tc.ok)
+			t.Errorf("decodeALabel(%q) = %q, %v; want %q, %v", "xn--"+tc.in, got, ok, tc.want, tc.ok)
 		}
 	}
 }

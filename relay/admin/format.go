@@ -5,9 +5,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
+
 	"unicode/utf8"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -91,17 +92,10 @@ func sender(s string) string {
 	return s
 }
 
-// clean replaces control characters (escape sequences, tabs, newlines)
-// and invalid UTF-8 with spaces: replies come from remote servers and must
-// not drive a terminal or break a table.
-func clean(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || r == utf8.RuneError {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// clean replaces control characters (escape sequences, tabs, newlines, C1
+// controls) and invalid UTF-8 with spaces: replies come from remote servers
+// and must not drive a terminal or break a table.
+func clean(s string) string { return safetext.Replace(s, ' ') }
 
 // cell makes a value safe for a terminal table (see clean), cuts it to max
 // runes (0: no cut), and shows an empty value as "-".

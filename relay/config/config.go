@@ -31,34 +31,57 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 )
 
+// ListenerMode says what a listener is for: smtp takes mail to relay
+// (trusted networks or AUTH); submission (STARTTLS, RFC 6409) and
+// submissions (implicit TLS, RFC 8314) require AUTH before MAIL.
+type ListenerMode string
+
 // Listener modes.
 const (
-	ModeSMTP        = "smtp"
-	ModeSubmission  = "submission"
-	ModeSubmissions = "submissions"
+	ModeSMTP        ListenerMode = "smtp"
+	ModeSubmission  ListenerMode = "submission"
+	ModeSubmissions ListenerMode = "submissions"
 )
+
+// Valid reports whether m is one of the listener modes.
+func (m ListenerMode) Valid() bool {
+	return m == ModeSMTP || m == ModeSubmission || m == ModeSubmissions
+}
+
+// BareCRPolicy says what happens to a message whose data has a CR that is
+// not followed by LF.
+type BareCRPolicy string
+
+// Bare-CR policies: replace the CR by a space, or refuse the message.
+const (
+	BareCRNormalize BareCRPolicy = "normalize"
+	BareCRReject    BareCRPolicy = "reject"
+)
+
+// Valid reports whether p is one of the bare-CR policies.
+func (p BareCRPolicy) Valid() bool { return p == BareCRNormalize || p == BareCRReject }
 
 // Config is the whole configuration. Field names mirror the YAML keys.
 type Config struct {
-	Hostname        string     `yaml:"hostname"`
-	Listeners       []Listener `yaml:"listeners"`
-	TrustedNetworks []string   `yaml:"trusted_networks"`
-	ProxyProtocol   ProxyProto `yaml:"proxy_protocol"`
-	UsersFile       string     `yaml:"users_file"`
-	Limits          Limits     `yaml:"limits"`
-	BareCR          string     `yaml:"bare_cr"`
-	Postmaster      string     `yaml:"postmaster"`
-	Queue           Queue      `yaml:"queue"`
-	History         History    `yaml:"history"`
-	Admin           Admin      `yaml:"admin"`
-	Log             Log        `yaml:"log"`
-	Delivery        Delivery   `yaml:"delivery"`
-	Retry           Retry      `yaml:"retry"`
-	DSN             DSN        `yaml:"dsn"`
-	Probe           Probe      `yaml:"probe"`
-	DKIM            DKIM       `yaml:"dkim"`
-	Events          Events     `yaml:"events"`
-	Cluster         Cluster    `yaml:"cluster"`
+	Hostname        string       `yaml:"hostname"`
+	Listeners       []Listener   `yaml:"listeners"`
+	TrustedNetworks []string     `yaml:"trusted_networks"`
+	ProxyProtocol   ProxyProto   `yaml:"proxy_protocol"`
+	UsersFile       string       `yaml:"users_file"`
+	Limits          Limits       `yaml:"limits"`
+	BareCR          BareCRPolicy `yaml:"bare_cr"`
+	Postmaster      string       `yaml:"postmaster"`
+	Queue           Queue        `yaml:"queue"`
+	History         History      `yaml:"history"`
+	Admin           Admin        `yaml:"admin"`
+	Log             Log          `yaml:"log"`
+	Delivery        Delivery     `yaml:"delivery"`
+	Retry           Retry        `yaml:"retry"`
+	DSN             DSN          `yaml:"dsn"`
+	Probe           Probe        `yaml:"probe"`
+	DKIM            DKIM         `yaml:"dkim"`
+	Events          Events       `yaml:"events"`
+	Cluster         Cluster      `yaml:"cluster"`
 
 	warnings []string // what Load changed or ignored (Warnings)
 }
@@ -89,12 +112,12 @@ type Redis struct {
 
 // Listener is one SMTP listening socket.
 type Listener struct {
-	Address            string `yaml:"address"`
-	Mode               string `yaml:"mode"`
-	TLSCert            string `yaml:"tls_cert"`
-	TLSKey             string `yaml:"tls_key"`
-	AllowPlaintextAuth bool   `yaml:"allow_plaintext_auth"`
-	ProxyProtocol      bool   `yaml:"proxy_protocol"` // every connection starts with a PROXY header from proxy_protocol.trusted
+	Address            string       `yaml:"address"`
+	Mode               ListenerMode `yaml:"mode"`
+	TLSCert            string       `yaml:"tls_cert"`
+	TLSKey             string       `yaml:"tls_key"`
+	AllowPlaintextAuth bool         `yaml:"allow_plaintext_auth"`
+	ProxyProtocol      bool         `yaml:"proxy_protocol"` // every connection starts with a PROXY header from proxy_protocol.trusted
 }
 
 // ProxyProto says whose PROXY protocol headers (HAProxy's v1 text or v2
@@ -118,6 +141,33 @@ type Limits struct {
 	MaxAuthFailures      int           `yaml:"max_auth_failures"`
 	MaxAuthFailuresPerIP int           `yaml:"max_auth_failures_per_ip"`
 	IPv6PrefixLength     int           `yaml:"ipv6_prefix_length"`
+}
+
+// Problems returns what is wrong with l, one message per limit in a fixed
+// order, or nil. Every limit must be set: go-smtp and greyrelay read 0 as
+// unlimited or never. It is the one check of the limits; Validate and
+// smtpd.New both use it.
+func (l Limits) Problems() []string {
+	var ps []string
+	for _, f := range []struct {
+		key string
+		v   int64
+	}{
+		{"max_message_bytes", l.MaxMessageBytes}, {"max_recipients", int64(l.MaxRecipients)},
+		{"max_connections", int64(l.MaxConnections)}, {"max_connections_per_ip", int64(l.MaxConnectionsPerIP)},
+		{"command_timeout", int64(l.CommandTimeout)}, {"min_data_rate", int64(l.MinDataRate)},
+		{"session_lifetime", int64(l.SessionLifetime)}, {"max_junk_commands", int64(l.MaxJunkCommands)},
+		{"max_received_headers", int64(l.MaxReceivedHeaders)}, {"max_auth_failures", int64(l.MaxAuthFailures)},
+		{"max_auth_failures_per_ip", int64(l.MaxAuthFailuresPerIP)},
+	} {
+		if f.v <= 0 {
+			ps = append(ps, "limits."+f.key+": must be greater than 0 (0 would mean unlimited or never)")
+		}
+	}
+	if l.IPv6PrefixLength < 1 || l.IPv6PrefixLength > 128 {
+		ps = append(ps, fmt.Sprintf("limits.ipv6_prefix_length: %d, want 1 to 128", l.IPv6PrefixLength))
+	}
+	return ps
 }
 
 // Queue configures the persistent queue.

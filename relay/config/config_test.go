@@ -254,3 +254,16 @@ func TestValidate_AdminAllowedHosts(t *testing.T) {
 		t.Errorf("from the environment: %q", c.Admin.AllowedHosts)
 	}
 }
+
+// TestLimitsProblems: every unset limit is named, in a fixed order, with
+// the same message Validate and smtpd.New give.
+func TestLimitsProblems(t *testing.T) {
+	ps := Limits{}.Problems()
+	if len(ps) != 12 || !strings.HasPrefix(ps[0], "limits.max_message_bytes:") ||
+		!strings.HasPrefix(ps[11], "limits.ipv6_prefix_length:") {
+		t.Errorf("Problems() = %q", ps)
+	}
+	if ps := (Limits{IPv6PrefixLength: 129}).Problems(); !strings.Contains(ps[len(ps)-1], "129, want 1 to 128") {
+		t.Errorf("Problems() = %q", ps)
+	}
+}

@@ -28,7 +28,7 @@ func (c *Config) Validate() error {
 	v.proxyProtocol(c.ProxyProtocol, c.Listeners)
 	v.readable("users_file", c.UsersFile)
 	v.limits(c.Limits)
-	v.oneOf("bare_cr", c.BareCR, "normalize", "reject")
+	v.check(c.BareCR.Valid(), "bare_cr: %q is not one of %v", c.BareCR, []BareCRPolicy{BareCRNormalize, BareCRReject})
 	if c.Postmaster != "" {
 		_, err := address.Parse(c.Postmaster, address.Options{SMTPUTF8: true})
 		v.check(err == nil, "postmaster: %q is not an address (user@domain): %v", c.Postmaster, err)
@@ -100,7 +100,7 @@ func (v *validator) listeners(ls []Listener) {
 	for i, l := range ls {
 		key := fmt.Sprintf("listeners[%d]", i)
 		v.hostPort(key+".address", l.Address)
-		v.oneOf(key+".mode", l.Mode, ModeSMTP, ModeSubmission, ModeSubmissions)
+		v.check(l.Mode.Valid(), "%s: %q is not one of %v", key+".mode", l.Mode, []ListenerMode{ModeSMTP, ModeSubmission, ModeSubmissions})
 		if l.Mode == ModeSubmission || l.Mode == ModeSubmissions {
 			v.check(l.TLSCert != "" && l.TLSKey != "", "%s: mode %s needs tls_cert and tls_key", key, l.Mode)
 		}
@@ -112,7 +112,8 @@ func (v *validator) listeners(ls []Listener) {
 
 // trusted refuses networks that would make greyrelay an open relay. Behind
 // Docker's NAT every client looks like the bridge gateway, so the container
-// configuration trusts nothing at all (pitfall F10).
+// configuration trusts nothing at all: trusting the gateway's network there
+// would trust every client on the Internet.
 func (v *validator) trusted(nets []string) {
 	for _, s := range nets {
 		p, err := netip.ParsePrefix(s)
@@ -155,18 +156,9 @@ func (v *validator) cluster(c Cluster) {
 }
 
 func (v *validator) limits(l Limits) {
-	v.positive("limits.max_message_bytes", l.MaxMessageBytes)
-	v.positive("limits.max_recipients", int64(l.MaxRecipients))
-	v.positive("limits.max_connections", int64(l.MaxConnections))
-	v.positive("limits.max_connections_per_ip", int64(l.MaxConnectionsPerIP))
-	v.positive("limits.command_timeout", int64(l.CommandTimeout))
-	v.positive("limits.min_data_rate", int64(l.MinDataRate))
-	v.positive("limits.session_lifetime", int64(l.SessionLifetime))
-	v.positive("limits.max_junk_commands", int64(l.MaxJunkCommands))
-	v.positive("limits.max_received_headers", int64(l.MaxReceivedHeaders))
-	v.positive("limits.max_auth_failures", int64(l.MaxAuthFailures))
-	v.positive("limits.max_auth_failures_per_ip", int64(l.MaxAuthFailuresPerIP))
-	v.check(l.IPv6PrefixLength >= 1 && l.IPv6PrefixLength <= 128, "limits.ipv6_prefix_length: %d, want 1 to 128", l.IPv6PrefixLength)
+	for _, p := range l.Problems() {
+		v.check(false, "%s", p)
+	}
 }
 
 func (v *validator) admin(a Admin) {

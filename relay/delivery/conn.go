@@ -82,6 +82,13 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		return nil
 	case len(ts) == 0 && !begun:
 		if wake := e.deadWake(d, rt, a.start); !wake.IsZero() {
+			if j.fresh != nil {
+				// A postponement writes without an attempt: leave it to
+				// the ordinary path, once the message is inserted.
+				e.unclaim(j.rcpts)
+				e.requestRescan()
+				return nil
+			}
 			e.postpone(d, j, v, wake, a.start) // no connection, so no attempt (flush.go)
 			return nil
 		}

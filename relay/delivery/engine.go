@@ -26,7 +26,11 @@
 //   - The attempt is recorded before it is made (queue.Begin, as in mox),
 //     with the source address, MX host and address and a lease covering
 //     every timeout the attempt may spend. After a crash, queue.Recover makes
-//     it due again: a possible duplicate, never a loss.
+//     it due again: a possible duplicate, never a loss. A message fresh
+//     from the intake journal is the exception (fresh.go): it is sent from
+//     the journal's copy at once, and its start is stored with its outcome;
+//     its recipients stay Queued until then, so a crash makes them due
+//     again just the same.
 //   - Every outcome goes through the classifier (what happened) and the
 //     backoff policy (when to try again), and is stored with its DSN and what
 //     was learned about the destination in one queue.Apply transaction.
@@ -133,6 +137,8 @@ type Engine struct {
 	fmu sync.Mutex
 
 	held held // outcomes waiting to be stored (held.go)
+
+	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
 }
 
 // New checks opt and returns an engine.
@@ -163,6 +169,7 @@ func New(opt Options) (*Engine, error) {
 		kick:    make(chan struct{}, 1),
 		dests:   map[string]*dest{},
 		claimed: map[queue.Key]bool{},
+		fresh:   opt.Queue.Fresh(),
 	}, nil
 }
 

@@ -25,6 +25,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // sourceIP is the pinned source address every test delivers from.
@@ -315,14 +316,13 @@ func counter(c *prometheus.CounterVec, labels ...string) float64 {
 	return testutil.ToFloat64(c.WithLabelValues(labels...))
 }
 
-// eventually polls cond every 10ms until it holds or d passes.
+// eventually is relaytest.Eventually for a condition.
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
+	relaytest.Eventually(t, d, what, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

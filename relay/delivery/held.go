@@ -13,7 +13,8 @@ const heldRetry = time.Second
 
 // held keeps the outcomes whose queue.Apply failed even after retry (a
 // full or failing disk). Their recipients stay Active in the queue, where
-// nothing else will try them, so giving up would leave them stuck until
+// nothing else will try them (those of a fresh attempt stay Queued and
+// claimed, which keeps the scan away just the same), so giving up would leave them stuck until
 // the next start (queue.Recover); instead the scheduler stores them again
 // at each of its wakes, and at least every heldRetry, until the disk takes
 // them. What was learned about the destination is not kept: a later
@@ -55,6 +56,7 @@ func (h *held) flush(store func(queue.Update) error) (stored []heldOutcome, left
 	}
 	var all queue.Update
 	for _, ho := range hs {
+		all.Starts = append(all.Starts, ho.po.u.Starts...)
 		all.Results = append(all.Results, ho.po.u.Results...)
 		all.DSNs = append(all.DSNs, ho.po.u.DSNs...)
 	}

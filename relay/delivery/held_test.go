@@ -36,16 +36,19 @@ func TestHeldFlush(t *testing.T) {
 	if stored, left, err := h.flush(fail); stored != nil || left != 2 || err == nil {
 		t.Fatalf("failing flush = %v, %d, %v; want nothing stored, 2 left, the error", stored, left, err)
 	}
-	third := po(queue.Update{Results: []queue.Result{res(3)}})
+	// A fresh attempt's start goes with its held outcome (fresh.go).
+	start := queue.Start{Keys: []queue.Key{res(3).Key}, MXHost: "mx.test"}
+	third := po(queue.Update{Results: []queue.Result{res(3)}, Starts: []queue.Start{start}})
 	h.add(third, false)
 	stored, left, err := h.flush(ok)
 	want := []heldOutcome{{first, true}, {second, false}, {third, false}}
 	if !reflect.DeepEqual(stored, want) || left != 0 || err != nil {
 		t.Fatalf("flush = %v, %d, %v; want the three in order, none left", stored, left, err)
 	}
-	wantU := queue.Update{Results: []queue.Result{res(1), res(2), res(3)}, DSNs: []queue.NewMessage{{From: ""}}}
+	wantU := queue.Update{Results: []queue.Result{res(1), res(2), res(3)}, DSNs: []queue.NewMessage{{From: ""}},
+		Starts: []queue.Start{start}}
 	if !reflect.DeepEqual(got, wantU) {
-		t.Fatalf("stored %+v, want %+v (oldest first, no destinations)", got, wantU)
+		t.Fatalf("stored %+v, want %+v (oldest first, with the starts, no destinations)", got, wantU)
 	}
 	if stored, left, _ := h.flush(fail); stored != nil || left != 0 || calls != 2 {
 		t.Fatalf("flush after success = %v, %d after %d calls; want nothing held", stored, left, calls)

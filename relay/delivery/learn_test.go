@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/configs"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // greylister is a postgrey in miniature: a triplet seen for the first time
@@ -73,7 +75,7 @@ func deliverOne(p backoff.Policy, rec *queue.Destination, g *greylister, triplet
 // check below the window (backoff.CheckEvery) refused in a third.
 func TestGreylistWindowConverges(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := backoff.DefaultPolicy()
+		p := defaultPolicy(t)
 		p.GreylistFirst, p.GreylistSecond = 10*time.Second, 20*time.Second
 		rnd := rand.New(rand.NewSource(1))
 		rec := queue.Destination{Domain: "dest.test"}
@@ -141,4 +143,14 @@ func TestLearnGreylistPass(t *testing.T) {
 			t.Errorf("%s: %+v, want window %v..%v", c.name, rec, c.wantLow, c.wantHigh)
 		}
 	}
+}
+
+// defaultPolicy is the retry policy of configs/default.yaml.
+func defaultPolicy(t *testing.T) backoff.Policy {
+	t.Helper()
+	cfg, err := config.Load(config.Source{Default: configs.Default})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg.Retry.Policy()
 }

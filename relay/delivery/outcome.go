@@ -31,7 +31,10 @@ type attempt struct {
 	relay   bool   // the next hop relays further (smarthost): Relayed, not Delivered
 	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
 	start   time.Time
-	w       *worker // the worker making the attempt; nil for the scheduler's expiries
+	// begun is the start of a fresh attempt (fresh.go), stored with its
+	// outcomes instead of by a Begin; nil for an attempt Begun in the queue.
+	begun *queue.Start
+	w     *worker // the worker making the attempt; nil for the scheduler's expiries
 	// none: no attempt is made (the scheduler expires recipients of a
 	// paused destination), so the log and the DSN name each recipient's
 	// last real route (queue.Recipient's), not an empty one.
@@ -109,6 +112,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
 	e.attachEvents(a, s)
 	po.u = s.u
+	po.u.Starts = freshStart(a, outs)
 	if sameDest(rec, d.stored) {
 		// Nothing learned: the stored record stays as it is, so this Apply
 		// need not be ordered with the others of d and may share their
@@ -138,6 +142,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if e.opt.Shared != nil {
 		e.opt.Shared.Publish(rec)
 	}
+	e.stored(po)
 }
 
 // submit stores po. A worker hands it to the queue and goes on (see
@@ -148,7 +153,9 @@ func (e *Engine) submit(po *pendingOutcome) {
 		e.report(po, nil)
 		if err := e.apply(po.u); err != nil {
 			e.logStoreFailed(po, err, true)
+			return
 		}
+		e.stored(po)
 		return
 	}
 	// The attempt happened whether or not its record is stored yet: its
@@ -173,7 +180,9 @@ func (e *Engine) finish(w *worker) {
 	_, err := po.p.Wait()
 	if err = e.retry(po.u, err); err != nil {
 		e.logStoreFailed(po, err, true) // its attempt lines are out already (submit)
+		return
 	}
+	e.stored(po)
 }
 
 // report logs an outcome, one line per recipient, and counts it and its
@@ -198,6 +207,7 @@ func (e *Engine) logStoreFailed(po *pendingOutcome, err error, logged bool) {
 	if errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
 		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
 			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
+		e.stored(po) // never will be: a fresh attempt's recipients go back to the scan
 		return
 	}
 	e.held.add(po, logged)
@@ -221,6 +231,7 @@ func (e *Engine) storeHeld() bool {
 		if !ho.logged {
 			e.report(ho.po, nil)
 		}
+		e.stored(ho.po)
 	}
 	if left > 0 {
 		e.log.Warn("delivery: held outcomes still cannot be stored", zap.Int("outcomes", left), zap.Error(err))

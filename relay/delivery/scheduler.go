@@ -74,6 +74,7 @@ type job struct {
 	domain string
 	want   string
 	rcpts  []queue.Recipient
+	fresh  *freshJob // started from a fresh message (fresh.go); nil: read from the queue
 }
 
 func (j *job) keys() []queue.Key {
@@ -103,6 +104,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	fresh := e.fresh
 	for {
 		e.m.SchedulerWakeup.Inc()
 		wait, ok := e.schedule(ctx, &wg)
@@ -111,13 +113,30 @@ func (e *Engine) Run(ctx context.Context) error {
 		} else {
 			timer.Stop()
 		}
+		if !e.sleep(ctx, &wg, fresh, timer) {
+			return nil
+		}
+	}
+}
+
+// sleep waits for the next reason to schedule: the timer, a queue change,
+// a kick. A fresh message is claimed and dispatched meanwhile without a
+// scan (the timer stays as it was). It reports false when ctx ends.
+func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan queue.Fresh, timer *time.Timer) bool {
+	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
+		case f := <-fresh:
+			if e.takeFresh(f) {
+				e.dispatch(ctx, wg)
+			}
+			continue
 		case <-timer.C:
 		case <-e.q.Wake():
 		case <-e.kick:
 		}
+		return true
 	}
 }
 
@@ -128,6 +147,7 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 		return 0, false
 	}
 	stillHeld := e.storeHeld()
+	e.takeWaitingFresh()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true

@@ -83,14 +83,7 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 // runJob makes one attempt for j, on s if it can carry it or on a new
 // connection, and returns the connection to reuse (nil if none).
 func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *worker) *session {
-	msg, err := e.q.Message(j.id)
-	var body *queue.Content
-	if err == nil {
-		// A large body is a mapped spool file, not a heap copy; every use
-		// of it (the transactions, a DSN's returned content) ends before
-		// runJob returns.
-		body, err = e.q.OpenBody(j.id)
-	}
+	msg, body, release, err := e.load(j)
 	if err != nil {
 		e.unclaim(j.rcpts)
 		e.requestRescan()                       // dropped without a write: behind the scan position
@@ -99,12 +92,12 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 		}
 		return s
 	}
-	defer body.Close()
+	defer release()
 	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection) {
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body.Bytes(), start: e.now(), w: w}
+	a := &attempt{msg: msg, body: body, start: e.now(), w: w}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
@@ -125,6 +118,25 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 	return e.overHosts(ctx, d, j, a, rest, true)
 }
 
+// load returns j's envelope and body: a fresh job's own copies, or the
+// queue's. A large body is a mapped spool file, not a heap copy; every use
+// of it (the transactions, a DSN's returned content) ends before runJob
+// returns and calls release.
+func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
+	if j.fresh != nil {
+		return j.fresh.msg, j.fresh.body, func() {}, nil
+	}
+	msg, err := e.q.Message(j.id)
+	if err != nil {
+		return msg, nil, nil, err
+	}
+	c, err := e.q.OpenBody(j.id)
+	if err != nil {
+		return msg, nil, nil, err
+	}
+	return msg, c.Bytes(), func() { _ = c.Close() }, nil
+}
+
 // begin records the attempt a for j's recipients before anything is sent
 // (queue.Begin), with t as the first host and a lease for hops hosts.
 // Recipients the operator held, bounced or deleted since they were
@@ -137,10 +149,16 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 // wait for it overlapped with this attempt's start.
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	defer e.finish(a.w)
-	defer e.unclaim(j.rcpts)
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
 		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}
+	if j.fresh != nil {
+		// No Begin: the start is stored with the outcome, and the
+		// recipients stay claimed until then (fresh.go).
+		a.begun = &start
+		return true
+	}
+	defer e.unclaim(j.rcpts)
 	err := e.q.Begin(start)
 	if errors.Is(err, queue.ErrState) || errors.Is(err, queue.ErrNotFound) {
 		if j.rcpts = e.stillDue(j); len(j.rcpts) == 0 {

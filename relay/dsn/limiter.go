@@ -19,7 +19,7 @@ type window struct {
 
 // Limiter caps the DSNs sent to one envelope sender per hour, so a
 // forged-sender flood cannot turn the relay into a backscatter source
-// (Postfix BACKSCATTER_README; security checklist S11).
+// (Postfix BACKSCATTER_README).
 //
 // Each sender has a fixed window of one hour that opens with its first DSN;
 // the window restarts at the first DSN after it ends. The Limiter never

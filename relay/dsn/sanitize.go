@@ -3,8 +3,9 @@ package dsn
 import (
 	"strconv"
 	"strings"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/greyrelay/greyrelay/internal/safetext"
 )
 
 const (
@@ -22,34 +23,27 @@ const (
 	truncMarker = " [truncated]"
 )
 
-// oneLine turns outside text into one line of printable text: every control
-// character (CR, LF and NUL included) and every run of whitespace becomes a
-// single space, invalid UTF-8 becomes U+FFFD, and with ascii set every
-// non-ASCII character becomes '?'. The result is capped at maxValue octets.
+// oneLine turns outside text into one line of printable text
+// (safetext.Line: every control character, C1 included, and every run of
+// whitespace becomes a single space, invalid UTF-8 becomes U+FFFD), and
+// with ascii set every non-ASCII character becomes '?'. The result is capped
+// at maxValue octets.
 func oneLine(s string, ascii bool) string {
 	truncated := false
 	if len(s) > 4*maxValue {
 		s, truncated = s[:4*maxValue], true
 	}
-	var b strings.Builder
-	space := false
-	for _, r := range s {
-		switch {
-		case isSpaceOrControl(r):
-			space = true
-			continue
-		case ascii && r >= utf8.RuneSelf:
-			r = '?'
-		}
-		if space && b.Len() > 0 {
-			b.WriteByte(' ')
-		}
-		space = false
-		b.WriteRune(r)
+	out := safetext.Line(s)
+	if ascii && !isASCII(out) {
+		out = strings.Map(func(r rune) rune {
+			if r >= utf8.RuneSelf {
+				return '?'
+			}
+			return r
+		}, out)
 	}
-	out := b.String()
 	if truncated || len(out) > maxValue {
-		out = cutRunes(out, maxValue-len(truncMarker)) + truncMarker
+		out = safetext.Cut(out, maxValue-len(truncMarker)) + truncMarker
 	}
 	return out
 }
@@ -60,7 +54,7 @@ func oneLine(s string, ascii bool) string {
 func lines(s string) []string {
 	truncated := false
 	if len(s) > maxValue {
-		s, truncated = cutRunes(s, maxValue), true
+		s, truncated = safetext.Cut(s, maxValue), true
 	}
 	var out []string
 	for _, l := range strings.FieldsFunc(s, func(r rune) bool { return r == '\r' || r == '\n' }) {
@@ -72,23 +66,6 @@ func lines(s string) []string {
 		out = append(out, strings.TrimSpace(truncMarker))
 	}
 	return out
-}
-
-// isSpaceOrControl reports whether r must not appear verbatim in a field.
-func isSpaceOrControl(r rune) bool {
-	return r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) || unicode.IsSpace(r)
-}
-
-// cutRunes returns the longest prefix of s of at most n octets that does
-// not split a UTF-8 sequence.
-func cutRunes(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }
 
 // cleanAddr reduces an outside address to printable text without spaces,
@@ -162,7 +139,7 @@ func field(name, value string) string {
 func chunks(w string, n int) []string {
 	var out []string
 	for len(w) > n {
-		c := cutRunes(w, n)
+		c := safetext.Cut(w, n)
 		if c == "" {
 			c = w[:n]
 		}

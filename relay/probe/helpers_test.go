@@ -3,16 +3,11 @@ package probe
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
 	"errors"
 	"io"
-	"math/big"
 	"net"
 	"net/netip"
 	"strconv"
@@ -27,6 +22,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // peerScript says how a fake MX answers; nil errors accept.
@@ -238,22 +234,9 @@ func step(t *testing.T, pr PathReport, name string) Step {
 // certificate for host, and a pool that trusts it.
 func selfSigned(t *testing.T, host string) (*tls.Config, *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	pair, pool, err := relaytest.SelfSigned(host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: host},
-		DNSNames: []string{host}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key, Leaf: cert}}}, pool
+	return &tls.Config{Certificates: []tls.Certificate{pair}}, pool
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/mx"
 )
@@ -27,7 +28,7 @@ func (p *printer) f(format string, a ...any) {
 
 // printable maps control characters (C0 but newline, DEL, C1) to "?".
 func printable(r rune) rune {
-	if (r < 0x20 && r != '\n') || (r >= 0x7f && r < 0xa0) {
+	if r != '\n' && safetext.IsControl(r) {
 		return '?'
 	}
 	return r

@@ -390,7 +390,7 @@ func TestChunkingReuse(t *testing.T) {
 // TestChunkingGoSMTP: against a real go-smtp server (which offers
 // PIPELINING and CHUNKING) the body arrives byte for byte through BDAT,
 // dot lines untouched; a chunk for a refused recipient is discarded, not
-// run as commands (pitfall F5), and the connection goes on; a large body
+// run as commands (go-smtp before v0.25.1 ran it), and the connection goes on; a large body
 // for two recipients and a too-large one (552) behave.
 func TestChunkingGoSMTP(t *testing.T) {
 	be, addr := startGoSMTP(t, func(s *smtp.Server) { s.MaxMessageBytes = 256 << 10 })

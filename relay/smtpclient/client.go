@@ -6,12 +6,12 @@
 //   - It is written on the standard library (net, crypto/tls, bufio), not on
 //     go-smtp's client: that client sends "localhost" as EHLO name before
 //     STARTTLS and cannot continue in plaintext when STARTTLS is missing
-//     (pitfall F13). Replies are read by our own bounded reader, not
+//     (and has no PIPELINING nor BDAT). Replies are read by our own bounded reader, not
 //     net/textproto's, whose ReadLine has no length limit.
 //   - Every I/O step runs under one overall deadline (greeting, command or
 //     data timeout, and the caller's context), set before the write and
 //     kept for the whole reply, so a peer dripping one byte a minute cannot
-//     hold us longer than the timeout (bad-inputs c7).
+//     hold us longer than the timeout.
 //   - Errors are tagged with the dialogue stage (*Error). SMTP replies inside
 //     a transaction are results, not errors: Send returns them in TxResult so
 //     the caller can decide per recipient. Only connection-level trouble is an
@@ -159,6 +159,20 @@ type Client struct {
 	// inTx: a transaction may be open at the peer. Set when MAIL is sent;
 	// cleared by a 2xx to the final dot, to BDAT LAST or to RSET.
 	inTx bool
+	// piece is the DATA encoder's output buffer, kept for the next
+	// message on this connection (see pieceBuf).
+	piece []byte
+}
+
+// pieceBuf returns an empty buffer for up to min(n, dataPiece) encoded
+// octets and a little more. It is reused from message to message: a new
+// 64 KiB buffer per message, allocated and zeroed for a 4 KiB body, was
+// most of what sending DATA cost the allocator.
+func (c *Client) pieceBuf(n int) []byte {
+	if need := min(n, dataPiece) + 8; cap(c.piece) < need {
+		c.piece = make([]byte, 0, need)
+	}
+	return c.piece[:0]
 }
 
 // Dial connects to addr and runs the handshake: greeting, EHLO (HELO if

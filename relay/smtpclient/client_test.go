@@ -386,7 +386,8 @@ func TestSMTPUTF8(t *testing.T) {
 }
 
 func TestBodyOnTheWire(t *testing.T) {
-	// Every c1 smuggling sequence plus stray CR/LF must arrive normalised.
+	// Every end-of-data impostor (SMTP smuggling) plus stray CR/LF must
+	// arrive normalised.
 	seqs := []string{"\n.\n", "\r.\r", "\r.\n", "\n.\r", "\n.\r\n", "\r\n.\n", "\r.\r\n", "\r\n.\r", "\r\n\x00.\r\n",
 		"\r\n.\x00\r\n", "\r\n.\r\r\n", "\r\r\n.\r\r\n", "\r\r\n.\r\n", "\r\n.\r\n"}
 	var body strings.Builder

@@ -184,7 +184,9 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 	// large message is never copied whole a second time on its way out.
 	enc := newBodyEncoder(body)
 	enc.fold = c.opt.LineLengthLimit
-	buf := make([]byte, 0, dataPiece+8)
+	// Encoded, a body grows by at most a CR per LF and a dot per line, and
+	// the final ".\r\n".
+	buf := c.pieceBuf(2*len(body) + 5)
 	for {
 		buf = enc.next(buf[:0], dataPiece)
 		if len(buf) == 0 {
@@ -388,7 +390,7 @@ func encodeBody(body []byte) []byte {
 // bodyEncoder turns a message into DATA payload, a part at a time: every
 // line ends in CRLF, a bare LF becomes CRLF and a bare CR becomes a space
 // (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line
-// endings of SMTP smuggling (bad-inputs c2); lines starting with "." get
+// endings of SMTP smuggling to the next hop; lines starting with "." get
 // another "." (RFC 5321 §4.5.2); and ".\r\n" ends it. With fold set, a
 // line longer than fold octets is broken by inserting CRLF SP after fold
 // octets, and again after each further fold-1 (Options.LineLengthLimit).

@@ -21,7 +21,8 @@ import (
 // "historical purposes only" and says mechanisms that need encryption
 // SHOULD NOT be advertised without it, which is what happens.
 //
-// go-smtp counts no failures (F3). We count them per connection (closing
+// go-smtp counts no failures, so one connection could try passwords
+// forever. We count them per connection (closing
 // with 421 4.7.0 at limits.max_auth_failures) and per client address over
 // a sliding hour (limits.max_auth_failures_per_ip; IPv6 clients by /64,
 // since one host usually owns the whole prefix).
@@ -39,7 +40,7 @@ func (s *session) AuthMechanisms() []string {
 func (s *session) Auth(mech string) (sasl.Server, error) {
 	s.conn.productive()
 	if s.srv.users == nil {
-		return nil, s.refuse("auth", reply(502, 5, 5, 1, "AUTH not available"))
+		return nil, s.refuse(reasonAuth, reply(502, 5, 5, 1, "AUTH not available"))
 	}
 	s.mu.Lock()
 	inTransaction := s.env != nil
@@ -48,10 +49,10 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 		// RFC 4954 §4: AUTH during a mail transaction MUST get 503. It
 		// matters: MAIL was checked against the sender rules of the
 		// identity in force when it was given.
-		return nil, s.refuse("sequence", reply(503, 5, 5, 1, "AUTH not permitted during a mail transaction"))
+		return nil, s.refuse(reasonSequence, reply(503, 5, 5, 1, "AUTH not permitted during a mail transaction"))
 	}
 	if s.srv.authLim.blocked(s.client.Addr(), s.srv.now()) {
-		return nil, s.refuseAndClose("auth", replyAuthLimit())
+		return nil, s.refuseAndClose(reasonAuth, replyAuthLimit())
 	}
 	switch strings.ToUpper(mech) {
 	case sasl.Plain:
@@ -60,7 +61,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 		return &loginServer{s: s}, nil
 	}
 	// RFC 4954 §4: 504 5.5.4 for an unknown mechanism.
-	return nil, s.refuse("auth", reply(504, 5, 5, 4, "Unsupported authentication mechanism"))
+	return nil, s.refuse(reasonAuth, reply(504, 5, 5, 4, "Unsupported authentication mechanism"))
 }
 
 // replyAuthLimit: RFC 5321 §3.8 421 closes the connection; RFC 3463 X.7.0
@@ -97,9 +98,9 @@ func (s *session) authFailed(r *smtp.SMTPError) error {
 	s.srv.authLim.fail(s.client.Addr(), now)
 	s.srv.metrics.AuthFailures.Inc()
 	if n >= s.srv.cfg.Limits.MaxAuthFailures || s.srv.authLim.blocked(s.client.Addr(), now) {
-		return s.refuseAndClose("auth", replyAuthLimit())
+		return s.refuseAndClose(reasonAuth, replyAuthLimit())
 	}
-	return s.refuse("auth", r)
+	return s.refuse(reasonAuth, r)
 }
 
 // plainServer is the server side of PLAIN (RFC 4616 §2): one response,

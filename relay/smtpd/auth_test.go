@@ -189,7 +189,8 @@ func TestAuth_NotBeforeTLSOnPublicListener(t *testing.T) {
 }
 
 // TestAuth_LostOnSTARTTLS: go-smtp starts a new session after STARTTLS, so
-// an AUTH from before the upgrade does not carry over (S2).
+// an AUTH from before the upgrade does not carry over (authentication
+// state must not survive a TLS upgrade).
 func TestAuth_LostOnSTARTTLS(t *testing.T) {
 	cert, key := writeCert(t)
 	cfg := testConfig(t)

@@ -11,11 +11,12 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // Message data policy.
 //
-//   - End of data is CRLF.CRLF only, as go-smtp finds it (F6). Impostors
+//   - End of data is CRLF.CRLF only, as go-smtp finds it. Impostors
 //     such as LF.LF or CR.CR stay inside the message, so at most one
 //     transaction results from any smuggling attempt.
 //   - A bare LF is taken as a line end and stored as CRLF (RFC 5321 §2.3.8
@@ -24,7 +25,7 @@ import (
 //     normalize (Postfix cleanup_replace_stray_cr_lf). With bare_cr: reject
 //     the message is refused with 521 5.5.2 and the connection closed
 //     (chasquid). go-smtp drops the CR of CRLF.CR<x> and does not end data
-//     on CR CRLF.CRLF (F7); both leave a stray CR we then see and handle.
+//     on CR CRLF.CRLF; both leave a stray CR we then see and handle.
 //   - NUL is refused with 554 5.6.0 (as mox does; RFC 2045 §2.8 and
 //     RFC 6152 do not allow NUL even in 8-bit data, and a downstream MTA
 //     that drops NULs could see an end-of-data that we did not).
@@ -39,7 +40,7 @@ import (
 //   - Every failure is answered only after the whole body was read (the
 //     session stays in sync), except read errors, after which the
 //     connection is closed so that no body line is ever read as a
-//     command (F1).
+//     command (go-smtp would answer 554 and read on).
 //
 // Nothing stored contains a CR or LF outside a CRLF pair, and the body
 // always ends with CRLF (a BDAT body may not).
@@ -55,13 +56,13 @@ func (s *session) Data(r io.Reader) error {
 	defer s.conn.endData()
 	if s.conn.isDraining() {
 		s.conn.stop() // the rest of the body is not read: 421 then close
-		return s.refuse("shutdown", replyShutdown())
+		return s.refuse(reasonShutdown, replyShutdown())
 	}
 	s.mu.Lock()
 	env := s.env
 	s.mu.Unlock()
 	if env == nil || len(env.rcpts) == 0 {
-		return s.refuse("sequence", reply(503, 5, 5, 1, "RCPT first"))
+		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "RCPT first"))
 	}
 	buf := s.srv.getDataBuf()
 	defer s.srv.putDataBuf(buf) // Enqueue has returned: nothing refers to it
@@ -85,9 +86,12 @@ func (s *session) Data(r io.Reader) error {
 func (s *session) checkBody(rb readResult) error {
 	if rb.received > s.srv.cfg.Limits.MaxReceivedHeaders {
 		// RFC 5321 §6.3 loop detection; RFC 3463 X.4.6 "Routing loop detected".
-		return s.refuse("loop", reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
+		return s.refuse(reasonLoop, reply(554, 5, 4, 6, "Too many Received headers (mail loop)"))
 	}
-	return s.checkDisk(false)
+	// A body kept in memory took little time and no disk space: the check
+	// may reuse a young measurement, as at MAIL. A spooled one may have
+	// taken long and has written to the disk: measure again.
+	return s.checkDisk(rb.file == nil)
 }
 
 func (s *session) receivedInfo(env *envelope) receivedInfo {
@@ -110,7 +114,7 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	if err != nil {
 		rb.discard()
 		s.srv.log.Error("enqueue failed", zap.String("client", s.clientS), zap.Error(err))
-		return s.refuse("queue", replyLocalError())
+		return s.refuse(reasonQueue, replyLocalError())
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
 	idS := id.String()
@@ -153,7 +157,7 @@ func (s *session) readBody(r io.Reader, buf *dataBuf, ri receivedInfo, declared 
 	s.sizeBodyBuf(buf, declared)
 	hdr := appendReceived(buf.body[:0], ri)
 	n := normalizer{out: hdr, base: len(hdr),
-		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == "reject"}
+		max: s.srv.cfg.Limits.MaxMessageBytes, rejectCR: s.srv.cfg.BareCR == config.BareCRReject}
 	sp := bodySpill{q: s.srv.queue}
 	for {
 		k, err := r.Read(buf.read)
@@ -205,20 +209,20 @@ func (s *session) bodyFault(fault string, spoolErr error) error {
 	switch fault {
 	case faultBareCR:
 		// chasquid's reply; RFC 3463 X.5.2 syntax error. 521 closes.
-		return s.refuseAndClose("smuggling", reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
+		return s.refuseAndClose(reasonSmuggling, reply(521, 5, 5, 2, "Bare CR in message data is not accepted, closing connection"))
 	case faultNUL:
-		return s.refuse("data", reply(554, 5, 6, 0, "NUL in message data is not accepted"))
+		return s.refuse(reasonData, reply(554, 5, 6, 0, "NUL in message data is not accepted"))
 	case faultSize:
-		return s.refuse("size", reply(552, 5, 3, 4, "Maximum message size exceeded"))
+		return s.refuse(reasonSize, reply(552, 5, 3, 4, "Maximum message size exceeded"))
 	}
 	if spoolErr != nil {
 		// Never 5xx for our own storage trouble: the client keeps the
 		// message and tries again.
 		s.srv.log.Error("spooling the body failed", zap.String("client", s.clientS), zap.Error(spoolErr))
 		if errors.Is(spoolErr, syscall.ENOSPC) {
-			return s.refuse("storage", replyNoStorage())
+			return s.refuse(reasonStorage, replyNoStorage())
 		}
-		return s.refuse("storage", replyLocalError())
+		return s.refuse(reasonStorage, replyLocalError())
 	}
 	return nil
 }
@@ -265,17 +269,17 @@ func (s *session) readFailed(err error) error {
 	case errors.As(err, &se) && se.Code == 552:
 		// go-smtp's 552 5.3.4: it reads the rest of the body itself, under
 		// our data-rate deadline, and the session goes on.
-		return s.refuse("size", err)
+		return s.refuse(reasonSize, err)
 	case errors.As(err, &se):
 		// The connection's own sticky reply: 421 4.3.2 from Shutdown.
-		return s.refuseAndClose("shutdown", err)
+		return s.refuseAndClose(reasonShutdown, err)
 	case errors.Is(err, smtp.ErrTooLongLine):
 		// RFC 5321 §4.5.3.1: "500 Line too long"; X.6.0 content error.
-		return s.refuseAndClose("data", reply(500, 5, 6, 0, "Line too long, closing connection"))
+		return s.refuseAndClose(reasonData, reply(500, 5, 6, 0, "Line too long, closing connection"))
 	case errors.Is(err, smtp.ErrDataReset):
-		return s.refuse("data", reply(451, 4, 3, 0, "Message transfer aborted"))
+		return s.refuse(reasonData, reply(451, 4, 3, 0, "Message transfer aborted"))
 	case errors.As(err, &ne) && ne.Timeout():
-		return s.refuseAndClose("timeout", replyDataTimeout())
+		return s.refuseAndClose(reasonTimeout, replyDataTimeout())
 	}
-	return s.refuseAndClose("data", reply(451, 4, 4, 2, "Error reading message data, closing connection"))
+	return s.refuseAndClose(reasonData, reply(451, 4, 4, 2, "Error reading message data, closing connection"))
 }

@@ -7,9 +7,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// smuggling is bad-inputs §c1: end-of-data impostors.
+// smuggling lists end-of-data impostors: sequences some MTA might take for
+// the final dot where RFC 5321 allows only CRLF.CRLF (SMTP smuggling).
 var smuggling = []struct{ name, seq string }{
 	{"lflf", "\n.\n"},
 	{"crcr", "\r.\r"},
@@ -31,7 +34,7 @@ var smuggling = []struct{ name, seq string }{
 // With bare_cr: reject, a message with a stray CR is refused with 521 5.5.2
 // and the connection closed.
 func TestData_Smuggling(t *testing.T) {
-	for _, mode := range []string{"normalize", "reject"} {
+	for _, mode := range []config.BareCRPolicy{config.BareCRNormalize, config.BareCRReject} {
 		cfg := trustedConfig(t)
 		cfg.BareCR = mode
 		e := startServer(t, cfg)
@@ -68,7 +71,7 @@ func TestData_Smuggling(t *testing.T) {
 			if strings.Contains(tc.seq, "\x00") && len(after) != before {
 				t.Errorf("%s/%s: message with NUL stored", mode, tc.name)
 			}
-			// go-smtp drops the CR of CRLF "." CR <x> (F7), so in crlfcr and
+			// go-smtp drops the CR of CRLF "." CR <x>, so in crlfcr and
 			// crlf.crcrlf there is no stray CR left for us to see.
 			hasStrayCR := strings.Contains(strings.ReplaceAll(tc.seq, "\r\n", ""), "\r") &&
 				tc.name != "crlfcr" && tc.name != "crlf.crcrlf"
@@ -150,7 +153,7 @@ func TestData_LowDiskIs452(t *testing.T) {
 }
 
 // TestData_ReceivedHeader checks the header is built from validated data
-// only (bad-inputs c4).
+// only: nothing the client sent can inject a line or a control byte.
 func TestData_ReceivedHeader(t *testing.T) {
 	e := startServer(t, trustedConfig(t))
 	for _, tc := range []struct{ helo, want string }{

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // FuzzSession plays random bytes as a client conversation against a real
@@ -43,7 +45,7 @@ func FuzzSession(f *testing.F) {
 	}
 	cert, key := writeCert(f)
 	var envs [2]*testEnv
-	for i, mode := range []string{"normalize", "reject"} {
+	for i, mode := range []config.BareCRPolicy{config.BareCRNormalize, config.BareCRReject} {
 		cfg := testConfig(f)
 		cfg.TrustedNetworks = []string{"127.0.0.0/8"}
 		cfg.BareCR = mode

@@ -4,19 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/base64"
-	"encoding/pem"
 	"errors"
 	"io"
-	"math/big"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -31,23 +23,29 @@ import (
 	"github.com/greyrelay/greyrelay/configs"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // fakeQueue records what was enqueued (a copy: Queue.Enqueue must not
 // keep the body). fail makes Enqueue fail; gate, if
-// set, makes Enqueue wait for a value before committing.
+// set, makes Enqueue wait for a value before committing, and waiting, if
+// set, is sent a value once Enqueue is waiting there.
 type fakeQueue struct {
-	mu   sync.Mutex
-	msgs []queue.NewMessage
-	fail error
-	gate chan struct{}
+	mu      sync.Mutex
+	msgs    []queue.NewMessage
+	fail    error
+	gate    chan struct{}
+	waiting chan struct{}
 }
 
 func (q *fakeQueue) Enqueue(m queue.NewMessage) (queue.ID, error) {
 	q.mu.Lock()
-	gate, fail := q.gate, q.fail
+	gate, fail, waiting := q.gate, q.fail, q.waiting
 	q.mu.Unlock()
 	if gate != nil {
+		if waiting != nil {
+			waiting <- struct{}{}
+		}
 		<-gate
 	}
 	if fail != nil {
@@ -89,6 +87,8 @@ type testEnv struct {
 	q    *fakeQueue
 	logs *observer.ObservedLogs
 	disk atomic.Uint64
+	// statfs counts the free-space measurements.
+	statfs atomic.Int64
 }
 
 type envOpt func(*Options)
@@ -102,7 +102,7 @@ func startServer(t testing.TB, cfg *config.Config, opts ...envOpt) *testEnv {
 	e := &testEnv{t: t, q: &fakeQueue{}, logs: logs}
 	e.disk.Store(1 << 40)
 	o := Options{Config: cfg, Queue: e.q, Logger: zap.New(core),
-		DiskFree: func(string) (uint64, error) { return e.disk.Load(), nil }}
+		DiskFree: func(string) (uint64, error) { e.statfs.Add(1); return e.disk.Load(), nil }}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -277,37 +277,12 @@ func testUsers(t testing.TB) *Users {
 	return u
 }
 
-// writeCert writes a self-signed certificate for localhost/127.0.0.1.
+// writeCert writes a self-signed certificate for relay.test, localhost and
+// 127.0.0.1.
 func writeCert(t testing.TB) (certFile, keyFile string) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "relay.test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		DNSNames: []string{"localhost", "relay.test"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	write := func(name, typ string, b []byte) {
-		if err := os.WriteFile(name, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(certFile, "CERTIFICATE", der)
-	write(keyFile, "EC PRIVATE KEY", kb)
-	return certFile, keyFile
+	c := relaytest.NewCert(t, "relay.test", "localhost", "127.0.0.1")
+	return c.CertFile, c.KeyFile
 }
 
 // strayCRLF reports whether b has a CR or LF outside a CRLF pair.

@@ -41,7 +41,7 @@ func TestLimits_ConnectionCaps(t *testing.T) {
 	}
 }
 
-// TestLimits_DataTimeoutCloses is F1: a stalled body gets 451 4.4.2 and
+// TestLimits_DataTimeoutCloses: a stalled body gets 451 4.4.2 and
 // the connection closes; what the client sends later is never a command.
 func TestLimits_DataTimeoutCloses(t *testing.T) {
 	cfg := trustedConfig(t)
@@ -109,7 +109,7 @@ func TestLimits_MinDataRate(t *testing.T) {
 	}
 }
 
-// TestLimits_JunkCommands is F4: NOOP/RSET/VRFY/HELP cannot hold a
+// TestLimits_JunkCommands: NOOP/RSET/VRFY/HELP cannot hold a
 // connection forever; accepting a message restarts the count.
 func TestLimits_JunkCommands(t *testing.T) {
 	cfg := trustedConfig(t)
@@ -152,8 +152,8 @@ func TestLimits_SessionLifetime(t *testing.T) {
 	}
 }
 
-// TestLimits_BDAT covers F5 (a refused BDAT chunk is discarded, never run as
-// commands) and a BDAT message, with stray line ends normalised.
+// TestLimits_BDAT covers a refused BDAT chunk (discarded, never run as
+// commands, which go-smtp before v0.25.1 did) and a BDAT message, with stray line ends normalised.
 func TestLimits_BDAT(t *testing.T) {
 	e := startServer(t, trustedConfig(t))
 	c := dial(t, e.addr(0))

@@ -18,7 +18,7 @@ import (
 var errJunkLimit = fmt.Errorf("smtpd: too many junk commands: %w", net.ErrClosed)
 
 // limiter admits connections under the global and per-IP caps (go-smtp has
-// none: pitfall F2) and keeps the set of live connections for Shutdown.
+// none) and keeps the set of live connections for Shutdown.
 type limiter struct {
 	srv   *Server
 	mu    sync.Mutex
@@ -127,7 +127,7 @@ func (l *listener) Accept() (net.Conn, error) {
 		}
 		c, refusal := l.lim.admit(raw, l.tls != nil)
 		if c == nil {
-			l.lim.srv.connRefused(raw.RemoteAddr(), refusal, "connections")
+			l.lim.srv.connRefused(raw.RemoteAddr(), refusal, reasonConnections)
 			go refuseConn(raw, refusal, l.tls == nil)
 			continue
 		}
@@ -154,13 +154,16 @@ func refuseConn(raw net.Conn, reply string, say bool) {
 // not keep, and enforces what go-smtp cannot:
 //
 //   - the session lifetime: every read deadline is clamped to it;
-//   - the DATA deadline (F1): while a DATA body is read, each Read extends
+//   - the DATA deadline (go-smtp sets its read deadline once per command
+//     line, so a whole body would have to arrive within one timeout):
+//     while a DATA body is read, each Read extends
 //     the deadline by bytes/min_data_rate, never past now+command_timeout
 //     (Postfix smtpd_min_data_rate);
 //   - after any read error the connection is finished: later reads fail
 //     with the same error and the next reply written closes it, so a body
 //     line is never read as a command;
-//   - junk commands (F4): go-smtp calls SetReadDeadline once before every
+//   - junk commands (go-smtp counts only syntax errors, so NOOPs could
+//     hold a session forever): go-smtp calls SetReadDeadline once before every
 //     command line, so reads minus commands that did something is the
 //     number of NOOP/RSET/VRFY/HELP-like commands;
 //   - reply batching (batch.go): writes are buffered and go out before the
@@ -324,7 +327,8 @@ func (c *conn) Read(b []byte) (int, error) {
 			var ne net.Error
 			if c.inData && c.dataDeadline.IsZero() && errors.As(err, &ne) && ne.Timeout() {
 				// A BDAT chunk: go-smtp would answer its read error with
-				// 554 5.0.0 and the error text (F1, F15). An *smtp.SMTPError
+				// 554 5.0.0 and the error text, a permanent code that leaks
+				// internals, and keep the connection. An *smtp.SMTPError
 				// is passed through as the reply.
 				c.broken = replyDataTimeout()
 			}
@@ -414,7 +418,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 		return net.ErrClosed
 	case junk > max:
 		const reply = "421 4.7.0 Too many commands without mail, closing connection"
-		c.lim.srv.connRefused(c.RemoteAddr(), reply, "junk")
+		c.lim.srv.connRefused(c.RemoteAddr(), reply, reasonJunk)
 		c.goodbye(reply)
 		return errJunkLimit
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// relayTricks is bad-inputs §c3: the 16 nmap smtp-open-relay tests and the
-// extras, as MAIL FROM / RCPT TO arguments. ip is the server's address,
+// relayTricks are the 16 nmap smtp-open-relay tests and a few more
+// routing tricks (%, !, source routes, quoted local parts), as MAIL FROM / RCPT TO arguments. ip is the server's address,
 // relay its hostname, target an outside domain.
 var relayTricks = [][2]string{
 	{"<>", "<user@target.example>"},

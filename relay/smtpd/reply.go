@@ -3,12 +3,12 @@ package smtpd
 import (
 	"errors"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/address"
 )
 
@@ -33,8 +33,8 @@ func replyLocalError() *smtp.SMTPError {
 	return reply(451, 4, 3, 0, "Local error in processing, try again later")
 }
 
-// replyDataTimeout: pitfall F1 asks for a 4xx (the client keeps the
-// message) and a closed connection; RFC 3463 X.4.2 "Bad connection".
+// replyDataTimeout: a 4xx (the client keeps the message) and a closed
+// connection, so no later body line is read as a command; RFC 3463 X.4.2 "Bad connection".
 func replyDataTimeout() *smtp.SMTPError {
 	return reply(451, 4, 4, 2, "Timeout reading message data, closing connection")
 }
@@ -43,8 +43,8 @@ func replyDataTimeout() *smtp.SMTPError {
 // RFC 3463 X.3.1 "Mail system full".
 func replyNoStorage() *smtp.SMTPError { return reply(452, 4, 3, 1, "Insufficient system storage") }
 
-// toReply is the one place where an error becomes an SMTP reply (pitfall
-// F15: go-smtp type-asserts, so a wrapped *smtp.SMTPError would lose its
+// toReply is the one place where an error becomes an SMTP reply (go-smtp
+// type-asserts, so a wrapped *smtp.SMTPError would lose its
 // code and a plain error would become 554 5.0.0 with our text in it).
 // Anything unknown is a temporary local error (maddy's rule).
 func toReply(err error) *smtp.SMTPError {
@@ -65,21 +65,48 @@ func toReply(err error) *smtp.SMTPError {
 	return replyLocalError()
 }
 
+// refusalReason is why intake refused something: the reason label of
+// greyrelay_intake_rejections_total and of the "refused" log line. Only the
+// constants below are used, so the metric's label set is fixed.
+type refusalReason string
+
+// Refusal reasons.
+const (
+	reasonAuth        refusalReason = "auth"        // AUTH failed, is required or is not offered
+	reasonData        refusalReason = "data"        // bad message data (NUL, an over-long line, a read error)
+	reasonDKIM        refusalReason = "dkim"        // no DKIM key for the message, or signing failed
+	reasonLiteral     refusalReason = "literal"     // mail to an address literal
+	reasonLoop        refusalReason = "loop"        // too many Received headers: a mail loop
+	reasonQueue       refusalReason = "queue"       // the queue could not store the message
+	reasonRecipients  refusalReason = "recipients"  // too many recipients
+	reasonRelay       refusalReason = "relay"       // relaying denied
+	reasonSender      refusalReason = "sender"      // a sender the client may not use
+	reasonSequence    refusalReason = "sequence"    // a command out of sequence
+	reasonShutdown    refusalReason = "shutdown"    // the server is shutting down
+	reasonSize        refusalReason = "size"        // a message over the size limit
+	reasonSmuggling   refusalReason = "smuggling"   // a stray CR with bare_cr: reject
+	reasonStorage     refusalReason = "storage"     // no free disk space, or a local storage error
+	reasonSyntax      refusalReason = "syntax"      // a malformed command or address
+	reasonTimeout     refusalReason = "timeout"     // message data slower than min_data_rate
+	reasonConnections refusalReason = "connections" // over a connection cap
+	reasonJunk        refusalReason = "junk"        // too many commands that did nothing
+)
+
 // refuse turns err into the reply to give, and logs and counts it. reason
-// is a metric label from a small fixed set.
-func (s *session) refuse(reason string, err error) *smtp.SMTPError {
+// is one of the refusal reasons above.
+func (s *session) refuse(reason refusalReason, err error) *smtp.SMTPError {
 	r := toReply(err)
 	class := "5xx"
 	if r.Code/100 == 4 {
 		class = "4xx"
 	}
-	s.srv.metrics.Rejected.WithLabelValues(class, reason).Inc()
+	s.srv.metrics.Rejected.WithLabelValues(class, string(reason)).Inc()
 	level := zap.DebugLevel
-	if reason == "relay" || reason == "auth" || reason == "queue" || reason == "storage" {
+	if reason == reasonRelay || reason == reasonAuth || reason == reasonQueue || reason == reasonStorage {
 		level = zap.InfoLevel
 	}
 	fields := []zap.Field{zap.String("client", s.clientS), zap.String("reply", formatReply(r)),
-		zap.String("reason", reason)}
+		zap.String("reason", string(reason))}
 	if r.Code/100 == 4 && reason == "queue" {
 		fields = append(fields, zap.Error(err)) // our own error, not client data
 	}
@@ -88,7 +115,7 @@ func (s *session) refuse(reason string, err error) *smtp.SMTPError {
 }
 
 // refuseAndClose is refuse for replies after which the connection ends.
-func (s *session) refuseAndClose(reason string, err error) *smtp.SMTPError {
+func (s *session) refuseAndClose(reason refusalReason, err error) *smtp.SMTPError {
 	s.conn.closeAfterReply()
 	return s.refuse(reason, err)
 }
@@ -99,31 +126,11 @@ func formatReply(r *smtp.SMTPError) string {
 		strconv.Itoa(e[2]) + " " + r.Message
 }
 
-// cleanText makes s safe as reply text: go-smtp splits replies on "\n" and
-// would send a CR as is, so control characters become spaces.
-func cleanText(s string) string {
-	if len(s) > 400 {
-		s = s[:400]
-	}
-	return strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, s)
-}
+// cleanText makes s safe as reply text: go-smtp splits replies on "\n"
+// and would send a CR as is, so control characters (C1 included) and
+// invalid UTF-8 become spaces, and the text is cut to 400 octets.
+func cleanText(s string) string { return safetext.Replace(safetext.Cut(s, 400), ' ') }
 
 // printable escapes control characters and invalid UTF-8 in client-supplied
 // text before it reaches a log line, and bounds its length.
-func printable(s string) string {
-	if len(s) > 512 {
-		s = s[:512] + "..."
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] >= 0x7f {
-			q := strconv.Quote(s)
-			return q[1 : len(q)-1]
-		}
-	}
-	return s
-}
+func printable(s string) string { return safetext.Escape(s, 512) }

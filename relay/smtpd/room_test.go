@@ -18,7 +18,7 @@ func TestFreeSpaceReuse(t *testing.T) {
 		err     error
 		measure bool // whether statfs must be asked
 		want    uint64
-		final   bool // the check after the final dot: never reused
+		noReuse bool // a caller that does not allow reuse
 	}
 	plenty := uint64(need + roomMargin)
 	cases := []struct {
@@ -42,7 +42,7 @@ func TestFreeSpaceReuse(t *testing.T) {
 			{time.Second, plenty, nil, true, plenty, false},
 			{0, 5, nil, true, 5, false},
 		}},
-		{"after the final dot: measured", []step{
+		{"reuse not allowed: measured", []step{
 			{0, plenty, nil, true, plenty, false},
 			{time.Millisecond, 5, nil, true, 5, true},
 		}},
@@ -64,7 +64,7 @@ func TestFreeSpaceReuse(t *testing.T) {
 			s.qdir.Store(&dir)
 			for i, st := range tc.steps {
 				now, cur, asked = base.Add(st.after), st, false
-				got, err := s.freeSpace(need, !st.final)
+				got, err := s.freeSpace(need, !st.noReuse)
 				if asked != st.measure || got != st.want || (err != nil) != (st.err != nil) {
 					t.Fatalf("step %d: freeSpace = %d, %v (measured %v); want %d (measured %v)", i, got, err, asked, st.want, st.measure)
 				}

@@ -3,30 +3,32 @@
 //
 // It is built on go-smtp v0.26.0, which parses commands and leaves policy to
 // the backend. Everything go-smtp does not do, or does in a way a relay
-// cannot accept, is done here (the pitfall numbers refer to
-// shared/reference/go-smtp-and-bbolt-pitfalls.md):
+// cannot accept, is done here:
 //
 //   - Policy. A client may relay only when authenticated, or on an smtp
 //     listener from trusted_networks; everyone else gets 554 5.7.1 at RCPT.
 //     greyrelay has no local domains, so every recipient is remote.
 //     Submission listeners require AUTH before MAIL (530 5.7.0).
-//   - Addresses. go-smtp unquotes local parts and drops source routes (F8),
+//   - Addresses. go-smtp unquotes local parts, drops source routes and
+//     passes control bytes (<"u@target"@relay> arrives as u@target@relay),
 //     so every MAIL/RCPT argument is parsed again by relay/address, which
 //     splits on the last "@" and refuses routing tricks.
 //   - Limits. Every go-smtp limit is set from the configuration (zero means
-//     unlimited there: F9). Connection caps, the session lifetime, the
-//     DATA data-rate deadline (F1) and the junk-command limit (F4) live in
-//     the connection wrapper (listener.go); AUTH failure limits (F3) in
-//     auth.go.
+//     unlimited there). Connection caps (go-smtp has none), the session
+//     lifetime, the DATA data-rate deadline (go-smtp's read timeout is not
+//     refreshed during DATA) and the junk-command limit (NOOP/RSET are not
+//     counted) live in the connection wrapper (listener.go); AUTH failure
+//     limits (go-smtp counts none) in auth.go.
 //   - Line lengths (lines.go). Body lines are taken up to the message
 //     size; command lines are held to 2000 octets by the connection, and
 //     an over-long one gets a 500 the client can read before the close.
 //   - Data (data.go). End of data is go-smtp's CRLF.CRLF. A bare LF is a line
 //     end and stored as CRLF; a stray CR becomes a space or refuses the
 //     message (bare_cr), so nothing stored has a CR or LF out of place
-//     (F6, F7). One Received header is prepended (received.go).
+//     (go-smtp passes bare CR and LF through to the backend). One Received header is prepended (received.go).
 //   - Replies (reply.go). One function turns every outcome into an
-//     unwrapped *smtp.SMTPError (F15). Storage trouble is always 4xx, so a
+//     unwrapped *smtp.SMTPError (go-smtp type-asserts the error, so a
+//     wrapped one loses its code). Storage trouble is always 4xx, so a
 //     client retries instead of bouncing.
 //   - Batching (batch.go). Replies are buffered and written when the
 //     server next reads or closes, so a pipelined group (RFC 2920) costs
@@ -74,7 +76,8 @@ import (
 //
 // Enqueue must not keep m.Body, or anything sharing its memory, after it
 // returns: the server reuses the buffer for its next message (data.go).
-// *queue.Queue copies the body into bbolt inside the commit it waits for.
+// *queue.Queue copies the body into its intake journal record (or, without
+// a journal, into the database commit) before it returns.
 type Queue interface {
 	Enqueue(queue.NewMessage) (queue.ID, error)
 }
@@ -182,25 +185,12 @@ func New(opt Options) (*Server, error) {
 }
 
 // checkLimits refuses zero limits (go-smtp and we would read them as
-// "unlimited" or "never": F9), in case the configuration was not validated.
+// "unlimited" or "never"), in case the configuration was not validated.
 func (s *Server) checkLimits() error {
-	l := s.cfg.Limits
-	for name, v := range map[string]int64{
-		"max_message_bytes": l.MaxMessageBytes, "max_recipients": int64(l.MaxRecipients),
-		"max_connections": int64(l.MaxConnections), "max_connections_per_ip": int64(l.MaxConnectionsPerIP),
-		"command_timeout": int64(l.CommandTimeout), "min_data_rate": int64(l.MinDataRate),
-		"session_lifetime": int64(l.SessionLifetime), "max_junk_commands": int64(l.MaxJunkCommands),
-		"max_received_headers": int64(l.MaxReceivedHeaders), "max_auth_failures": int64(l.MaxAuthFailures),
-		"max_auth_failures_per_ip": int64(l.MaxAuthFailuresPerIP), "ipv6_prefix_length": int64(l.IPv6PrefixLength),
-	} {
-		if v <= 0 {
-			return fmt.Errorf("smtpd: limits.%s must be greater than 0", name)
-		}
+	if ps := s.cfg.Limits.Problems(); len(ps) > 0 {
+		return fmt.Errorf("smtpd: %s", ps[0])
 	}
-	if l.IPv6PrefixLength > 128 {
-		return fmt.Errorf("smtpd: limits.ipv6_prefix_length %d is over 128", l.IPv6PrefixLength)
-	}
-	if s.cfg.BareCR != "normalize" && s.cfg.BareCR != "reject" {
+	if !s.cfg.BareCR.Valid() {
 		return fmt.Errorf("smtpd: bare_cr %q is not normalize or reject", s.cfg.BareCR)
 	}
 	return nil
@@ -284,14 +274,14 @@ func (s *Server) Start() error {
 				s.log.Error("listener stopped", zap.String("address", wrapped.Addr().String()), zap.Error(err))
 			}
 		}()
-		s.log.Info("listening", zap.String("address", bound[i].Addr().String()), zap.String("mode", l.Mode))
+		s.log.Info("listening", zap.String("address", bound[i].Addr().String()), zap.String("mode", string(l.Mode)))
 	}
 	s.started = true
 	return nil
 }
 
 // newSMTPServer configures go-smtp for listener i, bound at addr. Every
-// limit is set explicitly (F9).
+// limit is set explicitly: go-smtp reads a zero limit or timeout as none.
 func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Server {
 	info := &listenerInfo{mode: l.Mode}
 	srv := smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
@@ -380,8 +370,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 }
 
 // connRefused logs and counts a connection refused before it had a session.
-func (s *Server) connRefused(addr net.Addr, reply, reason string) {
-	s.metrics.Rejected.WithLabelValues("4xx", reason).Inc()
+func (s *Server) connRefused(addr net.Addr, reply string, reason refusalReason) {
+	s.metrics.Rejected.WithLabelValues("4xx", string(reason)).Inc()
 	s.log.Debug("connection refused", zap.String("client", addr.String()), zap.String("reply", reply))
 }
 

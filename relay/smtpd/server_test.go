@@ -2,6 +2,7 @@ package smtpd
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -36,6 +37,19 @@ func TestNew_Refuses(t *testing.T) {
 		{"min_data_rate", func(c *config.Config) { c.Limits.MinDataRate = 0 }},
 		{"max_junk_commands", func(c *config.Config) { c.Limits.MaxJunkCommands = 0 }},
 		{"bare_cr", func(c *config.Config) { c.BareCR = "keep" }},
+		// Several unset limits: the first in a fixed order is named, every time.
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
+		{"max_message_bytes", func(c *config.Config) {
+			c.Limits.MaxRecipients, c.Limits.MaxMessageBytes, c.Limits.MinDataRate = 0, 0, 0
+		}},
 		{"needs users", func(c *config.Config) { c.Listeners[0].Mode = config.ModeSubmission }},
 		{"/nonexistent", func(c *config.Config) { c.Listeners[0].TLSCert, c.Listeners[0].TLSKey = "/nonexistent", "/nonexistent" }},
 		{"trusted_networks", func(c *config.Config) { c.TrustedNetworks = []string{"bogus"} }},
@@ -138,7 +152,13 @@ func TestBDATClientGoneMidChunk(t *testing.T) {
 	c.write(fmt.Sprintf("BDAT %d LAST\r\n%s", 1000, "Subject: cut\r\n\r\nonly part of it"))
 	time.Sleep(50 * time.Millisecond) // the chunk's start is being read
 	c.conn.(*net.TCPConn).CloseWrite()
-	time.Sleep(200 * time.Millisecond)
+	// Read until the server closes: the session is over, so anything it
+	// would store is stored. (What it answers a client that is gone does
+	// not matter here.)
+	c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.Copy(io.Discard, c.r); err != nil {
+		t.Fatalf("connection not closed: %v", err)
+	}
 	if n := len(e.q.messages()); n != 0 {
 		t.Fatalf("%d messages stored from a chunk cut short", n)
 	}
@@ -153,6 +173,14 @@ func TestEscaping(t *testing.T) {
 	}
 	if got := cleanText("x\r\n250 injected"); got != "x  250 injected" {
 		t.Errorf("cleanText: %q", got)
+	}
+	// C1 controls (here NEL and CSI) and invalid UTF-8 are no safer than C0.
+	if got := cleanText("x\u0085y\u009b1m\xff"); got != "x y 1m " {
+		t.Errorf("cleanText C1: %q", got)
+	}
+	// A cut never splits a UTF-8 sequence.
+	if got := cleanText(strings.Repeat("a", 399) + "é"); got != strings.Repeat("a", 399) {
+		t.Errorf("cleanText cut: %q", got[390:])
 	}
 	if got := formatReply(toReply(fmt.Errorf("wrapped: %w", reply(552, 5, 3, 4, "big")))); got != "552 5.3.4 big" {
 		t.Errorf("wrapped SMTPError: %q", got)

@@ -12,6 +12,7 @@ import (
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
@@ -19,7 +20,7 @@ import (
 
 // listenerInfo is what a session needs to know about its listener.
 type listenerInfo struct {
-	mode string // config.ModeSMTP, ModeSubmission or ModeSubmissions
+	mode config.ListenerMode
 }
 
 // session implements smtp.Session and smtp.AuthSession for one client
@@ -132,11 +133,11 @@ func (s *Server) newSession(li *listenerInfo, c *smtp.Conn) (smtp.Session, error
 		sess.tlsState = &st
 	}
 	if tc.isDraining() {
-		return nil, sess.refuseAndClose("shutdown", replyShutdown())
+		return nil, sess.refuseAndClose(reasonShutdown, replyShutdown())
 	}
 	if !greetingOK(c.Hostname()) {
 		// go-smtp forgets the name and the client may greet again.
-		return nil, sess.refuse("syntax", replyBadGreeting())
+		return nil, sess.refuse(reasonSyntax, replyBadGreeting())
 	}
 	sess.greeted = c.Hostname()
 	return sess, nil
@@ -186,7 +187,7 @@ func (s *session) Reset() {
 	if h := s.smtpConn.Hostname(); h != s.greeted {
 		s.greeted = h
 		if !greetingOK(h) {
-			r := s.refuse("syntax", replyBadGreeting())
+			r := s.refuse(reasonSyntax, replyBadGreeting())
 			s.conn.goodbye(formatReply(r) + ", closing connection")
 		}
 	}
@@ -202,18 +203,18 @@ func (s *session) Logout() error {
 func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	s.conn.productive()
 	if s.conn.isDraining() {
-		return s.refuseAndClose("shutdown", replyShutdown())
+		return s.refuseAndClose(reasonShutdown, replyShutdown())
 	}
 	if s.lis.mode != config.ModeSMTP && s.user == "" {
 		// RFC 4954 §6: "530 5.7.0 Authentication required".
-		return s.refuse("auth", reply(530, 5, 7, 0, "Authentication required"))
+		return s.refuse(reasonAuth, reply(530, 5, 7, 0, "Authentication required"))
 	}
 	s.mu.Lock()
 	active := s.env != nil
 	s.mu.Unlock()
 	if active {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
-		return s.refuse("sequence", reply(503, 5, 5, 1, "Nested MAIL command"))
+		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
 	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user}
 	env.rcpts = env.first[:0]
@@ -227,22 +228,22 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if from != "" {
 		a, err := address.Parse(from, address.Options{SMTPUTF8: env.utf8, Sender: true, Decoded: true})
 		if err != nil {
-			return s.refuse("syntax", err)
+			return s.refuse(reasonSyntax, err)
 		}
 		fromAddr, env.from = a, a.String()
 	}
 	if !senderAllowed(s.allowed, env.from, fromAddr) {
 		// RFC 5321 §4.2.3 553 "mailbox name not allowed"; RFC 3463 X.7.1
 		// "Delivery not authorized": Postfix reject_sender_login_mismatch.
-		return s.refuse("sender", reply(553, 5, 7, 1, "Sender address not allowed for this user"))
+		return s.refuse(reasonSender, reply(553, 5, 7, 1, "Sender address not allowed for this user"))
 	}
 	if s.user != "" && env.from != "" && s.srv.users != nil && s.srv.users.ownedByOther(s.user, fromAddr) {
 		// The same reply as Postfix's reject_known_sender_login_mismatch.
-		return s.refuse("sender", reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
+		return s.refuse(reasonSender, reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
 	}
 	if len(env.envID) > 100 {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
-		return s.refuse("syntax", reply(501, 5, 5, 4, "ENVID too long"))
+		return s.refuse(reasonSyntax, reply(501, 5, 5, 4, "ENVID too long"))
 	}
 	if err := s.checkDisk(true); err != nil {
 		return err
@@ -300,7 +301,7 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	env := s.env
 	s.mu.Unlock()
 	if env == nil {
-		return s.refuse("sequence", reply(503, 5, 5, 1, "MAIL first"))
+		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "MAIL first"))
 	}
 	a, err := s.rcptAddress(env, to)
 	if err != nil {
@@ -308,13 +309,13 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	}
 	notify, orcpt, err := dsnParams(opts)
 	if err != nil {
-		return s.refuse("syntax", err)
+		return s.refuse(reasonSyntax, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(env.rcpts) >= s.srv.cfg.Limits.MaxRecipients {
 		// RFC 5321 §4.5.3.1.10: too many recipients is 452, not 552.
-		return s.refuse("recipients", reply(452, 4, 5, 3, "Too many recipients"))
+		return s.refuse(reasonRecipients, reply(452, 4, 5, 3, "Too many recipients"))
 	}
 	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: a.Domain, Notify: notify, ORCPT: orcpt})
 	return nil
@@ -334,16 +335,16 @@ func (s *session) rcptAddress(env *envelope, to string) (address.Address, error)
 		// RFC 5321 §3.6.2: relaying is the server's choice; RFC 3463 X.7.1
 		// "Delivery not authorized, message refused". Every domain is
 		// remote for greyrelay, so there is nothing to accept here.
-		return address.Address{}, s.refuse("relay", reply(554, 5, 7, 1, "Relay access denied"))
+		return address.Address{}, s.refuse(reasonRelay, reply(554, 5, 7, 1, "Relay access denied"))
 	}
 	a, err := address.Parse(to, address.Options{SMTPUTF8: env.utf8, Decoded: true, Postmaster: true})
 	if err != nil {
-		return address.Address{}, s.refuse("syntax", err)
+		return address.Address{}, s.refuse(reasonSyntax, err)
 	}
 	if a.Domain == "" { // the domainless postmaster
 		if s.srv.postmaster.Domain == "" {
 			// RFC 3463 X.1.1 "Bad destination mailbox address".
-			return address.Address{}, s.refuse("syntax", reply(550, 5, 1, 1, "No postmaster address configured"))
+			return address.Address{}, s.refuse(reasonSyntax, reply(550, 5, 1, 1, "No postmaster address configured"))
 		}
 		return s.srv.postmaster, nil
 	}
@@ -352,7 +353,7 @@ func (s *session) rcptAddress(env *envelope, to string) (address.Address, error)
 		// not allowed"): it names a destination system we do not deliver
 		// to. RFC 3463 X.1.2 "Bad destination system address"; 550 is
 		// RFC 5321 §4.2.2's refusal for policy reasons.
-		return address.Address{}, s.refuse("literal", reply(550, 5, 1, 2, "Mail to address literals is not accepted here"))
+		return address.Address{}, s.refuse(reasonLiteral, reply(550, 5, 1, 2, "Mail to address literals is not accepted here"))
 	}
 	return a, nil
 }
@@ -374,15 +375,13 @@ func dsnParams(opts *smtp.RcptOptions) (notify, orcpt string, err error) {
 	}
 	if a := opts.OriginalRecipient; a != "" {
 		// RFC 3461 §4.2: ORCPT is at most 500 characters.
-		if len(a) > 500 || !utf8.ValidString(a) || strings.ContainsFunc(a, isControl) {
+		if len(a) > 500 || !utf8.ValidString(a) || strings.ContainsFunc(a, safetext.IsControl) {
 			return "", "", reply(501, 5, 5, 4, "Malformed ORCPT parameter")
 		}
 		orcpt = strings.ToLower(string(opts.OriginalRecipientType)) + ";" + a
 	}
 	return notify, orcpt, nil
 }
-
-func isControl(r rune) bool { return r < 0x20 || r == 0x7f || r >= 0x80 && r <= 0x9f }
 
 // checkDisk refuses work when the queue's filesystem has less than 1.5
 // times the largest message free (Postfix queue_minfree): 452 4.3.1, so the
@@ -394,10 +393,10 @@ func (s *session) checkDisk(reuse bool) error {
 	free, err := s.srv.freeSpace(need, reuse)
 	if err != nil {
 		s.srv.log.Warn("cannot measure free disk space", zap.Error(err))
-		return s.refuse("storage", replyLocalError())
+		return s.refuse(reasonStorage, replyLocalError())
 	}
 	if free < need {
-		return s.refuse("storage", replyNoStorage())
+		return s.refuse(reasonStorage, replyNoStorage())
 	}
 	return nil
 }

@@ -139,7 +139,7 @@ func TestSession_SMTPUTF8(t *testing.T) {
 }
 
 // TestSession_AddressTricksWhenAllowedToRelay: a client that may relay
-// still cannot use routing tricks (bad-inputs c3, c4).
+// still cannot use routing tricks or inject control characters.
 func TestSession_AddressTricksWhenAllowedToRelay(t *testing.T) {
 	e := startServer(t, trustedConfig(t))
 	c := dial(t, e.addr(0))

@@ -104,14 +104,13 @@ func TestShutdown_DeadlineAbortsData(t *testing.T) {
 // the deadline passes gets its 250 after the commit, never before.
 func TestShutdown_CommitInProgress(t *testing.T) {
 	e := startServer(t, trustedConfig(t))
-	gate := make(chan struct{})
-	e.q.gate = gate
+	gate, waiting := make(chan struct{}), make(chan struct{}, 1)
+	e.q.mu.Lock()
+	e.q.gate, e.q.waiting = gate, waiting
+	e.q.mu.Unlock()
 	busy := inData(t, e)
 	busy.write(".\r\n")
-	for e.srv.inData.Load() == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond) // Data is now waiting in Enqueue
+	<-waiting // Data is now waiting in Enqueue
 	done := shutdownAsync(e, 100*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
 	select {

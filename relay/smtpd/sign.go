@@ -34,7 +34,7 @@ func (s *session) sign(rb readResult) (readResult, error) {
 		var err error
 		if head, err = readHead(rb.file); err != nil {
 			s.srv.log.Error("reading the spooled body to sign it failed", zap.String("client", s.clientS), zap.Error(err))
-			return rb, s.refuse("storage", replyLocalError())
+			return rb, s.refuse(reasonStorage, replyLocalError())
 		}
 	}
 	plan, domain, err := keys.Match(head)
@@ -48,7 +48,7 @@ func (s *session) sign(rb readResult) (readResult, error) {
 		if errors.Is(err, dkim.ErrNoAuthor) {
 			text = "Message has no single From address to sign for; not relayed"
 		}
-		return rb, s.refuse("dkim", reply(550, 5, 7, 1, printable(text)))
+		return rb, s.refuse(reasonDKIM, reply(550, 5, 7, 1, printable(text)))
 	}
 	var msg io.Reader = bytes.NewReader(rb.body)
 	if rb.file != nil {
@@ -57,7 +57,7 @@ func (s *session) sign(rb readResult) (readResult, error) {
 	sig, err := plan.Sign(msg)
 	if err != nil {
 		s.srv.log.Error("dkim signing failed", zap.String("client", s.clientS), zap.String("domain", domain), zap.Error(err))
-		return rb, s.refuse("dkim", replyLocalError())
+		return rb, s.refuse(reasonDKIM, replyLocalError())
 	}
 	if rb.file == nil {
 		rb.body = append(sig, rb.body...)

@@ -140,3 +140,36 @@ func TestSpool_RefusedBodiesLeaveNoFile(t *testing.T) {
 		})
 	}
 }
+
+// The check after the final dot reuses the young measurement taken at MAIL
+// for a body held in memory (a system call per message less), and
+// measures again for a spooled one, which took longer and wrote to the
+// disk.
+func TestCheckDiskAfterDot(t *testing.T) {
+	tests := []struct {
+		name string
+		body string
+		want int64 // measurements for MAIL and the final dot
+	}{
+		{"in memory", "Subject: small\r\n\r\nhello\r\n", 1},
+		{"spooled", bigBody(queue.SpoolThreshold * 2), 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e, _ := startSpoolServer(t, nil)
+			c := dial(t, e.addr(0))
+			c.hello()
+			e.statfs.Store(0)
+			c.cmd("MAIL FROM:<a@example.org>", "250 ")
+			c.cmd("RCPT TO:<r@example.net>", "250 ")
+			c.cmd("DATA", "354 ")
+			c.write(tt.body + ".\r\n")
+			if lines := c.reply(); !strings.HasPrefix(lines[len(lines)-1], "250 ") {
+				t.Fatalf("reply %q", lines)
+			}
+			if got := e.statfs.Load(); got != tt.want {
+				t.Errorf("%d free-space measurements, want %d", got, tt.want)
+			}
+		})
+	}
+}

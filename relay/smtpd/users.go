@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/address"
 )
 
@@ -127,7 +128,7 @@ func checkName(name string) error {
 	if name == "" || len(name) > maxNameLen {
 		return fmt.Errorf("user name must be 1 to %d octets", maxNameLen)
 	}
-	if strings.ContainsAny(name, ": \t") || strings.ContainsFunc(name, isControl) {
+	if strings.ContainsAny(name, ": \t") || strings.ContainsFunc(name, safetext.IsControl) {
 		return fmt.Errorf("user name %q contains ':', a space or a control character", name)
 	}
 	return nil

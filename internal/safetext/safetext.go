@@ -1,0 +1,100 @@
+// Package safetext makes text from outside (SMTP peers, clients, queue
+// records) safe to put into a reply, a log line, a mail header field or a
+// terminal, with one rule everywhere:
+//
+//   - A control character is a C0 control (U+0000-U+001F), DEL (U+007F) or
+//     a C1 control (U+0080-U+009F). C1 controls matter as much as C0 ones:
+//     U+009B is a terminal's CSI and U+0085 (NEL) a line break to some
+//     readers.
+//   - Invalid UTF-8 counts as unsafe too; each invalid byte is one unsafe
+//     character.
+//   - Cutting to a length in octets never splits a UTF-8 sequence.
+//
+// The functions are pure and allocate only when they change something.
+package safetext
+
+import (
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// IsControl reports whether r is a C0 control, DEL or a C1 control.
+func IsControl(r rune) bool { return r < 0x20 || r >= 0x7f && r <= 0x9f }
+
+// Replace returns s with every control character and every invalid UTF-8
+// byte (and U+FFFD, which stands for one) replaced by with. Nothing else
+// changes.
+func Replace(s string, with rune) string {
+	if clean(s) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == utf8.RuneError || IsControl(r) {
+			r = with
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Line returns s as one line of printable text: control characters and
+// runs of white space become one space, leading and trailing space goes,
+// and each invalid UTF-8 byte becomes U+FFFD.
+func Line(s string) string {
+	var b strings.Builder
+	space := false
+	for _, r := range s {
+		if IsControl(r) || unicode.IsSpace(r) {
+			space = true
+			continue
+		}
+		if space && b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		space = false
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Cut returns the longest prefix of s of at most n octets that does not
+// split a UTF-8 sequence.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// Escape prepares client-supplied text for a log line: it is cut to max
+// octets (with "..." appended when cut), and if anything but printable
+// ASCII remains, written with Go escapes (\x00, \u00e9), so that a control
+// character or a look-alike is visible as such.
+func Escape(s string, max int) string {
+	if len(s) > max {
+		s = Cut(s, max) + "..."
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] >= 0x7f {
+			q := strconv.Quote(s)
+			return q[1 : len(q)-1]
+		}
+	}
+	return s
+}
+
+// clean reports whether s is valid UTF-8 without control characters.
+func clean(s string) bool {
+	for _, r := range s {
+		if r == utf8.RuneError || IsControl(r) {
+			return false
+		}
+	}
+	return true
+}

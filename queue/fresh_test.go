@@ -1,0 +1,117 @@
+package queue
+
+import (
+	"bytes"
+	"testing"
+	"time"
+)
+
+// takeFresh reads what the queue offered, without waiting.
+func takeFresh(q *Queue) []Fresh {
+	var out []Fresh
+	for {
+		select {
+		case f := <-q.fresh:
+			out = append(out, f)
+		default:
+			return out
+		}
+	}
+}
+
+// A message is offered once Enqueue returns, with its envelope, its
+// recipients as they are inserted and its body; only after Fresh was
+// called, and only if it is due at its arrival and not spooled.
+func TestFresh_Offered(t *testing.T) {
+	q, _ := newQ(t)
+	mustEnqueue(t, q, msg("s@x.test", "a@d.test"))
+	if got := takeFresh(q); len(got) != 0 {
+		t.Fatalf("offered %d messages before Fresh was called", len(got))
+	}
+	q.Fresh()
+	m := msg("s@x.test", "a@d.test", "b@e.test")
+	id := mustEnqueue(t, q, m)
+	later := msg("s@x.test", "c@d.test")
+	later.NextAttempt = t0.Add(time.Hour)
+	mustEnqueue(t, q, later)
+	got := takeFresh(q)
+	if len(got) != 1 {
+		t.Fatalf("offered %d messages, want 1 (the one due later is not)", len(got))
+	}
+	f := got[0]
+	if f.Message.ID != id || f.Message.From != "s@x.test" || !f.Message.Arrival.Equal(t0) || !bytes.Equal(f.Body, m.Body) {
+		t.Errorf("offered %+v", f)
+	}
+	if len(f.Recipients) != 2 || f.Recipients[1].Key != (Key{id, 1}) || f.Recipients[1].Addr != "b@e.test" ||
+		f.Recipients[1].Status != Queued {
+		t.Errorf("recipients %+v", f.Recipients)
+	}
+	shown := mustShow(t, q, id) // the database holds the same keys
+	for i, r := range shown.Recipients {
+		if r.Key != f.Recipients[i].Key || r.Addr != f.Recipients[i].Addr || r.Status != Queued {
+			t.Errorf("stored recipient %d: %+v, offered %+v", i, r, f.Recipients[i])
+		}
+	}
+}
+
+// An outcome with Starts begins the recipients still Queued or Deferred in
+// the same transaction: the attempt is counted and its history entry holds
+// the start and the outcome. Recipients held or finished meanwhile are
+// left as the operator or an earlier outcome left them.
+func TestApply_Starts(t *testing.T) {
+	q, _ := newQ(t)
+	id := mustEnqueue(t, q, msg("s@x.test", "a@d.test", "b@h.test", "c@d.test"))
+	// b is held, c already delivered by another outcome.
+	if _, err := q.Hold(Selector{Domain: "h.test"}); err != nil {
+		t.Fatal(err)
+	}
+	start := Start{Keys: []Key{{id, 0}, {id, 1}, {id, 2}}, Time: t0.Add(time.Second), SourceIP: "192.0.2.1",
+		MXHost: "mx.d.test", MXAddr: "192.0.2.25", LeaseUntil: t0.Add(time.Hour)}
+	if _, err := q.Apply(Update{Results: []Result{{Key: Key{id, 2}, Status: Delivered, End: t0}}}); err != nil {
+		t.Fatal(err)
+	}
+	end := t0.Add(2 * time.Second)
+	u := Update{Starts: []Start{start}}
+	for i := range 3 {
+		u.Results = append(u.Results, Result{Key: Key{id, i}, Status: Deferred, End: end, NextAttempt: end.Add(time.Minute)})
+	}
+	if _, err := q.Apply(u); err != nil {
+		t.Fatal(err)
+	}
+	m := mustShow(t, q, id)
+	a, b, c := m.Recipients[0], m.Recipients[1], m.Recipients[2]
+	if a.Status != Deferred || a.Attempts != 1 || !a.FirstAttempt.Equal(start.Time) || a.MXHost != "mx.d.test" || !a.NextAttempt.Equal(end.Add(time.Minute)) {
+		t.Errorf("a: %+v", a)
+	}
+	if len(a.History) != 1 || !a.History[0].Start.Equal(start.Time) || !a.History[0].End.Equal(end) || a.History[0].Outcome != string(Deferred) {
+		t.Errorf("a's history: %+v", a.History)
+	}
+	if b.Status != Held || b.Attempts != 0 {
+		t.Errorf("b (held): %+v", b)
+	}
+	if c.Status != Delivered || c.Attempts != 0 || len(c.History) != 1 {
+		t.Errorf("c (delivered before): %+v", c)
+	}
+	checkStats(t, q)
+}
+
+// The budget of journaled inserts for one transaction always covers the
+// batch holding a message the transaction's requests read.
+func TestInsertBudget_Needs(t *testing.T) {
+	big := make([]NewRecipient, maxBatchRcpts)
+	bs := []*insertBatch{
+		{ms: []NewMessage{{To: big}}, ids: []ID{1}},
+		{ms: []NewMessage{{To: big}}, ids: []ID{2, 3}},
+		{ms: []NewMessage{{To: big}}, ids: []ID{4}},
+		{ms: []NewMessage{{To: big}}, ids: []ID{5}},
+	}
+	tests := []struct {
+		needs ID
+		want  int
+	}{{0, 1}, {1, 1}, {2, 2}, {3, 2}, {4, 3}, {5, 4}, {9, 4}}
+	for _, tc := range tests {
+		if got := insertBudget(bs, tc.needs); got != tc.want {
+			t.Errorf("needs %d: budget %d, want %d", tc.needs, got, tc.want)
+		}
+	}
+}
