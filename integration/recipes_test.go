@@ -104,6 +104,7 @@ var configsRecipes = map[string]string{
 	"greyrelay.service":      "TestRecipeSystemdUnit",
 	"docker-compose.yml":     "TestRecipeDocker",
 	"grafana-dashboard.json": "TestGrafanaDashboardUsesExportedMetrics",
+	"cluster":                "TestClusterComposeFiles", // the directory: docker-compose.yml, haproxy.cfg, greyrelay.yaml
 }
 
 // TestReadmeBlocksAreRecipes: every command or configuration block of

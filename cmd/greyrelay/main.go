@@ -11,6 +11,7 @@
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
+//	greyrelay cluster status             the nodes sharing this node's Redis
 //	greyrelay version
 package main
 
@@ -78,6 +79,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return probeCmd(rest, stdout, stderr)
 	case "dkim":
 		return dkimCmd(rest, stdout, stderr)
+	case "cluster":
+		return clusterCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "greyrelay", version())
 		return nil
@@ -140,7 +143,8 @@ const usage = `usage:
   greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
                                         SENDER: an address, *@domain or <> this user may send as
                                         (default: any address no other user lists)
-  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json]
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json] [-cluster]
+                                        -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
@@ -153,6 +157,8 @@ const usage = `usage:
   greyrelay dkim keygen [-algorithm rsa2048|ed25519] [-out FILE] DOMAIN SELECTOR
                                         write a DKIM private key (mode 0600), print its DNS TXT record
   greyrelay health [-config FILE]
+  greyrelay cluster status [-config FILE] [-json]
+                                        the nodes registered in cluster.redis (name, admin URL, queue)
   greyrelay version
   greyrelay help | -h                   this list
 

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
@@ -38,6 +39,9 @@ func queueCmd(args []string, stdout, stderr io.Writer) error {
 	c, rest, err := clientFor(args, stderr)
 	if err != nil {
 		return err
+	}
+	if len(rest) > 0 && rest[0] == "list" && slices.Contains(rest, "-cluster") {
+		return queueListCluster(args, slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" }), c, stdout, stderr)
 	}
 	return admin.RunQueue(rest, c, stdout, stderr)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -25,6 +26,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/cluster"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/delivery"
 	"github.com/greyrelay/greyrelay/relay/dkim"
@@ -191,14 +193,22 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	m := metrics.New(reg)
 
 	p := relayParts{queue: q}
-	if p.engine, p.policy, err = newEngine(cfg, q, log, m, ev); err != nil {
+	shared, err := newCluster(cfg, log, reg)
+	if err != nil {
+		return err
+	}
+	if shared != nil {
+		defer shared.Close()
+		go reportQueued(ctx, q, shared)
+	}
+	if p.engine, p.policy, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
 		return err
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
 		return err
 	}
 	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
-		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent,
+		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")
@@ -274,7 +284,55 @@ func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Met
 		DKIM: signer})
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events) (*delivery.Engine, *tlspolicy.Checker, error) {
+// newCluster connects to the shared Redis when cluster.redis is set; nil
+// for a node on its own.
+func newCluster(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) (*cluster.Cluster, error) {
+	c := cfg.Cluster
+	if len(c.Redis.Addresses) == 0 {
+		return nil, nil
+	}
+	cluster.RouteRedisLogs(log)
+	node := cluster.Node{Name: cmp.Or(c.NodeName, cfg.Hostname), AdminURL: c.AdminURL,
+		Version: version(), Started: time.Now().UTC()}
+	if node.AdminURL == "" && cfg.Admin.Address != "" {
+		node.AdminURL = "http://" + cfg.Admin.Address
+	}
+	return cluster.New(cluster.Options{Config: c, Node: node, Logger: log, Registry: reg})
+}
+
+// nodesFunc lists the cluster's nodes for the status page; nil for a node
+// on its own.
+func nodesFunc(c *cluster.Cluster) func(context.Context) ([]admin.ClusterNode, error) {
+	if c == nil {
+		return nil
+	}
+	return func(ctx context.Context) ([]admin.ClusterNode, error) {
+		ns, err := c.Nodes(ctx)
+		out := make([]admin.ClusterNode, len(ns))
+		for i, n := range ns {
+			out[i] = admin.ClusterNode{Name: n.Name, AdminURL: n.AdminURL, Version: n.Version, Seen: n.Seen}
+		}
+		return out, err
+	}
+}
+
+// reportQueued keeps the node's registry entry's queue count current.
+func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
+	t := time.NewTicker(5 * time.Second)
+	defer t.Stop()
+	for {
+		if st, err := q.Stats(); err == nil {
+			c.SetQueued(st.Recipients)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, nil, err
@@ -296,6 +354,9 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 		Now: time.Now, Rand: rand.Float64, Events: ev}
 	if policy != nil {
 		opt.TLSPolicy = policy // a nil *Checker in the interface would not be nil
+	}
+	if c != nil { // a nil *cluster.Cluster in the interface would not be nil
+		opt.Shared = c
 	}
 	e, err := delivery.New(opt)
 	return e, policy, err

@@ -9,6 +9,7 @@
 //	go run ./integration/bench profile -seconds 20
 //	go run ./integration/bench disk
 //	go run ./integration/bench greylist
+//	go run ./integration/bench cluster -n 20000 -rounds 2
 //
 // Design notes:
 //
@@ -57,6 +58,7 @@ commands:
   profile   CPU profile of greyrelay under the compare load (perf)
   disk      fsync latency of the disk holding the temporary directory
   greylist  greyrelay vs Postfix through a real postgrey and a throttling destination
+  cluster   1 node vs 3 nodes behind HAProxy, without and with Redis sharing
 
 Run "go run ./integration/bench COMMAND -h" for a command's flags. Needs root
 (Postfix switches users) and the postfix package for Postfix rounds.
@@ -128,6 +130,7 @@ func main() {
 	cmds := map[string]func(context.Context, []string) error{
 		"compare": runCompare, "sizes": runSizes, "storm": runStorm,
 		"scale": runScale, "profile": runProfile, "disk": runDisk, "greylist": runGreylist,
+		"cluster": runCluster,
 	}
 	f, ok := cmds[os.Args[1]]
 	if !ok {

@@ -62,6 +62,9 @@ type greyrelay struct {
 type grOptions struct {
 	Routes map[string]string // domain → sink address
 	Extra  map[string]any    // further top-level sections merged over the bench defaults (e.g. "retry")
+	// ProxyListener, if set, adds a listener there that expects a PROXY
+	// header from 127.0.0.1 (HAProxy in front of several nodes).
+	ProxyListener string
 }
 
 // grConfig renders the relay's YAML: loopback listener and admin server,
@@ -81,6 +84,10 @@ func grConfig(dir, smtpAddr, adminAddr string, o grOptions, sets []string) ([]by
 		"admin":            map[string]any{"address": adminAddr},
 		"log":              map[string]any{"format": "json", "level": "info"},
 		"delivery":         delivery,
+	}
+	if o.ProxyListener != "" {
+		c["listeners"] = append(c["listeners"].([]any), map[string]any{"address": o.ProxyListener, "mode": "smtp", "proxy_protocol": true})
+		c["proxy_protocol"] = map[string]any{"trusted": []string{"127.0.0.1/32"}}
 	}
 	for k, v := range o.Extra {
 		if m, ok := v.(map[string]any); ok {

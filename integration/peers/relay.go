@@ -160,6 +160,7 @@ type Relay struct {
 	env     []string
 	args    []string // after "serve -config FILE" (WithArgs)
 	modes   []string // listener modes, parallel to Listeners
+	proxied []bool   // listeners that expect a PROXY header, parallel to Listeners
 	token   string   // admin bearer token, if the config sets one
 	current *proc
 }
@@ -218,8 +219,9 @@ func StartRelay(t testing.TB, yamlConfig string, opts ...RelayOption) *Relay {
 // relayConfigView is the part of the relay's config the harness needs.
 type relayConfigView struct {
 	Listeners []struct {
-		Address string `yaml:"address"`
-		Mode    string `yaml:"mode"`
+		Address       string `yaml:"address"`
+		Mode          string `yaml:"mode"`
+		ProxyProtocol bool   `yaml:"proxy_protocol"`
 	} `yaml:"listeners"`
 	Admin *struct {
 		Address   *string `yaml:"address"`
@@ -240,6 +242,7 @@ func (r *Relay) readConfig(yamlConfig string) error {
 		}
 		r.Listeners = append(r.Listeners, l.Address)
 		r.modes = append(r.modes, l.Mode)
+		r.proxied = append(r.proxied, l.ProxyProtocol)
 	}
 	if len(r.Listeners) == 0 {
 		return fmt.Errorf("listeners[].address must be set (the default is a fixed port)")
@@ -287,7 +290,11 @@ func (r *Relay) ready() error {
 		return fmt.Errorf("relay exited (%v): %w", err, errStopPolling)
 	}
 	for i, addr := range r.Listeners {
-		if err := Greets(addr, r.modes[i] == "submissions"); err != nil {
+		greet := Greets
+		if r.proxied[i] {
+			greet = GreetsBehindProxy
+		}
+		if err := greet(addr, r.modes[i] == "submissions"); err != nil {
 			return err
 		}
 	}
@@ -374,11 +381,34 @@ func (r *Relay) Log() string {
 
 // Greets dials addr and checks for a 220 greeting, then says QUIT.
 func Greets(addr string, implicitTLS bool) error {
-	conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	return greets(addr, implicitTLS, "")
+}
+
+// proxyLocalV2 is a PROXY protocol v2 header with the LOCAL command: what
+// HAProxy sends on its own health checks. A listener behind a balancer
+// takes it as the balancer's own connection.
+const proxyLocalV2 = "\r\n\r\n\x00\r\nQUIT\n\x20\x00\x00\x00"
+
+// GreetsBehindProxy is Greets for a listener with proxy_protocol set: it
+// dials from 127.0.0.1 (which such a test config trusts as its balancer)
+// and sends a LOCAL header first, as a balancer's health check does.
+func GreetsBehindProxy(addr string, implicitTLS bool) error {
+	return greets(addr, implicitTLS, proxyLocalV2)
+}
+
+func greets(addr string, implicitTLS bool, preamble string) error {
+	d := net.Dialer{Timeout: 2 * time.Second}
+	if preamble != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)}
+	}
+	conn, err := d.Dial("tcp", addr)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	if _, err := io.WriteString(conn, preamble); err != nil {
+		return err
+	}
 	if implicitTLS {
 		conn = tls.Client(conn, &tls.Config{InsecureSkipVerify: true}) // a readiness probe, not a test of the certificate
 	}

@@ -127,6 +127,9 @@ type Options struct {
 	// Recent, when set, gives the status page its charts of outcomes per
 	// minute (relay/metrics keeps it; the delivery engine feeds it).
 	Recent *metrics.Recent
+	// Nodes, when set, lists the cluster's registered nodes: the status
+	// page then shows each node's queue, asked from its admin API.
+	Nodes func(ctx context.Context) ([]ClusterNode, error)
 }
 
 // Server is the admin HTTP server.

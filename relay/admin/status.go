@@ -89,6 +89,7 @@ type pageData struct {
 	DestsHidden  int
 	Expls        []*pageExpl
 	Probe        bool
+	Nodes        []pageNode // the cluster's nodes; nil for a node on its own
 
 	expls map[Explanation]*pageExpl
 }
@@ -172,6 +173,7 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	if d.Dests, d.DestsHidden, err = s.allDestinations(byDomain.Rows, now); err != nil {
 		return nil, err
 	}
+	d.Nodes = s.clusterNodes(context.Background())
 	return d, nil
 }
 

@@ -66,6 +66,7 @@ type Config struct {
 	Hostname        string       `yaml:"hostname"`
 	Listeners       []Listener   `yaml:"listeners"`
 	TrustedNetworks []string     `yaml:"trusted_networks"`
+	ProxyProtocol   ProxyProto   `yaml:"proxy_protocol"`
 	UsersFile       string       `yaml:"users_file"`
 	Limits          Limits       `yaml:"limits"`
 	BareCR          BareCRPolicy `yaml:"bare_cr"`
@@ -80,8 +81,33 @@ type Config struct {
 	Probe           Probe        `yaml:"probe"`
 	DKIM            DKIM         `yaml:"dkim"`
 	Events          Events       `yaml:"events"`
+	Cluster         Cluster      `yaml:"cluster"`
 
 	warnings []string // what Load changed or ignored (Warnings)
+}
+
+// Cluster configures sharing destination knowledge and limits with other
+// nodes through Redis (relay/cluster). No Redis address: a single node.
+type Cluster struct {
+	Redis             Redis         `yaml:"redis"`
+	NodeName          string        `yaml:"node_name"`
+	AdminURL          string        `yaml:"admin_url"`
+	DestinationLimits string        `yaml:"destination_limits"` // shared | local
+	LeaseTTL          time.Duration `yaml:"lease_ttl"`
+}
+
+// Redis is how to reach the shared Redis: one address is a single server,
+// several a Redis Cluster; master_name makes them Sentinels.
+type Redis struct {
+	Addresses     []string      `yaml:"addresses"`
+	MasterName    string        `yaml:"master_name"`
+	Username      string        `yaml:"username"`
+	Password      string        `yaml:"password"`
+	PasswordFile  string        `yaml:"password_file"`
+	TLS           bool          `yaml:"tls"`
+	TLSCA         string        `yaml:"tls_ca"`
+	TLSServerName string        `yaml:"tls_server_name"`
+	Timeout       time.Duration `yaml:"timeout"`
 }
 
 // Listener is one SMTP listening socket.
@@ -91,6 +117,14 @@ type Listener struct {
 	TLSCert            string       `yaml:"tls_cert"`
 	TLSKey             string       `yaml:"tls_key"`
 	AllowPlaintextAuth bool         `yaml:"allow_plaintext_auth"`
+	ProxyProtocol      bool         `yaml:"proxy_protocol"` // every connection starts with a PROXY header from proxy_protocol.trusted
+}
+
+// ProxyProto says whose PROXY protocol headers (HAProxy's v1 text or v2
+// binary preamble) are believed on listeners that set proxy_protocol.
+type ProxyProto struct {
+	Trusted       []string      `yaml:"trusted"`
+	HeaderTimeout time.Duration `yaml:"header_timeout"`
 }
 
 // Limits bounds what one client or all clients together may use.
@@ -426,6 +460,7 @@ func readSecrets(c *Config, read func(string) ([]byte, error)) {
 	}{
 		{c.Admin.TokenFile, &c.Admin.Token},
 		{c.Delivery.Smarthost.PasswordFile, &c.Delivery.Smarthost.Password},
+		{c.Cluster.Redis.PasswordFile, &c.Cluster.Redis.Password},
 	}
 	for _, p := range pairs {
 		if p.file == "" {

@@ -25,6 +25,7 @@ func (c *Config) Validate() error {
 	v.check(c.Hostname != "", "hostname: empty and the system hostname is unknown")
 	v.listeners(c.Listeners)
 	v.trusted(c.TrustedNetworks)
+	v.proxyProtocol(c.ProxyProtocol, c.Listeners)
 	v.readable("users_file", c.UsersFile)
 	v.limits(c.Limits)
 	v.check(c.BareCR.Valid(), "bare_cr: %q is not one of %v", c.BareCR, []BareCRPolicy{BareCRNormalize, BareCRReject})
@@ -47,6 +48,7 @@ func (c *Config) Validate() error {
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
 	v.dkim(c.DKIM)
 	v.events(c.Events)
+	v.cluster(c.Cluster)
 	return errors.Join(v.errs...)
 }
 
@@ -121,6 +123,36 @@ func (v *validator) trusted(nets []string) {
 		}
 		v.check(p.Bits() > 0, "trusted_networks: %s would trust every address on the Internet (an open relay)", s)
 	}
+}
+
+// proxyProtocol checks the load balancers whose PROXY headers are believed:
+// a header sets the client address that relay policy trusts, so believing
+// it from anywhere would let any client claim a trusted address.
+func (v *validator) proxyProtocol(p ProxyProto, ls []Listener) {
+	for _, s := range p.Trusted {
+		pr, err := netip.ParsePrefix(s)
+		if err != nil {
+			v.check(false, "proxy_protocol.trusted: %q: %v", s, err)
+			continue
+		}
+		v.check(pr.Bits() > 0, "proxy_protocol.trusted: %s would let any client choose its own address", s)
+	}
+	v.positive("proxy_protocol.header_timeout", int64(p.HeaderTimeout))
+	for i, l := range ls {
+		v.check(!l.ProxyProtocol || len(p.Trusted) > 0,
+			"listeners[%d]: proxy_protocol needs proxy_protocol.trusted (the load balancers' networks)", i)
+	}
+}
+
+func (v *validator) cluster(c Cluster) {
+	for i, a := range c.Redis.Addresses {
+		v.hostPort(fmt.Sprintf("cluster.redis.addresses[%d]", i), a)
+	}
+	v.readable("cluster.redis.password_file", c.Redis.PasswordFile)
+	v.readable("cluster.redis.tls_ca", c.Redis.TLSCA)
+	v.positive("cluster.redis.timeout", int64(c.Redis.Timeout))
+	v.oneOf("cluster.destination_limits", c.DestinationLimits, "shared", "local")
+	v.check(c.LeaseTTL >= time.Second, "cluster.lease_ttl: %v, want 1s or more", c.LeaseTTL)
 }
 
 func (v *validator) limits(l Limits) {

@@ -94,6 +94,9 @@ type Options struct {
 	// carries into the queue (relay/events), and strips the tag header
 	// from what is sent.
 	Events *events.Events
+	// Shared is what other nodes know and the cluster-wide connection
+	// limits (shared.go); nil for a node on its own.
+	Shared Shared
 }
 
 // Engine delivers queued mail. Create it with New, then call Run once.

@@ -139,6 +139,9 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.logStoreFailed(po, err, true)
 		return
 	}
+	if e.opt.Shared != nil {
+		e.opt.Shared.Publish(rec)
+	}
 	e.stored(po)
 }
 

@@ -52,6 +52,10 @@ type dest struct {
 	// queue because pending was full (zero: none); draining to half of it
 	// moves the scan back there. Guarded by Engine.mu.
 	passedAt time.Time
+	// slotWait: every cluster-wide connection slot of the domain was
+	// taken; no worker is started before then (shared.go). Guarded by
+	// Engine.mu.
+	slotWait time.Time
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -332,6 +336,11 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 		if !ok {
 			rec = queue.Destination{Domain: name}
 		}
+		if e.opt.Shared != nil {
+			if sh, ok := e.opt.Shared.Load(name); ok {
+				adoptShared(&rec, sh, e.now())
+			}
+		}
 		d := &dest{name: name, rec: rec, stored: cloneDest(stored),
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
 		e.mu.Lock()
@@ -465,7 +474,7 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // more queued transactions than its connections are expected to carry.
 // Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
-	if len(d.pending) == 0 || d.throttle.Paused(now) {
+	if len(d.pending) == 0 || d.throttle.Paused(now) || now.Before(d.slotWait) {
 		return false
 	}
 	if d.active >= d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination) {

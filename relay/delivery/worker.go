@@ -29,6 +29,11 @@ type worker struct {
 // collected (even at shutdown: Run returns only after every worker has
 // ended, so every stored outcome is logged).
 func (e *Engine) work(ctx context.Context, d *dest) {
+	release, ok := e.takeSlot(d)
+	if !ok {
+		return
+	}
+	defer release()
 	var s *session
 	w := &worker{}
 	defer func() {

@@ -33,6 +33,10 @@
 //   - Batching (batch.go). Replies are buffered and written when the
 //     server next reads or closes, so a pipelined group (RFC 2920) costs
 //     one write(2); message buffers are reused between messages (data.go).
+//   - Load balancers (proxy.go). A listener with proxy_protocol takes the
+//     client's address from the PROXY v1/v2 header HAProxy sends, only
+//     from proxy_protocol.trusted, so policy, limits and Received see the
+//     real client; it refuses everyone else before the banner.
 //   - Durability. 250 is sent only after queue.Enqueue returned, and
 //     Shutdown never turns a session in DATA into a 250 it did not commit.
 //
@@ -102,10 +106,12 @@ type Server struct {
 	dkim     *dkim.Signer
 	room     room // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
-	tls      []*tls.Config // per listener; nil without a certificate
-	authLim  *authLimiter
-	lim      *limiter
-	hostSafe string // cfg.Hostname, sanitised for the Received header
+	// Load balancers whose PROXY headers are believed (proxy.go).
+	proxyTrusted []netip.Prefix
+	tls          []*tls.Config // per listener; nil without a certificate
+	authLim      *authLimiter
+	lim          *limiter
+	hostSafe     string // cfg.Hostname, sanitised for the Received header
 	// Where RCPT TO:<Postmaster> goes; zero if neither postmaster nor
 	// postmaster@hostname is an address.
 	postmaster address.Address
@@ -148,7 +154,17 @@ func New(opt Options) (*Server, error) {
 		}
 		s.trusted = append(s.trusted, p.Masked())
 	}
+	for _, n := range s.cfg.ProxyProtocol.Trusted {
+		p, err := netip.ParsePrefix(n)
+		if err != nil {
+			return nil, fmt.Errorf("smtpd: proxy_protocol.trusted: %w", err)
+		}
+		s.proxyTrusted = append(s.proxyTrusted, p.Masked())
+	}
 	for i, l := range s.cfg.Listeners {
+		if l.ProxyProtocol && (len(s.proxyTrusted) == 0 || s.cfg.ProxyProtocol.HeaderTimeout <= 0) {
+			return nil, fmt.Errorf("smtpd: listeners[%d] %s: proxy_protocol needs proxy_protocol.trusted and header_timeout", i, l.Address)
+		}
 		if l.Mode != config.ModeSMTP && s.users == nil {
 			// AUTH is required there and could never succeed.
 			return nil, fmt.Errorf("smtpd: listeners[%d] %s: mode %s needs users (users_file)", i, l.Address, l.Mode)
@@ -243,7 +259,11 @@ func (s *Server) Start() error {
 	}
 	for i, l := range s.cfg.Listeners {
 		srv := s.newSMTPServer(i, l, bound[i].Addr())
-		wrapped := &listener{Listener: bound[i], lim: s.lim}
+		var inner net.Listener = bound[i]
+		if l.ProxyProtocol {
+			inner = newProxyListener(inner, s, s.proxyTrusted, s.cfg.ProxyProtocol.HeaderTimeout)
+		}
+		wrapped := &listener{Listener: inner, lim: s.lim}
 		if l.Mode == config.ModeSubmissions {
 			wrapped.tls = s.tls[i]
 		}

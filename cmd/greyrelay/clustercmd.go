@@ -1,0 +1,118 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/cluster"
+)
+
+// clusterCmd runs `greyrelay cluster status`: the nodes registered in the
+// shared Redis, read from Redis itself so that it works while any node is
+// down.
+func clusterCmd(args []string, stdout, stderr io.Writer) error {
+	const usage = "usage: greyrelay cluster status [-config FILE] [-json]"
+	path := ""
+	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
+		path, args = args[1], args[2:] // where the command line's -config is put (configFirst)
+	}
+	if len(args) == 0 || args[0] != "status" {
+		return &exitError{2, errors.New(usage)}
+	}
+	fs := flag.NewFlagSet("cluster status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args[1:]); err != nil {
+		return &exitError{2, err}
+	}
+	if fs.NArg() > 0 {
+		return &exitError{2, errors.New(usage)}
+	}
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Cluster.Redis.Addresses) == 0 {
+		return &exitError{2, errors.New("cluster.redis.addresses is empty: this node is on its own")}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
+	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"nodes": nodes})
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADMIN\tVERSION\tQUEUED\tUP SINCE\tLAST SEEN")
+	for _, n := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\n", n.Name, n.AdminURL, n.Version, n.Queued,
+			n.Started.Format(time.RFC3339), time.Since(n.Seen).Round(time.Second))
+	}
+	fmt.Fprintf(tw, "%d node(s)\n", len(nodes))
+	return tw.Flush()
+}
+
+// queueListCluster runs `queue list` on every node registered in the
+// shared Redis, through each node's admin API with this configuration's
+// token (the nodes share one): a section per node, or with -json one
+// object per node and line ({"node", "admin_url", "list"}).
+func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr io.Writer) error {
+	path := ""
+	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
+		path = args[1]
+	}
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return err
+	}
+	if len(cfg.Cluster.Redis.Addresses) == 0 {
+		return &exitError{2, errors.New("queue list -cluster: cluster.redis.addresses is empty")}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
+	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
+	if err != nil {
+		return err
+	}
+	asJSON := slices.Contains(rest, "-json")
+	var failed []string
+	for _, n := range nodes {
+		c := &admin.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
+		var buf bytes.Buffer
+		if err := admin.RunQueue(rest, c, &buf, stderr); err != nil {
+			fmt.Fprintf(stderr, "node %s (%s): %v\n", n.Name, n.AdminURL, err)
+			failed = append(failed, n.Name)
+			continue
+		}
+		if asJSON {
+			line, err := json.Marshal(map[string]any{"node": n.Name, "admin_url": n.AdminURL, "list": json.RawMessage(buf.Bytes())})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s\n", line)
+			continue
+		}
+		fmt.Fprintf(stdout, "== node %s (%s)\n%s\n", n.Name, n.AdminURL, buf.Bytes())
+	}
+	if len(failed) > 0 {
+		return fmt.Errorf("queue list -cluster: no answer from %v", failed)
+	}
+	return nil
+}

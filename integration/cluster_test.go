@@ -1,0 +1,505 @@
+package integration
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+// proxiedNodes starts n relays on distinct loopback addresses whose only
+// listener expects a PROXY header from HAProxy (which connects from
+// 127.0.0.1), and a real HAProxy balancing round robin over them with
+// send-proxy-v2 and health checks.
+func proxiedNodes(t *testing.T, net_ *mailNet, n int, overrides ...string) ([]*testRelay, *peers.HAProxy) {
+	t.Helper()
+	var nodes []*testRelay
+	var backends []string
+	for range n {
+		ip := net_.host("")
+		ov := append([]string{
+			fmt.Sprintf(`listeners=[{address: "%s", mode: smtp, proxy_protocol: true}]`, peers.FreeAddr(t, ip)),
+			"proxy_protocol.trusted=[127.0.0.1/32]",
+		}, overrides...)
+		r := peers.StartRelay(t, net_.relayYAML(ip, ov...))
+		nodes = append(nodes, &testRelay{Relay: r, t: t, IP: ip})
+		backends = append(backends, r.SMTPAddr)
+	}
+	return nodes, peers.StartHAProxy(t, peers.HAProxyConfig{Backends: backends})
+}
+
+// TestProxyProtocolBehindHAProxy puts three relays behind a real HAProxy
+// (send-proxy-v2, round robin, health checks). Relay policy sees the real
+// client: a trusted client relays through every node and its Received
+// header names it, while a client outside trusted_networks is refused at
+// RCPT although HAProxy itself (127.0.0.1) connects from a loopback
+// address. A forged PROXY header sent straight to a node from an address
+// that is no balancer gets no banner, and health checks are not logged as
+// errors.
+func TestProxyProtocolBehindHAProxy(t *testing.T) {
+	peers.Require(t, "haproxy", "swaks")
+	t.Parallel()
+	mn := newMailNet(t)
+	sink := mn.sink("dest.test", peers.SinkOptions{})
+	friend, stranger := mn.host(""), mn.host("")
+	nodes, lb := proxiedNodes(t, mn, 3, fmt.Sprintf("trusted_networks=[%s/32]", friend))
+
+	const n = 6
+	for i := range n {
+		nodes[0].send(peers.SwaksMessage{Server: lb.Addr, LocalIP: friend, From: "a@src.test",
+			To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+	}
+	msgs := sink.WaitFor(t, n, 60*time.Second)
+	for _, m := range msgs {
+		if !strings.Contains(string(m.Data), "["+friend+"]") {
+			t.Errorf("Received does not name the client %s:\n%s", friend, m.Data)
+		}
+	}
+	for _, node := range nodes {
+		if !strings.Contains(node.Log(), `"client":"`+friend) {
+			t.Errorf("node %s took no connection from %s: round robin did not reach it", node.IP, friend)
+		}
+	}
+
+	out, code := peers.SwaksMessage{Server: lb.Addr, LocalIP: stranger, From: "a@src.test",
+		To: []string{"c@dest.test"}}.Send(t)
+	if code != 24 || !strings.Contains(out, "554 5.7.1") {
+		t.Errorf("a client outside trusted_networks behind HAProxy: swaks exit %d, want 24 (554 5.7.1 at RCPT):\n%s", code, out)
+	}
+
+	// A forged header straight to a node, from an address that is no balancer.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(stranger)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", nodes[1].SMTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "PROXY TCP4 %s 127.0.0.1 40000 25\r\n", friend)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	var ne net.Error
+	if len(b) > 0 || errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("forged PROXY header from %s: got %q, %v; want the connection closed without a banner", stranger, b, err)
+	}
+
+	for _, node := range nodes {
+		for _, line := range strings.Split(node.Log(), "\n") {
+			if strings.Contains(line, `"level":"error"`) || strings.Contains(line, "no valid PROXY header") {
+				t.Errorf("node %s logged: %s", node.IP, line)
+			}
+		}
+	}
+}
+
+// clusterNode starts a relay sharing the Redis at redisAddr.
+func (n *mailNet) clusterNode(redisAddr string, overrides ...string) *testRelay {
+	n.t.Helper()
+	ip := n.host("")
+	ov := append([]string{fmt.Sprintf("cluster.redis.addresses=[%q]", redisAddr),
+		"cluster.lease_ttl=3s", "cluster.node_name=node-" + ip}, overrides...)
+	r := peers.StartRelay(n.t, n.relayYAML(ip, ov...))
+	return &testRelay{Relay: r, t: n.t, IP: ip}
+}
+
+// TestClusterSharesGreylistDelay: node A learns how long a real postgrey
+// (behind a real Postfix) greylists; node B, which never mailed the
+// destination, waits that long before its first retry and passes after a
+// single greylisting deferral. On its own B would retry after 3s and be
+// greylisted again.
+func TestClusterSharesGreylistDelay(t *testing.T) {
+	peers.Require(t, "postfix", "postgrey", "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	grey := peers.StartPostgrey(t, "", 8*time.Second)
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
+	quick := []string{"retry.greylist_first_retry=3s", "retry.greylist_second_retry=3s"}
+	a := n.clusterNode(rds.Addr, quick...)
+	b := n.clusterNode(rds.Addr, quick...)
+
+	id1 := a.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b1@dest.test"}, Data: message("a@src.test", "b1@dest.test", "learn")})
+	final.WaitFor(t, 1, 40*time.Second)
+	a.waitAttempts(id1, "delivered", 5*time.Second)
+	d, ok := a.destination("dest.test")
+	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
+	low := time.Duration(d.GreylistLowSeconds * float64(time.Second))
+	if !ok || learned < grey.Delay || low <= 3*time.Second {
+		t.Fatalf("node A learned the window %v..%v (known %v), want one around postgrey's %v above the 3s retries", low, learned, ok, grey.Delay)
+	}
+
+	id2 := b.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b2@dest.test"}, Data: message("a@src.test", "b2@dest.test", "adopt")})
+	final.WaitFor(t, 2, learned*2+20*time.Second)
+	atts := b.waitAttempts(id2, "delivered", 5*time.Second)
+	if len(atts) < 2 || len(atts) > 3 || atts[0].str("reason") != "greylisted" {
+		t.Fatalf("node B: want a greylisting deferral, perhaps a refused probe, then delivery, got %v", outcomes(atts))
+	}
+	if gap := atts[1].time("time").Sub(atts[0].time("time")); gap < low {
+		t.Errorf("node B retried %v after the greylisting, before A's learned lower bound %v (on its own it retries after 3s)", gap, low)
+	}
+	// Redis traffic is per connection or state change, not per message.
+	if got := redisCommands(t, b); got == 0 || got > 20 {
+		t.Errorf("node B made %v Redis calls for its work (load/publish/acquire/release), want a few", got)
+	}
+}
+
+// redisCommands sums node r's Redis round trips other than the
+// background loop's (ping, renew, heartbeat).
+func redisCommands(t *testing.T, r *testRelay) float64 {
+	t.Helper()
+	var sum float64
+	if f := r.metrics()["greyrelay_cluster_redis_commands_total"]; f != nil {
+		for _, m := range f.GetMetric() {
+			switch m.GetLabel()[0].GetValue() {
+			case "load", "publish", "acquire", "release":
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// countingMX is a destination that records the most transactions (from
+// MAIL to the end of DATA) it saw in progress at once, over all client
+// connections, and every recipient it accepted. Each MAIL waits until
+// gate is closed (nil: no wait), so that every connection the relays may
+// open is open at once, and each DATA takes a while, so that transactions
+// overlap. (peers.Sink runs its scripts under one lock: it cannot hold
+// several transactions at once.)
+type countingMX struct {
+	gate  chan struct{}
+	mu    sync.Mutex
+	cur   int
+	peak  int
+	rcpts map[string]int
+}
+
+func startCountingMX(n *mailNet, domain string, gate chan struct{}) *countingMX {
+	n.t.Helper()
+	return startCountingMXAt(n, n.mxAddr(domain), "mx."+domain, gate)
+}
+
+// startCountingMXAt is startCountingMX on an address already published.
+func startCountingMXAt(n *mailNet, addr, name string, gate chan struct{}) *countingMX {
+	n.t.Helper()
+	m := &countingMX{gate: gate, rcpts: map[string]int{}}
+	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
+		return &countingSession{m: m}, nil
+	}))
+	srv.Domain, srv.AllowInsecureAuth = name, true
+	srv.ReadTimeout, srv.WriteTimeout = 30*time.Second, 30*time.Second
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	n.t.Cleanup(func() { srv.Close() })
+	return m
+}
+
+func (m *countingMX) peakTx() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.peak
+}
+
+func (m *countingMX) received() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.rcpts)
+}
+
+type countingSession struct {
+	m     *countingMX
+	inTx  bool
+	rcpts []string
+}
+
+func (s *countingSession) Mail(string, *smtp.MailOptions) error {
+	s.m.mu.Lock()
+	s.m.cur++
+	s.m.peak = max(s.m.peak, s.m.cur)
+	s.m.mu.Unlock()
+	s.inTx = true
+	if s.m.gate != nil {
+		<-s.m.gate
+	}
+	return nil
+}
+
+func (s *countingSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	s.rcpts = append(s.rcpts, to)
+	return nil
+}
+
+func (s *countingSession) Data(r io.Reader) error {
+	if _, err := io.Copy(io.Discard, r); err != nil {
+		return err
+	}
+	time.Sleep(200 * time.Millisecond)
+	s.m.mu.Lock()
+	for _, rc := range s.rcpts {
+		s.m.rcpts[rc]++
+	}
+	s.m.mu.Unlock()
+	s.Reset()
+	return nil
+}
+
+func (s *countingSession) Reset() {
+	if s.inTx {
+		s.m.mu.Lock()
+		s.m.cur--
+		s.m.mu.Unlock()
+	}
+	s.inTx, s.rcpts = false, nil
+}
+
+func (s *countingSession) Logout() error {
+	s.Reset()
+	return nil
+}
+
+// waitRcpts waits until want recipients arrived.
+func (m *countingMX) waitRcpts(t *testing.T, want int, timeout time.Duration) map[string]int {
+	t.Helper()
+	eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", want), func() error {
+		if got := len(m.received()); got < want {
+			return fmt.Errorf("%d arrived", got)
+		}
+		return nil
+	})
+	return m.received()
+}
+
+// TestClusterConnectionLimit: three nodes, each with its own queue of
+// messages for one destination, share delivery.max_per_destination: 2.
+// The destination never sees more than 2 transactions at once. With
+// cluster.destination_limits: local the same nodes reach more than 2 (so
+// the bound is the shared limit's doing, not a slow machine's).
+func TestClusterConnectionLimit(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	for _, tc := range []struct {
+		scope   string
+		maxPeak int
+	}{{"shared", 2}, {"local", 6}} {
+		t.Run(tc.scope, func(t *testing.T) {
+			n := newMailNet(t)
+			rds := peers.StartRedis(t, "")
+			gate := make(chan struct{})
+			mx := startCountingMX(n, "busy.test", gate)
+			var nodes []*testRelay
+			for range 3 {
+				nodes = append(nodes, n.clusterNode(rds.Addr, "delivery.max_per_destination=2",
+					"delivery.max_messages_per_connection=1", "cluster.destination_limits="+tc.scope))
+			}
+			// The first transactions wait at MAIL until everything is
+			// queued: each node then has work for every connection it may
+			// open.
+			const per = 4
+			for i, node := range nodes {
+				for j := range per {
+					node.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("n%d-%d@busy.test", i, j)}})
+				}
+			}
+			close(gate)
+			mx.waitRcpts(t, 3*per, 90*time.Second)
+			got := mx.peakTx()
+			t.Logf("%s limits: at most %d transactions at once", tc.scope, got)
+			if tc.scope == "shared" && got > tc.maxPeak {
+				t.Errorf("the destination saw %d transactions at once, want at most the cluster-wide limit 2", got)
+			}
+			if tc.scope == "local" && got <= 2 {
+				t.Errorf("with local limits the destination saw at most %d transactions at once, want more than 2 (three nodes, two each)", got)
+			}
+		})
+	}
+}
+
+// TestClusterRedisKilledLosesNothing: Redis is killed while two nodes
+// deliver, and started again. Every message arrives exactly once, the
+// nodes report greyrelay_cluster_redis_up 0 with a warning meanwhile, and 1
+// once Redis is back.
+func TestClusterRedisKilledLosesNothing(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	mx := startCountingMX(n, "dest.test", nil)
+	a := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
+	b := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
+	const per = 10
+	for i := range per {
+		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}})
+		if i == per/2 {
+			rds.Kill()
+		}
+		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+	}
+	eventually(t, 20*time.Second, "nodes see Redis down", func() error {
+		for _, r := range []*testRelay{a, b} {
+			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 0 {
+				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
+			}
+		}
+		return nil
+	})
+	mx.waitRcpts(t, 2*per, 60*time.Second)
+	a.waitQueueEmpty(30 * time.Second)
+	b.waitQueueEmpty(30 * time.Second)
+	seen := mx.received()
+	for i := range per {
+		for _, p := range []string{"a", "b"} {
+			if r := fmt.Sprintf("%s%d@dest.test", p, i); seen[r] != 1 {
+				t.Errorf("%s delivered %d times, want once", r, seen[r])
+			}
+		}
+	}
+	for _, r := range []*testRelay{a, b} {
+		if !strings.Contains(r.Log(), "Redis unreachable") {
+			t.Errorf("node %s logged no warning about Redis", r.IP)
+		}
+		// go-redis's own complaints go through the relay's JSON log too.
+		for _, line := range strings.Split(strings.TrimSpace(r.Log()), "\n") {
+			if !strings.HasPrefix(line, "{") && !strings.HasPrefix(line, "--- peers:") {
+				t.Errorf("node %s wrote a line outside its JSON log: %q", r.IP, line)
+			}
+		}
+	}
+	rds.Start()
+	eventually(t, 20*time.Second, "nodes see Redis back", func() error {
+		for _, r := range []*testRelay{a, b} {
+			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 1 {
+				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
+			}
+		}
+		return nil
+	})
+	// Both nodes registered again: `greyrelay cluster status` lists them.
+	eventually(t, 20*time.Second, "cluster status lists both nodes", func() error {
+		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath, "-json")
+		var st struct {
+			Nodes []struct {
+				Name     string `json:"name"`
+				AdminURL string `json:"admin_url"`
+			} `json:"nodes"`
+		}
+		if err := json.Unmarshal([]byte(res.Stdout), &st); err != nil {
+			return fmt.Errorf("%v: %s", err, res)
+		}
+		got := map[string]string{}
+		for _, n := range st.Nodes {
+			got[n.Name] = n.AdminURL
+		}
+		want := map[string]string{"node-" + a.IP: "http://" + a.AdminAddr, "node-" + b.IP: "http://" + b.AdminAddr}
+		if !maps.Equal(got, want) {
+			return fmt.Errorf("nodes %v, want %v", got, want)
+		}
+		return nil
+	})
+	// Node A's status page shows both nodes' queues, asked from their
+	// admin APIs.
+	code, page := a.Get(t, "/")
+	for _, node := range []*testRelay{a, b} {
+		row := regexp.MustCompile(`<tr><td>node-` + regexp.QuoteMeta(node.IP) + `</td><td class="mono">http://` +
+			regexp.QuoteMeta(node.AdminAddr) + `</td><td>[^<]*</td><td class="n">0</td>`)
+		if code != 200 || !row.MatchString(page) {
+			t.Errorf("status page (%d) has no cluster row with the queue of node-%s", code, node.IP)
+		}
+	}
+}
+
+// gauge reads a gauge without labels from r's metrics (-1 if absent).
+func gauge(r *testRelay, name string) float64 {
+	if f := r.metrics()[name]; f != nil && len(f.GetMetric()) > 0 {
+		return f.GetMetric()[0].GetGauge().GetValue()
+	}
+	return -1
+}
+
+// TestClusterMoveDeadNodeQueue: a node dies (SIGKILL) with mail queued for
+// a destination that is down. Its queue files (queue.db, the journal and
+// the body spool), copied as they are to another host's node, are
+// delivered from there once the destination is back: every recipient
+// exactly once.
+func TestClusterMoveDeadNodeQueue(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	mxAddr := n.mxAddr("dest.test") // nothing listens yet: connections are refused
+	a := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
+	const count = 5
+	var ids []string
+	for i := range count {
+		ids = append(ids, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("r%d@dest.test", i)}}))
+	}
+	eventually(t, 20*time.Second, "every message deferred once", func() error {
+		for _, id := range ids {
+			if len(a.attempts(id)) == 0 {
+				return fmt.Errorf("%s not tried yet", id)
+			}
+		}
+		return nil
+	})
+	a.Kill()
+
+	b := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
+	b.Kill() // only its directory and configuration are wanted: the queue moves in
+	for _, f := range []string{"queue.db", "queue.db.journal", "queue.db.bodies"} {
+		if _, err := os.Stat(filepath.Join(a.Dir, f)); err != nil {
+			continue
+		}
+		os.RemoveAll(filepath.Join(b.Dir, f))
+		if out, err := exec.Command("cp", "-a", filepath.Join(a.Dir, f), filepath.Join(b.Dir, f)).CombinedOutput(); err != nil {
+			t.Fatalf("cp %s: %v\n%s", f, err, out)
+		}
+	}
+	b.Restart(t)
+	// The moved queue is visible through the cluster: `queue list -cluster`
+	// asks every registered node's admin API.
+	eventually(t, 20*time.Second, "queue list -cluster shows the moved queue", func() error {
+		res := runGreyrelay(t, b.Dir, "", nil, "queue", "-config", b.ConfigPath, "list", "-cluster", "-json")
+		var line struct {
+			Node string `json:"node"`
+			List struct {
+				Total int `json:"total"`
+			} `json:"list"`
+		}
+		if err := json.Unmarshal([]byte(res.Stdout), &line); err != nil || res.Code != 0 {
+			return fmt.Errorf("%v: %s", err, res)
+		}
+		if line.Node != "node-a" || line.List.Total != count {
+			return fmt.Errorf("node %q lists %d recipients, want node-a with %d", line.Node, line.List.Total, count)
+		}
+		return nil
+	})
+	mx := startCountingMXAt(n, mxAddr, "mx.dest.test", nil)
+	got := mx.waitRcpts(t, count, 60*time.Second)
+	b.waitQueueEmpty(30 * time.Second)
+	for i := range count {
+		if r := fmt.Sprintf("r%d@dest.test", i); got[r] != 1 {
+			t.Errorf("%s delivered %d times, want once", r, got[r])
+		}
+	}
+	for _, id := range ids {
+		if len(b.attempts(id)) == 0 {
+			t.Errorf("message %s: no attempt logged by the node that took the queue over", id)
+		}
+	}
+}

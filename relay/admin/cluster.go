@@ -1,0 +1,66 @@
+package admin
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// ClusterNode is another node of the cluster as the registry knows it
+// (relay/cluster), for the status page's cluster section.
+type ClusterNode struct {
+	Name     string
+	AdminURL string
+	Version  string
+	Seen     time.Time
+}
+
+// pageNode is one node's row on the status page: its queue as its own
+// admin API reports it, or why it did not answer.
+type pageNode struct {
+	ClusterNode
+	Stats Stats
+	Err   string
+}
+
+// nodeTimeout bounds each node's answer: the page must render with a node
+// down.
+const nodeTimeout = 2 * time.Second
+
+// Stats returns the queue's counters (GET /api/stats).
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := c.getJSON(ctx, http.MethodGet, "/api/stats", nil, &st)
+	return st, err
+}
+
+// clusterNodes asks every registered node's admin API for its queue
+// counters, all at once, with this node's token (the nodes share one).
+func (s *Server) clusterNodes(ctx context.Context) []pageNode {
+	if s.opt.Nodes == nil {
+		return nil
+	}
+	nodes, err := s.opt.Nodes(ctx)
+	if err != nil {
+		return []pageNode{{ClusterNode: ClusterNode{Name: "(registry)"}, Err: err.Error()}}
+	}
+	out := make([]pageNode, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		out[i].ClusterNode = n
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(ctx, nodeTimeout)
+			defer cancel()
+			c := &Client{Base: n.AdminURL, Token: s.opt.Config.Admin.Token, HTTP: &http.Client{Timeout: nodeTimeout}}
+			st, err := c.Stats(ctx)
+			if err != nil {
+				out[i].Err = clean(err.Error())
+				return
+			}
+			out[i].Stats = st
+		})
+	}
+	wg.Wait()
+	return out
+}

@@ -1,0 +1,328 @@
+// Package cluster shares what several greyrelay nodes know about
+// destinations, and the connection limits they owe them, through Redis.
+//
+// Design notes:
+//
+//   - Each node keeps its own durable queue and its own destination
+//     records; Redis holds a shared copy of the part worth sharing (learned
+//     greylisting window, throttle level, pause and pace, dead MX hosts,
+//     the last rate-limit reply). The delivery engine reads it when it loads a
+//     domain's state and when it opens a connection, and writes it when its
+//     own record changed: Redis traffic is per connection or state change,
+//     never per message.
+//   - Cluster-wide connection limits are leases: one sorted set per domain
+//     whose members are "node/lease" scored by their expiry (Redis server
+//     time). A Lua script drops expired members and adds one if fewer than
+//     the limit remain. A node renews its leases in one pipeline per
+//     lease_ttl/3, so a dead node's slots free within lease_ttl.
+//   - Keys put the domain in a hash tag ({domain}), so a domain's keys
+//     share a slot in a Redis Cluster and a script may touch them together.
+//   - Redis failing never stops mail. Every call has a short timeout; the
+//     first failure marks Redis down (a warning, greyrelay_cluster_redis_up
+//     0) and until a background PING succeeds again every call returns at
+//     once: reads find nothing, writes are dropped, leases are granted (the
+//     node's own delivery.max_per_destination still holds). Sharing resumes
+//     when Redis answers again.
+//   - Nodes register themselves (name, admin URL, version, start time) under
+//     a key with a TTL refreshed by the same background loop.
+//
+// The client is go-redis's UniversalClient: one address is a single
+// server, several a Redis Cluster, and master_name selects Sentinel.
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// Options configure New.
+type Options struct {
+	Config   config.Cluster
+	Node     Node // this node's registry entry
+	Logger   *zap.Logger
+	Registry prometheus.Registerer
+}
+
+// Node is one node's entry in the registry.
+type Node struct {
+	Name     string    `json:"name"`
+	AdminURL string    `json:"admin_url"`
+	Version  string    `json:"version"`
+	Started  time.Time `json:"started"`
+	Seen     time.Time `json:"seen"`
+	Queued   int       `json:"queued"` // recipients waiting, at the last heartbeat
+}
+
+// Cluster is a node's connection to the shared state. Its methods are safe
+// for concurrent use and never block longer than cluster.redis.timeout.
+type Cluster struct {
+	rdb     redis.UniversalClient
+	cfg     config.Cluster
+	node    Node
+	log     *zap.Logger
+	up      atomic.Bool
+	queued  atomic.Int64
+	m       clusterMetrics
+	leaseMu sync.Mutex
+	leases  map[string]string // lease member → its domain's key
+	seq     atomic.Uint64
+	// instance tells this run's leases from those of any other process,
+	// even one with the same node name (a restart, a misconfiguration).
+	instance string
+	stop     chan struct{}
+	done     chan struct{}
+	once     sync.Once
+}
+
+type clusterMetrics struct {
+	up       prometheus.Gauge
+	commands *prometheus.CounterVec
+}
+
+// New connects (lazily: go-redis dials on first use) and starts the
+// background loop that pings, renews leases and refreshes the registry.
+func New(opt Options) (*Cluster, error) {
+	uo, err := universalOptions(opt.Config.Redis)
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{rdb: redis.NewUniversalClient(uo), cfg: opt.Config, node: opt.Node, log: opt.Logger,
+		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		instance: rand.Text()[:12]}
+	if c.log == nil {
+		c.log = zap.NewNop()
+	}
+	c.m = clusterMetrics{
+		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
+			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
+		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_cluster_redis_commands_total",
+			Help: "Redis round trips by purpose (load, publish, acquire, release, renew, heartbeat, ping)."}, []string{"op"}),
+	}
+	if opt.Registry != nil {
+		for _, col := range []prometheus.Collector{c.m.up, c.m.commands} {
+			if err := opt.Registry.Register(col); err != nil {
+				return nil, fmt.Errorf("cluster: metrics: %w", err)
+			}
+		}
+	}
+	c.ping()
+	go c.loop()
+	return c, nil
+}
+
+func universalOptions(r config.Redis) (*redis.UniversalOptions, error) {
+	if len(r.Addresses) == 0 {
+		return nil, errors.New("cluster: cluster.redis.addresses is empty")
+	}
+	uo := &redis.UniversalOptions{Addrs: r.Addresses, MasterName: r.MasterName, Username: r.Username,
+		Password: r.Password, DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+		MaxRetries: -1, PoolSize: 8}
+	if r.TLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.TLSServerName}
+		if r.TLSCA != "" {
+			pem, err := os.ReadFile(r.TLSCA)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca %s: no certificate", r.TLSCA)
+			}
+		}
+		uo.TLSConfig = tc
+	}
+	return uo, nil
+}
+
+// Close stops the background loop, releases this node's leases and
+// removes its registry entry (best effort), and closes the client.
+func (c *Cluster) Close() error {
+	c.once.Do(func() { close(c.stop) })
+	<-c.done
+	if c.up.Load() {
+		ctx, cancel := c.ctx()
+		c.leaseMu.Lock()
+		for member, key := range c.leases {
+			c.rdb.ZRem(ctx, key, member)
+		}
+		clear(c.leases)
+		c.leaseMu.Unlock()
+		c.rdb.Del(ctx, nodeKey(c.node.Name))
+		cancel()
+	}
+	return c.rdb.Close()
+}
+
+// Up reports whether Redis answered the last call.
+func (c *Cluster) Up() bool { return c.up.Load() }
+
+// SetQueued tells the registry how many recipients wait on this node.
+func (c *Cluster) SetQueued(n int) { c.queued.Store(int64(n)) }
+
+func (c *Cluster) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), c.cfg.Redis.Timeout)
+}
+
+// count records one round trip for op.
+func (c *Cluster) count(op string) { c.m.commands.WithLabelValues(op).Inc() }
+
+// failed marks Redis down after a failed call (redis.Nil is an answer).
+func (c *Cluster) failed(op string, err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return false
+	}
+	if c.up.Swap(false) {
+		c.m.up.Set(0)
+		c.log.Warn("cluster: Redis unreachable; going on with local knowledge and local limits",
+			zap.String("op", op), zap.Error(err))
+	}
+	return true
+}
+
+// ping checks Redis and marks it up when it answers.
+func (c *Cluster) ping() {
+	ctx, cancel := c.ctx()
+	defer cancel()
+	c.count("ping")
+	if err := c.rdb.Ping(ctx).Err(); err != nil {
+		c.failed("ping", err)
+		return
+	}
+	if !c.up.Swap(true) {
+		c.m.up.Set(1)
+		c.log.Info("cluster: Redis answers; sharing destination knowledge and limits")
+	}
+}
+
+// loop pings while Redis is down; while it is up it renews leases and the
+// registry entry every lease_ttl/3.
+func (c *Cluster) loop() {
+	defer close(c.done)
+	tick := time.NewTicker(max(c.cfg.LeaseTTL/3, 100*time.Millisecond))
+	defer tick.Stop()
+	for {
+		if c.up.Load() {
+			c.renew()
+			c.heartbeat()
+		} else {
+			c.ping()
+		}
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// heartbeat refreshes this node's registry entry.
+func (c *Cluster) heartbeat() {
+	n := c.node
+	n.Seen, n.Queued = time.Now().UTC(), int(c.queued.Load())
+	b, err := json.Marshal(n)
+	if err != nil {
+		return
+	}
+	ctx, cancel := c.ctx()
+	defer cancel()
+	c.count("heartbeat")
+	c.failed("heartbeat", c.rdb.Set(ctx, nodeKey(n.Name), b, 3*c.cfg.LeaseTTL).Err())
+}
+
+// Nodes lists the registered nodes (those whose entry has not expired).
+func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) { return nodes(ctx, c.rdb) }
+
+// ListNodes connects to the Redis r names only to list the registered
+// nodes (`greyrelay cluster status`): it registers nothing itself.
+func ListNodes(ctx context.Context, r config.Redis) ([]Node, error) {
+	uo, err := universalOptions(r)
+	if err != nil {
+		return nil, err
+	}
+	rdb := redis.NewUniversalClient(uo)
+	defer rdb.Close()
+	return nodes(ctx, rdb)
+}
+
+func nodes(ctx context.Context, rdb redis.UniversalClient) ([]Node, error) {
+	var keys []string
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		// SCAN runs on one shard of a Redis Cluster: ask every master.
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			it := m.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
+			for it.Next(ctx) {
+				mu.Lock()
+				keys = append(keys, it.Val())
+				mu.Unlock()
+			}
+			return it.Err()
+		})
+		if err != nil {
+			return nil, fmt.Errorf("cluster: nodes: %w", err)
+		}
+	} else {
+		iter := rdb.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
+		for iter.Next(ctx) {
+			keys = append(keys, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			return nil, fmt.Errorf("cluster: nodes: %w", err)
+		}
+	}
+	var out []Node
+	for _, k := range keys {
+		b, err := rdb.Get(ctx, k).Bytes()
+		if err != nil {
+			continue // expired between SCAN and GET
+		}
+		var n Node
+		if json.Unmarshal(b, &n) == nil {
+			out = append(out, n)
+		}
+	}
+	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// nodeKey is the registry key of a node.
+func nodeKey(name string) string { return "greyrelay:node:" + name }
+
+// newLeaseID names one lease of this node.
+func (c *Cluster) newLeaseID() string {
+	return c.node.Name + "/" + c.instance + "/" + strconv.FormatUint(c.seq.Add(1), 36)
+}
+
+// RouteRedisLogs sends go-redis's own log lines (pool dial failures and
+// the like, otherwise printed to stderr) to log at debug level: the
+// cluster's state changes are logged once each by this package, and a
+// Redis that is down would otherwise print a line per dial. go-redis
+// keeps one logger per process, so serve calls this once.
+func RouteRedisLogs(log *zap.Logger) {
+	redis.SetLogger(redisLog{log.Named("redis")})
+}
+
+type redisLog struct{ log *zap.Logger }
+
+// Printf implements go-redis's internal.Logging.
+func (l redisLog) Printf(_ context.Context, format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...))
+}

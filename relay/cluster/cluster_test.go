@@ -1,0 +1,191 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// newNode connects a node named name to the Redis servers at addrs.
+func newNode(t *testing.T, name string, addrs ...string) *Cluster {
+	t.Helper()
+	c, err := New(Options{Node: Node{Name: name}, Registry: prometheus.NewRegistry(), Config: config.Cluster{
+		Redis:             config.Redis{Addresses: addrs, Timeout: 500 * time.Millisecond},
+		DestinationLimits: LimitsShared, LeaseTTL: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// redisTargets runs each test against a single redis-server and against a
+// 3-master Redis Cluster made with redis-cli --cluster create.
+func redisTargets(t *testing.T) map[string][]string {
+	t.Helper()
+	peers.Require(t, "redis-server", "redis-cli")
+	return map[string][]string{"single": {peers.StartRedis(t, "").Addr}, "cluster": startRedisCluster(t)}
+}
+
+func startRedisCluster(t *testing.T) []string {
+	t.Helper()
+	var addrs []string
+	for range 3 {
+		addr := peers.FreeAddr(t, "127.0.0.1")
+		dir := t.TempDir()
+		_, port, _ := strings.Cut(addr, ":")
+		cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--dir", dir, "--save", "", "--appendonly", "no")
+		log, err := os.Create(filepath.Join(dir, "log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stdout, cmd.Stderr = log, log
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); log.Close() })
+		addrs = append(addrs, addr)
+	}
+	var out []byte
+	var err error
+	for range 50 { // until every server listens
+		args := append([]string{"--cluster", "create"}, addrs...)
+		out, err = exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
+		if err == nil && strings.Contains(string(out), "All 16384 slots covered") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	for range 100 {
+		o, _ := exec.Command("redis-cli", "-p", strings.Split(addrs[0], ":")[1], "cluster", "info").Output()
+		if strings.Contains(string(o), "cluster_state:ok") {
+			return addrs
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("the Redis Cluster never reached cluster_state:ok")
+	return nil
+}
+
+func TestShareRecord(t *testing.T) {
+	for name, addrs := range redisTargets(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := newNode(t, "a", addrs...), newNode(t, "b", addrs...)
+			if _, ok := b.Load("dest.test"); ok {
+				t.Fatal("a record before anyone published one")
+			}
+			now := time.Now().UTC().Truncate(time.Second)
+			rec := queue.Destination{Domain: "Dest.Test", Greylists: true, GreylistSeen: 7, LearnedDelay: 5 * time.Minute,
+				GreylistLow: 4 * time.Minute, PaceInterval: 2 * time.Second, PaceBase: time.Second,
+				ThrottleLevel: 2, ThrottledUntil: now.Add(time.Minute), DeadHosts: map[string]time.Time{"192.0.2.1": now.Add(time.Hour)},
+				LastReply: queue.Reply{Code: 421, Enhanced: "4.7.0", Text: "slow down"}, Updated: now}
+			a.Publish(rec)
+			got, ok := b.Load("dest.test")
+			if !ok {
+				t.Fatal("node b finds nothing after node a published")
+			}
+			want := rec
+			want.Domain, want.GreylistSeen = "dest.test", 0 // counters stay with each node
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("loaded %+v\nwant   %+v", got, want)
+			}
+		})
+	}
+}
+
+func TestLeasesBoundConnections(t *testing.T) {
+	for name, addrs := range redisTargets(t) {
+		t.Run(name, func(t *testing.T) {
+			nodes := []*Cluster{newNode(t, "a", addrs...), newNode(t, "b", addrs...), newNode(t, "c", addrs...)}
+			var releases []func()
+			for i := range 3 {
+				rel, ok := nodes[i].Acquire("busy.test", 2)
+				if ok != (i < 2) {
+					t.Fatalf("acquire %d: %v, want %v (limit 2)", i, ok, i < 2)
+				}
+				if ok {
+					releases = append(releases, rel)
+				}
+			}
+			if _, ok := nodes[2].Acquire("other.test", 2); !ok {
+				t.Fatal("another domain's slots are separate")
+			}
+			releases[0]()
+			rel, ok := nodes[2].Acquire("busy.test", 2)
+			if !ok {
+				t.Fatal("no slot after a release")
+			}
+			rel()
+			// A node that dies keeps nothing: its leases run out (lease_ttl 1s)
+			// while the live node's is renewed.
+			nodes[1].stop <- struct{}{} // not a clean Close: the loop stops renewing
+			<-nodes[1].done
+			time.Sleep(1500 * time.Millisecond)
+			for _, n := range []*Cluster{nodes[2], nodes[0]} {
+				if _, ok := n.Acquire("busy.test", 2); !ok {
+					t.Fatal("a stopped node's lease did not expire")
+				}
+			}
+			time.Sleep(1500 * time.Millisecond) // past lease_ttl: live nodes renew theirs
+			if _, ok := nodes[2].Acquire("busy.test", 2); ok {
+				t.Fatal("live nodes' leases expired although they renew them")
+			}
+		})
+	}
+}
+
+func TestRedisDownGrantsAndRecovers(t *testing.T) {
+	peers.Require(t, "redis-server")
+	r := peers.StartRedis(t, "")
+	c := newNode(t, "a", r.Addr)
+	if !c.Up() || testutil.ToFloat64(c.m.up) != 1 {
+		t.Fatal("not up at start")
+	}
+	r.Kill()
+	// The first call to fail marks Redis down; later ones answer at once.
+	c.Publish(queue.Destination{Domain: "dest.test", Updated: time.Now()})
+	if c.Up() || testutil.ToFloat64(c.m.up) != 0 {
+		t.Fatal("still up after Redis was killed")
+	}
+	for range 3 {
+		if _, ok := c.Acquire("dest.test", 1); !ok {
+			t.Fatal("no slot granted with Redis down: local limits must take over")
+		}
+	}
+	if _, ok := c.Load("dest.test"); ok {
+		t.Fatal("a record with Redis down")
+	}
+	r.Start()
+	deadline := time.Now().Add(10 * time.Second)
+	for !c.Up() && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !c.Up() {
+		t.Fatal("sharing did not resume after Redis came back")
+	}
+	var nodes []Node
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); len(nodes) == 0 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		nodes, err = c.Nodes(context.Background())
+	}
+	if err != nil || len(nodes) != 1 || nodes[0].Name != "a" {
+		t.Errorf("registry after Redis came back: %+v, %v; want node a", nodes, err)
+	}
+}

@@ -1,0 +1,84 @@
+package cluster
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// sharedTTL is how long a shared destination record lives without being
+// written again: longer than any retry lifetime, so a learned delay
+// outlives the episodes that taught it, yet a domain nobody mails any more
+// does not stay in Redis for ever.
+const sharedTTL = 30 * 24 * time.Hour
+
+// record is the shared part of a queue.Destination: what another node's
+// first message to the domain should know (the greylisting window, the
+// throttle and its learned pace, dead hosts). Per-node counters and probes
+// stay local.
+type record struct {
+	Greylists      bool                 `json:"greylists,omitempty"`
+	LearnedDelay   time.Duration        `json:"learned_delay,omitempty"`
+	GreylistLow    time.Duration        `json:"greylist_low,omitempty"`
+	PaceInterval   time.Duration        `json:"pace_interval,omitempty"`
+	PaceBase       time.Duration        `json:"pace_base,omitempty"`
+	LastGreylisted time.Time            `json:"last_greylisted,omitzero"`
+	ThrottleLevel  int                  `json:"throttle_level,omitempty"`
+	ThrottledUntil time.Time            `json:"throttled_until,omitzero"`
+	DeadHosts      map[string]time.Time `json:"dead_hosts,omitempty"`
+	LastReply      queue.Reply          `json:"last_reply,omitzero"`
+	Updated        time.Time            `json:"updated"`
+	Node           string               `json:"node"`
+}
+
+// destKey is the domain's shared record. The hash tag keeps every key of a
+// domain in one Redis Cluster slot.
+func destKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest" }
+
+// Load returns the shared record of domain as a queue.Destination holding
+// only the shared fields; ok is false if there is none or Redis is down.
+func (c *Cluster) Load(domain string) (queue.Destination, bool) {
+	if !c.up.Load() {
+		return queue.Destination{}, false
+	}
+	ctx, cancel := c.ctx()
+	defer cancel()
+	c.count("load")
+	b, err := c.rdb.Get(ctx, destKey(domain)).Bytes()
+	if c.failed("load", err) || err == redis.Nil {
+		return queue.Destination{}, false
+	}
+	var r record
+	if json.Unmarshal(b, &r) != nil {
+		return queue.Destination{}, false
+	}
+	return queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
+		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase,
+		LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
+		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated}, true
+}
+
+// Publish stores the shared part of d, which this node just changed. The
+// last writer wins: every writer merged the shared record when it loaded
+// the domain, so it rarely drops anything another node learned.
+func (c *Cluster) Publish(d queue.Destination) {
+	if !c.up.Load() {
+		return
+	}
+	r := record{Greylists: d.Greylists, LearnedDelay: d.LearnedDelay, LastGreylisted: d.LastGreylisted,
+		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase,
+		ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
+		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	ctx, cancel := c.ctx()
+	defer cancel()
+	c.count("publish")
+	c.failed("publish", c.rdb.Set(ctx, destKey(d.Domain), b, sharedTTL).Err())
+}

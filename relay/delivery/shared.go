@@ -1,0 +1,104 @@
+package delivery
+
+import (
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// Shared is what several nodes share about destinations (relay/cluster
+// implements it over Redis). The engine calls it when it loads a domain's
+// state and when a worker opens a connection (Load, Acquire), and when its
+// own record of a domain changed (Publish): never per message. Every
+// method must return quickly and fail soft, granting and finding nothing
+// while the shared store is away: local knowledge and local limits are the
+// fallback.
+type Shared interface {
+	// Load returns another node's view of domain (only the shared fields).
+	Load(domain string) (queue.Destination, bool)
+	// Publish shares rec, which this node just changed and stored.
+	Publish(rec queue.Destination)
+	// Acquire takes one of limit connection slots to domain across the
+	// nodes; false when all are taken. release gives it back.
+	Acquire(domain string, limit int) (release func(), ok bool)
+}
+
+// leaseRetry is how long a domain whose cluster-wide connection slots are
+// all taken waits before its next try (other nodes' connections end, or
+// their leases expire).
+const leaseRetry = time.Second
+
+// adoptShared merges another node's view of a destination into rec: what
+// it learned later than rec wins. The learned greylisting window, the
+// throttle level and the learned pace come from the newer record, dead hosts are the union (the
+// later time for each), and per-node counters stay rec's own.
+func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
+	if sh.Updated.After(rec.Updated) {
+		if sh.LearnedDelay > 0 {
+			rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
+		}
+		if sh.PaceInterval > 0 {
+			rec.PaceInterval, rec.PaceBase = sh.PaceInterval, sh.PaceBase
+		}
+		rec.Greylists = rec.Greylists || sh.Greylists
+		if sh.LastGreylisted.After(rec.LastGreylisted) {
+			rec.LastGreylisted = sh.LastGreylisted
+		}
+		rec.ThrottleLevel = sh.ThrottleLevel
+		if sh.LastReply.Code != 0 {
+			rec.LastReply = sh.LastReply
+		}
+	}
+	if sh.ThrottledUntil.After(rec.ThrottledUntil) && sh.ThrottledUntil.After(now) {
+		rec.ThrottledUntil = sh.ThrottledUntil
+		rec.ThrottleLevel = max(rec.ThrottleLevel, sh.ThrottleLevel)
+	}
+	for addr, until := range sh.DeadHosts {
+		if until.After(now) && until.After(rec.DeadHosts[addr]) {
+			markDead(rec, addr, until)
+		}
+	}
+}
+
+// loadShared merges the shared view of d's domain into d.rec and the
+// scheduler's throttle copy.
+func (e *Engine) loadShared(d *dest) {
+	if e.opt.Shared == nil {
+		return
+	}
+	sh, ok := e.opt.Shared.Load(d.name)
+	if !ok {
+		return
+	}
+	now := e.now()
+	d.mu.Lock()
+	adoptShared(&d.rec, sh, now)
+	rec := d.rec
+	d.mu.Unlock()
+	e.mu.Lock()
+	d.throttle.Level, d.throttle.Until = rec.ThrottleLevel, rec.ThrottledUntil
+	e.mu.Unlock()
+}
+
+// takeSlot is a worker's first step with other nodes: it refreshes d's
+// shared knowledge and takes a cluster-wide connection slot (one of
+// delivery.max_per_destination, or 1 while the domain throttles us). When
+// none is free, the domain gets no worker for leaseRetry.
+func (e *Engine) takeSlot(d *dest) (release func(), ok bool) {
+	if e.opt.Shared == nil {
+		return func() {}, true
+	}
+	e.loadShared(d)
+	e.mu.Lock()
+	limit := d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination)
+	e.mu.Unlock()
+	release, ok = e.opt.Shared.Acquire(d.name, limit)
+	if ok {
+		return release, true
+	}
+	e.mu.Lock()
+	d.slotWait = e.now().Add(leaseRetry)
+	e.mu.Unlock()
+	time.AfterFunc(leaseRetry, e.Kick)
+	return nil, false
+}
