@@ -171,16 +171,7 @@ func runDamaged(t *testing.T, r *peers.Relay) (string, int) {
 // standing for `systemctl start greyrelay`.
 func runSalvageRecipe(t *testing.T, r *peers.Relay, dbPath string, start func()) {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, ok := strings.Cut(string(readme), "### A damaged queue file")
-	_, block, ok2 := strings.Cut(after, "```sh\n")
-	block, _, ok3 := strings.Cut(block, "```")
-	if !ok || !ok2 || !ok3 {
-		t.Fatal("README.md has no salvage recipe under \"A damaged queue file\"")
-	}
+	block := recipeBlocks(t, "TestDamagedQueueSalvage")[0].Text
 	bin := t.TempDir()
 	if err := os.Symlink(peers.Binary(t), filepath.Join(bin, "greyrelay")); err != nil {
 		t.Fatal(err)
