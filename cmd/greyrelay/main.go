@@ -81,6 +81,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return dkimCmd(rest, stdout, stderr)
 	case "cluster":
 		return clusterCmd(rest, stdout, stderr)
+	case "tls-report":
+		return tlsReportCmd(rest, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "greyrelay", version())
 		return nil
@@ -159,6 +161,8 @@ const usage = `usage:
   greyrelay health [-config FILE]
   greyrelay cluster status [-config FILE] [-json]
                                         the nodes registered in cluster.redis (name, admin URL, queue)
+  greyrelay tls-report send [-config FILE]
+                                        send the TLS reports (RFC 8460) of what was counted so far
   greyrelay version
   greyrelay help | -h                   this list
 

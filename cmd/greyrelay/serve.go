@@ -153,6 +153,7 @@ type relayParts struct {
 	engine *delivery.Engine
 	admin  *admin.Server
 	policy *tlspolicy.Checker // nil without DANE and MTA-STS
+	report *tlsReports        // nil without tls_reporting
 }
 
 // runRelay runs the relay until ctx ends. checkQueue makes the queue
@@ -201,20 +202,24 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		defer shared.Close()
 		go reportQueued(ctx, q, shared)
 	}
-	if p.engine, p.policy, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
+	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
 		return err
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
 		return err
 	}
-	p.admin, err = admin.New(admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
+	aopt := admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
 		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")
 			}
 			return nil
-		}})
+		}}
+	if p.report != nil {
+		aopt.TLSReport = p.report.adminFunc()
+	}
+	p.admin, err = admin.New(aopt)
 	if err != nil {
 		return err
 	}
@@ -232,6 +237,9 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	go func() { engineDone <- p.engine.Run(engineCtx) }()
 	if p.policy != nil {
 		go refreshPolicies(engineCtx, p.policy, log)
+	}
+	if p.report != nil {
+		go p.report.run(engineCtx)
 	}
 	if err := p.smtp.Start(); err != nil {
 		stopEngine()
@@ -332,22 +340,26 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	}
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, *tlsReports, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	router, err := newRouter(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	d4, d6, err := dialers(cfg.Delivery)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	policy, err := newTLSPolicy(cfg, router, q)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	report, err := newTLSReports(cfg, router, q, log)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	opt := delivery.Options{Config: cfg, Queue: q, Classifier: cl, Router: router,
 		Dialer4: d4, Dialer6: d6, TLSConfig: &tls.Config{}, Logger: log, Metrics: m,
@@ -358,8 +370,11 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if c != nil { // a nil *cluster.Cluster in the interface would not be nil
 		opt.Shared = c
 	}
+	if report != nil {
+		opt.TLSReport = report.agg
+	}
 	e, err := delivery.New(opt)
-	return e, policy, err
+	return e, policy, report, err
 }
 
 func newRouter(cfg *config.Config) (*mx.Router, error) {

@@ -130,6 +130,9 @@ type Options struct {
 	// Nodes, when set, lists the cluster's registered nodes: the status
 	// page then shows each node's queue, asked from its admin API.
 	Nodes func(ctx context.Context) ([]ClusterNode, error)
+	// TLSReport, when set, is exposed as POST /api/tls-report/send: it
+	// sends the TLS reports (RFC 8460) of everything counted so far.
+	TLSReport func(ctx context.Context) (any, error)
 }
 
 // Server is the admin HTTP server.
@@ -226,6 +229,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /api/destinations/forget", s.forget)
 	if s.opt.Probe != nil {
 		mux.HandleFunc("GET /api/probe", s.probe)
+	}
+	if s.opt.TLSReport != nil {
+		mux.HandleFunc("POST /api/tls-report/send", s.tlsReport)
 	}
 	return s.guard(s.auth(mux))
 }

@@ -81,6 +81,7 @@ type Config struct {
 	Probe           Probe        `yaml:"probe"`
 	DKIM            DKIM         `yaml:"dkim"`
 	Events          Events       `yaml:"events"`
+	TLSReporting    TLSReporting `yaml:"tls_reporting"`
 	Cluster         Cluster      `yaml:"cluster"`
 
 	warnings []string // what Load changed or ignored (Warnings)
@@ -280,6 +281,15 @@ type DKIMSelector struct {
 	Selector  string `yaml:"selector"`
 	KeyFile   string `yaml:"key_file"`
 	Algorithm string `yaml:"algorithm"` // rsa-sha256 | ed25519-sha256; "": the key's own
+}
+
+// TLSReporting configures SMTP TLS reports (RFC 8460, relay/tlsrpt).
+type TLSReporting struct {
+	Enabled      bool          `yaml:"enabled"`
+	Organization string        `yaml:"organization"` // "": the hostname
+	Contact      string        `yaml:"contact"`      // "": the postmaster
+	From         string        `yaml:"from"`         // "": noreply-tlsrpt@hostname
+	Timeout      time.Duration `yaml:"timeout"`
 }
 
 // Events configures the delivery events for applications (relay/events).

@@ -48,6 +48,7 @@ func (c *Config) Validate() error {
 	v.positive("dsn.max_per_sender_per_hour", int64(c.DSN.MaxPerSenderPerHour))
 	v.dkim(c.DKIM)
 	v.events(c.Events)
+	v.tlsReporting(c.TLSReporting)
 	v.cluster(c.Cluster)
 	return errors.Join(v.errs...)
 }
@@ -287,5 +288,13 @@ func (v *validator) dkim(d DKIM) {
 				v.check(false, "%s.key_file: %v", sk, err)
 			}
 		}
+	}
+}
+
+func (v *validator) tlsReporting(t TLSReporting) {
+	v.positive("tls_reporting.timeout", int64(t.Timeout))
+	if t.From != "" {
+		_, err := address.Parse(t.From, address.Options{})
+		v.check(err == nil, "tls_reporting.from: %q is not an address (user@domain): %v", t.From, err)
 	}
 }

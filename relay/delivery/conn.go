@@ -12,6 +12,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 // maxTargets bounds the addresses one attempt dials (chasquid tries five
@@ -36,6 +37,7 @@ type target struct {
 	tlsConfig     *tls.Config
 	policy        string
 	authenticated bool
+	report        tlsrpt.Policy // the policy as TLS reports name it; Domain "" when not reported
 }
 
 func (t target) addrString() string {

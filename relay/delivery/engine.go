@@ -70,6 +70,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 // Options are the engine's dependencies. Config, Queue, Classifier, Router,
@@ -86,6 +87,9 @@ type Options struct {
 	TLSConfig        *tls.Config // base TLS settings (roots); ServerName is set per host
 	// TLSPolicy, if set, applies DANE and MTA-STS to MX delivery.
 	TLSPolicy TLSPolicy
+	// TLSReport, if set, counts each TLS session under a policy for the
+	// TLS reports of RFC 8460 (relay/tlsrpt).
+	TLSReport *tlsrpt.Aggregator
 	Logger    *zap.Logger
 	Metrics   *metrics.Metrics
 	Now       func() time.Time

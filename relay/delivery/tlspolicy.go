@@ -3,12 +3,15 @@ package delivery
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
+	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 // TLSPolicy decides the TLS a destination's MX hosts require (DANE,
@@ -76,6 +79,7 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 			t.policy = labelTLSOptional
 		case r.Refuse != nil:
 			transient, a.tried.policy = r.Refuse, r.Label
+			e.reportRefusal(reportPolicy(dec, t.host, r.Label), t, r)
 			e.m.TLSPolicy.WithLabelValues(r.Label, "refused").Inc()
 			continue
 		case msg.RequireTLS && !r.Authenticated:
@@ -85,6 +89,7 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 				t.tls = r.Mode
 			}
 			t.tlsConfig, t.authenticated = r.Config, r.Authenticated
+			t.report = reportPolicy(dec, t.host, r.Label)
 		}
 		out = append(out, t)
 	}
@@ -128,7 +133,55 @@ func (e *Engine) countTLSPolicy(t target, err error) {
 	switch {
 	case err == nil:
 		e.m.TLSPolicy.WithLabelValues(t.policy, "ok").Inc()
+		if e.opt.TLSReport != nil {
+			e.opt.TLSReport.Success(t.report, e.now())
+		}
 	case errors.As(err, &te):
 		e.m.TLSPolicy.WithLabelValues(t.policy, "failed").Inc()
+		if e.opt.TLSReport != nil {
+			e.opt.TLSReport.Failure(t.report, tlsrpt.Failure{ResultType: tlsrpt.ResultType(t.report.Type, err),
+				MXHost: t.host, ReceivingIP: t.addrString()}, e.now())
+		}
 	}
+}
+
+// reportRefusal counts a host the policy refused before any connection: a
+// failed DNSSEC lookup (RFC 8460 §4.3.2.1 dnssec-invalid) or an MX that
+// an enforced MTA-STS policy does not list (§4.3.2.2 validation-failure).
+func (e *Engine) reportRefusal(p tlsrpt.Policy, t target, r tlspolicy.Rule) {
+	if e.opt.TLSReport == nil {
+		return
+	}
+	rt := tlsrpt.ResultValidationFailure
+	if r.Label == tlspolicy.LabelDANE {
+		rt = tlsrpt.ResultDNSSECInvalid
+	}
+	e.opt.TLSReport.Failure(p, tlsrpt.Failure{ResultType: rt, MXHost: t.host, ReceivingIP: t.addrString()}, e.now())
+}
+
+// reportPolicy describes, for TLS reports, the policy host was held to
+// (RFC 8460 §4.4: the TLSA records of the host, or the MTA-STS policy).
+func reportPolicy(dec tlspolicy.Decision, host, label string) tlsrpt.Policy {
+	p := tlsrpt.Policy{Type: tlsrpt.TypeNoPolicy, Domain: dec.Domain}
+	switch label {
+	case tlspolicy.LabelDANE, tlspolicy.LabelDANEOnly:
+		p.Type, p.MXHosts = tlsrpt.TypeTLSA, []string{host}
+		for _, hd := range dec.DANE {
+			if strings.EqualFold(hd.Host, host) {
+				for _, rec := range hd.Records {
+					p.Strings = append(p.Strings, rec.String())
+				}
+			}
+		}
+	case tlspolicy.LabelSTS, tlspolicy.LabelSTSTesting:
+		if dec.STS != nil {
+			p.Type, p.MXHosts = tlsrpt.TypeSTS, dec.STS.MX
+			p.Strings = append(p.Strings, "version: STSv1", "mode: "+dec.STS.Mode)
+			for _, m := range dec.STS.MX {
+				p.Strings = append(p.Strings, "mx: "+m)
+			}
+			p.Strings = append(p.Strings, fmt.Sprintf("max_age: %d", dec.STS.MaxAge))
+		}
+	}
+	return p
 }

@@ -82,6 +82,10 @@ func (c *Client) cmd(ctx context.Context, stage classifier.Stage, line string) (
 }
 
 // startTLS applies the TLS policy (RFC 3207).
+// ErrNoSTARTTLS: the server did not offer STARTTLS although the TLS policy
+// requires it (TLS reporting names this starttls-not-supported).
+var ErrNoSTARTTLS = errors.New("STARTTLS not offered")
+
 func (c *Client) startTLS(ctx context.Context) error {
 	offered, _ := c.Extension("STARTTLS")
 	required := c.opt.TLS == TLSEncrypt || c.opt.TLS == TLSVerify
@@ -92,7 +96,7 @@ func (c *Client) startTLS(ctx context.Context) error {
 		// Possibly stripped by a man in the middle; the policy forbids
 		// plaintext, so this is a deferral, never a fallback.
 		c.quietQuit(classifier.StageSTARTTLS)
-		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{Err: errors.New("STARTTLS not offered, but TLS policy is " + string(c.opt.TLS))}}
+		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{Err: fmt.Errorf("%w, but TLS policy is %s", ErrNoSTARTTLS, c.opt.TLS)}}
 	}
 	r, _, err := c.cmd(ctx, classifier.StageSTARTTLS, "STARTTLS")
 	if err != nil {

@@ -1,0 +1,129 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
+	"github.com/greyrelay/greyrelay/relay/tlsrpt"
+)
+
+// tlsReports counts TLS sessions and sends the reports (RFC 8460).
+type tlsReports struct {
+	agg    *tlsrpt.Aggregator
+	sender *tlsrpt.Sender
+	log    *zap.Logger
+	mu     sync.Mutex // one send at a time: the daily one or the operator's
+}
+
+// queueReports enqueues mailed reports. They are marked as DSNs so that
+// an undeliverable report is dropped rather than bounced to our own
+// reporting address.
+type queueReports struct{ q *queue.Queue }
+
+// EnqueueReport implements tlsrpt.Enqueuer.
+func (r queueReports) EnqueueReport(m tlsrpt.Mail) error {
+	nm := queue.NewMessage{From: m.From, Body: m.Body, Arrival: time.Now(), DSN: true}
+	for _, to := range m.To {
+		_, dom, _ := strings.Cut(to, "@")
+		nm.To = append(nm.To, queue.NewRecipient{Addr: to, Domain: strings.ToLower(dom)})
+	}
+	_, err := r.q.Enqueue(nm)
+	return err
+}
+
+// newTLSReports builds the TLS reporting of cfg, or nil when it is off.
+func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *zap.Logger) (*tlsReports, error) {
+	t := cfg.TLSReporting
+	if !t.Enabled {
+		return nil, nil
+	}
+	roots, err := tlspolicy.Roots(cfg.Delivery.TLSCAFile)
+	if err != nil {
+		return nil, errors.New("delivery." + err.Error())
+	}
+	sub := tlsrpt.Submitter{Organization: t.Organization, Contact: t.Contact, Host: cfg.Hostname}
+	if sub.Organization == "" {
+		sub.Organization = cfg.Hostname
+	}
+	if sub.Contact == "" {
+		sub.Contact = cfg.Postmaster
+	}
+	if sub.Contact == "" {
+		sub.Contact = "postmaster@" + cfg.Hostname
+	}
+	from := t.From
+	if from == "" {
+		from = "noreply-tlsrpt@" + cfg.Hostname
+	}
+	// RFC 8460 §5.2: the POST goes to the rua as published, over TLS
+	// verified with the relay's roots, bounded in time; no redirects.
+	hc := &http.Client{Timeout: t.Timeout,
+		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Proxy: nil},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &tlsReports{agg: tlsrpt.NewAggregator(), log: log, sender: &tlsrpt.Sender{
+		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}, nil
+}
+
+// send sends the reports of the finished days, or of everything counted
+// when all is set.
+func (r *tlsReports) send(ctx context.Context, all bool) []tlsrpt.Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	res := r.sender.Send(ctx, r.agg.Take(now, all), now)
+	for _, x := range res {
+		r.log.Info("TLS report", zap.String("domain", x.Domain), zap.Strings("sent", x.Sent), zap.Strings("errors", x.Errors))
+	}
+	return res
+}
+
+// run sends each day's reports shortly after the UTC day ends, until ctx ends.
+func (r *tlsReports) run(ctx context.Context) {
+	t := time.NewTicker(time.Hour) // Take hands out only finished days
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.send(ctx, false)
+		}
+	}
+}
+
+// adminFunc is the admin API's POST /api/tls-report/send.
+func (r *tlsReports) adminFunc() func(context.Context) (any, error) {
+	return func(ctx context.Context) (any, error) {
+		res := r.send(ctx, true)
+		if res == nil {
+			res = []tlsrpt.Result{}
+		}
+		return res, nil
+	}
+}
+
+// tlsReportCmd runs `greyrelay tls-report send`.
+func tlsReportCmd(args []string, stdout, stderr io.Writer) error {
+	c, rest, err := clientFor(args, stderr)
+	if err != nil {
+		return err
+	}
+	if len(rest) != 1 || rest[0] != "send" {
+		return &exitError{2, errors.New("usage: greyrelay tls-report send [-config FILE]")}
+	}
+	return admin.RunTLSReport(rest, c, stdout)
+}

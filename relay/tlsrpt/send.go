@@ -1,0 +1,187 @@
+package tlsrpt
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
+)
+
+// TXTResolver finds TXT records (mx.Resolver fits).
+type TXTResolver interface {
+	LookupTXT(ctx context.Context, name string) ([]string, error)
+}
+
+// Mail is a report to be sent by mail through the relay's own queue.
+type Mail struct {
+	From string   // envelope sender
+	To   []string // envelope recipients
+	Body []byte   // the whole message, CRLF lines
+}
+
+// Enqueuer puts a generated message into the relay's queue.
+type Enqueuer interface {
+	EnqueueReport(m Mail) error
+}
+
+// Sender delivers the reports of an Aggregator.
+type Sender struct {
+	Submitter Submitter
+	From      string       // the reports' From and envelope sender
+	TXT       TXTResolver  // for "_smtp._tls" records
+	Queue     Enqueuer     // mailto: reports
+	HTTP      *http.Client // https: reports; it must have a timeout
+	Rand      io.Reader    // for MIME boundaries
+}
+
+// Result says what became of the report of one domain.
+type Result struct {
+	Domain string   `json:"domain"`
+	Sent   []string `json:"sent,omitempty"`   // the rua URIs the report went to
+	Errors []string `json:"errors,omitempty"` // why a rua, or the domain, got nothing
+}
+
+// Send sends the report of each day, and returns one Result per day.
+func (s *Sender) Send(ctx context.Context, days []Day, now time.Time) []Result {
+	var out []Result
+	for _, d := range days {
+		out = append(out, s.sendDay(ctx, d, now))
+	}
+	return out
+}
+
+func (s *Sender) sendDay(ctx context.Context, d Day, now time.Time) Result {
+	res := Result{Domain: d.Domain}
+	ruas, err := s.lookup(ctx, d.Domain)
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+		return res
+	}
+	r := BuildReport(s.Submitter, d)
+	gz, err := r.Gzip()
+	if err != nil {
+		res.Errors = append(res.Errors, err.Error())
+		return res
+	}
+	for _, u := range ruas {
+		var err error
+		if u.Scheme == "mailto" {
+			err = s.mail(u, d, r, gz, now)
+		} else {
+			err = s.post(ctx, u, gz)
+		}
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", u, err))
+			continue
+		}
+		res.Sent = append(res.Sent, u.String())
+	}
+	return res
+}
+
+// lookup returns the rua of domain's single TLSRPT record (RFC 8460 §3:
+// none, or more than one, means no reports).
+func (s *Sender) lookup(ctx context.Context, domain string) ([]*url.URL, error) {
+	txts, err := s.TXT.LookupTXT(ctx, "_smtp._tls."+domain)
+	if err != nil {
+		return nil, fmt.Errorf("_smtp._tls.%s: %w", domain, err)
+	}
+	var recs []string
+	for _, t := range txts {
+		if strings.HasPrefix(t, "v=TLSRPTv1") {
+			recs = append(recs, t)
+		}
+	}
+	if len(recs) != 1 {
+		return nil, fmt.Errorf("_smtp._tls.%s: %d TLSRPT records, want 1", domain, len(recs))
+	}
+	return tlspolicy.ParseTLSRPT(recs[0])
+}
+
+// post sends gz to an https: rua (RFC 8460 §5.2). A 2xx answer is success.
+func (s *Sender) post(ctx context.Context, u *url.URL, gz []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(gz))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/tlsrpt+gzip")
+	resp, err := s.HTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// mail enqueues the report for a mailto: rua (RFC 8460 §5.3).
+func (s *Sender) mail(u *url.URL, d Day, r Report, gz []byte, now time.Time) error {
+	to, err := url.PathUnescape(u.Opaque)
+	if err != nil {
+		return err
+	}
+	to, _, _ = strings.Cut(to, "?") // RFC 6068 header fields are not used
+	if !strings.Contains(to, "@") {
+		return errors.New("no address")
+	}
+	body, err := s.Message(to, d, r, gz, now)
+	if err != nil {
+		return err
+	}
+	return s.Queue.EnqueueReport(Mail{From: s.From, To: []string{to}, Body: body})
+}
+
+// Message builds the report mail of RFC 8460 §5.3: multipart/report with
+// report-type "tlsrpt", a text part, and the gzip report as an
+// application/tlsrpt+gzip attachment.
+func (s *Sender) Message(to string, d Day, r Report, gz []byte, now time.Time) ([]byte, error) {
+	var rb [12]byte
+	if _, err := io.ReadFull(s.Rand, rb[:]); err != nil {
+		return nil, fmt.Errorf("tls report: %w", err)
+	}
+	boundary := fmt.Sprintf("tlsrpt-%x", rb)
+	name := fmt.Sprintf("%s!%s!%d!%d.json.gz", s.Submitter.Host, d.Domain, d.Start.Unix(), d.End.Unix()) // §5.3 file name
+	var b strings.Builder
+	h := func(k, v string) { b.WriteString(k + ": " + v + "\r\n") }
+	h("From", s.From)
+	h("To", to)
+	h("Date", now.UTC().Format(time.RFC1123Z))
+	h("Message-ID", "<"+r.ReportID+">")
+	// §5.3: the subject names the domain, the submitter and the report id.
+	h("Subject", fmt.Sprintf("Report Domain: %s Submitter: %s Report-ID: <%s>", d.Domain, s.Submitter.Host, r.ReportID))
+	h("TLS-Report-Domain", d.Domain)
+	h("TLS-Report-Submitter", s.Submitter.Host)
+	h("MIME-Version", "1.0")
+	h("Content-Type", mime.FormatMediaType("multipart/report", map[string]string{"report-type": "tlsrpt", "boundary": boundary}))
+	b.WriteString("\r\n")
+	b.WriteString("--" + boundary + "\r\n")
+	h("Content-Type", "text/plain; charset=us-ascii")
+	b.WriteString("\r\n")
+	fmt.Fprintf(&b, "This is an aggregate TLS report from %s for %s, %s to %s (RFC 8460).\r\n\r\n",
+		s.Submitter.Host, d.Domain, d.Start.UTC().Format(time.RFC3339), d.End.UTC().Format(time.RFC3339))
+	b.WriteString("--" + boundary + "\r\n")
+	h("Content-Type", "application/tlsrpt+gzip")
+	h("Content-Transfer-Encoding", "base64")
+	h("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": name}))
+	b.WriteString("\r\n")
+	enc := base64.StdEncoding.EncodeToString(gz)
+	for len(enc) > 76 {
+		b.WriteString(enc[:76] + "\r\n")
+		enc = enc[76:]
+	}
+	b.WriteString(enc + "\r\n")
+	b.WriteString("--" + boundary + "--\r\n")
+	return []byte(b.String()), nil
+}
