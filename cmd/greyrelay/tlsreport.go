@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -72,10 +74,35 @@ func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *z
 	// RFC 8460 §5.2: the POST goes to the rua as published, over TLS
 	// verified with the relay's roots, bounded in time; no redirects.
 	hc := &http.Client{Timeout: t.Timeout,
-		Transport:     &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Proxy: nil},
+		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Proxy: nil,
+			DialContext: resolverDial(router.Resolver), DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	return &tlsReports{agg: tlsrpt.NewAggregator(), log: log, sender: &tlsrpt.Sender{
 		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}, nil
+}
+
+// resolverDial dials the report host through the relay's resolver (the one
+// that found the rua), not the system's.
+func resolverDial(r mx.Resolver) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, _, addr string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		addrs, err := r.LookupAddrs(ctx, host, true, true)
+		if err != nil {
+			return nil, err
+		}
+		var d net.Dialer
+		err = fmt.Errorf("report host %s: no address", host)
+		for _, a := range addrs {
+			var c net.Conn
+			if c, err = d.DialContext(ctx, "tcp", net.JoinHostPort(a.String(), port)); err == nil {
+				return c, nil
+			}
+		}
+		return nil, err
+	}
 }
 
 // send sends the reports of the finished days, or of everything counted

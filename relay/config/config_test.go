@@ -200,6 +200,8 @@ func TestValidate_Refusals(t *testing.T) {
 		{"zero ipv6 prefix", "limits:\n  ipv6_prefix_length: 0\n", "limits.ipv6_prefix_length"},
 		{"long ipv6 prefix", "limits:\n  ipv6_prefix_length: 129\n", "limits.ipv6_prefix_length"},
 		{"bad postmaster", "postmaster: \"root\"\n", "postmaster"},
+		{"bad tls report sender", "tls_reporting:\n  from: \"tlsrpt\"\n", "tls_reporting.from"},
+		{"zero tls report timeout", "tls_reporting:\n  timeout: 0s\n", "tls_reporting.timeout"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
