@@ -8,8 +8,8 @@ import (
 )
 
 // ParseTLSRPT parses a "_smtp._tls" TXT record (RFC 8460 §3) and returns
-// its rua destinations: mailto: and https: URIs, in order. It is the first
-// step of TLS reporting; greyrelay does not send reports yet.
+// its rua destinations: mailto: and https: URIs, in order; relay/tlsrpt sends
+// the reports there.
 func ParseTLSRPT(txt string) ([]*url.URL, error) {
 	fields := strings.Split(txt, ";")
 	if strings.TrimSpace(fields[0]) != "v=TLSRPTv1" {
