@@ -123,7 +123,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		}
 		a.tried = t
 		c, err := e.dial(ctx, t, rt.Kind)
-		e.countTLSPolicy(t, err)
+		e.countTLSPolicy(t, c, err)
 		if ctx.Err() != nil {
 			if c != nil {
 				_ = c.Close()

@@ -124,8 +124,10 @@ func requireTLSConfigured(ts []target, msg queue.Message) ([]target, error) {
 	return out, nil
 }
 
-// countTLSPolicy counts a dial's outcome under its target's policy.
-func (e *Engine) countTLSPolicy(t target, err error) {
+// countTLSPolicy counts a dial's outcome under its target's policy. A
+// session without a policy that stayed in plaintext is no TLS session and
+// is not reported (RFC 8460 §4.4 counts TLS sessions).
+func (e *Engine) countTLSPolicy(t target, c *smtpclient.Client, err error) {
 	if t.policy == "" {
 		return
 	}
@@ -133,7 +135,7 @@ func (e *Engine) countTLSPolicy(t target, err error) {
 	switch {
 	case err == nil:
 		e.m.TLSPolicy.WithLabelValues(t.policy, "ok").Inc()
-		if e.opt.TLSReport != nil {
+		if e.opt.TLSReport != nil && c != nil && isTLS(c) {
 			e.opt.TLSReport.Success(t.report, e.now())
 		}
 	case errors.As(err, &te):
@@ -184,4 +186,10 @@ func reportPolicy(dec tlspolicy.Decision, host, label string) tlsrpt.Policy {
 		}
 	}
 	return p
+}
+
+// isTLS reports whether the session runs under TLS.
+func isTLS(c *smtpclient.Client) bool {
+	_, ok := c.TLS()
+	return ok
 }

@@ -41,7 +41,7 @@ func TestAggregatorTake(t *testing.T) {
 	a.Failure(sts, bad, day1.Add(3*time.Hour))
 	a.Failure(sts, bad, day1.Add(4*time.Hour))
 	a.Success(dane, day1.Add(5*time.Hour))
-	a.Success(dane, day1.Add(25*time.Hour)) // the next day
+	a.Success(dane, day1.Add(25*time.Hour))     // the next day
 	a.Success(Policy{Type: TypeNoPolicy}, day1) // no domain: not counted
 
 	tests := []struct {
