@@ -96,7 +96,7 @@ func reportFromMail(t *testing.T, data []byte) (string, tlsReport) {
 
 // TestTLSReport delivers under MTA-STS policies to a real Postfix: one
 // domain whose MX certificate is valid, one whose MX certificate is not
-// valid for its name. `greyrelay tls-report send` then sends each domain
+// valid for its name, one whose MX the policy does not list. `greyrelay tls-report send` then sends each domain
 // its RFC 8460 report: by mail, through the relay's own queue, to the sink
 // that is the MX of the rua's domain, and by HTTPS POST to a report server
 // the relay trusts through delivery.tls_ca_file.
@@ -107,8 +107,9 @@ func TestTLSReport(t *testing.T) {
 	mxIP, policyIP, postIP := n.host(""), n.host(""), n.host("")
 	mxCert := peers.NewCert(t, "mx.ok.test")
 	policies := map[string]string{
-		"ok.test":      "version: STSv1\r\nmode: enforce\r\nmx: mx.ok.test\r\nmax_age: 86400\r\n",
-		"badcert.test": "version: STSv1\r\nmode: enforce\r\nmx: *.badcert.test\r\nmax_age: 86400\r\n",
+		"ok.test":       "version: STSv1\r\nmode: enforce\r\nmx: mx.ok.test\r\nmax_age: 86400\r\n",
+		"badcert.test":  "version: STSv1\r\nmode: enforce\r\nmx: *.badcert.test\r\nmax_age: 86400\r\n",
+		"unlisted.test": "version: STSv1\r\nmode: enforce\r\nmx: other.unlisted.test\r\nmax_age: 86400\r\n",
 	}
 	for dom := range policies {
 		n.dns.MX(dom, 10, "mx."+dom).A("mx."+dom, mxIP).A("mta-sts."+dom, policyIP).
@@ -118,6 +119,7 @@ func TestTLSReport(t *testing.T) {
 	n.dns.A("tlsrpt.reports.test", postIP)
 	n.dns.TXT("_smtp._tls.ok.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test,https://tlsrpt.reports.test:"+strconv.Itoa(postPort)+"/v1")
 	n.dns.TXT("_smtp._tls.badcert.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
+	n.dns.TXT("_smtp._tls.unlisted.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
 	stsCert := stsServer(t, policyIP, policies)
 	posts := reportServer(t, net.JoinHostPort(postIP, strconv.Itoa(postPort)))
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
@@ -129,20 +131,22 @@ func TestTLSReport(t *testing.T) {
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx.ok.test", ServerCert: mxCert, DeliverTo: final.Addr,
-		RelayDomains: []string{"ok.test", "badcert.test"}})
+		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test"}})
 	r := n.relay("delivery.mta_sts=true", "delivery.tls_ca_file="+caFile,
 		"tls_reporting.enabled=true", "tls_reporting.organization=Relay Test", "postmaster=pm@relay.test")
 
 	ok := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@ok.test"}, Data: message("a@src.test", "u@ok.test", "ok")})
 	bad := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@badcert.test"}, Data: message("a@src.test", "u@badcert.test", "bad")})
+	unlisted := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@unlisted.test"}, Data: message("a@src.test", "u@unlisted.test", "unlisted")})
 	r.waitAttempts(ok, "delivered", 60*time.Second)
 	r.waitAttempts(bad, "deferred", 60*time.Second)
+	r.waitAttempts(unlisted, "deferred", 60*time.Second)
 	if res := r.cli("tls-report", "send"); res.Code != 0 || !strings.Contains(res.Stdout, "ok.test") {
 		t.Fatalf("tls-report send: %s", res)
 	}
 
 	reports := map[string]tlsReport{}
-	for _, m := range sink.WaitFor(t, 2, 60*time.Second) {
+	for _, m := range sink.WaitFor(t, 3, 60*time.Second) {
 		if len(m.Rcpts) != 1 || m.Rcpts[0] != "tlsrpt@reports.test" {
 			t.Errorf("report sent to %v", m.Rcpts)
 		}
@@ -172,6 +176,7 @@ func TestTLSReport(t *testing.T) {
 	}
 	check("ok.test", reports["ok.test"], "")
 	check("badcert.test", reports["badcert.test"], "certificate-host-mismatch")
+	check("unlisted.test", reports["unlisted.test"], "validation-failure") // refused before any connection
 	select {
 	case p := <-posts.got:
 		if p.contentType != "application/tlsrpt+gzip" {
