@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
@@ -96,7 +97,8 @@ func reportFromMail(t *testing.T, data []byte) (string, tlsReport) {
 
 // TestTLSReport delivers under MTA-STS policies to a real Postfix: one
 // domain whose MX certificate is valid, one whose MX certificate is not
-// valid for its name, one whose MX the policy does not list. `greyrelay tls-report send` then sends each domain
+// valid for its name, one whose MX the policy does not list, one whose
+// policy host's certificate is not valid (the policy fetch fails). `greyrelay tls-report send` then sends each domain
 // its RFC 8460 report: by mail, through the relay's own queue, to the sink
 // that is the MX of the rua's domain, and by HTTPS POST to a report server
 // the relay trusts through delivery.tls_ca_file.
@@ -120,6 +122,9 @@ func TestTLSReport(t *testing.T) {
 	n.dns.TXT("_smtp._tls.ok.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test,https://tlsrpt.reports.test:"+strconv.Itoa(postPort)+"/v1")
 	n.dns.TXT("_smtp._tls.badcert.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
 	n.dns.TXT("_smtp._tls.unlisted.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
+	// A policy announced, but its host's certificate is for other names.
+	n.dns.MX("nopolicy.test", 10, "mx.nopolicy.test").A("mx.nopolicy.test", mxIP).A("mta-sts.nopolicy.test", policyIP).
+		TXT("_mta-sts.nopolicy.test", "v=STSv1; id=1;").TXT("_smtp._tls.nopolicy.test", "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
 	stsCert := stsServer(t, policyIP, policies)
 	posts := reportServer(t, net.JoinHostPort(postIP, strconv.Itoa(postPort)))
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
@@ -131,14 +136,16 @@ func TestTLSReport(t *testing.T) {
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx.ok.test", ServerCert: mxCert, DeliverTo: final.Addr,
-		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test"}})
+		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test", "nopolicy.test"}})
 	r := n.relay("delivery.mta_sts=true", "delivery.tls_ca_file="+caFile,
 		"tls_reporting.enabled=true", "tls_reporting.organization=Relay Test", "postmaster=pm@relay.test")
 
 	ok := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@ok.test"}, Data: message("a@src.test", "u@ok.test", "ok")})
 	bad := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@badcert.test"}, Data: message("a@src.test", "u@badcert.test", "bad")})
 	unlisted := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@unlisted.test"}, Data: message("a@src.test", "u@unlisted.test", "unlisted")})
+	nopolicy := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@nopolicy.test"}, Data: message("a@src.test", "u@nopolicy.test", "nopolicy")})
 	r.waitAttempts(ok, "delivered", 60*time.Second)
+	r.waitAttempts(nopolicy, "delivered", 60*time.Second)
 	r.waitAttempts(bad, "deferred", 60*time.Second)
 	r.waitAttempts(unlisted, "deferred", 60*time.Second)
 	if res := r.cli("tls-report", "send"); res.Code != 0 || !strings.Contains(res.Stdout, "ok.test") {
@@ -146,7 +153,7 @@ func TestTLSReport(t *testing.T) {
 	}
 
 	reports := map[string]tlsReport{}
-	for _, m := range sink.WaitFor(t, 3, 60*time.Second) {
+	for _, m := range sink.WaitFor(t, 4, 60*time.Second) {
 		if len(m.Rcpts) != 1 || m.Rcpts[0] != "tlsrpt@reports.test" {
 			t.Errorf("report sent to %v", m.Rcpts)
 		}
@@ -177,6 +184,19 @@ func TestTLSReport(t *testing.T) {
 	check("ok.test", reports["ok.test"], "")
 	check("badcert.test", reports["badcert.test"], "certificate-host-mismatch")
 	check("unlisted.test", reports["unlisted.test"], "validation-failure") // refused before any connection
+	// nopolicy.test: the policy fetch failed WebPKI validation, and the
+	// message went out under delivery.tls (may), over TLS.
+	got := map[string]string{}
+	for _, p := range reports["nopolicy.test"].Policies {
+		res := ""
+		for _, f := range p.Failures {
+			res += f.Result
+		}
+		got[p.Policy.Type] = fmt.Sprintf("%d/%d %s", p.Summary.OK, p.Summary.Failed, res)
+	}
+	if got["sts"] != "0/1 sts-webpki-invalid" || got["no-policy-found"] != "1/0 " {
+		t.Errorf("nopolicy.test: policies %v, want sts 0/1 sts-webpki-invalid and no-policy-found 1/0", got)
+	}
 	select {
 	case p := <-posts.got:
 		if p.contentType != "application/tlsrpt+gzip" {

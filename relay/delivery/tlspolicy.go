@@ -68,6 +68,7 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 		hosts = append(hosts, h.Host)
 	}
 	dec := e.opt.TLSPolicy.Decide(ctx, rt.Domain, hosts)
+	e.reportSTSError(dec)
 	var transient error
 	for _, t := range ts {
 		r := dec.Rule(t.host)
@@ -145,6 +146,17 @@ func (e *Engine) countTLSPolicy(t target, c *smtpclient.Client, err error) {
 				MXHost: t.host, ReceivingIP: t.addrString()}, e.now())
 		}
 	}
+}
+
+// reportSTSError counts an MTA-STS policy that was announced but could not
+// be had (RFC 8460 §4.3.2.2), once per attempt.
+func (e *Engine) reportSTSError(dec tlspolicy.Decision) {
+	var fe *tlspolicy.FetchError
+	if e.opt.TLSReport == nil || dec.STS != nil || !errors.As(dec.STSErr, &fe) {
+		return
+	}
+	e.opt.TLSReport.Failure(tlsrpt.Policy{Type: tlsrpt.TypeSTS, Domain: dec.Domain},
+		tlsrpt.Failure{ResultType: tlsrpt.STSResultType(fe), AdditionalInfo: fe.Error()}, e.now())
 }
 
 // reportRefusal counts a host the policy refused before any connection: a

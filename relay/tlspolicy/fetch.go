@@ -81,8 +81,36 @@ func NewFetcher(r AddrResolver, roots *x509.CertPool, port int, timeout time.Dur
 		}}}
 }
 
-// Fetch fetches and parses the policy of domain.
+// FetchError is why Fetch found no policy: the fetch failed, or (Invalid)
+// the policy it got does not parse. TLS reports tell these apart
+// (RFC 8460 §4.3.2.2).
+type FetchError struct {
+	Err     error
+	Invalid bool
+}
+
+func (e *FetchError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *FetchError) Unwrap() error { return e.Err }
+
+// Fetch fetches and parses the policy of domain; its errors are
+// *FetchError.
 func (f *Fetcher) Fetch(ctx context.Context, domain string) (STSPolicy, error) {
+	p, err := f.fetch(ctx, domain)
+	if err != nil {
+		var inv *invalidPolicy
+		return p, &FetchError{Err: err, Invalid: errors.As(err, &inv)}
+	}
+	return p, nil
+}
+
+// invalidPolicy marks a policy that was fetched but does not parse.
+type invalidPolicy struct{ error }
+
+func (e invalidPolicy) Unwrap() error { return e.error }
+
+func (f *Fetcher) fetch(ctx context.Context, domain string) (STSPolicy, error) {
 	url := "https://mta-sts." + domain + "/.well-known/mta-sts.txt"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
@@ -107,5 +135,9 @@ func (f *Fetcher) Fetch(ctx context.Context, domain string) (STSPolicy, error) {
 	if len(body) > maxPolicySize {
 		return STSPolicy{}, fmt.Errorf("mta-sts fetch %s: policy larger than %d bytes", url, maxPolicySize)
 	}
-	return ParseSTSPolicy(string(body))
+	p, err := ParseSTSPolicy(string(body))
+	if err != nil {
+		return p, &invalidPolicy{err}
+	}
+	return p, nil
 }

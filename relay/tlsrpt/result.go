@@ -1,6 +1,7 @@
 package tlsrpt
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 
@@ -29,4 +30,20 @@ func ResultType(policyType string, err error) string {
 		return ResultSTARTTLSNotSupported
 	}
 	return ResultValidationFailure
+}
+
+// STSResultType names why no MTA-STS policy could be had (RFC 8460
+// §4.3.2.2): the policy host's certificate failed WebPKI validation, the
+// policy did not parse, or the fetch failed.
+func STSResultType(err *tlspolicy.FetchError) string {
+	var verr *tls.CertificateVerificationError
+	var authErr x509.UnknownAuthorityError
+	var hostErr x509.HostnameError
+	switch {
+	case err.Invalid:
+		return ResultSTSPolicyInvalid
+	case errors.As(err, &verr), errors.As(err, &authErr), errors.As(err, &hostErr):
+		return ResultSTSWebPKIInvalid
+	}
+	return ResultSTSPolicyFetch
 }

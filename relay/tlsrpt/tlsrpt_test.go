@@ -284,3 +284,19 @@ func TestSendHTTPS(t *testing.T) {
 		t.Errorf("untrusted server: Send = %+v, want an error", res)
 	}
 }
+
+func TestSTSResultType(t *testing.T) {
+	tests := []struct {
+		err  *tlspolicy.FetchError
+		want string
+	}{
+		{&tlspolicy.FetchError{Err: errors.New("mta-sts policy: no mx"), Invalid: true}, ResultSTSPolicyInvalid},
+		{&tlspolicy.FetchError{Err: fmt.Errorf("mta-sts fetch: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}})}, ResultSTSWebPKIInvalid},
+		{&tlspolicy.FetchError{Err: errors.New("mta-sts fetch: HTTP 404")}, ResultSTSPolicyFetch},
+	}
+	for _, tc := range tests {
+		if got := STSResultType(tc.err); got != tc.want {
+			t.Errorf("STSResultType(%v) = %s, want %s", tc.err, got, tc.want)
+		}
+	}
+}
