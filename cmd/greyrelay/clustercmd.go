@@ -39,17 +39,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return &exitError{2, errors.New(usage)}
 	}
-	cfg, err := loadConfig(path)
-	if err != nil {
-		return err
-	}
-	if len(cfg.Cluster.Redis.Addresses) == 0 {
-		return &exitError{2, errors.New("cluster.redis.addresses is empty: this node is on its own")}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
-	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
+	nodes, err := clusterNodes(path, "cluster.redis.addresses is empty: this node is on its own")
 	if err != nil {
 		return err
 	}
@@ -77,17 +67,7 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
 	}
-	cfg, err := loadConfig(path)
-	if err != nil {
-		return err
-	}
-	if len(cfg.Cluster.Redis.Addresses) == 0 {
-		return &exitError{2, errors.New("queue list -cluster: cluster.redis.addresses is empty")}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	cluster.RouteRedisLogs(zap.NewNop()) // the error below says it once
-	nodes, err := cluster.ListNodes(ctx, cfg.Cluster.Redis)
+	nodes, err := clusterNodes(path, "queue list -cluster: cluster.redis.addresses is empty")
 	if err != nil {
 		return err
 	}
@@ -115,4 +95,21 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 		return fmt.Errorf("queue list -cluster: no answer from %v", failed)
 	}
 	return nil
+}
+
+// clusterNodes loads the configuration at path and lists the nodes
+// registered in its shared Redis; without cluster.redis it fails with
+// status 2 and the message alone.
+func clusterNodes(path, alone string) ([]cluster.Node, error) {
+	cfg, err := loadConfig(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Cluster.Redis.Addresses) == 0 {
+		return nil, &exitError{2, errors.New(alone)}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cluster.RouteRedisLogs(zap.NewNop()) // the caller's error says it once
+	return cluster.ListNodes(ctx, cfg.Cluster.Redis)
 }
