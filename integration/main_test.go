@@ -324,11 +324,14 @@ func (e logEntry) time(k string) time.Time {
 
 // logEntries parses every JSON line the relay wrote so far; lines that are
 // not JSON (the harness's start markers) are skipped, and any other line
-// that is not JSON fails the test.
+// that is not JSON fails the test. What follows the last newline is a line
+// still being written (the log reaches the harness through a pipe, in
+// pieces) and is left for the next call.
 func (r *testRelay) logEntries() []logEntry {
 	r.t.Helper()
 	var out []logEntry
-	for _, line := range strings.Split(r.Log(), "\n") {
+	lines := strings.Split(r.Log(), "\n")
+	for _, line := range lines[:len(lines)-1] {
 		if line == "" || strings.HasPrefix(line, "--- peers:") {
 			continue
 		}
