@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"net"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestSmarthostAuth: with a smarthost, everything goes there over
@@ -24,17 +24,14 @@ func TestSmarthostAuth(t *testing.T) {
 	})
 	h.cfg.Delivery.Smarthost.Address = net.JoinHostPort("127.0.0.40", strconv.Itoa(h.port))
 	cert := testCert(t, "smarthost.test")
-	f := startMX(t, "127.0.0.40", h.port, fakeOpt{tls: &tls.Config{Certificates: []tls.Certificate{cert}},
-		creds: map[string]string{"relay": "s3cret"}})
+	f := startMX(t, "127.0.0.40", h.port, relaytest.MXOptions{TLS: &tls.Config{Certificates: []tls.Certificate{cert}}, Users: map[string]string{"relay": "s3cret"}})
 	id := h.enqueue("alice@sender.test", "x@anywhere.test", "y@elsewhere.test")
 	h.start()
 	eventually(t, wait, "relayed", func() bool { return h.gone(id) })
-	if n := len(f.delivered()); n != 2 {
+	if n := len(f.Delivered()); n != 2 {
 		t.Errorf("smarthost got %d transactions, want 2 (one per domain)", n)
 	}
-	f.mu.Lock()
-	authed := slices.Clone(f.authed)
-	f.mu.Unlock()
+	authed := f.Authed()
 	if len(authed) == 0 || authed[0] != "relay" {
 		t.Errorf("AUTH users %v, want relay", authed)
 	}
@@ -55,11 +52,11 @@ func TestTLSMayFallback(t *testing.T) {
 	broken := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return nil, errors.New("no certificate today")
 	}}
-	f := startMX(t, "127.0.0.41", h.port, fakeOpt{tls: broken})
+	f := startMX(t, "127.0.0.41", h.port, relaytest.MXOptions{TLS: broken})
 	id := h.enqueue("alice@sender.test", "x@badtls.test")
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
-	if c := f.connections(); len(c) != 2 {
+	if c := f.Connections(); len(c) != 2 {
 		t.Errorf("%d connections, want 2 (TLS, then plaintext)", len(c))
 	}
 	if n := counter(h.m.TLSOut, "no"); n != 1 {
@@ -73,7 +70,7 @@ func TestTLSEncryptRefused(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Delivery.TLS = "encrypt" })
 	h.dns.MX("notls.test", 10, "mx.notls.test").A("mx.notls.test", "127.0.0.42")
-	f := startMX(t, "127.0.0.42", h.port, fakeOpt{})
+	f := startMX(t, "127.0.0.42", h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "x@notls.test")
 	h.start()
 	eventually(t, wait, "deferred", func() bool { return len(h.outcomes("x@notls.test")) > 0 })
@@ -81,7 +78,7 @@ func TestTLSEncryptRefused(t *testing.T) {
 	if !ok || r.Reason != "tls" || r.Status == queue.Failed {
 		t.Errorf("recipient %+v, want deferred for tls", r)
 	}
-	if n := len(f.transactions()); n != 0 {
+	if n := len(f.Transactions()); n != 0 {
 		t.Errorf("%d transactions in plaintext, want none", n)
 	}
 }
@@ -107,7 +104,7 @@ func TestScheduler_IdleNoPolling(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("idle.test", 10, "mx.idle.test").A("mx.idle.test", "127.0.0.43")
-	f := startMX(t, "127.0.0.43", h.port, fakeOpt{})
+	f := startMX(t, "127.0.0.43", h.port, relaytest.MXOptions{})
 	h.start()
 	time.Sleep(50 * time.Millisecond)
 	before := testutil.ToFloat64(h.m.SchedulerWakeup)
@@ -117,7 +114,7 @@ func TestScheduler_IdleNoPolling(t *testing.T) {
 	}
 	id := h.enqueue("alice@sender.test", "x@idle.test")
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
-	if n := len(f.delivered()); n != 1 {
+	if n := len(f.Delivered()); n != 1 {
 		t.Errorf("delivered %d, want 1", n)
 	}
 }
@@ -130,17 +127,17 @@ func TestScheduler_FairUnderGlobalCap(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxConnections = 1 })
 	h.dns.MX("slow.test", 10, "mx.slow.test").A("mx.slow.test", "127.0.0.44").
 		MX("fast.test", 10, "mx.fast.test").A("mx.fast.test", "127.0.0.45")
-	slow := startMX(t, "127.0.0.44", h.port, fakeOpt{data: func(int) error {
+	slow := startMX(t, "127.0.0.44", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		time.Sleep(200 * time.Millisecond)
 		return nil
-	}})
-	fast := startMX(t, "127.0.0.45", h.port, fakeOpt{})
+	}}})
+	fast := startMX(t, "127.0.0.45", h.port, relaytest.MXOptions{})
 	var ids []queue.ID
 	for range 4 {
 		ids = append(ids, h.enqueue("alice@sender.test", "s@slow.test"))
 	}
 	h.start()
-	eventually(t, wait, "slow domain busy", func() bool { return len(slow.transactions()) > 0 })
+	eventually(t, wait, "slow domain busy", func() bool { return len(slow.Transactions()) > 0 })
 	ids = append(ids, h.enqueue("alice@sender.test", "f@fast.test"))
 	eventually(t, wait, "all delivered", func() bool {
 		for _, id := range ids {
@@ -150,10 +147,10 @@ func TestScheduler_FairUnderGlobalCap(t *testing.T) {
 		}
 		return true
 	})
-	ft := fast.delivered()[0].at
+	ft := fast.Delivered()[0].At
 	late := 0
-	for _, tx := range slow.delivered() {
-		if tx.at.Before(ft) {
+	for _, tx := range slow.Delivered() {
+		if tx.At.Before(ft) {
 			late++
 		}
 	}

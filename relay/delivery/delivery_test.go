@@ -12,6 +12,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 const wait = 5 * time.Second
@@ -24,25 +25,25 @@ func TestDeliver_OneTransactionPerDomain(t *testing.T) {
 	h := newHarness(t)
 	h.dns.MX("one.test", 10, "mx.one.test").A("mx.one.test", "127.0.0.21")
 	h.dns.MX("two.test", 10, "mx.two.test").A("mx.two.test", "127.0.0.22")
-	one := startMX(t, "127.0.0.21", h.port, fakeOpt{})
-	two := startMX(t, "127.0.0.22", h.port, fakeOpt{})
+	one := startMX(t, "127.0.0.21", h.port, relaytest.MXOptions{})
+	two := startMX(t, "127.0.0.22", h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "a@one.test", "b@two.test", "c@one.test")
 	h.start()
 	eventually(t, wait, "message delivered", func() bool { return h.gone(id) })
 
 	for _, c := range []struct {
-		mx   *fakeMX
+		mx   *relaytest.FakeMX
 		want []string
 	}{{one, []string{"a@one.test", "c@one.test"}}, {two, []string{"b@two.test"}}} {
-		txs := c.mx.transactions()
-		if len(txs) != 1 || !txs[0].delivered {
-			t.Fatalf("%s: transactions %+v, want one delivered", c.mx.ip, txs)
+		txs := c.mx.Transactions()
+		if len(txs) != 1 || !txs[0].Delivered {
+			t.Fatalf("%s: transactions %+v, want one delivered", c.mx.Addr(), txs)
 		}
-		if !slices.Equal(txs[0].accepted, c.want) || txs[0].from != "alice@sender.test" {
-			t.Errorf("%s: MAIL %q RCPT %v, want alice@sender.test %v", c.mx.ip, txs[0].from, txs[0].accepted, c.want)
+		if !slices.Equal(txs[0].Accepted, c.want) || txs[0].From != "alice@sender.test" {
+			t.Errorf("%s: MAIL %q RCPT %v, want alice@sender.test %v", c.mx.Addr(), txs[0].From, txs[0].Accepted, c.want)
 		}
-		if got := c.mx.connections(); !slices.Equal(got, []string{sourceIP}) {
-			t.Errorf("%s: connections from %v, want one from %s", c.mx.ip, got, sourceIP)
+		if got := c.mx.Connections(); !slices.Equal(got, []string{sourceIP}) {
+			t.Errorf("%s: connections from %v, want one from %s", c.mx.Addr(), got, sourceIP)
 		}
 	}
 	for _, rc := range []string{"a@one.test", "b@two.test", "c@one.test"} {
@@ -62,21 +63,21 @@ func TestDeliver_MixedRecipientReplies(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("mixed.test", 10, "mx.mixed.test").A("mx.mixed.test", "127.0.0.23")
-	f := startMX(t, "127.0.0.23", h.port, fakeOpt{rcpt: func(n int, to string) error {
+	f := startMX(t, "127.0.0.23", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
 		switch {
 		case strings.HasPrefix(to, "later@"):
-			return reply(450, [3]int{4, 2, 1}, "mailbox busy, try later")
+			return relaytest.Reply("450 4.2.1 mailbox busy, try later")
 		case strings.HasPrefix(to, "bad@"):
-			return reply(550, [3]int{5, 1, 1}, "no such user")
+			return relaytest.Reply("550 5.1.1 no such user")
 		}
 		return nil
-	}})
+	}}})
 	id := h.enqueue("alice@sender.test", "ok@mixed.test", "later@mixed.test", "bad@mixed.test")
 	h.start()
 	eventually(t, wait, "a DSN", func() bool { return len(h.dsns()) == 1 })
 
-	txs := f.delivered()
-	if len(txs) == 0 || !slices.Equal(txs[0].accepted, []string{"ok@mixed.test"}) {
+	txs := f.Delivered()
+	if len(txs) == 0 || !slices.Equal(txs[0].Accepted, []string{"ok@mixed.test"}) {
 		t.Fatalf("first transaction %+v, want only ok@ accepted", txs)
 	}
 	if r, _ := h.rcpt(id, 0); r.Status != queue.Delivered {
@@ -91,15 +92,15 @@ func TestDeliver_MixedRecipientReplies(t *testing.T) {
 	d := h.dsns()[0]
 	for _, want := range []string{"Final-Recipient: rfc822; bad@mixed.test", "Action: failed", "Status: 5.1.1",
 		"Diagnostic-Code: smtp; 550 5.1.1 no such user", "Auto-Submitted: auto-replied"} {
-		if !strings.Contains(d.data, want) {
-			t.Errorf("DSN lacks %q:\n%s", want, d.data)
+		if !strings.Contains(d.Data, want) {
+			t.Errorf("DSN lacks %q:\n%s", want, d.Data)
 		}
 	}
-	if strings.Contains(d.data, "ok@mixed.test") || strings.Contains(d.data, "later@mixed.test") {
-		t.Errorf("DSN names a recipient that did not fail:\n%s", d.data)
+	if strings.Contains(d.Data, "ok@mixed.test") || strings.Contains(d.Data, "later@mixed.test") {
+		t.Errorf("DSN names a recipient that did not fail:\n%s", d.Data)
 	}
-	if d.from != "" || !slices.Equal(d.accepted, []string{"alice@sender.test"}) {
-		t.Errorf("DSN envelope %q -> %v, want <> -> alice@sender.test", d.from, d.accepted)
+	if d.From != "" || !slices.Equal(d.Accepted, []string{"alice@sender.test"}) {
+		t.Errorf("DSN envelope %q -> %v, want <> -> alice@sender.test", d.From, d.Accepted)
 	}
 	// The status page's per-minute charts count the same outcomes.
 	recent := func(class int) int {
@@ -121,11 +122,11 @@ func TestDeliver_MXFallback(t *testing.T) {
 	h := newHarness(t)
 	h.dns.MX("fallback.test", 10, "mx1.fallback.test").A("mx1.fallback.test", "127.0.0.24").
 		MX("fallback.test", 20, "mx2.fallback.test").A("mx2.fallback.test", "127.0.0.25")
-	second := startMX(t, "127.0.0.25", h.port, fakeOpt{})
+	second := startMX(t, "127.0.0.25", h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "x@fallback.test")
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
-	if n := len(second.delivered()); n != 1 {
+	if n := len(second.Delivered()); n != 1 {
 		t.Fatalf("second MX got %d messages, want 1", n)
 	}
 	outs := h.outcomes("x@fallback.test")
@@ -177,7 +178,7 @@ func TestDeliver_DNSOutcomes(t *testing.T) {
 			if !h.gone(id) {
 				t.Error("message still queued after a permanent DNS failure")
 			}
-			if d := h.dsns()[0].data; !strings.Contains(d, "Status: "+c.status) || !strings.Contains(d, rcpt) {
+			if d := h.dsns()[0].Data; !strings.Contains(d, "Status: "+c.status) || !strings.Contains(d, rcpt) {
 				t.Errorf("DSN lacks status %s or %s:\n%s", c.status, rcpt, d)
 			}
 		})
@@ -190,15 +191,15 @@ func TestDeliver_ConnectionReuse(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("reuse.test", 10, "mx.reuse.test").A("mx.reuse.test", "127.0.0.26")
-	f := startMX(t, "127.0.0.26", h.port, fakeOpt{})
+	f := startMX(t, "127.0.0.26", h.port, relaytest.MXOptions{})
 	a := h.enqueue("alice@sender.test", "a@reuse.test")
 	b := h.enqueue("bob@sender.test", "b@reuse.test")
 	h.start()
 	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
-	if n := len(f.delivered()); n != 2 {
+	if n := len(f.Delivered()); n != 2 {
 		t.Fatalf("%d messages delivered, want 2", n)
 	}
-	if c := f.connections(); len(c) != 1 {
+	if c := f.Connections(); len(c) != 1 {
 		t.Errorf("%d connections, want 1", len(c))
 	}
 }
@@ -210,13 +211,13 @@ func TestDeliver_TooManyRecipients(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("many.test", 10, "mx.many.test").A("mx.many.test", "127.0.0.27")
-	var f *fakeMX
-	f = startMX(t, "127.0.0.27", h.port, fakeOpt{rcpt: func(n int, to string) error {
-		if len(f.transactions()[n].accepted) >= 2 {
-			return reply(452, [3]int{4, 5, 3}, "too many recipients")
+	var f *relaytest.FakeMX
+	f = startMX(t, "127.0.0.27", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
+		if len(f.Transactions()[n].Accepted) >= 2 {
+			return relaytest.Reply("452 4.5.3 too many recipients")
 		}
 		return nil
-	}})
+	}}})
 	to := []string{"a@many.test", "b@many.test", "c@many.test", "d@many.test", "e@many.test"}
 	id := h.enqueue("alice@sender.test", to...)
 	start := time.Now()
@@ -226,12 +227,12 @@ func TestDeliver_TooManyRecipients(t *testing.T) {
 		t.Logf("took %v; follow-ups should not wait for the backoff", el)
 	}
 	var got []string
-	for _, tx := range f.delivered() {
-		got = append(got, tx.accepted...)
+	for _, tx := range f.Delivered() {
+		got = append(got, tx.Accepted...)
 	}
-	if !slices.Equal(got, to) || len(f.delivered()) != 3 || len(f.connections()) != 1 {
+	if !slices.Equal(got, to) || len(f.Delivered()) != 3 || len(f.Connections()) != 1 {
 		t.Errorf("delivered %v in %d transactions on %d connections, want %v in 3 on 1",
-			got, len(f.delivered()), len(f.connections()), to)
+			got, len(f.Delivered()), len(f.Connections()), to)
 	}
 	for _, rc := range to {
 		if outs := h.outcomes(rc); len(outs) != 1 || outs[0]["outcome"] != "delivered" {
@@ -246,9 +247,9 @@ func TestDeliver_NoDSN(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("rej.test", 10, "mx.rej.test").A("mx.rej.test", "127.0.0.28")
-	startMX(t, "127.0.0.28", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(550, [3]int{5, 1, 1}, "no such user")
-	}})
+	startMX(t, "127.0.0.28", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("550 5.1.1 no such user")
+	}}})
 	never := h.enqueue("alice@sender.test", "x@rej.test|NEVER")
 	bounce := h.enqueue("", "y@rej.test")
 	dsnMsg := h.enqueueMsg(queue.NewMessage{From: "", DSN: true}, "z@rej.test")
@@ -272,8 +273,8 @@ func TestDeliver_RelayedDSN(t *testing.T) {
 	h := newHarness(t)
 	h.dns.MX("plain.test", 10, "mx.plain.test").A("mx.plain.test", "127.0.0.29").
 		MX("dsn.test", 10, "mx.dsn.test").A("mx.dsn.test", "127.0.0.30")
-	startMX(t, "127.0.0.29", h.port, fakeOpt{})
-	withDSN := startMX(t, "127.0.0.30", h.port, fakeOpt{dsn: true})
+	startMX(t, "127.0.0.29", h.port, relaytest.MXOptions{})
+	withDSN := startMX(t, "127.0.0.30", h.port, relaytest.MXOptions{DSN: true})
 	a := h.enqueue("alice@sender.test", "a@plain.test|SUCCESS,FAILURE")
 	b := h.enqueue("alice@sender.test", "b@dsn.test|SUCCESS")
 	h.start()
@@ -281,10 +282,10 @@ func TestDeliver_RelayedDSN(t *testing.T) {
 	eventually(t, wait, "a relayed DSN", func() bool { return len(h.dsns()) == 1 })
 	time.Sleep(100 * time.Millisecond)
 	ds := h.dsns()
-	if len(ds) != 1 || !strings.Contains(ds[0].data, "Action: relayed") || !strings.Contains(ds[0].data, "a@plain.test") {
+	if len(ds) != 1 || !strings.Contains(ds[0].Data, "Action: relayed") || !strings.Contains(ds[0].Data, "a@plain.test") {
 		t.Fatalf("DSNs %v, want one relayed DSN for a@plain.test", ds)
 	}
-	if tx := withDSN.delivered(); len(tx) != 1 || !slices.Equal(tx[0].notify, []string{"SUCCESS"}) {
+	if tx := withDSN.Delivered(); len(tx) != 1 || !slices.Equal(tx[0].Notify, []string{"SUCCESS"}) {
 		t.Errorf("DSN peer saw %+v, want NOTIFY=SUCCESS passed on", tx)
 	}
 }
@@ -295,9 +296,9 @@ func TestDeliver_DSNCapPerSender(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.DSN.MaxPerSenderPerHour = 1 })
 	h.dns.MX("cap.test", 10, "mx.cap.test").A("mx.cap.test", "127.0.0.46")
-	startMX(t, "127.0.0.46", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(550, [3]int{5, 1, 1}, "no such user")
-	}})
+	startMX(t, "127.0.0.46", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("550 5.1.1 no such user")
+	}}})
 	a := h.enqueue("alice@sender.test", "a@cap.test")
 	b := h.enqueue("alice@sender.test", "b@cap.test")
 	h.start()

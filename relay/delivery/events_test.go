@@ -11,6 +11,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/events"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // outboxKinds returns "rcpt kind" of every event stored for the file sink.
@@ -65,15 +66,15 @@ func TestEventsWithOutcomes(t *testing.T) {
 	t.Parallel()
 	h, ev := eventsHarness(t, true)
 	h.dns.MX("ev.test", 10, "mx.ev.test").A("mx.ev.test", "127.0.0.41")
-	f := startMX(t, "127.0.0.41", h.port, fakeOpt{rcpt: func(n int, to string) error {
+	f := startMX(t, "127.0.0.41", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
 		switch {
 		case strings.HasPrefix(to, "bad@"):
-			return reply(550, [3]int{5, 1, 1}, "no such user")
+			return relaytest.Reply("550 5.1.1 no such user")
 		case strings.HasPrefix(to, "grey@") && n == 0:
-			return reply(451, [3]int{4, 7, 1}, "greylisted")
+			return relaytest.Reply("451 4.7.1 greylisted")
 		}
 		return nil
-	}})
+	}}})
 	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
 		Body: []byte("From: <alice@sender.test>\r\nX-Greyrelay-Tag: app-1\r\nMessage-ID: <e@sender.test>\r\n\r\nhi\r\n")},
 		"ok@ev.test", "bad@ev.test", "grey@ev.test")
@@ -102,9 +103,9 @@ func TestEventsWithOutcomes(t *testing.T) {
 	if got := outboxKinds(t, h.q); strings.Join(got, ",") != want {
 		t.Errorf("events %v, want %s", got, want)
 	}
-	for _, tx := range f.transactions() {
-		if strings.Contains(strings.ToLower(tx.data), "x-greyrelay-tag") {
-			t.Errorf("the tag header was sent:\n%s", tx.data)
+	for _, tx := range f.Transactions() {
+		if strings.Contains(strings.ToLower(tx.Data), "x-greyrelay-tag") {
+			t.Errorf("the tag header was sent:\n%s", tx.Data)
 		}
 	}
 }
@@ -115,9 +116,9 @@ func TestEventsOperatorBounce(t *testing.T) {
 	t.Parallel()
 	h, ev := eventsHarness(t, false, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
 	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.42")
-	startMX(t, "127.0.0.42", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(452, [3]int{4, 2, 2}, "mailbox full")
-	}})
+	startMX(t, "127.0.0.42", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("452 4.2.2 mailbox full")
+	}}})
 	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
 		Body: []byte("X-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")}, "b@full.test")
 	h.start(func(o *Options) { o.Events = ev })
@@ -142,9 +143,9 @@ func TestEventsDelayedAndExpired(t *testing.T) {
 		c.Retry.Lifetime, c.Retry.DelayWarnings = 1500*time.Millisecond, []time.Duration{300 * time.Millisecond}
 	})
 	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.43")
-	startMX(t, "127.0.0.43", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(451, [3]int{4, 3, 0}, "temporary server failure")
-	}})
+	startMX(t, "127.0.0.43", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("451 4.3.0 temporary server failure")
+	}}})
 	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
 		Body: []byte("X-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")}, "w@busy.test")
 	h.start(func(o *Options) { o.Events = ev })

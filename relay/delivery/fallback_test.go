@@ -14,6 +14,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDeliver_NextMXAfter421: a 421 from the first MX after the handshake
@@ -22,24 +23,24 @@ import (
 // first MX refused with 550 before its 421 keeps that answer.
 func TestDeliver_NextMXAfter421(t *testing.T) {
 	t.Parallel()
-	closing := reply(421, [3]int{4, 7, 0}, "Try again later, closing connection")
+	closing := relaytest.Reply("421 4.7.0 Try again later, closing connection")
 	for i, c := range []struct {
 		name  string
-		first fakeOpt
+		first relaytest.MXOptions
 		to    []string
 		moved []string // what the second MX gets
 	}{
-		{"at MAIL", fakeOpt{mail: func(int) error { return closing }}, []string{"a@next.test"}, []string{"a@next.test"}},
-		{"at RCPT", fakeOpt{rcpt: func(_ int, to string) error {
+		{"at MAIL", relaytest.MXOptions{Script: relaytest.Script{Mail: func(int) error { return closing }}}, []string{"a@next.test"}, []string{"a@next.test"}},
+		{"at RCPT", relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(_ int, to string) error {
 			switch {
 			case strings.HasPrefix(to, "bad@"):
-				return reply(550, [3]int{5, 1, 1}, "no such user")
+				return relaytest.Reply("550 5.1.1 no such user")
 			case strings.HasPrefix(to, "c@"):
 				return closing
 			}
 			return nil
-		}}, []string{"bad@next.test", "b@next.test", "c@next.test", "d@next.test"}, []string{"b@next.test", "c@next.test", "d@next.test"}},
-		{"after the data", fakeOpt{data: func(int) error { return closing }}, []string{"a@next.test"}, []string{"a@next.test"}},
+		}}}, []string{"bad@next.test", "b@next.test", "c@next.test", "d@next.test"}, []string{"b@next.test", "c@next.test", "d@next.test"}},
+		{"after the data", relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error { return closing }}}, []string{"a@next.test"}, []string{"a@next.test"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -48,15 +49,15 @@ func TestDeliver_NextMXAfter421(t *testing.T) {
 			h.dns.MX("next.test", 10, "mx1.next.test").A("mx1.next.test", ip1).
 				MX("next.test", 20, "mx2.next.test").A("mx2.next.test", ip2)
 			first := startMX(t, ip1, h.port, c.first)
-			second := startMX(t, ip2, h.port, fakeOpt{})
+			second := startMX(t, ip2, h.port, relaytest.MXOptions{})
 			id := h.enqueue("alice@sender.test", c.to...)
 			h.start()
 			eventually(t, wait, "all recipients final", func() bool { return h.gone(id) })
-			if txs := second.delivered(); len(txs) != 1 || !slices.Equal(txs[0].accepted, c.moved) {
+			if txs := second.Delivered(); len(txs) != 1 || !slices.Equal(txs[0].Accepted, c.moved) {
 				t.Fatalf("second MX got %+v, want one transaction for %v", txs, c.moved)
 			}
-			if n := len(first.delivered()); n != 0 || len(first.connections()) != 1 {
-				t.Errorf("first MX: %d deliveries on %d connections, want none on 1", n, len(first.connections()))
+			if n := len(first.Delivered()); n != 0 || len(first.Connections()) != 1 {
+				t.Errorf("first MX: %d deliveries on %d connections, want none on 1", n, len(first.Connections()))
 			}
 			for _, rc := range c.moved {
 				outs := h.outcomes(rc)
@@ -70,11 +71,11 @@ func TestDeliver_NextMXAfter421(t *testing.T) {
 			if outs := h.outcomes("bad@next.test"); len(outs) != 1 || outs[0]["outcome"] != "failed" || outs[0]["code"] != int64(550) {
 				t.Errorf("bad@: logged %v, want failed with the first MX's 550", outs)
 			}
-			if tx := second.transactions(); slices.Contains(tx[0].tried, "bad@next.test") {
-				t.Errorf("the second MX was asked about bad@ after the first refused it: %v", tx[0].tried)
+			if tx := second.Transactions(); slices.Contains(tx[0].Tried, "bad@next.test") {
+				t.Errorf("the second MX was asked about bad@ after the first refused it: %v", tx[0].Tried)
 			}
 			eventually(t, wait, "the DSN", func() bool { return len(h.dsns()) == 1 })
-			if d := h.dsns()[0].data; !strings.Contains(d, "bad@next.test") || strings.Contains(d, "b@next.test") {
+			if d := h.dsns()[0].Data; !strings.Contains(d, "bad@next.test") || strings.Contains(d, "b@next.test") {
 				t.Errorf("DSN:\n%s", d)
 			}
 		})
@@ -88,17 +89,17 @@ func TestDeliver_ReusedConnection421(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("perconn.test", 10, "mx.perconn.test").A("mx.perconn.test", "127.0.0.78")
-	f := startMX(t, "127.0.0.78", h.port, fakeOpt{mail: func(n int) error {
+	f := startMX(t, "127.0.0.78", h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: func(n int) error {
 		if n == 1 {
-			return reply(421, [3]int{4, 7, 0}, "Too many messages on this connection")
+			return relaytest.Reply("421 4.7.0 Too many messages on this connection")
 		}
 		return nil
-	}})
+	}}})
 	a := h.enqueue("alice@sender.test", "a@perconn.test")
 	b := h.enqueue("bob@sender.test", "b@perconn.test")
 	h.start()
 	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
-	if d, c := len(f.delivered()), len(f.connections()); d != 2 || c != 2 {
+	if d, c := len(f.Delivered()), len(f.Connections()); d != 2 || c != 2 {
 		t.Errorf("%d deliveries on %d connections, want 2 on 2", d, c)
 	}
 	for _, rc := range []string{"a@perconn.test", "b@perconn.test"} {
@@ -119,18 +120,18 @@ func TestDeliver_LostFinalReplyDefers(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Delivery.DataTimeout = 200 * time.Millisecond })
 	h.dns.MX("slowdot.test", 10, "mx1.slowdot.test").A("mx1.slowdot.test", "127.0.0.79").
 		MX("slowdot.test", 20, "mx2.slowdot.test").A("mx2.slowdot.test", "127.0.0.80")
-	startMX(t, "127.0.0.79", h.port, fakeOpt{data: func(int) error {
+	startMX(t, "127.0.0.79", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		time.Sleep(500 * time.Millisecond)
 		return nil
-	}})
-	second := startMX(t, "127.0.0.80", h.port, fakeOpt{})
+	}}})
+	second := startMX(t, "127.0.0.80", h.port, relaytest.MXOptions{})
 	h.enqueue("alice@sender.test", "a@slowdot.test")
 	h.start()
 	eventually(t, wait, "the first attempt", func() bool { return len(h.outcomes("a@slowdot.test")) > 0 })
 	if outs := h.outcomes("a@slowdot.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != "127.0.0.79" {
 		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
 	}
-	if n := len(second.transactions()); n != 0 {
+	if n := len(second.Transactions()); n != 0 {
 		t.Errorf("the second MX got %d transactions in the same attempt, want none", n)
 	}
 }
@@ -145,19 +146,19 @@ func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Delivery.CommandTimeout = 200 * time.Millisecond })
 	h.dns.MX("slowrcpt.test", 10, "mx1.slowrcpt.test").A("mx1.slowrcpt.test", "127.0.0.83").
 		MX("slowrcpt.test", 20, "mx2.slowrcpt.test").A("mx2.slowrcpt.test", "127.0.0.84")
-	first := startMX(t, "127.0.0.83", h.port, fakeOpt{rcpt: func(int, string) error {
+	first := startMX(t, "127.0.0.83", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		time.Sleep(500 * time.Millisecond)
 		return nil
-	}})
-	second := startMX(t, "127.0.0.84", h.port, fakeOpt{})
+	}}})
+	second := startMX(t, "127.0.0.84", h.port, relaytest.MXOptions{})
 	h.enqueue("alice@sender.test", "a@slowrcpt.test")
 	h.start()
 	eventually(t, wait, "the first attempt", func() bool { return len(h.outcomes("a@slowrcpt.test")) > 0 })
 	if outs := h.outcomes("a@slowrcpt.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != "127.0.0.83" {
 		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
 	}
-	eventually(t, wait, "the first MX to take the message anyway", func() bool { return len(first.delivered()) == 1 })
-	if n := len(second.transactions()); n != 0 {
+	eventually(t, wait, "the first MX to take the message anyway", func() bool { return len(first.Delivered()) == 1 })
+	if n := len(second.Transactions()); n != 0 {
 		t.Errorf("the second MX got %d transactions in the same attempt, want none (a duplicate)", n)
 	}
 }
@@ -171,21 +172,19 @@ func TestGreylisting_StickyThrough421(t *testing.T) {
 	const pref, grey = "127.0.0.81", "127.0.0.82"
 	h.dns.MX("sticky.test", 10, "mx1.sticky.test").A("mx1.sticky.test", pref).
 		MX("sticky.test", 20, "mx2.sticky.test").A("mx2.sticky.test", grey)
-	closing := reply(421, [3]int{4, 3, 2}, "closing channel")
-	p := startMX(t, pref, h.port, fakeOpt{mail: func(int) error { return closing }})
-	g := startMX(t, grey, h.port, fakeOpt{
-		mail: func(n int) error {
-			if n == 1 {
-				return closing
-			}
-			return nil
-		},
-		rcpt: func(n int, _ string) error {
-			if n == 0 {
-				return reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")
-			}
-			return nil
-		}})
+	closing := relaytest.Reply("421 4.3.2 closing channel")
+	p := startMX(t, pref, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: func(int) error { return closing }}})
+	g := startMX(t, grey, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: func(n int) error {
+		if n == 1 {
+			return closing
+		}
+		return nil
+	}, Rcpt: func(n int, _ string) error {
+		if n == 0 {
+			return relaytest.Reply("451 4.7.1 Greylisted, please try again later")
+		}
+		return nil
+	}}})
 	id := h.enqueue("alice@sender.test", "s@sticky.test")
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
@@ -193,12 +192,12 @@ func TestGreylisting_StickyThrough421(t *testing.T) {
 	if len(outs) != 3 || outs[0]["reason"] != "greylisted" || outs[1]["outcome"] != "deferred" || outs[1]["reason"] == "greylisted" {
 		t.Fatalf("attempts %v, want greylisted, deferred by the 421s, delivered", outs)
 	}
-	if outs[2]["mx_addr"] != grey || len(g.delivered()) != 1 {
+	if outs[2]["mx_addr"] != grey || len(g.Delivered()) != 1 {
 		t.Errorf("delivered at %v, want the greylisting MX %s", outs[2]["mx_addr"], grey)
 	}
 	// The preferred MX is asked in the first two attempts only: the third
 	// goes to the greylisting MX first, which takes the message.
-	if n := len(p.transactions()); n != 2 {
+	if n := len(p.Transactions()); n != 2 {
 		t.Errorf("preferred MX saw %d transactions, want 2 (stickiness lost after the 421s?)", n)
 	}
 }
@@ -249,9 +248,9 @@ func TestDSNLifetime(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.DSNLifetime = 600 * time.Millisecond })
 	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", "127.0.0.85")
-	startMX(t, "127.0.0.85", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")
-	}})
+	startMX(t, "127.0.0.85", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("451 4.7.1 Greylisted, please try again later")
+	}}})
 	arrival := time.Now()
 	bounce := h.enqueueMsg(queue.NewMessage{From: "", DSN: true, Arrival: arrival}, "x@stuck.test")
 	plain := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test", Arrival: arrival}, "y@stuck.test")

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
@@ -22,7 +23,7 @@ import (
 func TestSend_FaultingBodyIsAnError(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
-	startMX(t, "127.0.0.96", port, fakeOpt{})
+	startMX(t, "127.0.0.96", port, relaytest.MXOptions{})
 	path := filepath.Join(t.TempDir(), "body")
 	if err := os.WriteFile(path, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)

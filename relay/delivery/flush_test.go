@@ -8,6 +8,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // longDeadHosts keeps a refused address on the dead-host list for a
@@ -61,14 +62,14 @@ func TestFlush_RetryForgetsDeadHosts(t *testing.T) {
 		r, _ := h.rcpt(b, 0)
 		return r.Reason == "connect"
 	})
-	mx := startMX(t, "127.0.0.89", h.port, fakeOpt{}) // the next hop is back
+	mx := startMX(t, "127.0.0.89", h.port, relaytest.MXOptions{}) // the next hop is back
 	n, err := h.eng.Retry(queue.Selector{All: true}, time.Now())
 	if err != nil || n != 2 {
 		t.Fatalf("Retry: %d, %v; want 2 recipients", n, err)
 	}
 	h.eng.Kick()
 	eventually(t, wait, "both delivered", func() bool { return h.gone(a) && h.gone(b) })
-	if got := len(mx.delivered()); got != 2 {
+	if got := len(mx.Delivered()); got != 2 {
 		t.Errorf("the MX got %d messages, want 2", got)
 	}
 	if outs := h.outcomes("b@back.test"); len(outs) != 1 || outs[0]["attempt"] != int64(1) {
@@ -86,12 +87,12 @@ func TestFlush_RetryForgetsThrottlePause(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.HintMax = time.Hour })
 	h.dns.MX("paused.test", 10, "mx.paused.test").A("mx.paused.test", "127.0.0.90")
-	mx := startMX(t, "127.0.0.90", h.port, fakeOpt{rcpt: func(n int, _ string) error {
+	mx := startMX(t, "127.0.0.90", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
 		if n == 0 {
-			return reply(451, [3]int{4, 7, 28}, "mail flood detected, slow down, try again in 30 minutes")
+			return relaytest.Reply("451 4.7.28 mail flood detected, slow down, try again in 30 minutes")
 		}
 		return nil
-	}})
+	}}})
 	id := h.enqueue("alice@sender.test", "p@paused.test")
 	h.start()
 	eventually(t, wait, "rate-limited", func() bool { return len(h.outcomes("p@paused.test")) == 1 })
@@ -103,7 +104,7 @@ func TestFlush_RetryForgetsThrottlePause(t *testing.T) {
 	}
 	h.eng.Kick()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
-	if got := len(mx.delivered()); got != 1 {
+	if got := len(mx.Delivered()); got != 1 {
 		t.Errorf("the MX got %d messages, want 1", got)
 	}
 }
@@ -151,11 +152,11 @@ func TestFlush_RetryWhileAttemptInFlight(t *testing.T) {
 	h.dns.MX("inflight.test", 10, "mx1.inflight.test").A("mx1.inflight.test", "127.0.0.93")
 	h.dns.MX("inflight.test", 20, "mx2.inflight.test").A("mx2.inflight.test", "127.0.0.94")
 	inRcpt, release := make(chan struct{}), make(chan struct{})
-	startMX(t, "127.0.0.94", h.port, fakeOpt{rcpt: func(int, string) error {
+	startMX(t, "127.0.0.94", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		close(inRcpt)
 		<-release
 		return nil
-	}})
+	}}})
 	id := h.enqueue("alice@sender.test", "f@inflight.test")
 	h.start()
 	select {

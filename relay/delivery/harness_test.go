@@ -65,7 +65,7 @@ type harness struct {
 	q      *queue.Queue
 	dns    *mxtest.Server
 	port   int
-	sink   *fakeMX
+	sink   *relaytest.FakeMX
 	m      *metrics.Metrics
 	logs   *observer.ObservedLogs
 	eng    *Engine
@@ -90,7 +90,7 @@ func newHarness(t *testing.T, mods ...func(c *config.Config)) *harness {
 	h.dns.Start(t)
 	h.openQueue()
 	h.dns.MX("sender.test", 10, "mx.sender.test").A("mx.sender.test", "127.0.0.60")
-	h.sink = startMX(t, "127.0.0.60", h.port, fakeOpt{})
+	h.sink = startMX(t, "127.0.0.60", h.port, relaytest.MXOptions{})
 	return h
 }
 
@@ -301,10 +301,10 @@ func (h *harness) stored(m map[string]any) bool {
 }
 
 // dsns returns the DSNs the sink has received (MAIL FROM:<>).
-func (h *harness) dsns() []fakeTx {
-	var out []fakeTx
-	for _, tx := range h.sink.delivered() {
-		if tx.from == "" {
+func (h *harness) dsns() []relaytest.Tx {
+	var out []relaytest.Tx
+	for _, tx := range h.sink.Delivered() {
+		if tx.From == "" {
 			out = append(out, tx)
 		}
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestHeldFlush checks that held outcomes are stored together, oldest
@@ -65,10 +66,10 @@ func TestHeldOutcomeStoredOnceRoomReturns(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.DSN.MaxReturnedBytes = 256 << 10 })
 	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.62")
 	restore := make(chan func(), 1)
-	startMX(t, "127.0.0.62", h.port, fakeOpt{data: func(int) error {
+	startMX(t, "127.0.0.62", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		restore <- limitFileSize(t, h.path) // the attempt is recorded: Begin has committed
-		return reply(550, [3]int{5, 1, 1}, "no such user")
-	}})
+		return relaytest.Reply("550 5.1.1 no such user")
+	}}})
 	body := "From: <s@sender.test>\r\nSubject: big\r\n\r\n" + strings.Repeat("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcd\r\n", 3200)
 	id := h.enqueueMsg(queue.NewMessage{From: "s@sender.test", RET: "FULL", Body: []byte(body)}, "r@full.test")
 	h.start()

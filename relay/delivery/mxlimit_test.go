@@ -6,6 +6,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDeliver_MXSessionLimit: hosts that answer but leave the recipients
@@ -18,17 +19,17 @@ func TestDeliver_MXSessionLimit(t *testing.T) {
 	busy := func(int) error {
 		return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 3, 2}, Message: "busy, closing"}
 	}
-	var mxs []*fakeMX
+	var mxs []*relaytest.FakeMX
 	for i, ip := range []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"} {
 		host := []string{"mx1", "mx2", "mx3"}[i] + ".limit.test"
 		h.dns.MX("limit.test", uint16(10*(i+1)), host).A(host, ip)
-		mxs = append(mxs, startMX(t, ip, h.port, fakeOpt{mail: busy}))
+		mxs = append(mxs, startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: busy}}))
 	}
 	h.enqueue("alice@sender.test", "x@limit.test")
 	h.start()
 	eventually(t, wait, "attempt logged", func() bool { return len(h.outcomes("x@limit.test")) > 0 })
 	h.stop()
-	got := []int{len(mxs[0].connections()), len(mxs[1].connections()), len(mxs[2].connections())}
+	got := []int{len(mxs[0].Connections()), len(mxs[1].Connections()), len(mxs[2].Connections())}
 	if got[0] != 1 || got[1] != 1 || got[2] != 0 {
 		t.Errorf("connections per MX %v, want [1 1 0]", got)
 	}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // storedCheck is a zap core that, while an attempt line is being written,
@@ -67,7 +68,7 @@ func TestDeliver_LoggedBeforeStored(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("order.test", 10, "mx.order.test").A("mx.order.test", "127.0.0.86")
-	startMX(t, "127.0.0.86", h.port, fakeOpt{})
+	startMX(t, "127.0.0.86", h.port, relaytest.MXOptions{})
 	check := &storedCheck{q: h.q, watch: 300 * time.Millisecond}
 	h.start(func(o *Options) { o.Logger = zap.New(zapcore.NewTee(o.Logger.Core(), check)) })
 	for i, rc := range []string{"first@order.test", "second@order.test"} {

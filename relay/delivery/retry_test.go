@@ -10,6 +10,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestGreylisting: the first attempt is greylisted; the retry comes after
@@ -22,8 +23,8 @@ func TestGreylisting(t *testing.T) {
 		name  string
 		reply error
 	}{
-		{"rspamd-451-4.7.1", reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")},
-		{"postgrey-450-4.2.0", reply(450, [3]int{4, 2, 0}, "<g@grey.test>: Recipient address rejected: Greylisted, see http://postgrey.schweikert.ch/help/grey.test.html")},
+		{"rspamd-451-4.7.1", relaytest.Reply("451 4.7.1 Greylisted, please try again later")},
+		{"postgrey-450-4.2.0", relaytest.Reply("450 4.2.0 <g@grey.test>: Recipient address rejected: Greylisted, see http://postgrey.schweikert.ch/help/grey.test.html")},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -31,12 +32,12 @@ func TestGreylisting(t *testing.T) {
 			mx1, mx2 := fmt.Sprintf("127.0.0.%d", 31+2*i), fmt.Sprintf("127.0.0.%d", 32+2*i)
 			h.dns.MX("grey.test", 10, "mx1.grey.test").A("mx1.grey.test", mx1).
 				MX("grey.test", 20, "mx2.grey.test").A("mx2.grey.test", mx2)
-			second := startMX(t, mx2, h.port, fakeOpt{rcpt: func(n int, _ string) error {
+			second := startMX(t, mx2, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
 				if n == 0 {
 					return c.reply
 				}
 				return nil
-			}})
+			}}})
 			id := h.enqueue("alice@sender.test", "g@grey.test")
 			h.start()
 			eventually(t, wait, "greylisted once", func() bool { return len(h.outcomes("g@grey.test")) == 1 })
@@ -45,18 +46,18 @@ func TestGreylisting(t *testing.T) {
 				t.Fatalf("after greylisting: %+v", r)
 			}
 			// The preferred MX comes back; the greylisted triplet lives at mx2.
-			first := startMX(t, mx1, h.port, fakeOpt{})
+			first := startMX(t, mx1, h.port, relaytest.MXOptions{})
 			eventually(t, wait, "delivered", func() bool { return h.gone(id) })
 
-			txs := second.transactions()
-			if len(txs) != 2 || !txs[1].delivered || len(first.transactions()) != 0 {
-				t.Fatalf("mx2 saw %d transactions, mx1 %d; want the retry at mx2", len(txs), len(first.transactions()))
+			txs := second.Transactions()
+			if len(txs) != 2 || !txs[1].Delivered || len(first.Transactions()) != 0 {
+				t.Fatalf("mx2 saw %d transactions, mx1 %d; want the retry at mx2", len(txs), len(first.Transactions()))
 			}
-			if gap := txs[1].at.Sub(txs[0].at); gap < h.cfg.Retry.GreylistFirstRetry {
+			if gap := txs[1].At.Sub(txs[0].At); gap < h.cfg.Retry.GreylistFirstRetry {
 				t.Errorf("retry after %v, want at least greylist_first_retry %v", gap, h.cfg.Retry.GreylistFirstRetry)
 			}
-			if txs[0].client != sourceIP || txs[1].client != sourceIP {
-				t.Errorf("clients %s, %s; want both %s", txs[0].client, txs[1].client, sourceIP)
+			if txs[0].Client != sourceIP || txs[1].Client != sourceIP {
+				t.Errorf("clients %s, %s; want both %s", txs[0].Client, txs[1].Client, sourceIP)
 			}
 			dst, _, _ := h.q.Destination("grey.test")
 			if !dst.Greylists || dst.GreylistSeen != 1 || dst.GreylistPassed != 1 || dst.LearnedDelay < h.cfg.Retry.GreylistFirstRetry {
@@ -79,12 +80,12 @@ func TestRateLimited(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
 	h.dns.MX("rl.test", 10, "mx.rl.test").A("mx.rl.test", "127.0.0.35")
-	f := startMX(t, "127.0.0.35", h.port, fakeOpt{rcpt: func(n int, _ string) error {
+	f := startMX(t, "127.0.0.35", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
 		if n == 0 {
-			return reply(451, [3]int{4, 7, 28}, "mail flood detected, slow down")
+			return relaytest.Reply("451 4.7.28 mail flood detected, slow down")
 		}
 		return nil
-	}})
+	}}})
 	a := h.enqueue("alice@sender.test", "a@rl.test")
 	h.start()
 	eventually(t, wait, "rate-limited once", func() bool { return len(h.outcomes("a@rl.test")) == 1 })
@@ -99,7 +100,7 @@ func TestRateLimited(t *testing.T) {
 	b := h.enqueue("alice@sender.test", "b@rl.test")
 	c := h.enqueue("alice@sender.test", "c@rl.test")
 	eventually(t, 3*wait, "all delivered", func() bool { return h.gone(a) && h.gone(b) && h.gone(c) })
-	txs := f.transactions()
+	txs := f.Transactions()
 	if len(txs) != 4 {
 		t.Fatalf("%d transactions, want 4 (a refused, then a, b, c)", len(txs))
 	}
@@ -107,7 +108,7 @@ func TestRateLimited(t *testing.T) {
 		// Each start waits for the previous start plus the interval then
 		// learned; the pace only speeds up after acceptances (by 10% each
 		// in slow start), so 80% of the first interval is a lower bound.
-		if gap := txs[i].at.Sub(txs[i-1].at); gap < interval*8/10 {
+		if gap := txs[i].At.Sub(txs[i-1].At); gap < interval*8/10 {
 			t.Errorf("transaction %d started %v after the previous one, want the pace interval (%v)", i+1, gap, interval)
 		}
 	}
@@ -123,9 +124,9 @@ func TestLifetimeExpiry(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.Lifetime = 700 * time.Millisecond })
 	h.dns.MX("slowgrey.test", 10, "mx.slowgrey.test").A("mx.slowgrey.test", "127.0.0.36")
-	startMX(t, "127.0.0.36", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(451, [3]int{4, 7, 1}, "Greylisted, please try again later")
-	}})
+	startMX(t, "127.0.0.36", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("451 4.7.1 Greylisted, please try again later")
+	}}})
 	id := h.enqueue("alice@sender.test", "x@slowgrey.test")
 	h.start()
 	eventually(t, wait, "expired", func() bool { return h.gone(id) })
@@ -136,20 +137,20 @@ func TestLifetimeExpiry(t *testing.T) {
 		t.Fatalf("%d DSNs, want exactly 1", len(ds))
 	}
 	for _, want := range []string{"Action: failed", "Status: 4.4.7", "Diagnostic-Code: smtp; 451 4.7.1 Greylisted"} {
-		if !strings.Contains(ds[0].data, want) {
-			t.Errorf("DSN lacks %q:\n%s", want, ds[0].data)
+		if !strings.Contains(ds[0].Data, want) {
+			t.Errorf("DSN lacks %q:\n%s", want, ds[0].Data)
 		}
 	}
 	// The text says the relay gave up: neither a "permanent error" nor
 	// the class 4 promise to keep retrying.
-	text := strings.Join(strings.Fields(strings.ReplaceAll(ds[0].data, "=\r\n", "")), " ")
+	text := strings.Join(strings.Fields(strings.ReplaceAll(ds[0].Data, "=\r\n", "")), " ")
 	for _, bad := range []string{"permanent error", "keeps retrying"} {
 		if strings.Contains(text, bad) {
-			t.Errorf("expiry DSN says %q:\n%s", bad, ds[0].data)
+			t.Errorf("expiry DSN says %q:\n%s", bad, ds[0].Data)
 		}
 	}
 	if !strings.Contains(text, "greyrelay gave up") || !strings.Contains(text, "time in the queue ran out") {
-		t.Errorf("expiry DSN does not say the relay gave up:\n%s", ds[0].data)
+		t.Errorf("expiry DSN does not say the relay gave up:\n%s", ds[0].Data)
 	}
 	outs := h.outcomes("x@slowgrey.test")
 	if last := outs[len(outs)-1]; last["outcome"] != "failed" || last["reason"] != "greylisted" {
@@ -163,9 +164,9 @@ func TestDelayWarning(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.DelayWarnings = []time.Duration{250 * time.Millisecond} })
 	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.37")
-	startMX(t, "127.0.0.37", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(451, [3]int{4, 3, 0}, "temporary server failure")
-	}})
+	startMX(t, "127.0.0.37", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("451 4.3.0 temporary server failure")
+	}}})
 	id := h.enqueue("alice@sender.test", "w@busy.test")
 	h.start()
 	eventually(t, wait, "a delay DSN", func() bool { return len(h.dsns()) == 1 })
@@ -174,7 +175,7 @@ func TestDelayWarning(t *testing.T) {
 		return n >= 5
 	})
 	ds := h.dsns()
-	if len(ds) != 1 || !strings.Contains(ds[0].data, "Action: delayed") || !strings.Contains(ds[0].data, "Will-Retry-Until:") {
+	if len(ds) != 1 || !strings.Contains(ds[0].Data, "Action: delayed") || !strings.Contains(ds[0].Data, "Will-Retry-Until:") {
 		t.Fatalf("DSNs %d, want one delayed DSN; first:\n%v", len(ds), ds)
 	}
 	if r, ok := h.rcpt(id, 0); !ok || r.DelayWarnings != 1 {
@@ -188,7 +189,7 @@ func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	h.dns.MX("crash.test", 10, "mx.crash.test").A("mx.crash.test", "127.0.0.38")
-	f := startMX(t, "127.0.0.38", h.port, fakeOpt{})
+	f := startMX(t, "127.0.0.38", h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "c@crash.test")
 	now := time.Now()
 	err := h.q.Begin(queue.Start{Keys: []queue.Key{{ID: id, Rcpt: 0}}, Time: now, SourceIP: sourceIP,
@@ -201,7 +202,7 @@ func TestCrashRecovery(t *testing.T) {
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
 	time.Sleep(100 * time.Millisecond)
-	if n := len(f.delivered()); n != 1 {
+	if n := len(f.Delivered()); n != 1 {
 		t.Errorf("delivered %d times, want once", n)
 	}
 	if outs := h.outcomes("c@crash.test"); len(outs) != 1 || outs[0]["attempt"] != int64(2) {
@@ -215,9 +216,9 @@ func TestBounce(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
 	h.dns.MX("later.test", 10, "mx.later.test").A("mx.later.test", "127.0.0.39")
-	startMX(t, "127.0.0.39", h.port, fakeOpt{rcpt: func(int, string) error {
-		return reply(452, [3]int{4, 2, 2}, "mailbox full")
-	}})
+	startMX(t, "127.0.0.39", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+		return relaytest.Reply("452 4.2.2 mailbox full")
+	}}})
 	id := h.enqueue("alice@sender.test", "b@later.test")
 	h.start()
 	eventually(t, wait, "deferred", func() bool {
@@ -229,7 +230,7 @@ func TestBounce(t *testing.T) {
 		t.Fatalf("Bounce = %d, %v; want 1", n, err)
 	}
 	eventually(t, wait, "the DSN", func() bool { return len(h.dsns()) == 1 })
-	if d := h.dsns()[0].data; !strings.Contains(d, "Status: "+BounceStatus) || !strings.Contains(d, "b@later.test") {
+	if d := h.dsns()[0].Data; !strings.Contains(d, "Status: "+BounceStatus) || !strings.Contains(d, "b@later.test") {
 		t.Errorf("DSN:\n%s", d)
 	}
 	if !h.gone(id) {

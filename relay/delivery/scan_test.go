@@ -6,6 +6,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // backlog queues n single-recipient messages to rcpt in one transaction.
@@ -34,20 +35,20 @@ func TestScheduler_BacklogDoesNotHideNewWork(t *testing.T) {
 	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", "127.0.0.51").
 		MX("healthy.test", 10, "mx.healthy.test").A("mx.healthy.test", "127.0.0.52")
 	gate := make(chan struct{})
-	stuck := startMX(t, "127.0.0.51", h.port, fakeOpt{data: func(int) error { <-gate; return nil }})
-	healthy := startMX(t, "127.0.0.52", h.port, fakeOpt{})
+	stuck := startMX(t, "127.0.0.51", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error { <-gate; return nil }}})
+	healthy := startMX(t, "127.0.0.52", h.port, relaytest.MXOptions{})
 	h.backlog("s@stuck.test", "stuck.test", 3*scanBatch)
 	h.start()
 	t.Cleanup(func() { close(gate) }) // runs before the harness stops
-	eventually(t, wait, "stuck.test connection hanging", func() bool { return len(stuck.transactions()) > 0 })
+	eventually(t, wait, "stuck.test connection hanging", func() bool { return len(stuck.Transactions()) > 0 })
 	for i := range 20 {
 		id := h.enqueue("alice@sender.test", "h@healthy.test")
 		eventually(t, wait, "healthy message "+string(rune('a'+i))+" delivered", func() bool { return h.gone(id) })
 	}
-	if n := len(healthy.delivered()); n != 20 {
+	if n := len(healthy.Delivered()); n != 20 {
 		t.Errorf("healthy.test got %d messages, want 20", n)
 	}
-	if n := len(stuck.transactions()); n != 1 {
+	if n := len(stuck.Transactions()); n != 1 {
 		t.Errorf("stuck.test saw %d transactions, want the one hanging", n)
 	}
 }
@@ -60,18 +61,18 @@ func TestScheduler_PassedOverPickedUpWhenCapacityFrees(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxPerDestination = 1 })
 	h.dns.MX("burst.test", 10, "mx.burst.test").A("mx.burst.test", "127.0.0.53")
-	f := startMX(t, "127.0.0.53", h.port, fakeOpt{})
+	f := startMX(t, "127.0.0.53", h.port, relaytest.MXOptions{})
 	n := 5 * reuseShare
 	h.backlog("b@burst.test", "burst.test", n)
 	h.start()
-	eventually(t, wait, "the whole burst delivered", func() bool { return len(f.delivered()) == n })
+	eventually(t, wait, "the whole burst delivered", func() bool { return len(f.Delivered()) == n })
 	// The peer counts a message before its 250 reaches us, so the last
 	// outcomes may still be on their way into the queue.
 	eventually(t, wait, "the queue empty", func() bool {
 		st, err := h.q.Stats()
 		return err == nil && st.Messages == 0
 	})
-	if got := len(f.delivered()); got != n {
+	if got := len(f.Delivered()); got != n {
 		t.Errorf("%d messages delivered, want %d (none twice)", got, n)
 	}
 }

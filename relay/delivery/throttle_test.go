@@ -7,6 +7,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestThrottledExpiry: a destination rate-limits every attempt, pausing
@@ -19,11 +20,11 @@ func TestThrottledExpiry(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Retry.Lifetime = 600 * time.Millisecond })
 	h.dns.MX("thr.test", 10, "mx.thr.test").A("mx.thr.test", "127.0.0.87")
-	startMX(t, "127.0.0.87", h.port, fakeOpt{rcpt: func(int, string) error {
+	startMX(t, "127.0.0.87", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		// The hint (clamped to retry.hint_max, 1s) pauses the destination
 		// past the first message's deadline.
-		return reply(451, [3]int{4, 7, 28}, "mail flood detected, slow down, try again in 60 seconds")
-	}})
+		return relaytest.Reply("451 4.7.28 mail flood detected, slow down, try again in 60 seconds")
+	}}})
 	now := time.Now()
 	a := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test", Arrival: now}, "a@thr.test")
 	// b arrives (and is due) later: it waits while a expires.
@@ -49,8 +50,8 @@ func TestThrottledExpiry(t *testing.T) {
 	eventually(t, 2*wait, "b expired", func() bool { return h.gone(b) })
 	eventually(t, wait, "two DSNs", func() bool { return len(h.dsns()) == 2 })
 	for _, d := range h.dsns() {
-		if !strings.Contains(d.data, "Remote-MTA: dns; mx.thr.test") || !strings.Contains(d.data, "Status: 4.4.7") {
-			t.Errorf("expiry DSN without the last attempt's Remote-MTA:\n%s", d.data)
+		if !strings.Contains(d.Data, "Remote-MTA: dns; mx.thr.test") || !strings.Contains(d.Data, "Status: 4.4.7") {
+			t.Errorf("expiry DSN without the last attempt's Remote-MTA:\n%s", d.Data)
 		}
 	}
 	dst, _, _ = h.q.Destination("thr.test")
