@@ -19,12 +19,13 @@ import (
 // STARTTLS with AUTH, and the recipients end up Relayed.
 func TestSmarthostAuth(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) {
 		c.Delivery.Smarthost = config.Smarthost{Username: "relay", Password: "s3cret", TLS: "encrypt"}
 	})
-	h.cfg.Delivery.Smarthost.Address = net.JoinHostPort("127.0.0.40", strconv.Itoa(h.port))
+	h.cfg.Delivery.Smarthost.Address = net.JoinHostPort(ip, strconv.Itoa(h.port))
 	cert := testCert(t, "smarthost.test")
-	f := startMX(t, "127.0.0.40", h.port, relaytest.MXOptions{TLS: &tls.Config{Certificates: []tls.Certificate{cert}}, Users: map[string]string{"relay": "s3cret"}})
+	f := startMX(t, ip, h.port, relaytest.MXOptions{TLS: &tls.Config{Certificates: []tls.Certificate{cert}}, Users: map[string]string{"relay": "s3cret"}})
 	id := h.enqueue("alice@sender.test", "x@anywhere.test", "y@elsewhere.test")
 	h.start()
 	eventually(t, wait, "relayed", func() bool { return h.gone(id) })
@@ -47,12 +48,13 @@ func TestSmarthostAuth(t *testing.T) {
 // in plaintext on the same host.
 func TestTLSMayFallback(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("badtls.test", 10, "mx.badtls.test").A("mx.badtls.test", "127.0.0.41")
+	h.dns.MX("badtls.test", 10, "mx.badtls.test").A("mx.badtls.test", ip)
 	broken := &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 		return nil, errors.New("no certificate today")
 	}}
-	f := startMX(t, "127.0.0.41", h.port, relaytest.MXOptions{TLS: broken})
+	f := startMX(t, ip, h.port, relaytest.MXOptions{TLS: broken})
 	id := h.enqueue("alice@sender.test", "x@badtls.test")
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
@@ -68,9 +70,10 @@ func TestTLSMayFallback(t *testing.T) {
 // mail; the recipient is deferred for reason tls.
 func TestTLSEncryptRefused(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Delivery.TLS = "encrypt" })
-	h.dns.MX("notls.test", 10, "mx.notls.test").A("mx.notls.test", "127.0.0.42")
-	f := startMX(t, "127.0.0.42", h.port, relaytest.MXOptions{})
+	h.dns.MX("notls.test", 10, "mx.notls.test").A("mx.notls.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "x@notls.test")
 	h.start()
 	eventually(t, wait, "deferred", func() bool { return len(h.outcomes("x@notls.test")) > 0 })
@@ -102,9 +105,10 @@ func TestNoIPv6Egress(t *testing.T) {
 // enqueue wakes it at once.
 func TestScheduler_IdleNoPolling(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("idle.test", 10, "mx.idle.test").A("mx.idle.test", "127.0.0.43")
-	f := startMX(t, "127.0.0.43", h.port, relaytest.MXOptions{})
+	h.dns.MX("idle.test", 10, "mx.idle.test").A("mx.idle.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{})
 	h.start()
 	time.Sleep(50 * time.Millisecond)
 	before := testutil.ToFloat64(h.m.SchedulerWakeup)
@@ -124,14 +128,15 @@ func TestScheduler_IdleNoPolling(t *testing.T) {
 // message for another domain does not wait for the whole backlog.
 func TestScheduler_FairUnderGlobalCap(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxConnections = 1 })
-	h.dns.MX("slow.test", 10, "mx.slow.test").A("mx.slow.test", "127.0.0.44").
-		MX("fast.test", 10, "mx.fast.test").A("mx.fast.test", "127.0.0.45")
-	slow := startMX(t, "127.0.0.44", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
+	h.dns.MX("slow.test", 10, "mx.slow.test").A("mx.slow.test", ip1).
+		MX("fast.test", 10, "mx.fast.test").A("mx.fast.test", ip2)
+	slow := startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		time.Sleep(200 * time.Millisecond)
 		return nil
 	}}})
-	fast := startMX(t, "127.0.0.45", h.port, relaytest.MXOptions{})
+	fast := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	var ids []queue.ID
 	for range 4 {
 		ids = append(ids, h.enqueue("alice@sender.test", "s@slow.test"))

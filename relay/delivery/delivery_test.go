@@ -22,11 +22,12 @@ const wait = 5 * time.Second
 // from the pinned source address.
 func TestDeliver_OneTransactionPerDomain(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("one.test", 10, "mx.one.test").A("mx.one.test", "127.0.0.21")
-	h.dns.MX("two.test", 10, "mx.two.test").A("mx.two.test", "127.0.0.22")
-	one := startMX(t, "127.0.0.21", h.port, relaytest.MXOptions{})
-	two := startMX(t, "127.0.0.22", h.port, relaytest.MXOptions{})
+	h.dns.MX("one.test", 10, "mx.one.test").A("mx.one.test", ip1)
+	h.dns.MX("two.test", 10, "mx.two.test").A("mx.two.test", ip2)
+	one := startMX(t, ip1, h.port, relaytest.MXOptions{})
+	two := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "a@one.test", "b@two.test", "c@one.test")
 	h.start()
 	eventually(t, wait, "message delivered", func() bool { return h.gone(id) })
@@ -61,9 +62,10 @@ func TestDeliver_OneTransactionPerDomain(t *testing.T) {
 // three outcomes, and the DSN names only the failed recipient.
 func TestDeliver_MixedRecipientReplies(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("mixed.test", 10, "mx.mixed.test").A("mx.mixed.test", "127.0.0.23")
-	f := startMX(t, "127.0.0.23", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
+	h.dns.MX("mixed.test", 10, "mx.mixed.test").A("mx.mixed.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
 		switch {
 		case strings.HasPrefix(to, "later@"):
 			return relaytest.Reply("450 4.2.1 mailbox busy, try later")
@@ -119,10 +121,11 @@ func TestDeliver_MixedRecipientReplies(t *testing.T) {
 // takes the message; the refusing address goes on the dead-host list.
 func TestDeliver_MXFallback(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("fallback.test", 10, "mx1.fallback.test").A("mx1.fallback.test", "127.0.0.24").
-		MX("fallback.test", 20, "mx2.fallback.test").A("mx2.fallback.test", "127.0.0.25")
-	second := startMX(t, "127.0.0.25", h.port, relaytest.MXOptions{})
+	h.dns.MX("fallback.test", 10, "mx1.fallback.test").A("mx1.fallback.test", ip1).
+		MX("fallback.test", 20, "mx2.fallback.test").A("mx2.fallback.test", ip2)
+	second := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "x@fallback.test")
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
@@ -130,15 +133,15 @@ func TestDeliver_MXFallback(t *testing.T) {
 		t.Fatalf("second MX got %d messages, want 1", n)
 	}
 	outs := h.outcomes("x@fallback.test")
-	if len(outs) != 1 || outs[0]["mx"] != "mx2.fallback.test" || outs[0]["mx_addr"] != "127.0.0.25" {
+	if len(outs) != 1 || outs[0]["mx"] != "mx2.fallback.test" || outs[0]["mx_addr"] != ip2 {
 		t.Errorf("logged %v, want one attempt ending at mx2", outs)
 	}
 	dst, ok, err := h.q.Destination("fallback.test")
 	if err != nil || !ok {
 		t.Fatalf("destination: %v %v", ok, err)
 	}
-	if _, dead := dst.DeadHosts["127.0.0.24"]; !dead {
-		t.Errorf("DeadHosts = %v, want 127.0.0.24", dst.DeadHosts)
+	if _, dead := dst.DeadHosts[ip1]; !dead {
+		t.Errorf("DeadHosts = %v, want %s", dst.DeadHosts, ip1)
 	}
 }
 
@@ -189,9 +192,10 @@ func TestDeliver_DNSOutcomes(t *testing.T) {
 // connection (no RSET between: the first transaction completed).
 func TestDeliver_ConnectionReuse(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("reuse.test", 10, "mx.reuse.test").A("mx.reuse.test", "127.0.0.26")
-	f := startMX(t, "127.0.0.26", h.port, relaytest.MXOptions{})
+	h.dns.MX("reuse.test", 10, "mx.reuse.test").A("mx.reuse.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{})
 	a := h.enqueue("alice@sender.test", "a@reuse.test")
 	b := h.enqueue("bob@sender.test", "b@reuse.test")
 	h.start()
@@ -209,10 +213,11 @@ func TestDeliver_ConnectionReuse(t *testing.T) {
 // follow-up transactions right away (RFC 5321 §4.5.3.1.10).
 func TestDeliver_TooManyRecipients(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("many.test", 10, "mx.many.test").A("mx.many.test", "127.0.0.27")
+	h.dns.MX("many.test", 10, "mx.many.test").A("mx.many.test", ip)
 	var f *relaytest.FakeMX
-	f = startMX(t, "127.0.0.27", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
+	f = startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
 		if len(f.Transactions()[n].Accepted) >= 2 {
 			return relaytest.Reply("452 4.5.3 too many recipients")
 		}
@@ -245,9 +250,10 @@ func TestDeliver_TooManyRecipients(t *testing.T) {
 // §6.1) and none when NOTIFY=NEVER.
 func TestDeliver_NoDSN(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("rej.test", 10, "mx.rej.test").A("mx.rej.test", "127.0.0.28")
-	startMX(t, "127.0.0.28", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("rej.test", 10, "mx.rej.test").A("mx.rej.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("550 5.1.1 no such user")
 	}}})
 	never := h.enqueue("alice@sender.test", "x@rej.test|NEVER")
@@ -270,11 +276,12 @@ func TestDeliver_NoDSN(t *testing.T) {
 // "relayed" DSN; to a peer with DSN, the parameter is passed on instead.
 func TestDeliver_RelayedDSN(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("plain.test", 10, "mx.plain.test").A("mx.plain.test", "127.0.0.29").
-		MX("dsn.test", 10, "mx.dsn.test").A("mx.dsn.test", "127.0.0.30")
-	startMX(t, "127.0.0.29", h.port, relaytest.MXOptions{})
-	withDSN := startMX(t, "127.0.0.30", h.port, relaytest.MXOptions{DSN: true})
+	h.dns.MX("plain.test", 10, "mx.plain.test").A("mx.plain.test", ip1).
+		MX("dsn.test", 10, "mx.dsn.test").A("mx.dsn.test", ip2)
+	startMX(t, ip1, h.port, relaytest.MXOptions{})
+	withDSN := startMX(t, ip2, h.port, relaytest.MXOptions{DSN: true})
 	a := h.enqueue("alice@sender.test", "a@plain.test|SUCCESS,FAILURE")
 	b := h.enqueue("alice@sender.test", "b@dsn.test|SUCCESS")
 	h.start()
@@ -294,9 +301,10 @@ func TestDeliver_RelayedDSN(t *testing.T) {
 // bounces one sender gets; the rest are dropped and counted.
 func TestDeliver_DSNCapPerSender(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.DSN.MaxPerSenderPerHour = 1 })
-	h.dns.MX("cap.test", 10, "mx.cap.test").A("mx.cap.test", "127.0.0.46")
-	startMX(t, "127.0.0.46", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("cap.test", 10, "mx.cap.test").A("mx.cap.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("550 5.1.1 no such user")
 	}}})
 	a := h.enqueue("alice@sender.test", "a@cap.test")

@@ -64,9 +64,10 @@ func eventsHarness(t *testing.T, strip bool, mods ...func(c *config.Config)) (*h
 // stripped from what is sent and kept in the events.
 func TestEventsWithOutcomes(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h, ev := eventsHarness(t, true)
-	h.dns.MX("ev.test", 10, "mx.ev.test").A("mx.ev.test", "127.0.0.41")
-	f := startMX(t, "127.0.0.41", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
+	h.dns.MX("ev.test", 10, "mx.ev.test").A("mx.ev.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, to string) error {
 		switch {
 		case strings.HasPrefix(to, "bad@"):
 			return relaytest.Reply("550 5.1.1 no such user")
@@ -114,9 +115,10 @@ func TestEventsWithOutcomes(t *testing.T) {
 // stored with the result it reports.
 func TestEventsOperatorBounce(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h, ev := eventsHarness(t, false, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
-	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.42")
-	startMX(t, "127.0.0.42", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("452 4.2.2 mailbox full")
 	}}})
 	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
@@ -139,11 +141,12 @@ func TestEventsOperatorBounce(t *testing.T) {
 // bounced) when its lifetime runs out.
 func TestEventsDelayedAndExpired(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h, ev := eventsHarness(t, false, func(c *config.Config) {
 		c.Retry.Lifetime, c.Retry.DelayWarnings = 1500*time.Millisecond, []time.Duration{300 * time.Millisecond}
 	})
-	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.43")
-	startMX(t, "127.0.0.43", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("451 4.3.0 temporary server failure")
 	}}})
 	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",

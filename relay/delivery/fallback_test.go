@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -24,7 +23,7 @@ import (
 func TestDeliver_NextMXAfter421(t *testing.T) {
 	t.Parallel()
 	closing := relaytest.Reply("421 4.7.0 Try again later, closing connection")
-	for i, c := range []struct {
+	for _, c := range []struct {
 		name  string
 		first relaytest.MXOptions
 		to    []string
@@ -45,7 +44,7 @@ func TestDeliver_NextMXAfter421(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			ip1, ip2 := fmt.Sprintf("127.0.0.%d", 70+2*i), fmt.Sprintf("127.0.0.%d", 71+2*i)
+			ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 			h.dns.MX("next.test", 10, "mx1.next.test").A("mx1.next.test", ip1).
 				MX("next.test", 20, "mx2.next.test").A("mx2.next.test", ip2)
 			first := startMX(t, ip1, h.port, c.first)
@@ -87,9 +86,10 @@ func TestDeliver_NextMXAfter421(t *testing.T) {
 // connection in the same attempt.
 func TestDeliver_ReusedConnection421(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("perconn.test", 10, "mx.perconn.test").A("mx.perconn.test", "127.0.0.78")
-	f := startMX(t, "127.0.0.78", h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: func(n int) error {
+	h.dns.MX("perconn.test", 10, "mx.perconn.test").A("mx.perconn.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: func(n int) error {
 		if n == 1 {
 			return relaytest.Reply("421 4.7.0 Too many messages on this connection")
 		}
@@ -117,18 +117,19 @@ func TestDeliver_ReusedConnection421(t *testing.T) {
 // (RFC 1047): the recipient is deferred, not offered to the next MX at once.
 func TestDeliver_LostFinalReplyDefers(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Delivery.DataTimeout = 200 * time.Millisecond })
-	h.dns.MX("slowdot.test", 10, "mx1.slowdot.test").A("mx1.slowdot.test", "127.0.0.79").
-		MX("slowdot.test", 20, "mx2.slowdot.test").A("mx2.slowdot.test", "127.0.0.80")
-	startMX(t, "127.0.0.79", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
+	h.dns.MX("slowdot.test", 10, "mx1.slowdot.test").A("mx1.slowdot.test", ip1).
+		MX("slowdot.test", 20, "mx2.slowdot.test").A("mx2.slowdot.test", ip2)
+	startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		time.Sleep(500 * time.Millisecond)
 		return nil
 	}}})
-	second := startMX(t, "127.0.0.80", h.port, relaytest.MXOptions{})
+	second := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	h.enqueue("alice@sender.test", "a@slowdot.test")
 	h.start()
 	eventually(t, wait, "the first attempt", func() bool { return len(h.outcomes("a@slowdot.test")) > 0 })
-	if outs := h.outcomes("a@slowdot.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != "127.0.0.79" {
+	if outs := h.outcomes("a@slowdot.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != ip1 {
 		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
 	}
 	if n := len(second.Transactions()); n != 0 {
@@ -143,18 +144,19 @@ func TestDeliver_LostFinalReplyDefers(t *testing.T) {
 // returns. The recipient is deferred, not offered to the next MX at once.
 func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Delivery.CommandTimeout = 200 * time.Millisecond })
-	h.dns.MX("slowrcpt.test", 10, "mx1.slowrcpt.test").A("mx1.slowrcpt.test", "127.0.0.83").
-		MX("slowrcpt.test", 20, "mx2.slowrcpt.test").A("mx2.slowrcpt.test", "127.0.0.84")
-	first := startMX(t, "127.0.0.83", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("slowrcpt.test", 10, "mx1.slowrcpt.test").A("mx1.slowrcpt.test", ip1).
+		MX("slowrcpt.test", 20, "mx2.slowrcpt.test").A("mx2.slowrcpt.test", ip2)
+	first := startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		time.Sleep(500 * time.Millisecond)
 		return nil
 	}}})
-	second := startMX(t, "127.0.0.84", h.port, relaytest.MXOptions{})
+	second := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	h.enqueue("alice@sender.test", "a@slowrcpt.test")
 	h.start()
 	eventually(t, wait, "the first attempt", func() bool { return len(h.outcomes("a@slowrcpt.test")) > 0 })
-	if outs := h.outcomes("a@slowrcpt.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != "127.0.0.83" {
+	if outs := h.outcomes("a@slowrcpt.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != ip1 {
 		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
 	}
 	eventually(t, wait, "the first MX to take the message anyway", func() bool { return len(first.Delivered()) == 1 })
@@ -169,7 +171,7 @@ func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 func TestGreylisting_StickyThrough421(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	const pref, grey = "127.0.0.81", "127.0.0.82"
+	pref, grey := relaytest.Loopback(t), relaytest.Loopback(t)
 	h.dns.MX("sticky.test", 10, "mx1.sticky.test").A("mx1.sticky.test", pref).
 		MX("sticky.test", 20, "mx2.sticky.test").A("mx2.sticky.test", grey)
 	closing := relaytest.Reply("421 4.3.2 closing channel")
@@ -207,7 +209,7 @@ func TestGreylisting_StickyThrough421(t *testing.T) {
 // seconds, not after the command timeout.
 func TestShutdown_PeerSilent(t *testing.T) {
 	t.Parallel()
-	for i, c := range []struct {
+	for _, c := range []struct {
 		name     string
 		messages int
 		verb     string // the command the peer never answers
@@ -219,7 +221,7 @@ func TestShutdown_PeerSilent(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t, func(c *config.Config) { c.Delivery.CommandTimeout = 10 * time.Minute })
-			ip := fmt.Sprintf("127.0.0.%d", 83+i)
+			ip := relaytest.Loopback(t)
 			h.dns.MX("mute.test", 10, "mx.mute.test").A("mx.mute.test", ip)
 			p := startMutePeer(t, ip, h.port)
 			for range c.messages {
@@ -246,9 +248,10 @@ func TestShutdown_PeerSilent(t *testing.T) {
 // ordinary message to the same place keeps its retry.lifetime.
 func TestDSNLifetime(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.DSNLifetime = 600 * time.Millisecond })
-	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", "127.0.0.85")
-	startMX(t, "127.0.0.85", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("451 4.7.1 Greylisted, please try again later")
 	}}})
 	arrival := time.Now()

@@ -3,9 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -22,8 +20,9 @@ import (
 // fault into a connection-level error instead of crashing the relay.
 func TestSend_FaultingBodyIsAnError(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	port := freePort(t)
-	startMX(t, "127.0.0.96", port, relaytest.MXOptions{})
+	mx := startMX(t, ip, port, relaytest.MXOptions{})
 	path := filepath.Join(t.TempDir(), "body")
 	if err := os.WriteFile(path, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
@@ -43,7 +42,7 @@ func TestSend_FaultingBodyIsAnError(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	addr := netip.MustParseAddrPort(fmt.Sprintf("127.0.0.96:%d", port))
+	addr := mx.Addr()
 	c, err := smtpclient.Dial(ctx, &net.Dialer{}, addr, "mx.test", smtpclient.Options{Hostname: "relay.test"})
 	if err != nil {
 		t.Fatal(err)

@@ -23,8 +23,9 @@ func longDeadHosts(c *config.Config) {
 // attempt count stays 0 and it says why.
 func TestFlush_DeadHostNoAttempt(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, longDeadHosts)
-	h.dns.MX("down.test", 10, "mx.down.test").A("mx.down.test", "127.0.0.88") // nothing listens
+	h.dns.MX("down.test", 10, "mx.down.test").A("mx.down.test", ip) // nothing listens
 	a := h.enqueue("alice@sender.test", "a@down.test")
 	h.start()
 	eventually(t, wait, "a's refused attempt", func() bool { return len(h.outcomes("a@down.test")) == 1 })
@@ -52,8 +53,9 @@ func TestFlush_DeadHostNoAttempt(t *testing.T) {
 // the list runs out; the postponed one at its first attempt.
 func TestFlush_RetryForgetsDeadHosts(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, longDeadHosts)
-	h.dns.MX("back.test", 10, "mx.back.test").A("mx.back.test", "127.0.0.89")
+	h.dns.MX("back.test", 10, "mx.back.test").A("mx.back.test", ip)
 	a := h.enqueue("alice@sender.test", "a@back.test")
 	h.start()
 	eventually(t, wait, "a's refused attempt", func() bool { return len(h.outcomes("a@back.test")) == 1 })
@@ -62,7 +64,7 @@ func TestFlush_RetryForgetsDeadHosts(t *testing.T) {
 		r, _ := h.rcpt(b, 0)
 		return r.Reason == "connect"
 	})
-	mx := startMX(t, "127.0.0.89", h.port, relaytest.MXOptions{}) // the next hop is back
+	mx := startMX(t, ip, h.port, relaytest.MXOptions{}) // the next hop is back
 	n, err := h.eng.Retry(queue.Selector{All: true}, time.Now())
 	if err != nil || n != 2 {
 		t.Fatalf("Retry: %d, %v; want 2 recipients", n, err)
@@ -85,9 +87,10 @@ func TestFlush_RetryForgetsDeadHosts(t *testing.T) {
 // its domain.
 func TestFlush_RetryForgetsThrottlePause(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.HintMax = time.Hour })
-	h.dns.MX("paused.test", 10, "mx.paused.test").A("mx.paused.test", "127.0.0.90")
-	mx := startMX(t, "127.0.0.90", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
+	h.dns.MX("paused.test", 10, "mx.paused.test").A("mx.paused.test", ip)
+	mx := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
 		if n == 0 {
 			return relaytest.Reply("451 4.7.28 mail flood detected, slow down, try again in 30 minutes")
 		}
@@ -113,9 +116,10 @@ func TestFlush_RetryForgetsThrottlePause(t *testing.T) {
 // and stored), or of all; forgetting what is not known changes nothing.
 func TestFlush_Forget(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, longDeadHosts)
-	h.dns.MX("gone1.test", 10, "mx.gone1.test").A("mx.gone1.test", "127.0.0.91") // nothing listens
-	h.dns.MX("gone2.test", 10, "mx.gone2.test").A("mx.gone2.test", "127.0.0.92")
+	h.dns.MX("gone1.test", 10, "mx.gone1.test").A("mx.gone1.test", ip1) // nothing listens
+	h.dns.MX("gone2.test", 10, "mx.gone2.test").A("mx.gone2.test", ip2)
 	h.enqueue("alice@sender.test", "x@gone1.test", "y@gone2.test")
 	h.start()
 	eventually(t, wait, "both refused", func() bool {
@@ -147,12 +151,13 @@ func TestFlush_Forget(t *testing.T) {
 // so the outcome stored afterwards does not bring it back.
 func TestFlush_RetryWhileAttemptInFlight(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, longDeadHosts)
 	// mx1 refuses (nothing listens there); mx2 holds the transaction.
-	h.dns.MX("inflight.test", 10, "mx1.inflight.test").A("mx1.inflight.test", "127.0.0.93")
-	h.dns.MX("inflight.test", 20, "mx2.inflight.test").A("mx2.inflight.test", "127.0.0.94")
+	h.dns.MX("inflight.test", 10, "mx1.inflight.test").A("mx1.inflight.test", ip1)
+	h.dns.MX("inflight.test", 20, "mx2.inflight.test").A("mx2.inflight.test", ip2)
 	inRcpt, release := make(chan struct{}), make(chan struct{})
-	startMX(t, "127.0.0.94", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	startMX(t, ip2, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		close(inRcpt)
 		<-release
 		return nil

@@ -89,8 +89,9 @@ func newHarness(t *testing.T, mods ...func(c *config.Config)) *harness {
 	h.dns = &mxtest.Server{}
 	h.dns.Start(t)
 	h.openQueue()
-	h.dns.MX("sender.test", 10, "mx.sender.test").A("mx.sender.test", "127.0.0.60")
-	h.sink = startMX(t, "127.0.0.60", h.port, relaytest.MXOptions{})
+	sinkIP := relaytest.Loopback(t)
+	h.dns.MX("sender.test", 10, "mx.sender.test").A("mx.sender.test", sinkIP)
+	h.sink = startMX(t, sinkIP, h.port, relaytest.MXOptions{})
 	return h
 }
 

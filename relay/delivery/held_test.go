@@ -63,10 +63,11 @@ func TestHeldFlush(t *testing.T) {
 // file, which the limit set between the attempt's Begin and its outcome
 // forbids.
 func TestHeldOutcomeStoredOnceRoomReturns(t *testing.T) {
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.DSN.MaxReturnedBytes = 256 << 10 })
-	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", "127.0.0.62")
+	h.dns.MX("full.test", 10, "mx.full.test").A("mx.full.test", ip)
 	restore := make(chan func(), 1)
-	startMX(t, "127.0.0.62", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
 		restore <- limitFileSize(t, h.path) // the attempt is recorded: Begin has committed
 		return relaytest.Reply("550 5.1.1 no such user")
 	}}})

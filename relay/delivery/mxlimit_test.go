@@ -3,8 +3,6 @@ package delivery
 import (
 	"testing"
 
-	"github.com/emersion/go-smtp"
-
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
@@ -17,10 +15,11 @@ func TestDeliver_MXSessionLimit(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *config.Config) { c.Delivery.MXSessionLimit = 2 })
 	busy := func(int) error {
-		return &smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 3, 2}, Message: "busy, closing"}
+		return relaytest.Reply("421 4.3.2 busy, closing")
 	}
 	var mxs []*relaytest.FakeMX
-	for i, ip := range []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"} {
+	for i := range 3 {
+		ip := relaytest.Loopback(t)
 		host := []string{"mx1", "mx2", "mx3"}[i] + ".limit.test"
 		h.dns.MX("limit.test", uint16(10*(i+1)), host).A(host, ip)
 		mxs = append(mxs, startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: busy}}))

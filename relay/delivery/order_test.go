@@ -66,9 +66,10 @@ func (c *storedCheck) Write(ent zapcore.Entry, fields []zapcore.Field) error {
 // does not (handed to the queue asynchronously); both orders are checked.
 func TestDeliver_LoggedBeforeStored(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("order.test", 10, "mx.order.test").A("mx.order.test", "127.0.0.86")
-	startMX(t, "127.0.0.86", h.port, relaytest.MXOptions{})
+	h.dns.MX("order.test", 10, "mx.order.test").A("mx.order.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{})
 	check := &storedCheck{q: h.q, watch: 300 * time.Millisecond}
 	h.start(func(o *Options) { o.Logger = zap.New(zapcore.NewTee(o.Logger.Core(), check)) })
 	for i, rc := range []string{"first@order.test", "second@order.test"} {

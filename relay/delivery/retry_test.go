@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +18,7 @@ import (
 // destination learns the delay.
 func TestGreylisting(t *testing.T) {
 	t.Parallel()
-	for i, c := range []struct {
+	for _, c := range []struct {
 		name  string
 		reply error
 	}{
@@ -29,7 +28,7 @@ func TestGreylisting(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			mx1, mx2 := fmt.Sprintf("127.0.0.%d", 31+2*i), fmt.Sprintf("127.0.0.%d", 32+2*i)
+			mx1, mx2 := relaytest.Loopback(t), relaytest.Loopback(t)
 			h.dns.MX("grey.test", 10, "mx1.grey.test").A("mx1.grey.test", mx1).
 				MX("grey.test", 20, "mx2.grey.test").A("mx2.grey.test", mx2)
 			second := startMX(t, mx2, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
@@ -78,9 +77,10 @@ func TestGreylisting(t *testing.T) {
 // messages relax the throttle and speed the pace up.
 func TestRateLimited(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
-	h.dns.MX("rl.test", 10, "mx.rl.test").A("mx.rl.test", "127.0.0.35")
-	f := startMX(t, "127.0.0.35", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
+	h.dns.MX("rl.test", 10, "mx.rl.test").A("mx.rl.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(n int, _ string) error {
 		if n == 0 {
 			return relaytest.Reply("451 4.7.28 mail flood detected, slow down")
 		}
@@ -122,9 +122,10 @@ func TestRateLimited(t *testing.T) {
 // exactly one DSN, status 4.4.7, quoting the last reply.
 func TestLifetimeExpiry(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.Lifetime = 700 * time.Millisecond })
-	h.dns.MX("slowgrey.test", 10, "mx.slowgrey.test").A("mx.slowgrey.test", "127.0.0.36")
-	startMX(t, "127.0.0.36", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("slowgrey.test", 10, "mx.slowgrey.test").A("mx.slowgrey.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("451 4.7.1 Greylisted, please try again later")
 	}}})
 	id := h.enqueue("alice@sender.test", "x@slowgrey.test")
@@ -162,9 +163,10 @@ func TestLifetimeExpiry(t *testing.T) {
 // retry.delay_warnings[0], once, and the recipient keeps being retried.
 func TestDelayWarning(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.DelayWarnings = []time.Duration{250 * time.Millisecond} })
-	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", "127.0.0.37")
-	startMX(t, "127.0.0.37", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("451 4.3.0 temporary server failure")
 	}}})
 	id := h.enqueue("alice@sender.test", "w@busy.test")
@@ -187,13 +189,14 @@ func TestDelayWarning(t *testing.T) {
 // after a crash, is made again after Recover, and delivered once.
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t)
-	h.dns.MX("crash.test", 10, "mx.crash.test").A("mx.crash.test", "127.0.0.38")
-	f := startMX(t, "127.0.0.38", h.port, relaytest.MXOptions{})
+	h.dns.MX("crash.test", 10, "mx.crash.test").A("mx.crash.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{})
 	id := h.enqueue("alice@sender.test", "c@crash.test")
 	now := time.Now()
 	err := h.q.Begin(queue.Start{Keys: []queue.Key{{ID: id, Rcpt: 0}}, Time: now, SourceIP: sourceIP,
-		MXHost: "mx.crash.test", MXAddr: "127.0.0.38", LeaseUntil: now.Add(time.Hour)})
+		MXHost: "mx.crash.test", MXAddr: ip, LeaseUntil: now.Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,9 +217,10 @@ func TestCrashRecovery(t *testing.T) {
 // with a 5.0.0 DSN.
 func TestBounce(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.InitialInterval, c.Retry.MaxInterval = time.Hour, time.Hour })
-	h.dns.MX("later.test", 10, "mx.later.test").A("mx.later.test", "127.0.0.39")
-	startMX(t, "127.0.0.39", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("later.test", 10, "mx.later.test").A("mx.later.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		return relaytest.Reply("452 4.2.2 mailbox full")
 	}}})
 	id := h.enqueue("alice@sender.test", "b@later.test")

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDeliver_IdleConnectionClosed: the peer closes the connection once
@@ -20,11 +22,11 @@ import (
 // attempt, nothing deferred. With and without PIPELINING.
 func TestDeliver_IdleConnectionClosed(t *testing.T) {
 	t.Parallel()
-	for i, pipelining := range []bool{true, false} {
+	for _, pipelining := range []bool{true, false} {
 		t.Run(fmt.Sprintf("pipelining=%v", pipelining), func(t *testing.T) {
 			t.Parallel()
 			h := newHarness(t)
-			ip := fmt.Sprintf("127.0.0.%d", 90+i)
+			ip := relaytest.Loopback(t)
 			h.dns.MX("idle.test", 10, "mx.idle.test").A("mx.idle.test", ip)
 			p := startCloser(t, ip, h.port, pipelining)
 			a := h.enqueue("alice@sender.test", "a@idle.test")

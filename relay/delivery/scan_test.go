@@ -28,15 +28,16 @@ func (h *harness) backlog(rcpt, domain string, n int) {
 // due, are each picked up and delivered.
 func TestScheduler_BacklogDoesNotHideNewWork(t *testing.T) {
 	t.Parallel()
+	ip1, ip2 := relaytest.Loopback(t), relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) {
 		c.Delivery.MaxPerDestination = 1
 		c.Delivery.DataTimeout = time.Minute
 	})
-	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", "127.0.0.51").
-		MX("healthy.test", 10, "mx.healthy.test").A("mx.healthy.test", "127.0.0.52")
+	h.dns.MX("stuck.test", 10, "mx.stuck.test").A("mx.stuck.test", ip1).
+		MX("healthy.test", 10, "mx.healthy.test").A("mx.healthy.test", ip2)
 	gate := make(chan struct{})
-	stuck := startMX(t, "127.0.0.51", h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error { <-gate; return nil }}})
-	healthy := startMX(t, "127.0.0.52", h.port, relaytest.MXOptions{})
+	stuck := startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error { <-gate; return nil }}})
+	healthy := startMX(t, ip2, h.port, relaytest.MXOptions{})
 	h.backlog("s@stuck.test", "stuck.test", 3*scanBatch)
 	h.start()
 	t.Cleanup(func() { close(gate) }) // runs before the harness stops
@@ -59,9 +60,10 @@ func TestScheduler_BacklogDoesNotHideNewWork(t *testing.T) {
 // enqueue to wake the scheduler and long before the periodic full rescan.
 func TestScheduler_PassedOverPickedUpWhenCapacityFrees(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxPerDestination = 1 })
-	h.dns.MX("burst.test", 10, "mx.burst.test").A("mx.burst.test", "127.0.0.53")
-	f := startMX(t, "127.0.0.53", h.port, relaytest.MXOptions{})
+	h.dns.MX("burst.test", 10, "mx.burst.test").A("mx.burst.test", ip)
+	f := startMX(t, ip, h.port, relaytest.MXOptions{})
 	n := 5 * reuseShare
 	h.backlog("b@burst.test", "burst.test", n)
 	h.start()

@@ -20,6 +20,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestScheduler_SleepsUntilDue runs the loop on the fake clock of
@@ -35,7 +36,7 @@ func TestScheduler_SleepsUntilDue(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg.Retry.InitialInterval, cfg.Retry.MaxInterval, cfg.Retry.Lifetime = 10*time.Minute, time.Hour, 5*time.Hour
-		cfg.Delivery.Routes = map[string]string{"later.test": "127.0.0.47:" + strconv.Itoa(port)}
+		cfg.Delivery.Routes = map[string]string{"later.test": relaytest.Loopback(t) + ":" + strconv.Itoa(port)}
 		q, err := queue.Open(filepath.Join(t.TempDir(), "q.db"), queue.Options{})
 		if err != nil {
 			t.Fatal(err)

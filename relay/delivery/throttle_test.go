@@ -18,9 +18,10 @@ import (
 // waits; once that one expires too, nothing waits and the throttle decays.
 func TestThrottledExpiry(t *testing.T) {
 	t.Parallel()
+	ip := relaytest.Loopback(t)
 	h := newHarness(t, func(c *config.Config) { c.Retry.Lifetime = 600 * time.Millisecond })
-	h.dns.MX("thr.test", 10, "mx.thr.test").A("mx.thr.test", "127.0.0.87")
-	startMX(t, "127.0.0.87", h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
+	h.dns.MX("thr.test", 10, "mx.thr.test").A("mx.thr.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
 		// The hint (clamped to retry.hint_max, 1s) pauses the destination
 		// past the first message's deadline.
 		return relaytest.Reply("451 4.7.28 mail flood detected, slow down, try again in 60 seconds")
@@ -37,10 +38,10 @@ func TestThrottledExpiry(t *testing.T) {
 		t.Fatalf("a: logged %v, want a rate-limited attempt and the expiry", outs)
 	}
 	last := outs[len(outs)-1]
-	if last["outcome"] != "failed" || last["mx"] != "mx.thr.test" || last["mx_addr"] != "127.0.0.87" ||
+	if last["outcome"] != "failed" || last["mx"] != "mx.thr.test" || last["mx_addr"] != ip ||
 		last["source_ip"] != sourceIP || last["reason"] != "rate-limited" {
-		t.Errorf("a's expiry logged %v, want failed rate-limited, with the last attempt's route mx.thr.test [127.0.0.87] from %s",
-			last, sourceIP)
+		t.Errorf("a's expiry logged %v, want failed rate-limited, with the last attempt's route mx.thr.test [%s] from %s",
+			last, ip, sourceIP)
 	}
 	dst, _, _ := h.q.Destination("thr.test")
 	if dst.ThrottleLevel == 0 {
