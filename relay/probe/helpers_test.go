@@ -6,17 +6,12 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
-	"io"
 	"net"
-	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/classifier"
@@ -31,36 +26,15 @@ type peerScript struct {
 	tls        *tls.Config
 }
 
-// peer is a scripted go-smtp server on a loopback address. It records the
-// whole dialogue (go-smtp's Debug writer) and whether DATA ever arrived.
-type peer struct {
-	addr netip.AddrPort
-	mu   sync.Mutex
-	log  bytes.Buffer
-	data bool
-}
-
-func (p *peer) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.Write(b)
-}
-
-// transcript returns what was said so far.
-func (p *peer) transcript() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.log.String()
-}
-
 // assertNoData fails the test if the client ever sent DATA (or BDAT):
 // a probe must never send a message.
-func (p *peer) assertNoData(t *testing.T) {
+func assertNoData(t *testing.T, p *relaytest.FakeMX) {
 	t.Helper()
-	p.mu.Lock()
-	data := p.data
-	p.mu.Unlock()
-	tr := p.transcript()
+	data := false
+	for _, tx := range p.Transactions() {
+		data = data || tx.DataCalls > 0
+	}
+	tr := p.Transcript()
 	for _, l := range strings.Split(tr, "\n") {
 		l = strings.ToUpper(strings.TrimSpace(l))
 		if l == "DATA" || strings.HasPrefix(l, "BDAT") {
@@ -72,61 +46,21 @@ func (p *peer) assertNoData(t *testing.T) {
 	}
 }
 
-type peerSession struct {
-	p *peer
-	s peerScript
-}
-
-func (s *peerSession) Reset()        {}
-func (s *peerSession) Logout() error { return nil }
-func (s *peerSession) Mail(string, *smtp.MailOptions) error {
-	return s.s.mail
-}
-func (s *peerSession) Rcpt(string, *smtp.RcptOptions) error { return s.s.rcpt }
-
-// AuthMechanisms and Auth accept PLAIN for user "probe", password "pw".
-func (s *peerSession) AuthMechanisms() []string { return []string{sasl.Plain} }
-func (s *peerSession) Auth(string) (sasl.Server, error) {
-	return sasl.NewPlainServer(func(_, user, pass string) error {
-		if user != "probe" || pass != "pw" {
-			return errors.New("bad credentials")
-		}
-		return nil
-	}), nil
-}
-func (s *peerSession) Data(r io.Reader) error {
-	s.p.mu.Lock()
-	s.p.data = true
-	s.p.mu.Unlock()
-	_, err := io.Copy(io.Discard, r)
-	return err
-}
-
-// startPeer listens on ip:port (port 0: any) and serves the script.
-func startPeer(t *testing.T, ip string, port int, script peerScript) *peer {
+// startPeer starts a fake MX for mx.example.test on ip:port (port 0: any)
+// that answers MAIL and RCPT as script says and accepts AUTH PLAIN for
+// user "probe", password "pw".
+func startPeer(t *testing.T, ip string, port int, script peerScript) *relaytest.FakeMX {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-	if err != nil {
-		t.Fatal(err)
+	o := relaytest.MXOptions{Domain: "mx.example.test", TLS: script.tls, Users: map[string]string{"probe": "pw"},
+		Configure: func(s *smtp.Server) { s.ReadTimeout, s.WriteTimeout = 10*time.Second, 10*time.Second }}
+	if script.mail != nil {
+		o.Script.Mail = func(int) error { return script.mail }
 	}
-	p := &peer{addr: netip.MustParseAddrPort(ln.Addr().String())}
-	srv := smtp.NewServer(smtp.BackendFunc(func(*smtp.Conn) (smtp.Session, error) {
-		return &peerSession{p: p, s: script}, nil
-	}))
-	srv.Domain = "mx.example.test"
-	srv.Debug = p
-	srv.TLSConfig = script.tls
-	srv.ReadTimeout, srv.WriteTimeout = 10*time.Second, 10*time.Second
-	srv.ErrorLog = quietLog{}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close() })
-	return p
+	if script.rcpt != nil {
+		o.Script.Rcpt = func(int, string) error { return script.rcpt }
+	}
+	return relaytest.StartMX(t, net.JoinHostPort(ip, strconv.Itoa(port)), o)
 }
-
-type quietLog struct{}
-
-func (quietLog) Printf(string, ...any) {}
-func (quietLog) Println(...any)        {}
 
 // freePort returns a port free on every address we use (we bind it on one).
 func freePort(t *testing.T, ip string) int {

@@ -9,8 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/emersion/go-smtp"
-
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
@@ -29,27 +28,26 @@ func TestRun_SMTPReplies(t *testing.T) {
 		{name: "healthy", target: "user@example.test", verdict: Accepted, exit: 0},
 		{name: "domain probes postmaster", target: "Example.TEST", verdict: Accepted, exit: 0},
 		{name: "greylisting", target: "user@example.test", verdict: Deferred, exit: 1, reason: "greylisted", failStep: "RCPT",
-			script: peerScript{rcpt: &smtp.SMTPError{Code: 450, EnhancedCode: smtp.EnhancedCode{4, 2, 0},
-				Message: "<user@example.test>: Recipient address rejected: Greylisted, see http://postgrey.schweikert.ch/help/example.test.html"}},
+			script:     peerScript{rcpt: relaytest.Reply("450 4.2.0 <user@example.test>: Recipient address rejected: Greylisted, see http://postgrey.schweikert.ch/help/example.test.html")},
 			meaningHas: "greylist"},
 		{name: "server misconfiguration", target: "user@example.test", verdict: Deferred, exit: 1, reason: "server-config", failStep: "RCPT",
-			script:     peerScript{rcpt: &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 5}, Message: "Server configuration problem"}},
+			script:     peerScript{rcpt: relaytest.Reply("451 4.3.5 Server configuration problem")},
 			meaningHas: "misconfigured"},
 		{name: "no such user", target: "nobody@example.test", verdict: Refused, exit: 2, reason: "no-such-user", failStep: "RCPT",
-			script:     peerScript{rcpt: &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "<nobody@example.test>: Recipient address rejected: User unknown"}},
+			script:     peerScript{rcpt: relaytest.Reply("550 5.1.1 <nobody@example.test>: Recipient address rejected: User unknown")},
 			meaningHas: "does not exist"},
 		{name: "sender refused", target: "user@example.test", verdict: Refused, exit: 2, reason: "policy", failStep: "MAIL",
-			script: peerScript{mail: &smtp.SMTPError{Code: 553, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "Sender address rejected: not welcome"}}},
+			script: peerScript{mail: relaytest.Reply("553 5.7.1 Sender address rejected: not welcome")}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startPeer(t, "127.0.0.11", 0, tc.script)
-			e := newEnv(t, int(p.addr.Port()))
+			e := newEnv(t, int(p.Addr().Port()))
 			e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 			rep, m := e.run(t, tc.target)
-			p.assertNoData(t)
-			if !strings.Contains(p.transcript(), "QUIT") {
-				t.Errorf("no QUIT in the dialogue:\n%s", p.transcript())
+			assertNoData(t, p)
+			if !strings.Contains(p.Transcript(), "QUIT") {
+				t.Errorf("no QUIT in the dialogue:\n%s", p.Transcript())
 			}
 			if rep.Verdict != tc.verdict || rep.ExitCode != tc.exit || rep.Reason != tc.reason {
 				t.Errorf("verdict %s exit %d reason %q, want %s %d %q", rep.Verdict, rep.ExitCode, rep.Reason, tc.verdict, tc.exit, tc.reason)
@@ -61,7 +59,7 @@ func TestRun_SMTPReplies(t *testing.T) {
 				t.Fatalf("%d paths, want 1", len(rep.Paths))
 			}
 			pr := rep.Paths[0]
-			if pr.Host != "mx.example.test" || pr.Address != p.addr.String() || !strings.HasPrefix(pr.Source, "127.0.0.2:") {
+			if pr.Host != "mx.example.test" || pr.Address != p.Addr().String() || !strings.HasPrefix(pr.Source, "127.0.0.2:") {
 				t.Errorf("path %s %s from %s", pr.Host, pr.Address, pr.Source)
 			}
 			want := []string{"connect", "greeting", "EHLO", "MAIL", "RCPT", "RSET", "QUIT"}
@@ -176,7 +174,7 @@ func TestRun_NextMX(t *testing.T) {
 	e.dns.MX("example.test", 10, "mx1.example.test").A("mx1.example.test", "127.0.0.13")
 	e.dns.MX("example.test", 20, "mx2.example.test").A("mx2.example.test", "127.0.0.11")
 	rep, m := e.run(t, "user@example.test")
-	p.assertNoData(t)
+	assertNoData(t, p)
 	if rep.Verdict != Accepted || rep.ExitCode != 0 || len(rep.Paths) != 2 {
 		t.Fatalf("verdict %s exit %d, %d paths", rep.Verdict, rep.ExitCode, len(rep.Paths))
 	}
@@ -191,7 +189,7 @@ func TestRun_NextMX(t *testing.T) {
 
 func TestRun_ImplicitMX(t *testing.T) {
 	p := startPeer(t, "127.0.0.11", 0, peerScript{})
-	e := newEnv(t, int(p.addr.Port()))
+	e := newEnv(t, int(p.Addr().Port()))
 	e.dns.A("example.test", "127.0.0.11")
 	rep, _ := e.run(t, "user@example.test")
 	if rep.Routing.Kind != "implicit-mx" || rep.Verdict != Accepted {
@@ -234,7 +232,7 @@ func TestRun_Identity(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startPeer(t, "127.0.0.11", 0, peerScript{})
-			e := newEnv(t, int(p.addr.Port()))
+			e := newEnv(t, int(p.Addr().Port()))
 			e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 			e.opt.SourceIPv4 = tc.source
 			e.opt.Dialer4 = &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(tc.source)}}
@@ -270,7 +268,7 @@ func TestRun_Identity(t *testing.T) {
 // local address of the connection, learnt after connecting.
 func TestRun_KernelSource(t *testing.T) {
 	p := startPeer(t, "127.0.0.11", 0, peerScript{})
-	e := newEnv(t, int(p.addr.Port()))
+	e := newEnv(t, int(p.Addr().Port()))
 	e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 	e.opt.SourceIPv4, e.opt.Dialer4 = "", &net.Dialer{}
 	rep, _ := e.run(t, "user@example.test")
@@ -295,7 +293,7 @@ func TestRun_NoSourceKnown(t *testing.T) {
 // test DNS (RFC 5782: 2.0.0.127.<zone>).
 func TestRun_DNSBL(t *testing.T) {
 	p := startPeer(t, "127.0.0.11", 0, peerScript{})
-	e := newEnv(t, int(p.addr.Port()))
+	e := newEnv(t, int(p.Addr().Port()))
 	e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 	e.dns.A("2.0.0.127.bl.test", "127.0.0.2").TXT("2.0.0.127.bl.test", "Listed for sending spam, see https://bl.test/127.0.0.2")
 	e.dns.A("2.0.0.127.refusing.test", "127.255.255.254")
@@ -346,14 +344,14 @@ func TestRun_STARTTLS(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startPeer(t, "127.0.0.11", 0, peerScript{tls: srvTLS})
-			e := newEnv(t, int(p.addr.Port()))
+			e := newEnv(t, int(p.Addr().Port()))
 			e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 			e.opt.TLS = smtpclient.TLSPolicy(tc.policy)
 			if tc.trusted {
 				e.opt.TLSConfig = &tls.Config{RootCAs: pool}
 			}
 			rep, m := e.run(t, "user@example.test")
-			p.assertNoData(t)
+			assertNoData(t, p)
 			if rep.Verdict != tc.verdict {
 				t.Errorf("verdict %s, want %s", rep.Verdict, tc.verdict)
 			}
@@ -399,7 +397,7 @@ func TestRun_BadTarget(t *testing.T) {
 // TestRun_Sender uses the configured probe sender in MAIL FROM.
 func TestRun_Sender(t *testing.T) {
 	p := startPeer(t, "127.0.0.11", 0, peerScript{})
-	e := newEnv(t, int(p.addr.Port()))
+	e := newEnv(t, int(p.Addr().Port()))
 	e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 	e.opt.Sender = "<probe@relay.test>"
 	rep, _ := e.run(t, "user@example.test")
@@ -414,10 +412,10 @@ func TestRun_TLSFallback(t *testing.T) {
 	srvTLS, _ := selfSigned(t, "mx.example.test")
 	srvTLS.MaxVersion = tls.VersionTLS10 // our client requires TLS 1.2
 	p := startPeer(t, "127.0.0.11", 0, peerScript{tls: srvTLS})
-	e := newEnv(t, int(p.addr.Port()))
+	e := newEnv(t, int(p.Addr().Port()))
 	e.dns.MX("example.test", 10, "mx.example.test").A("mx.example.test", "127.0.0.11")
 	rep, _ := e.run(t, "user@example.test")
-	p.assertNoData(t)
+	assertNoData(t, p)
 	pr := rep.Paths[0]
 	got := strings.Join(names(pr.Steps), " ")
 	if rep.Verdict != Accepted || got != "connect greeting EHLO STARTTLS tls connect greeting EHLO MAIL RCPT RSET QUIT" {
@@ -437,12 +435,12 @@ func TestRun_Smarthost(t *testing.T) {
 	srvTLS, _ := selfSigned(t, "smarthost.test")
 	p := startPeer(t, "127.0.0.11", 0, peerScript{tls: srvTLS})
 	e := newEnv(t, 25)
-	e.opt.Router.Smarthost = p.addr.String()
+	e.opt.Router.Smarthost = p.Addr().String()
 	e.opt.Router.AllowPrivate = false // does not apply to a configured next hop
 	e.opt.TLS, e.opt.SmarthostTLS = smtpclient.TLSNone, smtpclient.TLSEncrypt
 	e.opt.Username, e.opt.Password = "probe", "pw"
 	rep, m := e.run(t, "user@example.test")
-	p.assertNoData(t)
+	assertNoData(t, p)
 	if rep.Routing.Kind != "smarthost" || rep.Verdict != Accepted || len(rep.Paths) != 1 {
 		t.Fatalf("routing %+v, verdict %s", rep.Routing, rep.Verdict)
 	}
