@@ -171,9 +171,9 @@ func TestDeliver_DNSOutcomes(t *testing.T) {
 				if !ok || r.Reason != "dns" || (r.Status != queue.Deferred && r.Status != queue.Active) {
 					t.Errorf("recipient %+v, want deferred for dns", r)
 				}
-				time.Sleep(100 * time.Millisecond)
-				if n := len(h.dsns()); n != 0 {
-					t.Errorf("%d DSNs for a temporary DNS failure", n)
+				// The deferral is stored, so a DSN about it would be queued.
+				if n, dsns := h.queued(), len(h.dsns()); n != 1 || dsns != 0 {
+					t.Errorf("%d messages queued (want 1, no DSN), %d DSNs delivered for a temporary DNS failure", n, dsns)
 				}
 				return
 			}
@@ -261,9 +261,9 @@ func TestDeliver_NoDSN(t *testing.T) {
 	dsnMsg := h.enqueueMsg(queue.NewMessage{From: "", DSN: true}, "z@rej.test")
 	h.start()
 	eventually(t, wait, "all failed", func() bool { return h.gone(never) && h.gone(bounce) && h.gone(dsnMsg) })
-	time.Sleep(100 * time.Millisecond)
-	if n := len(h.dsns()); n != 0 {
-		t.Errorf("%d DSNs, want none", n)
+	// Every outcome is stored, so a DSN about one would be queued.
+	if n, dsns := h.queued(), len(h.dsns()); n != 0 || dsns != 0 {
+		t.Errorf("%d messages queued, %d DSNs delivered, want none", n, dsns)
 	}
 	for _, rc := range []string{"x@rej.test", "y@rej.test", "z@rej.test"} {
 		if outs := h.outcomes(rc); len(outs) != 1 || outs[0]["outcome"] != "failed" {
@@ -287,7 +287,7 @@ func TestDeliver_RelayedDSN(t *testing.T) {
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(a) && h.gone(b) })
 	eventually(t, wait, "a relayed DSN", func() bool { return len(h.dsns()) == 1 })
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, wait, "every DSN delivered", h.drained)
 	ds := h.dsns()
 	if len(ds) != 1 || !strings.Contains(ds[0].Data, "Action: relayed") || !strings.Contains(ds[0].Data, "a@plain.test") {
 		t.Fatalf("DSNs %v, want one relayed DSN for a@plain.test", ds)
@@ -312,7 +312,7 @@ func TestDeliver_DSNCapPerSender(t *testing.T) {
 	h.start()
 	eventually(t, wait, "both failed", func() bool { return h.gone(a) && h.gone(b) })
 	eventually(t, wait, "one DSN", func() bool { return len(h.dsns()) == 1 })
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, wait, "every DSN delivered", h.drained)
 	if n := len(h.dsns()); n != 1 {
 		t.Errorf("%d DSNs, want 1", n)
 	}

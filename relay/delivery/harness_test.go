@@ -301,6 +301,24 @@ func (h *harness) stored(m map[string]any) bool {
 	return true
 }
 
+// queued returns how many messages the queue holds, DSNs included. The
+// engine queues a DSN in the same update that stores the outcome it
+// reports, so once that outcome is stored its DSN is either counted here
+// or already delivered to the sink: a test waits for this event instead
+// of sleeping to see that no (further) DSN comes.
+func (h *harness) queued() int {
+	h.t.Helper()
+	s, err := h.q.Stats()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return s.Messages
+}
+
+// drained reports whether the queue is empty: every message left it, and
+// every DSN the engine queued has reached the sink.
+func (h *harness) drained() bool { return h.queued() == 0 }
+
 // dsns returns the DSNs the sink has received (MAIL FROM:<>).
 func (h *harness) dsns() []relaytest.Tx {
 	var out []relaytest.Tx

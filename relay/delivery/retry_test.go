@@ -132,7 +132,7 @@ func TestLifetimeExpiry(t *testing.T) {
 	h.start()
 	eventually(t, wait, "expired", func() bool { return h.gone(id) })
 	eventually(t, wait, "the DSN", func() bool { return len(h.dsns()) == 1 })
-	time.Sleep(200 * time.Millisecond)
+	eventually(t, wait, "every DSN delivered", h.drained)
 	ds := h.dsns()
 	if len(ds) != 1 {
 		t.Fatalf("%d DSNs, want exactly 1", len(ds))
@@ -204,7 +204,9 @@ func TestCrashRecovery(t *testing.T) {
 	h.openQueue()
 	h.start()
 	eventually(t, wait, "delivered", func() bool { return h.gone(id) })
-	time.Sleep(100 * time.Millisecond)
+	// Run returns once every attempt it started has ended (and logged its
+	// outcome), so nothing can reach the MX after this.
+	h.stop()
 	if n := len(f.Delivered()); n != 1 {
 		t.Errorf("delivered %d times, want once", n)
 	}
