@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 func shutdownAsync(e *testEnv, timeout time.Duration) chan error {
@@ -29,31 +31,45 @@ func inData(t *testing.T, e *testEnv) *client {
 	c.write("Subject: x\r\n\r\nfirst part\r\n")
 	// go-smtp writes 354 before it calls Data: wait until the session is
 	// really inside Data, or a Shutdown may find it idle and close it.
-	deadline := time.Now().Add(5 * time.Second)
-	for e.srv.inData.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the session never entered Data")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	waitFor(t, "the session inside Data", func() bool { return e.srv.inData.Load() > 0 })
 	return c
 }
 
 // waitDraining waits until Shutdown has reached the connections.
 func waitDraining(t *testing.T, e *testEnv) {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waitFor(t, "Shutdown to start", func() bool {
 		e.srv.lim.mu.Lock()
-		d := e.srv.lim.drain
-		e.srv.lim.mu.Unlock()
-		if d {
-			return
+		defer e.srv.lim.mu.Unlock()
+		return e.srv.lim.drain
+	})
+}
+
+// waitStopped waits until Shutdown has passed its deadline and stopped
+// every connection (reads now fail at once).
+func waitStopped(t *testing.T, e *testEnv) {
+	waitFor(t, "Shutdown to stop the connections", func() bool {
+		for _, c := range e.srv.lim.snapshot(false) {
+			c.mu.Lock()
+			stopped := c.broken != nil
+			c.mu.Unlock()
+			if !stopped {
+				return false
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("Shutdown did not start")
+		return true
+	})
+}
+
+// waitFor waits up to 5 seconds for cond: a state the server reaches
+// inside its own goroutines, which it does not report.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	relaytest.Eventually(t, 5*time.Second, what, func() error {
+		if !cond() {
+			return errors.New("not yet")
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func TestShutdown_IdleAndMidData(t *testing.T) {
@@ -111,11 +127,24 @@ func TestShutdown_CommitInProgress(t *testing.T) {
 	busy := inData(t, e)
 	busy.write(".\r\n")
 	<-waiting // Data is now waiting in Enqueue
-	done := shutdownAsync(e, 100*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)
+	// Shutdown's result carries the number of messages committed when it
+	// returned: had it returned during the commit, that is 0 whenever the
+	// test looks.
+	type result struct {
+		err       error
+		committed int
+	}
+	done := make(chan result, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		err := e.srv.Shutdown(ctx)
+		done <- result{err, len(e.q.messages())}
+	}()
+	waitStopped(t, e) // the deadline has passed
 	select {
-	case err := <-done:
-		t.Fatalf("Shutdown returned during a commit: %v", err)
+	case r := <-done:
+		t.Fatalf("Shutdown returned during a commit: %v", r.err)
 	default:
 	}
 	if len(e.q.messages()) != 0 {
@@ -127,8 +156,12 @@ func TestShutdown_CommitInProgress(t *testing.T) {
 		t.Fatal("250 without a commit")
 	}
 	busy.expectClosed()
-	if err := <-done; !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Shutdown: %v", err)
+	r := <-done
+	if !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("Shutdown: %v", r.err)
+	}
+	if r.committed != 1 {
+		t.Fatalf("Shutdown returned with %d messages committed, before the commit in progress", r.committed)
 	}
 }
 
