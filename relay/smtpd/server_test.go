@@ -112,13 +112,7 @@ func TestServer_AddrsAndMetrics(t *testing.T) {
 	if got := testutil.ToFloat64(m.Rejected.WithLabelValues("5xx", "relay")); got != 1 {
 		t.Errorf("Rejected relay %v", got)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for testutil.ToFloat64(m.ConnectionsIn) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("ConnectionsIn not back to 0")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, "ConnectionsIn back to 0", func() bool { return testutil.ToFloat64(m.ConnectionsIn) == 0 })
 }
 
 // TestLimits_BDATChunkTimeout: a stalled BDAT chunk gets 451 4.4.2 (not
@@ -150,7 +144,7 @@ func TestBDATClientGoneMidChunk(t *testing.T) {
 	c.cmd("MAIL FROM:<a@x.example>", "250 ")
 	c.cmd("RCPT TO:<b@y.example>", "250 ")
 	c.write(fmt.Sprintf("BDAT %d LAST\r\n%s", 1000, "Subject: cut\r\n\r\nonly part of it"))
-	time.Sleep(50 * time.Millisecond) // the chunk's start is being read
+	waitFor(t, "the chunk being read", func() bool { return e.srv.inData.Load() > 0 })
 	c.conn.(*net.TCPConn).CloseWrite()
 	// Read until the server closes: the session is over, so anything it
 	// would store is stored. (What it answers a client that is gone does
