@@ -226,50 +226,50 @@ func TestChunking(t *testing.T) {
 		noBDAT   bool     // the peer must not have seen a BDAT line
 		closedOK bool     // the connection is closed afterwards
 	}{
-		{name: "one write", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n250 2.0.0 queued\r\n"}},
+		{name: "one write", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n250 2.0.0 queued\r\n"}},
 			check: final(250, classifier.Deferred), data: []string{"hi\r\n"}, writes: 1},
-		{name: "dots are not stuffed", body: ".\r\n..x\r\n.\r\n", script: []step{{pipe: group1(11), send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
+		{name: "dots are not stuffed", body: ".\r\n..x\r\n.\r\n", script: []step{{Pipe: group1(11), Send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
 			check: final(250, classifier.Deferred), data: []string{".\r\n..x\r\n.\r\n"}, writes: 1},
-		{name: "stray line ends made canonical", body: "a\nb\rc", script: []step{{pipe: group1(8), send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
+		{name: "stray line ends made canonical", body: "a\nb\rc", script: []step{{Pipe: group1(8), Send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
 			check: final(250, classifier.Deferred), data: []string{"a\r\nb c\r\n"}, writes: 1},
-		{name: "empty body", body: "", script: []step{{pipe: group1(0), send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
+		{name: "empty body", body: "", script: []step{{Pipe: group1(0), Send: "250 ok\r\n250 ok\r\n250 ok\r\n"}},
 			check: final(250, classifier.Deferred), data: []string{""}, writes: 1},
 		{name: "CHUNKING not advertised: DATA", ehlo: ehloPipe, body: "hi\r\n",
-			script: []step{{pipe: []string{"MAIL", "RCPT", "DATA"}, send: "250 ok\r\n250 ok\r\n354 go\r\n"}, dataDone},
+			script: []step{{Pipe: []string{"MAIL", "RCPT", "DATA"}, Send: "250 ok\r\n250 ok\r\n354 go\r\n"}, dataDone},
 			check:  final(250, classifier.Deferred), data: []string{"hi\r\n.\r\n"}, noBDAT: true},
 		{name: "option off: DATA", off: true, body: ".x\r\n",
-			script: []step{{pipe: []string{"MAIL", "RCPT", "DATA"}, send: "250 ok\r\n250 ok\r\n354 go\r\n"}, dataDone},
+			script: []step{{Pipe: []string{"MAIL", "RCPT", "DATA"}, Send: "250 ok\r\n250 ok\r\n354 go\r\n"}, dataDone},
 			check:  final(250, classifier.Deferred), data: []string{"..x\r\n.\r\n"}, noBDAT: true},
 		{name: "without PIPELINING: BDAT and chunk in one write", ehlo: ehloChunk1, body: "hi\r\n",
-			script: []step{mailOK, rcptOK, {expect: "BDAT 4 LAST", send: "250 ok\r\n"}},
+			script: []step{mailOK, rcptOK, {Expect: "BDAT 4 LAST", Send: "250 ok\r\n"}},
 			check:  final(250, classifier.Deferred), data: []string{"hi\r\n"}, writes: 3},
 		{name: "without PIPELINING, recipient refused: no BDAT", ehlo: ehloChunk1, body: "hi\r\n",
-			script: []step{mailOK, {expect: "RCPT", send: "550 5.1.1 unknown\r\n"}},
+			script: []step{mailOK, {Expect: "RCPT", Send: "550 5.1.1 unknown\r\n"}},
 			check:  noDelivery(250, 550), noBDAT: true},
 		{name: "recipient refused: chunk discarded", body: "hi\r\n",
-			script: []step{{pipe: group1(4), send: "250 ok\r\n550 5.1.1 unknown\r\n502 5.5.1 Missing RCPT TO command.\r\n"}},
+			script: []step{{Pipe: group1(4), Send: "250 ok\r\n550 5.1.1 unknown\r\n502 5.5.1 Missing RCPT TO command.\r\n"}},
 			check:  noDelivery(250, 550), data: []string{"hi\r\n"}, writes: 1},
 		{name: "MAIL refused", body: "hi\r\n",
-			script: []step{{pipe: group1(4), send: "550 5.7.1 not you\r\n503 5.5.1 MAIL first\r\n502 5.5.1 no\r\n"}},
+			script: []step{{Pipe: group1(4), Send: "550 5.7.1 not you\r\n503 5.5.1 MAIL first\r\n502 5.5.1 no\r\n"}},
 			check:  noDelivery(550)},
-		{name: "451 to BDAT: deferred", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n451 4.3.0 try later\r\n"}},
+		{name: "451 to BDAT: deferred", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n451 4.3.0 try later\r\n"}},
 			check: final(451, classifier.Deferred)},
-		{name: "552 to BDAT: permanent", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n552 5.3.4 too big\r\n"}},
+		{name: "552 to BDAT: permanent", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n552 5.3.4 too big\r\n"}},
 			check: final(552, classifier.Failed)},
-		{name: "421 to BDAT", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", close: true}},
+		{name: "421 to BDAT", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", Close: true}},
 			check: lost(classifier.StageEndOfData, isCode(421)), closedOK: true},
-		{name: "dropped after the chunk", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n", close: true}},
+		{name: "dropped after the chunk", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n", Close: true}},
 			check: lost(classifier.StageEndOfData, isEOF), closedOK: true},
-		{name: "silence after the chunk", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n", hang: true}},
+		{name: "silence after the chunk", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n", Hang: true}},
 			check: lost(classifier.StageEndOfData, isTimeout), closedOK: true},
 		// The whole message went with the envelope: a reply lost before
 		// the RCPT's is as ambiguous as a lost reply to the final dot.
-		{name: "dropped before any reply, chunk sent", body: "hi\r\n", script: []step{{pipe: group1(4), close: true}},
+		{name: "dropped before any reply, chunk sent", body: "hi\r\n", script: []step{{Pipe: group1(4), Close: true}},
 			check: inlineLost(isEOF), closedOK: true},
-		{name: "silence before the RCPT reply, chunk sent", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n", hang: true}},
+		{name: "silence before the RCPT reply, chunk sent", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n", Hang: true}},
 			check: inlineLost(isTimeout), closedOK: true},
 		{name: "421 to RCPT: the peer closes, nothing is ambiguous", body: "hi\r\n",
-			script: []step{{pipe: group1(4), send: "250 ok\r\n421 4.3.2 bye\r\n", close: true}},
+			script: []step{{Pipe: group1(4), Send: "250 ok\r\n421 4.3.2 bye\r\n", Close: true}},
 			check: func(t *testing.T, res TxResult, err error) {
 				var se *Error
 				if !errors.As(err, &se) || se.Stage != classifier.StageRCPT || res.Data != nil {
@@ -277,32 +277,32 @@ func TestChunking(t *testing.T) {
 				}
 			}, closedOK: true},
 		{name: "without PIPELINING, dropped after the chunk", ehlo: ehloChunk1, body: "hi\r\n",
-			script: []step{mailOK, rcptOK, {expect: "BDAT 4 LAST", close: true}},
+			script: []step{mailOK, rcptOK, {Expect: "BDAT 4 LAST", Close: true}},
 			check:  lost(classifier.StageEndOfData, isEOF), closedOK: true},
-		{name: "354 to BDAT", body: "hi\r\n", script: []step{{pipe: group1(4), send: "250 ok\r\n250 ok\r\n354 what\r\n"}},
+		{name: "354 to BDAT", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n354 what\r\n"}},
 			check: lost(classifier.StageEndOfData, isProtocol), closedOK: true},
 		{name: "two recipients: the chunk waits for an accepted RCPT", env: envelope2, body: "hi\r\n",
-			script: []step{{pipe: group2[:3], send: "250 ok\r\n250 ok\r\n450 4.2.0 later\r\n"}, {expect: "BDAT 4 LAST", send: "250 ok\r\n"}},
+			script: []step{{Pipe: group2[:3], Send: "250 ok\r\n250 ok\r\n450 4.2.0 later\r\n"}, {Expect: "BDAT 4 LAST", Send: "250 ok\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || !slices.Equal(codes(res.Rcpts), []int{250, 450}) || res.Data == nil || res.Data.Code != 250 {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, data: []string{"hi\r\n"}, writes: 2},
 		{name: "two recipients refused: no BDAT", env: envelope2, body: "hi\r\n",
-			script: []step{{pipe: group2[:3], send: "250 ok\r\n550 no\r\n450 later\r\n"}},
+			script: []step{{Pipe: group2[:3], Send: "250 ok\r\n550 no\r\n450 later\r\n"}},
 			check:  noDelivery(250, 550, 450), noBDAT: true, writes: 1},
 		{name: "large body: the chunk waits for an accepted RCPT", body: big,
-			script: []step{{pipe: group1(0)[:2], send: "250 ok\r\n250 ok\r\n"}, {expect: fmt.Sprintf("BDAT %d LAST", len(big)), send: "250 ok\r\n"}},
+			script: []step{{Pipe: group1(0)[:2], Send: "250 ok\r\n250 ok\r\n"}, {Expect: fmt.Sprintf("BDAT %d LAST", len(big)), Send: "250 ok\r\n"}},
 			check:  final(250, classifier.Deferred), data: []string{big}, writes: 3},
 		{name: "large body with bare LFs", body: strings.ReplaceAll(big, "\r\n", "\n"),
-			script: []step{{pipe: group1(0)[:2], send: "250 ok\r\n250 ok\r\n"}, {expect: fmt.Sprintf("BDAT %d LAST", len(big)), send: "250 ok\r\n"}},
+			script: []step{{Pipe: group1(0)[:2], Send: "250 ok\r\n250 ok\r\n"}, {Expect: fmt.Sprintf("BDAT %d LAST", len(big)), Send: "250 ok\r\n"}},
 			check:  final(250, classifier.Deferred), data: []string{big}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			ehlo, env := tt.ehlo, tt.env
-			if ehlo.expect == "" {
+			if ehlo.Expect == "" {
 				ehlo = ehloChunk
 			}
 			if env.From == "" {
@@ -312,7 +312,7 @@ func TestChunking(t *testing.T) {
 			o := chunkOpts()
 			o.Chunking = !tt.off
 			d := &countingDialer{}
-			c, err := Dial(context.Background(), d, p.addr(), "mx.test", o)
+			c, err := Dial(context.Background(), d, p.Addr(), "mx.test", o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -327,9 +327,8 @@ func TestChunking(t *testing.T) {
 				t.Errorf("connection closed: %v, want %v", errors.Is(err, net.ErrClosed), tt.closedOK)
 			}
 			c.Close()
-			p.ln.Close()
-			p.wg.Wait()
-			lines, data, _ := p.received()
+			p.Close()
+			lines, data, _ := p.Received()
 			if tt.data != nil && !slices.Equal(strs(data), tt.data) {
 				t.Errorf("peer received payloads %.80q, want %.80q", strs(data), tt.data)
 			}
@@ -362,12 +361,12 @@ func strs(bs [][]byte) []string {
 // transaction open. After a delivered one, neither RSET nor waiting.
 func TestChunkingReuse(t *testing.T) {
 	p := startPeer(t, []step{greet, ehloChunk,
-		{pipe: group1(4), send: "250 ok\r\n450 4.2.0 greylisted\r\n502 5.5.1 Missing RCPT TO command.\r\n"},
-		{pipe: []string{"RSET", "MAIL", "RCPT"}, send: "250 flushed\r\n250 ok\r\n250 ok\r\n"},
-		{expect: "BDAT 4 LAST", send: "250 2.0.0 queued\r\n"},
-		{pipe: group1(4), send: "250 ok\r\n250 ok\r\n250 2.0.0 queued\r\n"},
+		{Pipe: group1(4), Send: "250 ok\r\n450 4.2.0 greylisted\r\n502 5.5.1 Missing RCPT TO command.\r\n"},
+		{Pipe: []string{"RSET", "MAIL", "RCPT"}, Send: "250 flushed\r\n250 ok\r\n250 ok\r\n"},
+		{Expect: "BDAT 4 LAST", Send: "250 2.0.0 queued\r\n"},
+		{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n250 2.0.0 queued\r\n"},
 		quit})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", chunkOpts())
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", chunkOpts())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,9 +379,8 @@ func TestChunkingReuse(t *testing.T) {
 	if err := c.Quit(); err != nil {
 		t.Fatal(err)
 	}
-	p.ln.Close()
-	p.wg.Wait()
-	if _, data, _ := p.received(); len(data) != 3 {
+	p.Close()
+	if _, data, _ := p.Received(); len(data) != 3 {
 		t.Errorf("peer received %d chunks, want 3", len(data))
 	}
 }

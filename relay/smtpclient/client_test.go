@@ -170,16 +170,16 @@ func TestTLSPolicies(t *testing.T) {
 
 func TestStartTLSResponseInjection(t *testing.T) {
 	// CVE-2021-38371 style: "250 injected" arrives in plaintext with the 220.
-	inject := []step{greet, ehloTLS, {expect: "STARTTLS", send: "220 go ahead\r\n250 injected\r\n"}}
+	inject := []step{greet, ehloTLS, {Expect: "STARTTLS", Send: "220 go ahead\r\n250 injected\r\n"}}
 	p := startPeer(t, inject, inject, plainScript)
-	_, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSEncrypt))
+	_, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
 	e := stageErr(t, err, classifier.StageSTARTTLS)
 	var te *classifier.TLSError
 	if !errors.As(e, &te) || !strings.Contains(err.Error(), "injection") {
 		t.Fatalf("err = %v, want TLSError about injection", err)
 	}
 	// Under "may", DialWithFallback redials once in plaintext.
-	c, err := DialWithFallback(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	c, err := DialWithFallback(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatalf("DialWithFallback: %v", err)
 	}
@@ -187,19 +187,19 @@ func TestStartTLSResponseInjection(t *testing.T) {
 		t.Error("fallback connection uses TLS")
 	}
 	c.Quit()
-	if _, _, conns := p.received(); conns != 3 {
+	if _, _, conns := p.Received(); conns != 3 {
 		t.Errorf("peer saw %d connections, want 3", conns)
 	}
 }
 
 func TestStartTLSHandshakeFailure(t *testing.T) {
-	broken := []step{greet, ehloTLS, {expect: "STARTTLS", send: "220 go ahead\r\n"}, {expect: "\x16", send: "this is not TLS\r\n"}}
+	broken := []step{greet, ehloTLS, {Expect: "STARTTLS", Send: "220 go ahead\r\n"}, {Expect: "\x16", Send: "this is not TLS\r\n"}}
 	p := startPeer(t, broken, plainScript, broken)
-	_, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	_, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	stageErr(t, err, classifier.StageSTARTTLS)
 
 	p = startPeer(t, broken, plainScript)
-	c, err := DialWithFallback(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	c, err := DialWithFallback(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatalf("DialWithFallback: %v", err)
 	}
@@ -207,22 +207,22 @@ func TestStartTLSHandshakeFailure(t *testing.T) {
 
 	// encrypt never falls back.
 	p = startPeer(t, broken, plainScript)
-	_, err = DialWithFallback(context.Background(), nil, p.addr(), "mx.test", opts(TLSEncrypt))
+	_, err = DialWithFallback(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
 	stageErr(t, err, classifier.StageSTARTTLS)
-	if _, _, conns := p.received(); conns != 1 {
+	if _, _, conns := p.Received(); conns != 1 {
 		t.Errorf("encrypt: %d connections, want 1 (no plaintext redial)", conns)
 	}
 }
 
 func TestStartTLSRefused(t *testing.T) {
-	refused := []step{greet, ehloTLS, {expect: "STARTTLS", send: "454 4.7.0 TLS not available\r\n"}}
+	refused := []step{greet, ehloTLS, {Expect: "STARTTLS", Send: "454 4.7.0 TLS not available\r\n"}}
 	p := startPeer(t, append(slices.Clone(refused), quit), refused)
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatalf("may with 454: %v", err)
 	}
 	c.Quit()
-	_, err = Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSEncrypt))
+	_, err = Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
 	e := stageErr(t, err, classifier.StageSTARTTLS)
 	var te *classifier.TLSError
 	var r *classifier.Reply
@@ -277,17 +277,17 @@ func TestAuth(t *testing.T) {
 func TestAuthLogin(t *testing.T) {
 	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 	p := startPeer(t, []step{greet, ehloTLS,
-		{expect: "STARTTLS", send: "220 go ahead\r\n", tls: true},
-		{expect: "EHLO client.test", send: "250-mx.test\r\n250 AUTH LOGIN\r\n"},
-		{expect: "AUTH LOGIN", send: "334 VXNlcm5hbWU6\r\n"},
-		{expect: b64("user") + "\r\n", send: "334 UGFzc3dvcmQ6\r\n"},
-		{expect: b64("pw") + "\r\n", send: "235 2.7.0 ok\r\n"},
+		{Expect: "STARTTLS", Send: "220 go ahead\r\n", TLS: true},
+		{Expect: "EHLO client.test", Send: "250-mx.test\r\n250 AUTH LOGIN\r\n"},
+		{Expect: "AUTH LOGIN", Send: "334 VXNlcm5hbWU6\r\n"},
+		{Expect: b64("user") + "\r\n", Send: "334 UGFzc3dvcmQ6\r\n"},
+		{Expect: b64("pw") + "\r\n", Send: "235 2.7.0 ok\r\n"},
 		quit})
 	o := opts(TLSMay)
 	o.Username, o.Password = "user", "pw"
 	var trace []string
 	o.Trace = func(e Event) { trace = append(trace, e.Sent) }
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", o)
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +397,7 @@ func TestBodyOnTheWire(t *testing.T) {
 	}
 	body.WriteString(".leading dot\r\nbare\rcr and bare\nlf\r\nno final newline")
 	p := startPeer(t, []step{greet, ehloPlain, mailOK, rcptOK, dataGo, dataDone, quit})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -406,7 +406,7 @@ func TestBodyOnTheWire(t *testing.T) {
 		t.Fatalf("Send = %+v, %v", res, err)
 	}
 	c.Quit()
-	lines, data, _ := p.received()
+	lines, data, _ := p.Received()
 	if len(data) != 1 {
 		t.Fatalf("peer saw %d payloads", len(data))
 	}
@@ -433,40 +433,40 @@ func TestHostilePeers(t *testing.T) {
 		stage  classifier.Stage
 		check  func(t *testing.T, err error)
 	}{
-		{name: "stalled greeting", script: []step{{hang: true}}, stage: classifier.StageGreeting, check: isTimeout},
-		{name: "5xx greeting", script: []step{{send: "554 5.7.1 go away\r\n"}}, stage: classifier.StageGreeting, check: isCode(554)},
-		{name: "421 greeting", script: []step{{send: "421 4.3.2 busy\r\n"}}, stage: classifier.StageGreeting, check: isCode(421)},
-		{name: "greeting without CRLF", script: []step{{send: "220 mx.test", close: true}}, stage: classifier.StageGreeting,
+		{name: "stalled greeting", script: []step{{Hang: true}}, stage: classifier.StageGreeting, check: isTimeout},
+		{name: "5xx greeting", script: []step{{Send: "554 5.7.1 go away\r\n"}}, stage: classifier.StageGreeting, check: isCode(554)},
+		{name: "421 greeting", script: []step{{Send: "421 4.3.2 busy\r\n"}}, stage: classifier.StageGreeting, check: isCode(421)},
+		{name: "greeting without CRLF", script: []step{{Send: "220 mx.test", Close: true}}, stage: classifier.StageGreeting,
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Errorf("err = %v, want unexpected EOF", err)
 				}
 			}},
-		{name: "garbage code", script: []step{{send: "999 hello\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
-		{name: "http server", script: []step{{send: "HTTP/1.1 400 Bad Request\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
-		{name: "endless continuation", script: []step{greet, {expect: "EHLO", flood: "250-AAAAAAAAAAAAAAAAAAAA\r\n"}},
+		{name: "garbage code", script: []step{{Send: "999 hello\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
+		{name: "http server", script: []step{{Send: "HTTP/1.1 400 Bad Request\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
+		{name: "endless continuation", script: []step{greet, {Expect: "EHLO", Flood: "250-AAAAAAAAAAAAAAAAAAAA\r\n"}},
 			stage: classifier.StageEHLO, check: isProtocol},
-		{name: "endless line", script: []step{greet, {expect: "EHLO", flood: "2222222222222222222222222"}},
+		{name: "endless line", script: []step{greet, {Expect: "EHLO", Flood: "2222222222222222222222222"}},
 			stage: classifier.StageEHLO, check: isProtocol},
-		{name: "dripping reply", script: []step{greet, {expect: "EHLO", drip: 20 * time.Millisecond,
-			send: "250-mx.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250-SIZE 100000\r\n250 ENHANCEDSTATUSCODES\r\n"}},
+		{name: "dripping reply", script: []step{greet, {Expect: "EHLO", Drip: 20 * time.Millisecond,
+			Send: "250-mx.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250-SIZE 100000\r\n250 ENHANCEDSTATUSCODES\r\n"}},
 			stage: classifier.StageEHLO, check: isTimeout},
-		{name: "ehlo 421", script: []step{greet, {expect: "EHLO", send: "421 4.7.0 bye\r\n"}}, stage: classifier.StageEHLO, check: isCode(421)},
-		{name: "helo refused too", script: []step{greet, {expect: "EHLO", send: "502 no\r\n"}, {expect: "HELO client.test", send: "550 no\r\n"}},
+		{name: "ehlo 421", script: []step{greet, {Expect: "EHLO", Send: "421 4.7.0 bye\r\n"}}, stage: classifier.StageEHLO, check: isCode(421)},
+		{name: "helo refused too", script: []step{greet, {Expect: "EHLO", Send: "502 no\r\n"}, {Expect: "HELO client.test", Send: "550 no\r\n"}},
 			stage: classifier.StageEHLO, check: isCode(550)},
-		{name: "final dot never answered", script: append(slices.Clone(tx), step{data: true, hang: true}), send: true,
+		{name: "final dot never answered", script: append(slices.Clone(tx), step{Data: true, Hang: true}), send: true,
 			stage: classifier.StageEndOfData, check: isTimeout},
-		{name: "421 at RCPT", script: []step{greet, ehloPlain, mailOK, {expect: "RCPT", send: "421 4.4.2 closing\r\n"}}, send: true,
+		{name: "421 at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Send: "421 4.4.2 closing\r\n"}}, send: true,
 			stage: classifier.StageRCPT, check: isCode(421)},
-		{name: "421 after dot", script: append(slices.Clone(tx), step{data: true, send: "421 4.3.0 shutting down\r\n"}), send: true,
+		{name: "421 after dot", script: append(slices.Clone(tx), step{Data: true, Send: "421 4.3.0 shutting down\r\n"}), send: true,
 			stage: classifier.StageEndOfData, check: isCode(421)},
-		{name: "250 to DATA", script: []step{greet, ehloPlain, mailOK, rcptOK, {expect: "DATA", send: "250 what\r\n"}}, send: true,
+		{name: "250 to DATA", script: []step{greet, ehloPlain, mailOK, rcptOK, {Expect: "DATA", Send: "250 what\r\n"}}, send: true,
 			stage: classifier.StageDATA, check: isProtocol},
-		{name: "garbage at MAIL", script: []step{greet, ehloPlain, {expect: "MAIL", send: "ok\r\n"}}, send: true,
+		{name: "garbage at MAIL", script: []step{greet, ehloPlain, {Expect: "MAIL", Send: "ok\r\n"}}, send: true,
 			stage: classifier.StageMAIL, check: isProtocol},
-		{name: "silence at RCPT", script: []step{greet, ehloPlain, mailOK, {expect: "RCPT", hang: true}}, send: true,
+		{name: "silence at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Hang: true}}, send: true,
 			stage: classifier.StageRCPT, check: isTimeout},
-		{name: "close at RCPT", script: []step{greet, ehloPlain, mailOK, {expect: "RCPT", close: true}}, send: true,
+		{name: "close at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Close: true}}, send: true,
 			stage: classifier.StageRCPT, check: func(t *testing.T, err error) {
 				if !errors.Is(err, io.EOF) {
 					t.Errorf("err = %v, want EOF", err)
@@ -479,7 +479,7 @@ func TestHostilePeers(t *testing.T) {
 			p := startPeer(t, tt.script)
 			o := opts(TLSMay)
 			o.GreetingTimeout, o.CommandTimeout, o.DataTimeout = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond
-			c, err := Dial(context.Background(), nil, p.addr(), "mx.test", o)
+			c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", o)
 			if tt.send {
 				if err != nil {
 					t.Fatal(err)
@@ -524,9 +524,9 @@ func isCode(code int) func(*testing.T, error) {
 }
 
 func TestHELOFallbackAndDataRefused(t *testing.T) {
-	p := startPeer(t, []step{greet, {expect: "EHLO client.test", send: "502 5.5.1 what\r\n"}, {expect: "HELO client.test", send: "250 mx.test\r\n"},
-		mailOK, rcptOK, {expect: "DATA", send: "554 5.7.1 no thanks\r\n"}, {expect: "RSET", send: "250 ok\r\n"}, quit})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	p := startPeer(t, []step{greet, {Expect: "EHLO client.test", Send: "502 5.5.1 what\r\n"}, {Expect: "HELO client.test", Send: "250 mx.test\r\n"},
+		mailOK, rcptOK, {Expect: "DATA", Send: "554 5.7.1 no thanks\r\n"}, {Expect: "RSET", Send: "250 ok\r\n"}, quit})
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -541,16 +541,16 @@ func TestHELOFallbackAndDataRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Quit()
-	lines, _, _ := p.received()
+	lines, _, _ := p.Received()
 	if !slices.Contains(lines, "MAIL FROM:<a@x.test>") {
 		t.Errorf("MAIL carried parameters the peer did not advertise: %q", lines)
 	}
 }
 
 func TestLowLevelMailRcpt(t *testing.T) {
-	p := startPeer(t, []step{greet, ehloPlain, {expect: "MAIL FROM:<> SIZE=5\r\n", send: "250 ok\r\n"},
-		{expect: "RCPT TO:<x@y.test>\r\n", send: "550 5.1.1 unknown\r\n"}, {expect: "RCPT TO:<z@y.test>", send: "421 bye\r\n"}})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	p := startPeer(t, []step{greet, ehloPlain, {Expect: "MAIL FROM:<> SIZE=5\r\n", Send: "250 ok\r\n"},
+		{Expect: "RCPT TO:<x@y.test>\r\n", Send: "550 5.1.1 unknown\r\n"}, {Expect: "RCPT TO:<z@y.test>", Send: "421 bye\r\n"}})
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,12 +592,12 @@ func TestPinnedSourceAddress(t *testing.T) {
 }
 
 func TestContextAndDialErrors(t *testing.T) {
-	p := startPeer(t, []step{{hang: true}})
+	p := startPeer(t, []step{{Hang: true}})
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
 	o := opts(TLSMay)
 	o.GreetingTimeout = 10 * time.Second
-	_, err := Dial(ctx, nil, p.addr(), "mx.test", o)
+	_, err := Dial(ctx, nil, p.Addr(), "mx.test", o)
 	if e := stageErr(t, err, classifier.StageGreeting); !errors.Is(e, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", err)
 	}
@@ -620,8 +620,8 @@ func TestContextAndDialErrors(t *testing.T) {
 }
 
 func TestSendRejectsBadEnvelope(t *testing.T) {
-	p := startPeer(t, []step{greet, {expect: "EHLO", send: "250-mx.test\r\n250 DSN\r\n"}, quit})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSMay))
+	p := startPeer(t, []step{greet, {Expect: "EHLO", Send: "250-mx.test\r\n250 DSN\r\n"}, quit})
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,7 +637,7 @@ func TestSendRejectsBadEnvelope(t *testing.T) {
 		}
 	}
 	c.Quit()
-	lines, _, _ := p.received()
+	lines, _, _ := p.Received()
 	if len(lines) != 2 { // EHLO and QUIT only
 		t.Errorf("bad envelopes reached the wire: %q", lines)
 	}
@@ -662,10 +662,10 @@ func TestResetQuitContext(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := startPeer(t, []step{greet, ehloPlain, {expect: tt.verb, hang: true}})
+			p := startPeer(t, []step{greet, ehloPlain, {Expect: tt.verb, Hang: true}})
 			o := opts(TLSNone)
 			o.CommandTimeout = time.Minute
-			c, err := Dial(context.Background(), nil, p.addr(), "mx.test", o)
+			c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", o)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -36,53 +36,53 @@ func TestPipelining(t *testing.T) {
 		lines  []string // what the peer must have received after EHLO (nil: not checked)
 		data   int      // payloads the peer must have received
 	}{
-		{name: "all accepted", script: []step{{pipe: group2, send: "250 2.1.0 ok\r\n250 2.1.5 ok\r\n250 2.1.5 ok\r\n354 go\r\n"}, dataDone},
+		{name: "all accepted", script: []step{{Pipe: group2, Send: "250 2.1.0 ok\r\n250 2.1.5 ok\r\n250 2.1.5 ok\r\n354 go\r\n"}, dataDone},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || res.Mail.Code != 250 || !slices.Equal(codes(res.Rcpts), []int{250, 250}) || res.Data == nil || res.Data.Code != 250 {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, data: 1},
-		{name: "one recipient refused", script: []step{{pipe: group2, send: "250 ok\r\n550 5.1.1 unknown\r\n250 ok\r\n354 go\r\n"}, dataDone},
+		{name: "one recipient refused", script: []step{{Pipe: group2, Send: "250 ok\r\n550 5.1.1 unknown\r\n250 ok\r\n354 go\r\n"}, dataDone},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || !slices.Equal(codes(res.Rcpts), []int{550, 250}) || res.Rcpts[0].Reply.Enhanced != "5.1.1" ||
 					res.Rcpts[1].Rcpt.Addr != "c@y.test" || res.Data == nil || res.Data.Code != 250 {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, data: 1},
-		{name: "MAIL refused", script: []step{{pipe: group2, send: "550 5.7.1 not you\r\n503 5.5.1 MAIL first\r\n503 5.5.1 MAIL first\r\n503 5.5.1 MAIL first\r\n"}},
+		{name: "MAIL refused", script: []step{{Pipe: group2, Send: "550 5.7.1 not you\r\n503 5.5.1 MAIL first\r\n503 5.5.1 MAIL first\r\n503 5.5.1 MAIL first\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || res.Mail.Code != 550 || len(res.Rcpts) != 0 || res.Data != nil {
 					t.Errorf("Send = %+v, %v; want the MAIL refusal alone", res, err)
 				}
 			}},
-		{name: "MAIL refused, DATA accepted anyway", script: []step{{pipe: group2, send: "550 no\r\n503 no\r\n503 no\r\n354 go\r\n"},
-			{expect: ".\r\n", send: "554 5.5.1 no valid recipients\r\n"}},
+		{name: "MAIL refused, DATA accepted anyway", script: []step{{Pipe: group2, Send: "550 no\r\n503 no\r\n503 no\r\n354 go\r\n"},
+			{Expect: ".\r\n", Send: "554 5.5.1 no valid recipients\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || res.Mail.Code != 550 || len(res.Rcpts) != 0 || res.Data != nil {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, lines: append(slices.Clone(group2), ".")},
-		{name: "no recipient, DATA refused", script: []step{{pipe: group2, send: "250 ok\r\n550 no\r\n450 later\r\n554 5.5.1 no valid recipients\r\n"}},
+		{name: "no recipient, DATA refused", script: []step{{Pipe: group2, Send: "250 ok\r\n550 no\r\n450 later\r\n554 5.5.1 no valid recipients\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || !slices.Equal(codes(res.Rcpts), []int{550, 450}) || res.Data != nil {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}},
 		{name: "no recipient, DATA accepted: only the dot (RFC 2920 §3.1)",
-			script: []step{{pipe: group2, send: "250 ok\r\n550 no\r\n550 no\r\n354 go\r\n"}, {expect: ".\r\n", send: "554 5.5.1 no valid recipients\r\n"}},
+			script: []step{{Pipe: group2, Send: "250 ok\r\n550 no\r\n550 no\r\n354 go\r\n"}, {Expect: ".\r\n", Send: "554 5.5.1 no valid recipients\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || !slices.Equal(codes(res.Rcpts), []int{550, 550}) || res.Data != nil {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, lines: append(slices.Clone(group2), ".")},
-		{name: "DATA refused", script: []step{{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n554 5.7.1 no thanks\r\n"}},
+		{name: "DATA refused", script: []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n554 5.7.1 no thanks\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || !slices.Equal(codes(res.Rcpts), []int{250, 250}) || res.Data == nil || res.Data.Code != 554 {
 					t.Errorf("Send = %+v, %v", res, err)
 				}
 			}, lines: group2},
-		{name: "temporary refusal after the dot", script: []step{{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"},
-			{data: true, send: "451 4.3.0 try later\r\n"}},
+		{name: "temporary refusal after the dot", script: []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"},
+			{Data: true, Send: "451 4.3.0 try later\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {
 				if err != nil || res.Data == nil || res.Data.Code != 451 {
 					t.Errorf("Send = %+v, %v", res, err)
@@ -93,16 +93,15 @@ func TestPipelining(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			p := startPeer(t, append([]step{greet, ehloPipe}, tt.script...))
-			c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSNone))
+			c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSNone))
 			if err != nil {
 				t.Fatal(err)
 			}
 			res, err := c.Send(context.Background(), envelope2, []byte("hi\r\n"))
 			tt.check(t, res, err)
 			c.Close()
-			p.ln.Close()
-			p.wg.Wait()
-			lines, data, _ := p.received()
+			p.Close()
+			lines, data, _ := p.Received()
 			if tt.lines != nil && !hasPrefixes(lines[1:], tt.lines) {
 				t.Errorf("peer received %q, want %q", lines[1:], tt.lines)
 			}
@@ -131,12 +130,12 @@ func hasPrefixes(lines, prefixes []string) bool {
 // did not gets RSET at the head of the next group. A refused RSET leaves
 // the connection unusable, and no body is sent.
 func TestPipeliningReset(t *testing.T) {
-	ok := step{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}
-	refused := step{pipe: group2, send: "250 ok\r\n550 no\r\n550 no\r\n554 no valid recipients\r\n"}
-	withReset := step{pipe: append([]string{"RSET"}, group2...), send: "250 flushed\r\n250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}
+	ok := step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}
+	refused := step{Pipe: group2, Send: "250 ok\r\n550 no\r\n550 no\r\n554 no valid recipients\r\n"}
+	withReset := step{Pipe: append([]string{"RSET"}, group2...), Send: "250 flushed\r\n250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}
 	p := startPeer(t, []step{greet, ehloPipe, ok, dataDone, refused, withReset, dataDone, quit},
-		[]step{greet, ehloPipe, refused, {pipe: append([]string{"RSET"}, group2...), send: "500 5.5.2 what\r\n250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSNone))
+		[]step{greet, ehloPipe, refused, {Pipe: append([]string{"RSET"}, group2...), Send: "500 5.5.2 what\r\n250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}})
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSNone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +149,7 @@ func TestPipeliningReset(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c, err = Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSNone))
+	c, err = Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSNone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,9 +164,8 @@ func TestPipeliningReset(t *testing.T) {
 	if _, err := c.Send(context.Background(), envelope2, nil); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("connection still usable after a refused RSET: %v", err)
 	}
-	p.ln.Close()
-	p.wg.Wait()
-	if _, data, _ := p.received(); len(data) != 2 {
+	p.Close()
+	if _, data, _ := p.Received(); len(data) != 2 {
 		t.Errorf("peer received %d payloads, want 2 (none after the refused RSET)", len(data))
 	}
 }
@@ -184,30 +182,30 @@ func TestPipeliningFailures(t *testing.T) {
 		check func(*testing.T, error)
 		res   func(TxResult) bool
 	}{
-		{"421 at MAIL", step{pipe: group2, send: "421 4.3.2 shutting down\r\n", close: true}, classifier.StageMAIL, isCode(421),
+		{"421 at MAIL", step{Pipe: group2, Send: "421 4.3.2 shutting down\r\n", Close: true}, classifier.StageMAIL, isCode(421),
 			func(r TxResult) bool { return r.Mail.Code == 421 && len(r.Rcpts) == 0 }},
-		{"421 at RCPT", step{pipe: group2, send: "250 ok\r\n421 4.4.2 bye\r\n", close: true}, classifier.StageRCPT, isCode(421),
+		{"421 at RCPT", step{Pipe: group2, Send: "250 ok\r\n421 4.4.2 bye\r\n", Close: true}, classifier.StageRCPT, isCode(421),
 			func(r TxResult) bool { return r.Mail.Code == 250 && slices.Equal(codes(r.Rcpts), []int{421}) }},
-		{"421 at DATA", step{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", close: true}, classifier.StageDATA, isCode(421),
+		{"421 at DATA", step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", Close: true}, classifier.StageDATA, isCode(421),
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data != nil && r.Data.Code == 421 }},
-		{"closed after MAIL", step{pipe: group2, send: "250 ok\r\n", close: true}, classifier.StageRCPT,
+		{"closed after MAIL", step{Pipe: group2, Send: "250 ok\r\n", Close: true}, classifier.StageRCPT,
 			func(t *testing.T, err error) {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Errorf("err = %v, want EOF", err)
 				}
 			},
 			func(r TxResult) bool { return r.Mail.Code == 250 && len(r.Rcpts) == 0 }},
-		{"silence at the second RCPT", step{pipe: group2, send: "250 ok\r\n250 ok\r\n", hang: true}, classifier.StageRCPT, isTimeout,
+		{"silence at the second RCPT", step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n", Hang: true}, classifier.StageRCPT, isTimeout,
 			func(r TxResult) bool { return slices.Equal(codes(r.Rcpts), []int{250}) }},
-		{"garbage at DATA", step{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\nwhat\r\n"}, classifier.StageDATA, isProtocol,
+		{"garbage at DATA", step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\nwhat\r\n"}, classifier.StageDATA, isProtocol,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
-		{"250 to DATA", step{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n250 what\r\n"}, classifier.StageDATA, isProtocol,
+		{"250 to DATA", step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n250 what\r\n"}, classifier.StageDATA, isProtocol,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
-		{"endless reply at MAIL", step{pipe: group2, flood: "250-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n"}, classifier.StageMAIL, isProtocol,
+		{"endless reply at MAIL", step{Pipe: group2, Flood: "250-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n"}, classifier.StageMAIL, isProtocol,
 			func(r TxResult) bool { return r.Mail.Code == 0 }},
-		{"dripping reply at RCPT", step{pipe: group2, drip: 20 * time.Millisecond, send: "250 ok\r\n250 this reply takes far too long to arrive\r\n"},
+		{"dripping reply at RCPT", step{Pipe: group2, Drip: 20 * time.Millisecond, Send: "250 ok\r\n250 this reply takes far too long to arrive\r\n"},
 			classifier.StageRCPT, isTimeout, func(r TxResult) bool { return r.Mail.Code == 250 && len(r.Rcpts) == 0 }},
-		{"silence after the dot", step{pipe: group2, send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}, classifier.StageEndOfData, isTimeout,
+		{"silence after the dot", step{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}, classifier.StageEndOfData, isTimeout,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
 	}
 	for _, tt := range tests {
@@ -215,12 +213,12 @@ func TestPipeliningFailures(t *testing.T) {
 			t.Parallel()
 			script := []step{greet, ehloPipe, tt.step}
 			if tt.stage == classifier.StageEndOfData {
-				script = append(script, step{data: true, hang: true})
+				script = append(script, step{Data: true, Hang: true})
 			}
 			p := startPeer(t, script)
 			o := opts(TLSNone)
 			o.CommandTimeout, o.DataTimeout = 300*time.Millisecond, 300*time.Millisecond
-			c, err := Dial(context.Background(), nil, p.addr(), "mx.test", o)
+			c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -286,15 +284,15 @@ func TestPipeliningLargeEnvelope(t *testing.T) {
 // Send needs none.
 func TestStepwiseReset(t *testing.T) {
 	one := Envelope{From: "a@x.test", Rcpts: []Rcpt{{Addr: "b@y.test"}}}
-	refused := step{expect: "RCPT TO:", send: "550 5.1.1 unknown\r\n"}
+	refused := step{Expect: "RCPT TO:", Send: "550 5.1.1 unknown\r\n"}
 	p := startPeer(t, []step{greet, ehloPlain,
 		mailOK, rcptOK, dataGo, dataDone, // completed: no RSET next
 		mailOK, refused, // incomplete: RSET next
-		{expect: "RSET", send: "250 ok\r\n"}, mailOK, rcptOK, dataGo, {data: true, send: "452 4.3.1 full\r\n"}, // not 2xx: RSET next
-		{expect: "RSET", send: "250 ok\r\n"}, mailOK, rcptOK, dataGo, dataDone,
-		{expect: "MAIL FROM:<probe@x.test>", send: "250 ok\r\n"}, {expect: "RSET", send: "250 ok\r\n"}, // Mail, Reset
+		{Expect: "RSET", Send: "250 ok\r\n"}, mailOK, rcptOK, dataGo, {Data: true, Send: "452 4.3.1 full\r\n"}, // not 2xx: RSET next
+		{Expect: "RSET", Send: "250 ok\r\n"}, mailOK, rcptOK, dataGo, dataDone,
+		{Expect: "MAIL FROM:<probe@x.test>", Send: "250 ok\r\n"}, {Expect: "RSET", Send: "250 ok\r\n"}, // Mail, Reset
 		mailOK, rcptOK, dataGo, dataDone, quit})
-	c, err := Dial(context.Background(), nil, p.addr(), "mx.test", opts(TLSNone))
+	c, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSNone))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,9 +314,8 @@ func TestStepwiseReset(t *testing.T) {
 	if err := c.Quit(); err != nil {
 		t.Fatal(err)
 	}
-	p.ln.Close()
-	p.wg.Wait()
-	lines, _, _ := p.received()
+	p.Close()
+	lines, _, _ := p.Received()
 	// The script fixes where each RSET goes; none may come in addition.
 	if n := len(slices.DeleteFunc(lines, func(l string) bool { return l != "RSET" })); n != 3 {
 		t.Errorf("peer received %d RSETs, want 3", n)
