@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/greyrelay/greyrelay/relay/relaytest"
@@ -25,4 +26,31 @@ func testCert(t *testing.T, name string) tls.Certificate {
 		t.Fatal(err)
 	}
 	return pair
+}
+
+// verbs turns each connection's lines, as a relaytest.Peer records them,
+// into their command verbs ("MAIL FROM:<a@b>" is MAIL).
+func verbs(conns [][]string) [][]string {
+	out := make([][]string, len(conns))
+	for i, lines := range conns {
+		for _, l := range lines {
+			verb, _, _ := strings.Cut(l, " ")
+			verb, _, _ = strings.Cut(strings.ToUpper(verb), ":")
+			out[i] = append(out[i], verb)
+		}
+	}
+	return out
+}
+
+// saw returns how many commands with verb a peer has received.
+func saw(p *relaytest.Peer, verb string) int {
+	n := 0
+	for _, c := range verbs(p.Conns()) {
+		for _, v := range c {
+			if v == verb {
+				n++
+			}
+		}
+	}
+	return n
 }

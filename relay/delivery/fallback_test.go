@@ -1,13 +1,10 @@
 package delivery
 
 import (
-	"bufio"
-	"io"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -228,7 +225,7 @@ func TestShutdown_PeerSilent(t *testing.T) {
 				h.enqueue("alice@sender.test", "m@mute.test")
 			}
 			h.start()
-			eventually(t, wait, c.verb+" sent", func() bool { return p.saw(c.verb) >= c.n })
+			eventually(t, wait, c.verb+" sent", func() bool { return saw(p, c.verb) >= c.n })
 			h.cancel()
 			select {
 			case err := <-h.done:
@@ -296,79 +293,19 @@ func TestLifetime(t *testing.T) {
 	}
 }
 
-// mutePeer is a minimal SMTP server that answers the first transaction of
-// each connection and then reads on but never answers again, like a peer
-// that hangs after a delivery.
-type mutePeer struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func startMutePeer(t *testing.T, ip string, port int) *mutePeer {
+// startMutePeer starts a transcript peer that answers the first
+// transaction of each connection and then reads on but never answers
+// again, like a peer that hangs after a delivery.
+func startMutePeer(t *testing.T, ip string, port int) *relaytest.Peer {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-	if err != nil {
-		t.Fatal(err)
+	mute := []relaytest.Step{
+		{Send: "220 mute.test ESMTP\r\n"},
+		{Expect: "EHLO", Send: "250 ok\r\n"},
+		{Expect: "MAIL", Send: "250 ok\r\n"},
+		{Expect: "RCPT", Send: "250 ok\r\n"},
+		{Expect: "DATA", Send: "354 go ahead\r\n"},
+		{Data: true, Send: "250 queued\r\n", Hang: true},
 	}
-	p := &mutePeer{}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() { p.serve(c) })
-		}
-	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return p
-}
-
-func (p *mutePeer) serve(c net.Conn) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Minute))
-	br := bufio.NewReader(c)
-	say := func(s string) { _, _ = io.WriteString(c, s+"\r\n") }
-	say("220 mute.test ESMTP")
-	mute := false
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return
-		}
-		verb, _, _ := strings.Cut(strings.TrimRight(line, "\r\n"), " ")
-		p.mu.Lock()
-		p.lines = append(p.lines, verb)
-		p.mu.Unlock()
-		switch verb = strings.ToUpper(verb); {
-		case mute:
-		case verb == "EHLO", verb == "MAIL", verb == "RCPT":
-			say("250 ok")
-		case verb == "DATA":
-			say("354 go ahead")
-			for l := ""; l != ".\r\n"; {
-				if l, err = br.ReadString('\n'); err != nil {
-					return
-				}
-			}
-			say("250 queued")
-			mute = true
-		default:
-			say("502 not implemented")
-		}
-	}
-}
-
-// saw returns how many commands with verb the peer has received.
-func (p *mutePeer) saw(verb string) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, l := range p.lines {
-		if l == verb {
-			n++
-		}
-	}
-	return n
+	return relaytest.StartPeer(t, net.JoinHostPort(ip, strconv.Itoa(port)), relaytest.PeerOptions{Timeout: time.Minute},
+		mute, mute, mute, mute)
 }

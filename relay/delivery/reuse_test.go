@@ -1,14 +1,11 @@
 package delivery
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -41,7 +38,7 @@ func TestDeliver_IdleConnectionClosed(t *testing.T) {
 			if n := counter(h.m.Deliveries, "delivered", "none"); n != 2 {
 				t.Errorf("%v deliveries counted, want 2", n)
 			}
-			conns := p.conns()
+			conns := verbs(p.Conns())
 			if len(conns) != 2 {
 				t.Fatalf("%d connections, want 2: %q", len(conns), conns)
 			}
@@ -51,111 +48,33 @@ func TestDeliver_IdleConnectionClosed(t *testing.T) {
 			if slices.Contains(conns[1], "RSET") || slices.Contains(conns[0], "RSET") {
 				t.Errorf("RSET sent: %q", conns)
 			}
-			if p.delivered() != 2 {
-				t.Errorf("%d messages delivered, want 2", p.delivered())
+			if _, data, _ := p.Received(); len(data) != 2 {
+				t.Errorf("%d messages delivered, want 2", len(data))
 			}
 		})
 	}
 }
 
-// closer is a line-based SMTP server that accepts everything and, after
-// the first transaction of its first connection, closes that connection
-// instead of waiting for the next command, like a peer whose idle timeout
-// is shorter than our reuse. It records the verbs of every connection.
-type closer struct {
-	pipelining bool
-	mu         sync.Mutex
-	verbs      [][]string
-	done       int
-}
-
-func startCloser(t *testing.T, ip string, port int, pipelining bool) *closer {
+// startCloser starts a transcript peer that accepts everything and,
+// after the first transaction of its first connection, closes that
+// connection instead of waiting for the next command, like a peer whose
+// idle timeout is shorter than our reuse. The second connection takes one
+// message and a QUIT.
+func startCloser(t *testing.T, ip string, port int, pipelining bool) *relaytest.Peer {
 	t.Helper()
-	ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-	if err != nil {
-		t.Fatal(err)
+	ehlo := relaytest.Step{Expect: "EHLO", Send: "250 closer.test\r\n"}
+	tx := []relaytest.Step{
+		{Expect: "MAIL", Send: "250 ok\r\n"},
+		{Expect: "RCPT", Send: "250 ok\r\n"},
+		{Expect: "DATA", Send: "354 go ahead\r\n"},
 	}
-	p := &closer{pipelining: pipelining}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			p.mu.Lock()
-			n := len(p.verbs)
-			p.verbs = append(p.verbs, nil)
-			p.mu.Unlock()
-			wg.Go(func() { p.serve(c, n) })
-		}
-	})
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	return p
-}
-
-func (p *closer) serve(c net.Conn, n int) {
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Minute))
-	br := bufio.NewReader(c)
-	say := func(s string) { _, _ = io.WriteString(c, s+"\r\n") }
-	say("220 closer.test ESMTP")
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return
-		}
-		verb, _, _ := strings.Cut(strings.TrimRight(line, "\r\n"), " ")
-		verb, _, _ = strings.Cut(strings.ToUpper(verb), ":")
-		p.mu.Lock()
-		p.verbs[n] = append(p.verbs[n], verb)
-		p.mu.Unlock()
-		switch verb {
-		case "EHLO":
-			if p.pipelining {
-				say("250-closer.test\r\n250 PIPELINING")
-			} else {
-				say("250 closer.test")
-			}
-		case "MAIL", "RCPT", "RSET":
-			say("250 ok")
-		case "DATA":
-			say("354 go ahead")
-			for l := ""; l != ".\r\n"; {
-				if l, err = br.ReadString('\n'); err != nil {
-					return
-				}
-			}
-			say("250 queued")
-			p.mu.Lock()
-			p.done++
-			p.mu.Unlock()
-			if n == 0 {
-				return
-			}
-		case "QUIT":
-			say("221 bye")
-			return
-		default:
-			say("502 not implemented")
-		}
+	if pipelining {
+		ehlo.Send = "250-closer.test\r\n250 PIPELINING\r\n"
+		tx = []relaytest.Step{{Expect: "MAIL", Pipe: []string{"RCPT", "DATA"}, Send: "250 ok\r\n250 ok\r\n354 go ahead\r\n"}}
 	}
-}
-
-// conns returns the verbs received on each connection.
-func (p *closer) conns() [][]string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([][]string, len(p.verbs))
-	for i, v := range p.verbs {
-		out[i] = slices.Clone(v)
-	}
-	return out
-}
-
-// delivered returns how many messages the peer accepted.
-func (p *closer) delivered() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.done
+	greet := relaytest.Step{Send: "220 closer.test ESMTP\r\n"}
+	first := append(append([]relaytest.Step{greet, ehlo}, tx...), relaytest.Step{Data: true, Send: "250 queued\r\n", Close: true})
+	second := append(append([]relaytest.Step{greet, ehlo}, tx...),
+		relaytest.Step{Data: true, Send: "250 queued\r\n"}, relaytest.Step{Expect: "QUIT", Send: "221 bye\r\n"})
+	return relaytest.StartPeer(t, net.JoinHostPort(ip, strconv.Itoa(port)), relaytest.PeerOptions{Timeout: time.Minute}, first, second)
 }
