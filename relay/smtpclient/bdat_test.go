@@ -434,12 +434,12 @@ func TestChunkingGoSMTP(t *testing.T) {
 			t.Fatalf("transaction %d: %+v, %v; want final %d", i, res, err, tx.code)
 		}
 		msgs, _ := be.snapshot()
-		if len(msgs) != i+1 || string(msgs[i].data) != tx.stored || (tx.stored == "") != (msgs[i].dataCalls == 0) {
-			t.Fatalf("transaction %d: server saw %d transactions, the last storing %.60q; want %.60q", i, len(msgs), msgs[len(msgs)-1].data, tx.stored)
+		if len(msgs) != i+1 || string(msgs[i].Data) != tx.stored || (tx.stored == "") != (msgs[i].DataCalls == 0) {
+			t.Fatalf("transaction %d: server saw %d transactions, the last storing %.60q; want %.60q", i, len(msgs), msgs[len(msgs)-1].Data, tx.stored)
 		}
 	}
-	if msgs, _ := be.snapshot(); !slices.Equal(msgs[3].rcpts, []string{"ok3@y.test", "ok4@y.test"}) {
-		t.Errorf("two recipients: server saw %v", msgs[3].rcpts)
+	if msgs, _ := be.snapshot(); !slices.Equal(msgs[3].Accepted, []string{"ok3@y.test", "ok4@y.test"}) {
+		t.Errorf("two recipients: server saw %v", msgs[3].Accepted)
 	}
 	mu.Lock()
 	defer mu.Unlock()

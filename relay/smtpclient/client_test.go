@@ -88,11 +88,11 @@ func TestSendHappyPath(t *testing.T) {
 	}
 	m := msgs[0]
 	want := "Subject: hi\r\n\r\nline\r\n.dot\r\nbare cr\r\n"
-	if m.helo != "client.test" || !m.tls || m.from != "a@x.test" || !slices.Equal(m.rcpts, []string{"ok1@y.test", "ok2@y.test"}) ||
-		string(m.data) != want || m.mailOpts.Size != int64(len(body)) || m.mailOpts.Body != smtp.Body8BitMIME {
-		t.Errorf("server saw %+v\nbody %q, want %q", m, m.data, want)
+	if m.Helo != "client.test" || !m.TLS || m.From != "a@x.test" || !slices.Equal(m.Accepted, []string{"ok1@y.test", "ok2@y.test"}) ||
+		string(m.Data) != want || m.MailOpts.Size != int64(len(body)) || m.MailOpts.Body != smtp.Body8BitMIME {
+		t.Errorf("server saw %+v\nbody %q, want %q", m, m.Data, want)
 	}
-	if msgs[1].from != "" || string(msgs[1].data) != "x\r\n" {
+	if msgs[1].From != "" || string(msgs[1].Data) != "x\r\n" {
 		t.Errorf("second transaction: %+v", msgs[1])
 	}
 	mu.Lock()
@@ -326,7 +326,7 @@ func TestMixedRecipients(t *testing.T) {
 		t.Fatal(err)
 	}
 	msgs, _ := be.snapshot()
-	if len(msgs) != 2 || msgs[0].dataCalls != 1 || msgs[1].dataCalls != 0 || !slices.Equal(msgs[0].rcpts, []string{"ok@y.test"}) {
+	if len(msgs) != 2 || msgs[0].DataCalls != 1 || msgs[1].DataCalls != 0 || !slices.Equal(msgs[0].Accepted, []string{"ok@y.test"}) {
 		t.Fatalf("server saw %+v", msgs)
 	}
 }
@@ -348,16 +348,16 @@ func TestDSNParameters(t *testing.T) {
 		msgs, _ := be.snapshot()
 		m := msgs[0]
 		if !enable {
-			if m.mailOpts.Return != "" || m.mailOpts.EnvelopeID != "" || m.rcptOpts[0].Notify != nil || m.rcptOpts[0].OriginalRecipient != "" {
-				t.Errorf("DSN params sent to a peer without DSN: %+v %+v", m.mailOpts, m.rcptOpts)
+			if m.MailOpts.Return != "" || m.MailOpts.EnvelopeID != "" || m.RcptOpts[0].Notify != nil || m.RcptOpts[0].OriginalRecipient != "" {
+				t.Errorf("DSN params sent to a peer without DSN: %+v %+v", m.MailOpts, m.RcptOpts)
 			}
 			continue
 		}
-		ro := m.rcptOpts[0]
-		if m.mailOpts.Return != smtp.DSNReturnHeaders || m.mailOpts.EnvelopeID != "id+1=x" ||
+		ro := m.RcptOpts[0]
+		if m.MailOpts.Return != smtp.DSNReturnHeaders || m.MailOpts.EnvelopeID != "id+1=x" ||
 			!slices.Equal(ro.Notify, []smtp.DSNNotify{smtp.DSNNotifySuccess, smtp.DSNNotifyFailure}) ||
 			ro.OriginalRecipientType != smtp.DSNAddressTypeRFC822 || ro.OriginalRecipient != "orig+x=@y.test" {
-			t.Errorf("server saw mail %+v rcpt %+v", m.mailOpts, ro)
+			t.Errorf("server saw mail %+v rcpt %+v", m.MailOpts, ro)
 		}
 	}
 }
@@ -379,7 +379,7 @@ func TestSMTPUTF8(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || res.Data == nil || res.Data.Code != 250 || !msgs[0].mailOpts.UTF8 {
+		if err != nil || res.Data == nil || res.Data.Code != 250 || !msgs[0].MailOpts.UTF8 {
 			t.Errorf("with SMTPUTF8: %+v, %v", res, err)
 		}
 	}
@@ -586,7 +586,7 @@ func TestPinnedSourceAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	msgs, _ := be.snapshot()
-	if ap := msgs[0].remote.(*net.TCPAddr).AddrPort().Addr().Unmap(); ap != netip.MustParseAddr("127.0.0.2") {
+	if ap := netip.MustParseAddr(msgs[0].Client).Unmap(); ap != netip.MustParseAddr("127.0.0.2") {
 		t.Errorf("peer saw connection from %v, want 127.0.0.2", ap)
 	}
 }

@@ -3,17 +3,12 @@ package smtpclient
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
-	"io"
-	"log"
-	"net"
 	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/relay/relaytest"
@@ -60,118 +55,40 @@ var (
 	plainScript = []step{greet, ehloPlain, quit}
 )
 
-// msg is a transaction seen by the go-smtp backend.
-type msg struct {
-	helo      string
-	remote    net.Addr
-	tls       bool
-	from      string
-	mailOpts  smtp.MailOptions
-	rcpts     []string
-	rcptOpts  []smtp.RcptOptions
-	data      []byte
-	dataCalls int
-}
+// msg is a transaction seen by the go-smtp fake MX.
+type msg = relaytest.Tx
 
-// backend is a go-smtp backend for realistic dialogues. Recipients whose
-// local part starts with "temp" get 450, with "perm" 550.
-type backend struct {
-	mu    sync.Mutex
-	msgs  []*msg
-	auths []string
-}
+// backend is a go-smtp fake MX for realistic dialogues. Recipients whose
+// local part starts with "temp" get 450, with "perm" 550; AUTH PLAIN
+// takes user "user" with password "secret".
+type backend struct{ *relaytest.FakeMX }
 
-type session struct {
-	be  *backend
-	c   *smtp.Conn
-	cur *msg
-}
+// snapshot returns the transactions and the AUTH attempts so far.
+func (b backend) snapshot() ([]msg, []string) { return b.Transactions(), b.Auths() }
 
-func (b *backend) NewSession(c *smtp.Conn) (smtp.Session, error) { return &session{be: b, c: c}, nil }
-
-func (b *backend) snapshot() ([]msg, []string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []msg
-	for _, m := range b.msgs {
-		out = append(out, *m)
-	}
-	return out, append([]string(nil), b.auths...)
-}
-
-func (s *session) Mail(from string, opts *smtp.MailOptions) error {
-	s.be.mu.Lock()
-	defer s.be.mu.Unlock()
-	_, isTLS := s.c.TLSConnectionState()
-	s.cur = &msg{helo: s.c.Hostname(), remote: s.c.Conn().RemoteAddr(), tls: isTLS, from: from}
-	if opts != nil {
-		s.cur.mailOpts = *opts
-	}
-	s.be.msgs = append(s.be.msgs, s.cur)
-	return nil
-}
-
-func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
-	switch {
-	case strings.HasPrefix(to, "temp"):
-		return &smtp.SMTPError{Code: 450, EnhancedCode: smtp.EnhancedCode{4, 2, 0}, Message: "greylisted"}
-	case strings.HasPrefix(to, "perm"):
-		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user"}
-	}
-	s.be.mu.Lock()
-	defer s.be.mu.Unlock()
-	s.cur.rcpts = append(s.cur.rcpts, to)
-	if opts != nil {
-		s.cur.rcptOpts = append(s.cur.rcptOpts, *opts)
-	}
-	return nil
-}
-
-func (s *session) Data(r io.Reader) error {
-	b, err := io.ReadAll(r)
-	s.be.mu.Lock()
-	defer s.be.mu.Unlock()
-	s.cur.data = b
-	s.cur.dataCalls++
-	return err
-}
-
-func (s *session) Reset()        {}
-func (s *session) Logout() error { return nil }
-
-func (s *session) AuthMechanisms() []string { return []string{sasl.Plain} }
-
-func (s *session) Auth(string) (sasl.Server, error) {
-	return sasl.NewPlainServer(func(_, user, pass string) error {
-		s.be.mu.Lock()
-		defer s.be.mu.Unlock()
-		s.be.auths = append(s.be.auths, user+":"+pass)
-		if pass != "secret" {
-			return errors.New("bad password")
-		}
-		return nil
-	}), nil
-}
-
-// startGoSMTP runs a go-smtp server on 127.0.0.1; configure adjusts it.
-func startGoSMTP(t *testing.T, configure func(*smtp.Server)) (*backend, netip.AddrPort) {
+// startGoSMTP runs a go-smtp fake MX on 127.0.0.1; configure adjusts it.
+func startGoSMTP(t *testing.T, configure func(*smtp.Server)) (backend, netip.AddrPort) {
 	t.Helper()
-	be := &backend{}
-	s := smtp.NewServer(be)
-	s.Domain = "mx.test"
-	s.ErrorLog = log.New(io.Discard, "", 0)
-	s.ReadTimeout, s.WriteTimeout = 2*time.Second, 2*time.Second
-	s.MaxMessageBytes, s.MaxRecipients = 1<<20, 50
-	if configure != nil {
-		configure(s)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ln) }()
-	t.Cleanup(func() { s.Close() })
-	return be, ln.Addr().(*net.TCPAddr).AddrPort()
+	f := relaytest.StartMX(t, "127.0.0.1:0", relaytest.MXOptions{
+		Users: map[string]string{"user": "secret"},
+		Script: relaytest.Script{Rcpt: func(_ int, to string) error {
+			switch {
+			case strings.HasPrefix(to, "temp"):
+				return relaytest.Reply("450 4.2.0 greylisted")
+			case strings.HasPrefix(to, "perm"):
+				return relaytest.Reply("550 5.1.1 no such user")
+			}
+			return nil
+		}},
+		Configure: func(s *smtp.Server) {
+			s.ReadTimeout, s.WriteTimeout = 2*time.Second, 2*time.Second
+			s.MaxMessageBytes, s.MaxRecipients = 1<<20, 50
+			if configure != nil {
+				configure(s)
+			}
+		},
+	})
+	return backend{f}, f.Addr()
 }
 
 // opts returns client options with short timeouts.

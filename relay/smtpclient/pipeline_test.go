@@ -260,7 +260,7 @@ func TestPipeliningLargeEnvelope(t *testing.T) {
 		t.Fatalf("Send = %d rcpts, data %v, %v", len(res.Rcpts), res.Data, err)
 	}
 	msgs, _ := be.snapshot()
-	if len(msgs) != 1 || len(msgs[0].rcpts) != 250 || string(msgs[0].data) != "hi\r\n" {
+	if len(msgs) != 1 || len(msgs[0].Accepted) != 250 || string(msgs[0].Data) != "hi\r\n" {
 		t.Fatalf("server saw %d transactions", len(msgs))
 	}
 	mu.Lock()
