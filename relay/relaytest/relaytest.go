@@ -1,8 +1,20 @@
 // Package relaytest holds the helpers greyrelay's tests share, so that each
-// exists once: self-signed certificates for TLS peers and a poll-until-true
-// wait for what a test cannot be told about directly (a process or a
-// peer outside the test's goroutines). It is imported by tests only, next
-// to relay/mx/mxtest (a DNS server for tests).
+// exists once. It is imported by tests only, next to relay/mx/mxtest (a DNS
+// server for tests):
+//
+//   - two fake SMTP servers. FakeMX is a real SMTP server (go-smtp) whose
+//     answers to MAIL, RCPT and the final dot come from a Script, written
+//     as transcript lines (Reply("450 4.2.1 mailbox busy")); it records the
+//     transactions, AUTH attempts and the whole dialogue. Peer plays a
+//     transcript byte for byte (Step: expect this line, send these bytes),
+//     for what a server library will not do: replies cut short, dripped or
+//     flooded, a connection closed or silent mid-dialogue.
+//   - Loopback hands out 127.0.0.x addresses, distinct among the running
+//     tests of a process, so that fake hosts of parallel tests never
+//     collide (Linux routes all of 127.0.0.0/8 to lo).
+//   - self-signed certificates for TLS peers, and Eventually, a
+//     poll-until-true wait for what a test cannot be told about directly
+//     (a process or a peer outside the test's goroutines).
 //
 // Prefer waiting on an event or testing/synctest where the code under test
 // can report one; Eventually is for the rest.
