@@ -119,7 +119,7 @@ func TestDeliver_LostFinalReplyDefers(t *testing.T) {
 	h.dns.MX("slowdot.test", 10, "mx1.slowdot.test").A("mx1.slowdot.test", ip1).
 		MX("slowdot.test", 20, "mx2.slowdot.test").A("mx2.slowdot.test", ip2)
 	startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
-		time.Sleep(500 * time.Millisecond)
+		<-t.Context().Done() // the reply to the final dot never comes
 		return nil
 	}}})
 	second := startMX(t, ip2, h.port, relaytest.MXOptions{})
@@ -145,8 +145,18 @@ func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 	h := newHarness(t, func(c *config.Config) { c.Delivery.CommandTimeout = 200 * time.Millisecond })
 	h.dns.MX("slowrcpt.test", 10, "mx1.slowrcpt.test").A("mx1.slowrcpt.test", ip1).
 		MX("slowrcpt.test", 20, "mx2.slowrcpt.test").A("mx2.slowrcpt.test", ip2)
-	first := startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(int, string) error {
-		time.Sleep(500 * time.Millisecond)
+	// The first transaction's RCPT check returns once the relay has given
+	// up on it; later ones (retries) never answer while the test runs.
+	release := make(chan struct{})
+	first := startMX(t, ip1, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(tx int, _ string) error {
+		if tx == 0 {
+			select {
+			case <-release:
+			case <-t.Context().Done():
+			}
+		} else {
+			<-t.Context().Done()
+		}
 		return nil
 	}}})
 	second := startMX(t, ip2, h.port, relaytest.MXOptions{})
@@ -156,6 +166,7 @@ func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 	if outs := h.outcomes("a@slowrcpt.test"); outs[0]["outcome"] != "deferred" || outs[0]["mx_addr"] != ip1 {
 		t.Errorf("first attempt %v, want deferred at the first MX", outs[0])
 	}
+	close(release)
 	eventually(t, wait, "the first MX to take the message anyway", func() bool { return len(first.Delivered()) == 1 })
 	if n := len(second.Transactions()); n != 0 {
 		t.Errorf("the second MX got %d transactions in the same attempt, want none (a duplicate)", n)
