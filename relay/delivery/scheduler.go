@@ -88,7 +88,8 @@ func (j *job) keys() []queue.Key {
 // Run is the scheduler loop. It recovers attempts interrupted by a crash,
 // then starts deliveries as they fall due until ctx is cancelled. It returns
 // once every worker has ended (cancelling ctx aborts their attempts, which
-// stay recorded as in progress and are recovered at the next start).
+// stay recorded as in progress and are recovered at the next start) and
+// every outcome handed to the queue has its commit decided (record.go).
 func (e *Engine) Run(ctx context.Context) error {
 	e.cur = e.q.DueCursor()
 	defer e.cur.Close()
@@ -99,6 +100,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if n > 0 {
 		e.log.Info("recovered interrupted delivery attempts", zap.Int("recipients", n))
 	}
+	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	timer := time.NewTimer(time.Hour)
@@ -146,18 +148,13 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
-	stillHeld := e.storeHeld()
 	e.takeWaitingFresh()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true
 	}
 	e.dispatch(ctx, wg)
-	wait, ok := e.nextWake()
-	if stillHeld && (!ok || wait > heldRetry) {
-		return heldRetry, true
-	}
-	return wait, ok
+	return e.nextWake()
 }
 
 // nextWake returns how long to sleep: until the earliest due time, or
