@@ -127,6 +127,9 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		rec.Updated = now
 		po.u.Destinations = []queue.Destination{rec}
 		d.stored = cloneDest(rec)
+		e.mu.Lock()
+		d.recording++ // until the commit is decided (record.go)
+		e.mu.Unlock()
 	}
 	// Otherwise the stored record stays as it is, so this update need not
 	// be ordered with the others of d and may share their commit (the

@@ -138,6 +138,9 @@ func (e *Engine) collect() {
 func (e *Engine) collected(po *pendingOutcome) {
 	defer close(po.decided)
 	err := po.wait()
+	if len(po.u.Destinations) > 0 {
+		defer e.recorded(po.d)
+	}
 	switch {
 	case err == nil:
 		if len(po.u.Destinations) > 0 && e.opt.Shared != nil {
@@ -151,6 +154,14 @@ func (e *Engine) collected(po *pendingOutcome) {
 	default:
 		e.hold(po, err)
 	}
+}
+
+// recorded notes that the commit of an outcome carrying d's record is
+// decided: d may be forgotten again (evict).
+func (e *Engine) recorded(d *dest) {
+	e.mu.Lock()
+	d.recording--
+	e.mu.Unlock()
 }
 
 // hold keeps po, whose commit failed, to be stored again (held.go). The

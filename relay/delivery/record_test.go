@@ -147,3 +147,25 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		}
 	})
 }
+
+// A destination whose record is on its way into the queue is not
+// forgotten: read again from the queue, it would be the record before.
+func TestEvictKeepsRecordOnItsWay(t *testing.T) {
+	e := recorderEngine(nil)
+	d := &dest{name: "a.test", recording: 1}
+	e.dests = map[string]*dest{d.name: d}
+	e.order = []string{d.name}
+	e.mu.Lock()
+	e.evict()
+	e.mu.Unlock()
+	if e.dests[d.name] != d {
+		t.Fatal("destination forgotten while its record was being committed")
+	}
+	e.recorded(d)
+	e.mu.Lock()
+	e.evict()
+	e.mu.Unlock()
+	if _, ok := e.dests[d.name]; ok || len(e.order) != 0 {
+		t.Fatal("destination kept after its record was committed")
+	}
+}

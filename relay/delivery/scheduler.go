@@ -56,6 +56,11 @@ type dest struct {
 	// taken; no worker is started before then (shared.go). Guarded by
 	// Engine.mu.
 	slotWait time.Time
+	// recording counts the outcomes carrying d's record whose commit is
+	// not decided yet (record.go): d is not forgotten meanwhile, or its
+	// record read again from the queue would be the one before them.
+	// Guarded by Engine.mu.
+	recording int
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -497,13 +502,14 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	}()
 }
 
-// evict forgets destinations with no jobs and no workers; their state is in
-// the queue and is read again when they have work. Called with e.mu held.
+// evict forgets destinations with no jobs, no workers and no record on its
+// way into the queue; their state is in the queue and is read again when
+// they have work. Called with e.mu held.
 func (e *Engine) evict() {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--
