@@ -26,9 +26,10 @@ import (
 // claim on a fresh attempt's recipients (fresh.go), shares a stored
 // destination record with the other nodes (Shared.Publish), or, when the
 // commit failed, logs it and holds the outcome (held.go). Held outcomes are
-// stored again by the same goroutine on a timer (heldBackoff), without any
-// lock: the recipients are Active in the queue (or Queued and claimed, for
-// a fresh attempt) meanwhile, where nothing else touches them.
+// stored again by the same goroutine on a timer (heldBackoff), holding no
+// lock while it stores, and meanwhile later outcomes are collected as
+// usual: the held recipients are Active in the queue (or Queued and
+// claimed, for a fresh attempt), where nothing else touches them.
 //
 // Run stops the recorder only after every worker has ended, and the
 // recorder ends only once every outcome handed to it has its commit
