@@ -80,11 +80,11 @@ func isEnhanced(s string, class byte) bool {
 
 // Tx is one transaction (one MAIL) seen by a FakeMX.
 type Tx struct {
-	Conn      int    // index of the connection at this server
-	Client    string // the client's IP address
-	Helo      string // the EHLO/HELO name
-	TLS       bool   // the transaction ran over TLS
-	At        time.Time
+	Conn      int       // index of the connection at this server
+	Client    string    // the client's IP address
+	Helo      string    // the EHLO/HELO name
+	TLS       bool      // the transaction ran over TLS
+	At        time.Time // when MAIL arrived
 	From      string
 	MailOpts  smtp.MailOptions
 	Tried     []string           // RCPT TO, in order
@@ -282,21 +282,24 @@ func (s *fakeSession) Rcpt(to string, opts *smtp.RcptOptions) error {
 }
 
 func (s *fakeSession) Data(r io.Reader) error {
+	// go-smtp may run Data (for BDAT) beside the session's command loop,
+	// whose Reset drops s.cur: hold on to this transaction.
+	cur, n := s.cur, s.n
 	s.f.mu.Lock()
-	s.cur.DataCalls++
+	cur.DataCalls++
 	s.f.mu.Unlock()
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return err
 	}
 	if s.f.script.Data != nil {
-		if err := s.f.script.Data(s.n); err != nil {
+		if err := s.f.script.Data(n); err != nil {
 			return err
 		}
 	}
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	s.cur.Data, s.cur.Delivered = string(b), true
+	cur.Data, cur.Delivered = string(b), true
 	return nil
 }
 
