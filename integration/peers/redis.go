@@ -3,9 +3,11 @@ package peers
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +89,44 @@ func (r *Redis) Command(cmd string) (string, error) {
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimRight(line, "\r\n"), err
+}
+
+// CommandStats returns how many times each command ran (INFO
+// commandstats: "get" → calls), commands run by scripts included.
+func (r *Redis) CommandStats() (map[string]int64, error) {
+	c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprint(c, "INFO commandstats\r\n"); err != nil {
+		return nil, err
+	}
+	br := bufio.NewReader(c)
+	head, err := br.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil {
+		return nil, fmt.Errorf("peers: INFO reply %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for line := range strings.Lines(string(body)) {
+		// cmdstat_get:calls=12,usec=30,...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		if v, err := strconv.ParseInt(calls, 10, 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, nil
 }

@@ -145,6 +145,7 @@ type Engine struct {
 	held held // outcomes waiting to be stored (held.go)
 
 	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
+	freed <-chan string      // domains whose cluster-wide slot was released (shared.go); nil without Shared
 }
 
 // New checks opt and returns an engine.
@@ -164,7 +165,12 @@ func New(opt Options) (*Engine, error) {
 	if opt.Config.Hostname == "" {
 		return nil, errors.New("delivery: hostname is empty")
 	}
+	var freed <-chan string
+	if opt.Shared != nil {
+		freed = opt.Shared.Freed()
+	}
 	return &Engine{
+		freed:   freed,
 		opt:     opt,
 		cfg:     opt.Config,
 		q:       opt.Queue,
