@@ -503,3 +503,83 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterSentinelFailover: the nodes reach Redis through a real
+// redis-sentinel (cluster.redis.addresses names the sentinel,
+// master_name the monitored master). SENTINEL FAILOVER in the middle of
+// a run promotes the replica: every message arrives once, and afterwards
+// the nodes share through the new master (their registry heartbeats
+// reach it) with greyrelay_cluster_redis_up 1.
+func TestClusterSentinelFailover(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server", "redis-sentinel")
+	t.Parallel()
+	n := newMailNet(t)
+	master := peers.StartRedis(t, "")
+	replica := peers.StartRedisReplica(t, master)
+	sentinel := peers.StartSentinel(t, "greyrelay", master)
+	eventually(t, 30*time.Second, "the sentinel knows the replica in sync", func() error {
+		info, err := replica.Info("replication")
+		if err != nil || !strings.Contains(info, "master_link_status:up") {
+			return fmt.Errorf("replica not in sync: %v %q", err, info)
+		}
+		if reply, err := sentinel.Command("SENTINEL REPLICAS greyrelay"); err != nil || reply != "*1" {
+			return fmt.Errorf("SENTINEL REPLICAS: %q %v", reply, err)
+		}
+		return nil
+	})
+	mx := startCountingMX(n, "dest.test", nil)
+	ov := []string{"cluster.redis.master_name=greyrelay", "delivery.max_per_destination=2"}
+	a, b := n.clusterNode(sentinel.Addr, ov...), n.clusterNode(sentinel.Addr, ov...)
+	const per = 10
+	for i := range per {
+		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}})
+		if i == per/2 {
+			eventually(t, 20*time.Second, "SENTINEL FAILOVER accepted", func() error {
+				if reply, err := sentinel.Command("SENTINEL FAILOVER greyrelay"); err != nil || reply != "+OK" {
+					return fmt.Errorf("SENTINEL FAILOVER: %q %v", reply, err)
+				}
+				return nil
+			})
+		}
+		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+	}
+	eventually(t, 30*time.Second, "the replica promoted", func() error {
+		info, err := replica.Info("replication")
+		if err != nil || !strings.Contains(info, "role:master") {
+			return fmt.Errorf("replica: %v %q", err, info)
+		}
+		return nil
+	})
+	mx.waitRcpts(t, 2*per, 60*time.Second)
+	a.waitQueueEmpty(30 * time.Second)
+	b.waitQueueEmpty(30 * time.Second)
+	seen := mx.received()
+	for i := range per {
+		for _, p := range []string{"a", "b"} {
+			if r := fmt.Sprintf("%s%d@dest.test", p, i); seen[r] != 1 {
+				t.Errorf("%s delivered %d times, want once", r, seen[r])
+			}
+		}
+	}
+	// The nodes write to the new master: its SET count (only heartbeats
+	// and shared records write with SET) grows, and both nodes say Redis is up.
+	sets := func() int64 {
+		st, err := replica.CommandStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st["set"]
+	}
+	before := sets()
+	eventually(t, 20*time.Second, "the nodes write to the new master", func() error {
+		if after := sets(); after < before+2 {
+			return fmt.Errorf("SET on the new master %d → %d", before, after)
+		}
+		for _, r := range []*testRelay{a, b} {
+			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 1 {
+				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
+			}
+		}
+		return nil
+	})
+}
