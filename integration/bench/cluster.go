@@ -82,7 +82,7 @@ func runCluster(ctx context.Context, args []string) error {
 	n := fs.Int("n", 20000, "messages per round")
 	size := fs.Int("size", 4096, "message size")
 	sessions := fs.Int("c", 30, "concurrent SMTP sessions")
-	rounds := fs.Int("rounds", 1, "rounds of the four setups (even rounds in reverse order)")
+	rounds := fs.Int("rounds", 1, "rounds of the setups (even rounds in reverse order)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -128,7 +128,13 @@ func runCluster(ctx context.Context, args []string) error {
 // destination knowledge through Redis but keeps delivery.max_per_destination
 // per node, which tells the cost of sharing from the effect of a limit
 // that now holds for the three nodes together.
-var clusterSetups = []string{"1 node", "3 nodes, HAProxy", "3 nodes, HAProxy, Redis, local limits", "3 nodes, HAProxy, Redis"}
+//
+// "shared 60, local cap 20" shares a limit of three times the per-node
+// one with each node capped at the per-node one
+// (delivery.max_per_destination_local): the same connections as three
+// nodes without Redis, so what it costs is the sharing itself.
+var clusterSetups = []string{"1 node", "3 nodes, HAProxy", "3 nodes, HAProxy, Redis, local limits", "3 nodes, HAProxy, Redis",
+	"3 nodes, HAProxy, Redis, shared 60, local cap 20"}
 
 // clusterOnce starts the setup on fresh queues, warms it up and measures.
 func clusterOnce(ctx context.Context, e *env, bin, setup string, spec loadSpec) (roundResult, string, error) {
@@ -252,6 +258,9 @@ func startCluster(e *env, bin string, routes map[string]string, setup string) (*
 			return nil, err
 		}
 		o := grOptions{Routes: routes, ProxyListener: addr, Extra: map[string]any{}}
+		if setup == "3 nodes, HAProxy, Redis, shared 60, local cap 20" {
+			o.Extra["delivery"] = map[string]any{"max_per_destination": 60, "max_per_destination_local": 20}
+		}
 		if redis {
 			o.Extra["cluster"] = map[string]any{"node_name": fmt.Sprintf("node%d", i+1), "destination_limits": limits,
 				"redis": map[string]any{"addresses": []string{redisAddr}}}
