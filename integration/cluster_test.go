@@ -344,8 +344,9 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 	a := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	b := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	const per = 10
+	var aIDs []string
 	for i := range per {
-		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}})
+		aIDs = append(aIDs, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}}))
 		if i == per/2 {
 			rds.Kill()
 		}
@@ -412,6 +413,31 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
+	// `queue show -cluster`, run on node B, asks every node: queue IDs are
+	// per node, so both hold a message with A's first ID, each answer
+	// labelled with its node.
+	res := runGreyrelay(t, b.Dir, "", nil, "queue", "-config", b.ConfigPath, "show", "-cluster", "-json", aIDs[0])
+	type shownOn struct {
+		Node string `json:"node"`
+		Show struct {
+			ID         string `json:"id"`
+			Recipients []struct {
+				Recipient string `json:"recipient"`
+			} `json:"recipients"`
+		} `json:"show"`
+	}
+	shown := map[string]string{}
+	for line := range strings.Lines(strings.TrimSpace(res.Stdout)) {
+		var s shownOn
+		if err := json.Unmarshal([]byte(line), &s); err != nil || len(s.Show.Recipients) == 0 || s.Show.ID != aIDs[0] {
+			t.Fatalf("queue show -cluster: %v: %s", err, res)
+		}
+		shown[s.Node] = s.Show.Recipients[0].Recipient
+	}
+	want := map[string]string{"node-" + a.IP: "a0@dest.test", "node-" + b.IP: "b0@dest.test"}
+	if res.Code != 0 || !maps.Equal(shown, want) {
+		t.Errorf("queue show -cluster %s: %v (%s), want %v", aIDs[0], shown, res, want)
+	}
 	// Node A's status page shows both nodes' queues, asked from their
 	// admin APIs.
 	code, page := a.Get(t, "/")
