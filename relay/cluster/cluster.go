@@ -9,7 +9,9 @@
 //     the last rate-limit reply). The delivery engine reads it when it loads a
 //     domain's state and when it opens a connection, and writes it when its
 //     own record changed: Redis traffic is per connection or state change,
-//     never per message.
+//     never per message. The one exception is a destination that throttles
+//     us: each of its paced starts is one reservation (below), at the slow
+//     rate the destination allows.
 //   - Cluster-wide connection limits are leases: one sorted set per domain
 //     whose members are "node/lease" scored by their expiry (Redis server
 //     time). A Lua script drops expired members and adds one if fewer than

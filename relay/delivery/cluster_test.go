@@ -56,15 +56,18 @@ func (m *throttlingMX) mail(int) error {
 // TestSharedPaceAcrossNodes: three engines, each on its own queue, share
 // a destination's learned pace through a real redis-server. Together they
 // start no faster than the pace, so a destination allowing one message
-// per 200 ms from all of them refuses nothing; each pacing on its own,
+// per 150 ms from all of them refuses nothing; each pacing on its own,
 // they would start three at a time and be refused.
 func TestSharedPaceAcrossNodes(t *testing.T) {
 	peers.Require(t, "redis-server")
 	t.Parallel()
 	r := peers.StartRedis(t, "")
-	const interval = 300 * time.Millisecond
-	dest := &throttlingMX{gap: 200 * time.Millisecond}
-	// What one node learned: the destination accepts one message per 300 ms.
+	// The destination allows less than the learned pace (one start per
+	// 400 ms), leaving 250 ms for a start's reservation and its MAIL to
+	// drift apart on a busy machine.
+	const interval = 400 * time.Millisecond
+	dest := &throttlingMX{gap: 150 * time.Millisecond}
+	// What one node learned: the destination accepts one message per 400 ms.
 	clusterNode(t, "teacher", r.Addr).Publish(queue.Destination{Domain: "paced.test",
 		PaceInterval: interval, PaceBase: interval, Updated: time.Now()})
 	type node struct {
@@ -159,7 +162,7 @@ func TestConnectionCaps(t *testing.T) {
 				addr = peers.StartRedis(t, "").Addr
 			}
 			ip := fmt.Sprintf("127.0.0.%d", 98+i)
-			dest := &concurrencyMX{hold: 100 * time.Millisecond}
+			dest := &concurrencyMX{hold: 300 * time.Millisecond}
 			var all []func() bool
 			var hs []*harness
 			for n := range tt.nodes {

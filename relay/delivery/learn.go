@@ -122,7 +122,8 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 const paceIdle = 5 * time.Second
 
 // paceWait waits until d's next transaction may start under its learned
-// pace, and takes that start for the caller; before a wait longer than
+// pace (across the nodes when they share it, see sharedStart), and takes
+// that start for the caller; before a wait longer than
 // paceIdle it calls release. It returns false if ctx ended first.
 func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	d.mu.Lock()
