@@ -28,10 +28,10 @@ func paceKey(domain string) string { return "greyrelay:{" + strings.ToLower(doma
 
 // Pace reserves the next start of a transaction to domain under a
 // cluster-wide pace of one start per interval, and returns how long the
-// caller must wait for it. ok is false with Redis down: the caller paces
-// on its own.
+// caller must wait for it. ok is false with Redis down or
+// cluster.destination_limits local: the caller paces on its own.
 func (c *Cluster) Pace(domain string, interval time.Duration) (wait time.Duration, ok bool) {
-	if !c.up.Load() || interval <= 0 {
+	if c.cfg.DestinationLimits == LimitsLocal || !c.up.Load() || interval <= 0 {
 		return 0, false
 	}
 	ctx, cancel := c.ctx()
