@@ -337,7 +337,8 @@ func submitOverTLS(t *testing.T, addr, to string, data []byte, requireTLS bool) 
 // REQUIRETLS message goes to a DANE-authenticated MX that advertises
 // REQUIRETLS, with REQUIRETLS on its MAIL; it bounces with 5.7.30 when the
 // destination has no DANE or MTA-STS policy, or when its authenticated MX
-// (a real Postfix) does not support REQUIRETLS. A message with
+// (a real Postfix) does not support REQUIRETLS, but goes past that Postfix
+// to a second MX that does. A message with
 // "TLS-Required: No" is delivered although its MX fails DANE.
 func TestRequireTLS(t *testing.T) {
 	peers.Require(t, "postfix", "nsd", "unbound", "ldns-signzone")
@@ -350,7 +351,8 @@ func TestRequireTLS(t *testing.T) {
 		peers.Zone{Name: "dane.test", Signed: true, Records: []string{
 			"rt MX 10 mx-rt", "mx-rt A " + sinkIP, tlsa + "mx-rt TLSA 3 1 1 " + tlsaHash(t, sinkCert, 1),
 			"bad MX 10 mx-bad", "mx-bad A " + sinkIP, tlsa + "mx-bad TLSA 3 1 1 " + strings.Repeat("cd", 32),
-			"pf MX 10 mx-pf", "mx-pf A " + pfIP, tlsa + "mx-pf TLSA 3 1 1 " + tlsaHash(t, pfCert, 1)}},
+			"pf MX 10 mx-pf", "mx-pf A " + pfIP, tlsa + "mx-pf TLSA 3 1 1 " + tlsaHash(t, pfCert, 1),
+			"next MX 10 mx-pf", "next MX 20 mx-rt"}},
 		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + sinkIP}})
 	sink := peers.StartSink(t, net.JoinHostPort(sinkIP, strconv.Itoa(n.port)), peers.SinkOptions{
 		TLS: sinkCert.Config, Configure: func(s *smtp.Server) { s.EnableREQUIRETLS = true }})
@@ -374,9 +376,11 @@ func TestRequireTLS(t *testing.T) {
 	ok := submitOverTLS(t, addr, "u@rt.dane.test", body("u@rt.dane.test", ""), true)
 	plain := submitOverTLS(t, addr, "u@plain.test", body("u@plain.test", ""), true)
 	pf := submitOverTLS(t, addr, "u@pf.dane.test", body("u@pf.dane.test", ""), true)
+	next := submitOverTLS(t, addr, "u@next.dane.test", body("u@next.dane.test", ""), true)
 	optional := submitOverTLS(t, addr, "v@bad.dane.test", body("v@bad.dane.test", "TLS-Required: No\r\n"), false)
 
 	r.waitAttempts(ok, "delivered", 60*time.Second)
+	r.waitAttempts(next, "delivered", 60*time.Second) // past Postfix, to the MX with REQUIRETLS
 	r.waitAttempts(optional, "delivered", 60*time.Second)
 	if got := lastPolicy(t, r, optional); got != "tls-required-no" {
 		t.Errorf("TLS-Required: No message sent under policy %q, want tls-required-no", got)
@@ -391,8 +395,8 @@ func TestRequireTLS(t *testing.T) {
 	for _, m := range sink.Messages() {
 		for _, rc := range m.Rcpts {
 			switch rc {
-			case "u@rt.dane.test":
-				sawOK = true
+			case "u@rt.dane.test", "u@next.dane.test":
+				sawOK = sawOK || rc == "u@rt.dane.test"
 				if !m.MailOptions.RequireTLS {
 					t.Errorf("REQUIRETLS message was relayed without REQUIRETLS on MAIL")
 				}
