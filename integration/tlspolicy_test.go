@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,11 +56,23 @@ func tlsaHash(t *testing.T, c *peers.Cert, selector int) string {
 // certificate and a record whose signature is bogus defer with reason tls
 // (4.7.5) and never send the message in the clear; an unsigned zone's
 // mismatching TLSA record is ignored (insecure: delivery.tls applies).
+// An MX host that is a secure CNAME chain is authenticated by the TLSA
+// records of the chain's target, named in SNI; one whose chain leads
+// into an unsigned zone is not held to DANE.
 func TestDANE(t *testing.T) {
 	peers.Require(t, "postfix", "swaks", "nsd", "unbound", "ldns-signzone")
 	t.Parallel()
 	n := newMailNet(t)
 	mxIP := n.host("")
+	sniIP := n.host("")
+	sniCert := peers.NewCert(t, "mx-target.dane.test")
+	var sni sync.Map // the SNI of each handshake at the sink
+	sniTLS := sniCert.Config.Clone()
+	sniTLS.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		sni.Store(hello.ServerName, true)
+		return nil, nil
+	}
+	sniSink := peers.StartSink(t, net.JoinHostPort(sniIP, strconv.Itoa(n.port)), peers.SinkOptions{TLS: sniTLS})
 	names := []string{"mx-ee.dane.test", "mx-ta.dane.test", "mx-pkix.dane.test", "mx-bad.dane.test", "mx-bogus.dane.test", "mx.plain.test"}
 	cert := peers.NewCert(t, names...)
 	spki, full := tlsaHash(t, cert, 1), tlsaHash(t, cert, 0)
@@ -74,7 +87,14 @@ func TestDANE(t *testing.T) {
 		tlsa+"mx-ta TLSA 2 0 1 "+full,
 		tlsa+"mx-pkix TLSA 1 1 1 "+spki,
 		tlsa+"mx-bad TLSA 3 1 1 "+wrong,
-		tlsa+"mx-bogus TLSA 3 1 1 "+spki)
+		tlsa+"mx-bogus TLSA 3 1 1 "+spki,
+		// RFC 7672 §2.2.3: a secure CNAME chain whose target holds the
+		// TLSA records (the target's certificate is the sink's), and a
+		// CNAME into an unsigned zone (DANE does not apply, although a
+		// mismatching TLSA record sits at the original name).
+		"cname MX 10 mx-alias", "mx-alias CNAME mx-target", "mx-target A "+sniIP,
+		tlsa+"mx-target TLSA 3 1 1 "+tlsaHash(t, sniCert, 1),
+		"out MX 10 mx-out", "mx-out CNAME mx.plain.test.", tlsa+"mx-out TLSA 3 1 1 "+wrong)
 	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
 		peers.Zone{Name: "dane.test", Signed: true, Records: signed, Forge: []string{tlsa + "mx-bogus"}},
 		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}},
@@ -83,15 +103,16 @@ func TestDANE(t *testing.T) {
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
-		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"}})
+		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "out.dane.test"}})
 	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false")
 
 	ids := map[string]string{}
-	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"} {
+	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "cname.dane.test", "out.dane.test"} {
 		to := "u@" + dom
 		ids[dom] = r.send(peers.SwaksMessage{From: "a@src.test", To: []string{to}, Data: message("a@src.test", to, "dane "+dom)})
 	}
-	for dom, want := range map[string]string{"ee.dane.test": "dane", "ta.dane.test": "dane", "pkix.dane.test": "dane-unusable", "plain.test": "none"} {
+	for dom, want := range map[string]string{"ee.dane.test": "dane", "ta.dane.test": "dane", "pkix.dane.test": "dane-unusable", "plain.test": "none",
+		"cname.dane.test": "dane", "out.dane.test": "none"} {
 		r.waitAttempts(ids[dom], "delivered", 60*time.Second)
 		if got := lastPolicy(t, r, ids[dom]); got != want {
 			t.Errorf("%s: attempt made under TLS policy %q, want %q", dom, got, want)
@@ -106,9 +127,15 @@ func TestDANE(t *testing.T) {
 			t.Errorf("%s: attempt made under TLS policy %q, want dane", dom, got)
 		}
 	}
+	// RFC 7672 §3.2.2: the SNI is the TLSA base domain, the CNAME target.
+	if _, ok := sni.Load("mx-target.dane.test"); !ok || len(sniSink.Messages()) != 1 {
+		var seen []any
+		sni.Range(func(k, _ any) bool { seen = append(seen, k); return true })
+		t.Errorf("CNAME'd MX: SNI seen %v, %d messages; want mx-target.dane.test and 1", seen, len(sniSink.Messages()))
+	}
 	// Every delivery to Postfix was encrypted; the deferred ones never
 	// reached MAIL.
-	for _, m := range final.WaitFor(t, 4, 30*time.Second) {
+	for _, m := range final.WaitFor(t, 5, 30*time.Second) {
 		for _, rc := range m.Rcpts {
 			if strings.HasSuffix(rc, "@bad.dane.test") || strings.HasSuffix(rc, "@bogus.dane.test") {
 				t.Errorf("%s was delivered despite a failed DANE check", rc)
@@ -116,8 +143,8 @@ func TestDANE(t *testing.T) {
 		}
 	}
 	log := px.Log()
-	if c := strings.Count(log, "TLS connection established from"); c < 4 {
-		t.Errorf("Postfix saw %d TLS sessions, want at least 4:\n%s", c, log)
+	if c := strings.Count(log, "TLS connection established from"); c < 5 {
+		t.Errorf("Postfix saw %d TLS sessions, want at least 5:\n%s", c, log)
 	}
 	if strings.Contains(log, "bad.dane.test>") || strings.Contains(log, "bogus.dane.test>") {
 		t.Errorf("Postfix saw an envelope for a domain whose DANE check failed:\n%s", log)
