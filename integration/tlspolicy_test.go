@@ -58,12 +58,22 @@ func tlsaHash(t *testing.T, c *peers.Cert, selector int) string {
 // mismatching TLSA record is ignored (insecure: delivery.tls applies).
 // An MX host that is a secure CNAME chain is authenticated by the TLSA
 // records of the chain's target, named in SNI; one whose chain leads
-// into an unsigned zone is not held to DANE.
+// into an unsigned zone is not held to DANE. The DANE mismatch is in the
+// TLS report (RFC 8460) POSTed to the domain's rua.
 func TestDANE(t *testing.T) {
 	peers.Require(t, "postfix", "swaks", "nsd", "unbound", "ldns-signzone")
 	t.Parallel()
 	n := newMailNet(t)
 	mxIP := n.host("")
+	// The TLS report of bad.dane.test goes by HTTPS POST to a report
+	// server.
+	postIP := n.host("")
+	postPort := peers.FreePort(t, postIP)
+	posts := reportServer(t, net.JoinHostPort(postIP, strconv.Itoa(postPort)))
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, readFile(t, posts.cert.CertFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	sniIP := n.host("")
 	sniCert := peers.NewCert(t, "mx-target.dane.test")
 	var sni sync.Map // the SNI of each handshake at the sink
@@ -94,17 +104,20 @@ func TestDANE(t *testing.T) {
 		// mismatching TLSA record sits at the original name).
 		"cname MX 10 mx-alias", "mx-alias CNAME mx-target", "mx-target A "+sniIP,
 		tlsa+"mx-target TLSA 3 1 1 "+tlsaHash(t, sniCert, 1),
-		"out MX 10 mx-out", "mx-out CNAME mx.plain.test.", tlsa+"mx-out TLSA 3 1 1 "+wrong)
+		"out MX 10 mx-out", "mx-out CNAME mx.plain.test.", tlsa+"mx-out TLSA 3 1 1 "+wrong,
+		`_smtp._tls.bad TXT "v=TLSRPTv1; rua=https://tlsrpt.reports.test:`+strconv.Itoa(postPort)+`/v1"`)
 	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
 		peers.Zone{Name: "dane.test", Signed: true, Records: signed, Forge: []string{tlsa + "mx-bogus"}},
 		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}},
+		peers.Zone{Name: "reports.test", Records: []string{"tlsrpt A " + postIP}},
 		peers.Zone{Name: "relay.test"}) // the probe looks up our HELO name
 
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
 		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "out.dane.test"}})
-	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false")
+	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false",
+		"tls_reporting.enabled=true", "delivery.tls_ca_file="+caFile)
 
 	ids := map[string]string{}
 	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "cname.dane.test", "out.dane.test"} {
@@ -126,6 +139,26 @@ func TestDANE(t *testing.T) {
 		if got := lastPolicy(t, r, ids[dom]); got != "dane" {
 			t.Errorf("%s: attempt made under TLS policy %q, want dane", dom, got)
 		}
+	}
+	// RFC 8460 §4.3.2.1: the mismatch is a tlsa-invalid failure of the
+	// tlsa policy of mx-bad in bad.dane.test's report.
+	if res := r.cli("tls-report", "send"); res.Code != 0 || !strings.Contains(res.Stdout, "bad.dane.test") {
+		t.Errorf("tls-report send: %s", res)
+	}
+	select {
+	case p := <-posts.got:
+		rep := decodeTLSReport(t, p.body)
+		if len(rep.Policies) != 1 {
+			t.Fatalf("bad.dane.test report: %+v, want one policy", rep)
+		}
+		pol := rep.Policies[0]
+		if pol.Policy.Type != "tlsa" || pol.Policy.Domain != "bad.dane.test" || strings.Join(pol.Policy.String, ",") != "3 1 1 "+wrong ||
+			strings.Join(pol.Policy.MX, ",") != "mx-bad.dane.test" || pol.Summary.OK != 0 || pol.Summary.Failed < 1 ||
+			len(pol.Failures) != 1 || pol.Failures[0].Result != "tlsa-invalid" || pol.Failures[0].MX != "mx-bad.dane.test" {
+			t.Errorf("bad.dane.test report policy %+v, want tlsa 3 1 1 %s at mx-bad.dane.test with tlsa-invalid failures only", pol, wrong)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("no TLS report POSTed for bad.dane.test")
 	}
 	// RFC 7672 §3.2.2: the SNI is the TLSA base domain, the CNAME target.
 	if _, ok := sni.Load("mx-target.dane.test"); !ok || len(sniSink.Messages()) != 1 {

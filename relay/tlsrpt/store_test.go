@@ -163,3 +163,25 @@ func TestOwedSaveLoad(t *testing.T) {
 		t.Errorf("after saving none: %+v", got)
 	}
 }
+
+// Stored state that is damaged is refused or read, never a panic; what
+// is read can be saved again.
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(`[{"Domain":"d.test","Start":"2026-12-01T00:00:00Z","End":"2026-12-02T00:00:00Z","Counts":[{"Policy":{"Type":"tlsa","Domain":"d.test"},"Success":2,"Failures":[{"ResultType":"tlsa-invalid","Count":1}]}]}]`))
+	f.Add([]byte(`[{"Day":{"Domain":"d.test"},"RUAs":["https://r.test/"],"Tries":1}]`))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st := &memStore{m: map[string][]byte{keyCounts: b, keyOwed: b}}
+		a := NewAggregator()
+		if a.Load(st) == nil {
+			if err := a.Save(&memStore{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if owed, err := LoadOwed(st); err == nil {
+			if err := SaveOwed(&memStore{}, owed); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
