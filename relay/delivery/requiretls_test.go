@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
@@ -28,13 +29,16 @@ func (authenticatedPolicy) Decide(_ context.Context, domain string, hosts []stri
 // A REQUIRETLS message whose first, authenticated MX does not offer
 // REQUIRETLS goes to the next MX, which does (RFC 8689 §4.2.1), with
 // REQUIRETLS on its MAIL; the first never sees a MAIL.
+// Hosts passed over this way do not count against
+// delivery.mx_session_limit (here 1): the third MX is reached.
 func TestRequireTLSNextMX(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
-	h.dns.MX("rt.test", 10, "mx1.rt.test").MX("rt.test", 20, "mx2.rt.test").
-		A("mx1.rt.test", "127.0.0.73").A("mx2.rt.test", "127.0.0.74")
+	h := newHarness(t, func(c *config.Config) { c.Delivery.MXSessionLimit = 1 })
+	h.dns.MX("rt.test", 10, "mx1.rt.test").MX("rt.test", 20, "mx2.rt.test").MX("rt.test", 30, "mx3.rt.test").
+		A("mx1.rt.test", "127.0.0.73").A("mx2.rt.test", "127.0.0.77").A("mx3.rt.test", "127.0.0.74")
 	cfg := &tls.Config{Certificates: []tls.Certificate{testCert(t, "mx.rt.test")}}
 	first := startMX(t, "127.0.0.73", h.port, fakeOpt{tls: cfg})
+	startMX(t, "127.0.0.77", h.port, fakeOpt{tls: cfg})
 	second := startMX(t, "127.0.0.74", h.port, fakeOpt{tls: cfg, requireTLS: true})
 	id := h.enqueueMsg(queue.NewMessage{From: "s@sender.test", RequireTLS: true,
 		Body: []byte("Subject: rt\r\n\r\nbody\r\n")}, "u@rt.test")

@@ -28,7 +28,7 @@ func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, 
 			// RFC 8689 §4.2.1: this host cannot take a REQUIRETLS message
 			// but the next MX may; the 5.7.30 holds only when none can.
 			e.closeSession(ctx, s)
-			return nil, leftover{rcpts: rcpts, v: e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail)}
+			return nil, leftover{rcpts: rcpts, v: e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail), noRequireTLS: true}
 		}
 		jd := e.judge(rcpts, res, err, round < maxFollowUps)
 		outs := jd.outs
