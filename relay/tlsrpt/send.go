@@ -128,7 +128,9 @@ func (s *Sender) sendDay(ctx context.Context, d Day, only []string, now time.Tim
 		}
 		if err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", u, err))
-			failed = append(failed, u.String())
+			if !errors.Is(err, errBadRUA) {
+				failed = append(failed, u.String())
+			}
 			continue
 		}
 		res.Sent = append(res.Sent, u.String())
@@ -138,6 +140,9 @@ func (s *Sender) sendDay(ctx context.Context, d Day, only []string, now time.Tim
 	}
 	return res, &retry{ruas: failed}
 }
+
+// errBadRUA: a rua that no retry can send to.
+var errBadRUA = errors.New("unusable rua")
 
 // lookupError is a failed DNS lookup of the TLSRPT record (not a missing
 // or invalid record), which may pass.
@@ -192,11 +197,11 @@ func (s *Sender) post(ctx context.Context, u *url.URL, gz []byte) error {
 func (s *Sender) mail(u *url.URL, d Day, r Report, gz []byte, now time.Time) error {
 	to, err := url.PathUnescape(u.Opaque)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errBadRUA, err)
 	}
 	to, _, _ = strings.Cut(to, "?") // RFC 6068 header fields are not used
 	if !strings.Contains(to, "@") {
-		return errors.New("no address")
+		return fmt.Errorf("%w: no address", errBadRUA)
 	}
 	body, err := s.Message(to, d, r, gz, now)
 	if err != nil {

@@ -185,3 +185,18 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+// What no retry can fix is not kept: a domain without a record, and a rua
+// without an address.
+func TestDeliverNoRetry(t *testing.T) {
+	s := &Sender{Submitter: sub, Rand: strings.NewReader(strings.Repeat("r", 1000)), Queue: &fakeQueue{}, From: "r@relay.test",
+		TXT: fakeTXT{"_smtp._tls.sts.test": {"v=TLSRPTv1;rua=mailto:?to=a@b.test"}}}
+	a := NewAggregator()
+	a.Success(sts, day1.Add(time.Hour))
+	a.Success(Policy{Type: TypeNoPolicy, Domain: "none.test"}, day1.Add(time.Hour))
+	now := day1.Add(25 * time.Hour)
+	res, owed := s.Deliver(context.Background(), a.Take(now, false), nil, now)
+	if len(res) != 2 || len(owed) != 0 {
+		t.Errorf("results %+v, owed %+v; want two results and nothing owed", res, owed)
+	}
+}
