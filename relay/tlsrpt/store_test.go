@@ -186,8 +186,8 @@ func FuzzLoad(f *testing.F) {
 	})
 }
 
-// What no retry can fix is not kept: a domain without a record, and a rua
-// without an address.
+// What no retry can fix is not kept: a domain without a record
+// (NXDOMAIN), and a record whose only rua has no address.
 func TestDeliverNoRetry(t *testing.T) {
 	s := &Sender{Submitter: sub, Rand: strings.NewReader(strings.Repeat("r", 1000)), Queue: &fakeQueue{}, From: "r@relay.test",
 		TXT: fakeTXT{"_smtp._tls.sts.test": {"v=TLSRPTv1;rua=mailto:?to=a@b.test"}}}
