@@ -305,8 +305,12 @@ func TestClusterConnectionLimit(t *testing.T) {
 			mx := startCountingMX(n, "busy.test", gate)
 			var nodes []*testRelay
 			for range 3 {
+				// Timeouts longer than queueing can take on a busy machine: a
+				// transaction the relay gave up on would stay blocked at the
+				// gate, counted, while its retry opened another.
 				nodes = append(nodes, n.clusterNode(rds.Addr, "delivery.max_per_destination=2",
-					"delivery.max_messages_per_connection=1", "cluster.destination_limits="+tc.scope))
+					"delivery.max_messages_per_connection=1", "cluster.destination_limits="+tc.scope,
+					"delivery.command_timeout=2m", "delivery.data_timeout=2m"))
 			}
 			// The first transactions wait at MAIL until everything is
 			// queued: each node then has work for every connection it may
