@@ -15,6 +15,9 @@ import (
 // at its own address from relaytest.Loopback.
 func startMX(t *testing.T, ip string, port int, o relaytest.MXOptions) *relaytest.FakeMX {
 	t.Helper()
+	if o.Domain == "" {
+		o.Domain = "mx-" + ip
+	}
 	return relaytest.StartMX(t, net.JoinHostPort(ip, strconv.Itoa(port)), o)
 }
 

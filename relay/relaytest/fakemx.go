@@ -22,11 +22,14 @@ import (
 // MXOptions configures a FakeMX. The zero value is a plain server that
 // accepts every command.
 type MXOptions struct {
-	Domain string            // the name in the greeting; default "mx.test"
-	TLS    *tls.Config       // offer STARTTLS with this configuration
-	DSN    bool              // advertise DSN (RFC 3461)
-	Users  map[string]string // AUTH PLAIN users and passwords; nil offers no AUTH
-	Script Script            // the replies to MAIL, RCPT and the final dot
+	Domain string      // the name in the greeting; default "mx.test"
+	TLS    *tls.Config // offer STARTTLS with this configuration
+	DSN    bool        // advertise DSN (RFC 3461)
+	// RequireTLS advertises REQUIRETLS (RFC 8689), which go-smtp offers
+	// over TLS only.
+	RequireTLS bool
+	Users      map[string]string // AUTH PLAIN users and passwords; nil offers no AUTH
+	Script     Script            // the replies to MAIL, RCPT and the final dot
 	// Configure, when set, adjusts the go-smtp server last (limits,
 	// timeouts, SMTPUTF8).
 	Configure func(*smtp.Server)
@@ -130,6 +133,7 @@ func StartMX(t testing.TB, addr string, o MXOptions) *FakeMX {
 	}
 	srv.TLSConfig = o.TLS
 	srv.EnableDSN = o.DSN
+	srv.EnableREQUIRETLS = o.RequireTLS
 	srv.Debug = transcriptWriter{f}
 	srv.ErrorLog = log.New(io.Discard, "", 0)
 	if o.Configure != nil {
