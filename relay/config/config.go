@@ -214,6 +214,7 @@ type Delivery struct {
 	MaxConnections              int               `yaml:"max_connections"`
 	MaxPerDestination           int               `yaml:"max_per_destination"`
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
+	ConnectionCacheTime         time.Duration     `yaml:"connection_cache_time"` // keep an idle connection this long for the destination's next message
 	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`
 	ConnectTimeout              time.Duration     `yaml:"connect_timeout"`
 	GreetingTimeout             time.Duration     `yaml:"greeting_timeout"`

@@ -207,6 +207,7 @@ func (v *validator) delivery(d Delivery) {
 	v.positive("delivery.max_per_destination", int64(d.MaxPerDestination))
 	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))
 	v.positive("delivery.max_recipients_per_transaction", int64(d.MaxRecipientsPerTransaction))
+	v.check(d.ConnectionCacheTime >= 0, "delivery.connection_cache_time: %s is negative", d.ConnectionCacheTime)
 	v.positive("delivery.connect_timeout", int64(d.ConnectTimeout))
 	v.positive("delivery.greeting_timeout", int64(d.GreetingTimeout))
 	v.positive("delivery.command_timeout", int64(d.CommandTimeout))

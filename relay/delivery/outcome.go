@@ -94,7 +94,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if len(outs) == 0 {
 		return
 	}
-	e.finish(a.w) // the one before, so that log lines keep their order
+	e.collect(a.w, maxInFlight-1) // room for this one
 	now := e.now()
 	d.mu.Lock()
 	rec := cloneDest(d.rec)
@@ -165,24 +165,32 @@ func (e *Engine) submit(po *pendingOutcome) {
 	// failure to store it is logged when it is collected (finish).
 	e.report(po, nil)
 	po.p = e.q.ApplyAsync(po.u)
-	w.open = po
+	w.open = append(w.open, po)
 }
 
-// finish collects w's outcome in flight, if any: it waits for the commit
-// (usually decided already), retries a failed write as apply does, and
-// logs a failure.
-func (e *Engine) finish(w *worker) {
-	if w == nil || w.open == nil {
+// finish collects every outcome w has in flight, waiting for their
+// commits (usually decided already).
+func (e *Engine) finish(w *worker) { e.collect(w, 0) }
+
+// collect collects w's outcomes in flight whose commits are decided, oldest
+// first (the queue commits them in order), and waits for the oldest while
+// more than keep are in flight. A failed write is retried as apply does,
+// and logged if it still fails.
+func (e *Engine) collect(w *worker, keep int) {
+	if w == nil {
 		return
 	}
-	po := w.open
-	w.open = nil
-	_, err := po.p.Wait()
-	if err = e.retry(po.u, err); err != nil {
-		e.logStoreFailed(po, err, true) // its attempt lines are out already (submit)
-		return
+	for len(w.open) > 0 && (len(w.open) > keep || w.open[0].p.Decided()) {
+		po := w.open[0]
+		w.open[0] = nil
+		w.open = w.open[1:]
+		_, err := po.p.Wait()
+		if err = e.retry(po.u, err); err != nil {
+			e.logStoreFailed(po, err, true) // its attempt lines are out already (submit)
+			continue
+		}
+		e.stored(po)
 	}
-	e.stored(po)
 }
 
 // report logs an outcome, one line per recipient, and counts it and its

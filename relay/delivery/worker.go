@@ -16,11 +16,23 @@ import (
 // recipients refused with "too many recipients" (RFC 5321 §4.5.3.1.10).
 const maxFollowUps = 3
 
+// maxInFlight bounds the outcomes a worker has handed to the queue
+// without collecting their commits (submit, collect). A fresh attempt has
+// no Begin whose commit would order it after the previous outcome's, so
+// without this room each fresh attempt would first wait for the commit of
+// the one before: a commit (two fdatasyncs) between consecutive messages
+// of one connection.
+const maxInFlight = 16
+
 // worker is what one worker goroutine carries from attempt to attempt.
 type worker struct {
-	// open is its last outcome while the queue commits it (see settle and
-	// finish); nil when there is none.
-	open *pendingOutcome
+	// open are its outcomes while the queue commits them, oldest first
+	// (see settle and collect).
+	open []*pendingOutcome
+	// wake is signalled by the scheduler when a job arrives for the
+	// worker's destination while it waits with its connection open
+	// (awaitJob).
+	wake chan struct{}
 }
 
 // work is one worker: it serves d's jobs, one connection at a time, until
@@ -35,20 +47,74 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	}
 	defer release()
 	var s *session
-	w := &worker{}
+	w := &worker{wake: make(chan struct{}, 1)}
 	defer func() {
 		e.finish(w)
 		e.closeSession(ctx, s)
 	}()
 	for served := 0; ctx.Err() == nil; served++ {
+		if !e.awaitJob(ctx, d, s, w, served) {
+			return
+		}
 		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
 			return
 		}
 		j := e.nextJob(d, s, served)
 		if j == nil {
-			return
+			continue // another worker took it: wait again
 		}
 		s = e.runJob(ctx, d, j, s, w)
+	}
+}
+
+// awaitJob reports whether d has a job for this worker, waiting up to
+// delivery.connection_cache_time for one when its connection s is open and
+// may carry more. Without that wait, a message arriving just after the
+// last one was sent found the worker closing its connection (a worker
+// still counts against the destination's concurrency), waited for it to
+// end, for a scan, and for a new worker to dial, greet and say EHLO. It
+// reports false when the worker should end: nothing came, ctx ended, d is
+// paused, or another domain waits for a connection slot (fairness).
+// Outcomes in flight whose commits are decided meanwhile are collected.
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, w *worker, served int) bool {
+	var t *time.Timer
+	for {
+		e.mu.Lock()
+		switch {
+		case d.throttle.Paused(e.now()) || (served > 0 && e.waiting):
+			e.mu.Unlock()
+			return false
+		case len(d.pending) > 0:
+			e.mu.Unlock()
+			return true
+		case s == nil || s.count >= e.cfg.Delivery.MaxMessagesPerConnection || e.cfg.Delivery.ConnectionCacheTime <= 0:
+			e.mu.Unlock()
+			return false
+		}
+		d.idle = append(d.idle, w.wake)
+		e.mu.Unlock()
+		e.collect(w, maxInFlight)
+		if t == nil {
+			t = time.NewTimer(e.cfg.Delivery.ConnectionCacheTime)
+			defer t.Stop()
+		}
+		woken := false
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-w.wake:
+			woken = true
+		}
+		e.mu.Lock()
+		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == w.wake })
+		e.mu.Unlock()
+		select {
+		case <-w.wake: // a signal sent after the wait ended
+		default:
+		}
+		if !woken {
+			return false
+		}
 	}
 }
 
@@ -151,7 +217,7 @@ func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 // order, so that commit was decided before this Begin returned, and the
 // wait for it overlapped with this attempt's start.
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
-	defer e.finish(a.w)
+	defer e.collect(a.w, maxInFlight-1)
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
 		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}
