@@ -3,7 +3,6 @@ package queue
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -15,8 +14,6 @@ type Pending struct {
 	ids   []ID       // set by the writer before it answers
 	err   error      // the result, once decided
 	once  sync.Once
-	// waited is set once Wait has the result (reply is empty then).
-	waited atomic.Bool
 }
 
 // ApplyAsync is Apply without the wait for the commit, so a caller can
@@ -40,7 +37,6 @@ func (q *Queue) ApplyAsync(u Update) *Pending {
 	if err := validateUpdate(&u); err != nil {
 		p.err = err
 		p.once.Do(func() {})
-		p.waited.Store(true)
 		return p
 	}
 	n, size := updateWeight(&u)
@@ -70,25 +66,8 @@ func (p *Pending) Wait() ([]ID, error) {
 		if err := p.q.await(p.reply); err != nil {
 			p.ids, p.err = nil, fmt.Errorf("queue: apply: %w", err)
 		}
-		p.waited.Store(true)
 	})
 	return p.ids, p.err
-}
-
-// Decided reports, without waiting, whether the update's commit is
-// decided, so that Wait would return at once. A caller with several
-// updates in flight collects those that are decided and waits only when
-// it must.
-func (p *Pending) Decided() bool {
-	if p.waited.Load() || len(p.reply) > 0 {
-		return true
-	}
-	select {
-	case <-p.q.stopped:
-		return true
-	default:
-		return false
-	}
 }
 
 // beginFresh begins s's keys that are still Queued or Deferred (see

@@ -8,33 +8,7 @@ import (
 )
 
 // decided reports whether p's commit has been decided, without waiting.
-func decided(p *Pending) bool { return p.Decided() }
-
-// TestPendingDecided: Decided is true for an update refused before the
-// writer, stays true once Wait has taken the result, and is true after
-// Close; a later Begin decides an earlier ApplyAsync (see
-// TestApplyAsyncCommitsBeforeLaterCalls).
-func TestPendingDecided(t *testing.T) {
-	q, _ := newQ(t)
-	id := mustEnqueue(t, q, msg("s@x.test", "r@a.test", "r2@a.test"))
-	begin(t, q, t0, Key{id, 0})
-	if p := q.ApplyAsync(Update{Results: []Result{{Key: Key{id, 0}, Status: Active}}}); !p.Decided() {
-		t.Error("a refused update is undecided")
-	}
-	p := q.ApplyAsync(Update{Results: []Result{{Key: Key{id, 0}, Status: Delivered, End: t0}}})
-	if _, err := p.Wait(); err != nil {
-		t.Fatal(err)
-	}
-	if !p.Decided() {
-		t.Error("undecided after Wait")
-	}
-	if err := q.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if p := q.ApplyAsync(Update{Results: []Result{{Key: Key{id, 1}, Status: Delivered, End: t0}}}); !p.Decided() {
-		t.Error("undecided after Close")
-	}
-}
+func decided(p *Pending) bool { return p.reply == nil || len(p.reply) == 1 }
 
 // TestApplyAsyncIsApply: ApplyAsync stores what Apply stores (results, a
 // DSN, the destination record), and Wait gives Apply's answer, twice.

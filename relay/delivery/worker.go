@@ -16,30 +16,10 @@ import (
 // recipients refused with "too many recipients" (RFC 5321 §4.5.3.1.10).
 const maxFollowUps = 3
 
-// maxInFlight bounds the outcomes a worker has handed to the queue
-// without collecting their commits (submit, collect). A fresh attempt has
-// no Begin whose commit would order it after the previous outcome's, so
-// without this room each fresh attempt would first wait for the commit of
-// the one before: a commit (two fdatasyncs) between consecutive messages
-// of one connection.
-const maxInFlight = 16
-
-// worker is what one worker goroutine carries from attempt to attempt.
-type worker struct {
-	// open are its outcomes while the queue commits them, oldest first
-	// (see settle and collect).
-	open []*pendingOutcome
-	// wake is signalled by the scheduler when a job arrives for the
-	// worker's destination while it waits with its connection open
-	// (awaitJob).
-	wake chan struct{}
-}
-
 // work is one worker: it serves d's jobs, one connection at a time, until
 // there is none left for it, the destination is paused, or another domain
-// waits for a connection slot. Before it ends, its last outcome is
-// collected (even at shutdown: Run returns only after every worker has
-// ended, so every stored outcome is logged).
+// waits for a connection slot. Its outcomes are collected by the
+// recorder (record.go), which Run stops only after every worker has ended.
 func (e *Engine) work(ctx context.Context, d *dest) {
 	release, ok := e.takeSlot(d)
 	if !ok {
@@ -47,13 +27,10 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	}
 	defer release()
 	var s *session
-	w := &worker{wake: make(chan struct{}, 1)}
-	defer func() {
-		e.finish(w)
-		e.closeSession(ctx, s)
-	}()
+	defer func() { e.closeSession(ctx, s) }()
+	wake := make(chan struct{}, 1)
 	for served := 0; ctx.Err() == nil; served++ {
-		if !e.awaitJob(ctx, d, s, w, served) {
+		if !e.awaitJob(ctx, d, s, wake, served) {
 			return
 		}
 		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
@@ -63,20 +40,20 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if j == nil {
 			continue // another worker took it: wait again
 		}
-		s = e.runJob(ctx, d, j, s, w)
+		s = e.runJob(ctx, d, j, s)
 	}
 }
 
 // awaitJob reports whether d has a job for this worker, waiting up to
 // delivery.connection_cache_time for one when its connection s is open and
-// may carry more. Without that wait, a message arriving just after the
-// last one was sent found the worker closing its connection (a worker
-// still counts against the destination's concurrency), waited for it to
-// end, for a scan, and for a new worker to dial, greet and say EHLO. It
-// reports false when the worker should end: nothing came, ctx ended, d is
-// paused, or another domain waits for a connection slot (fairness).
-// Outcomes in flight whose commits are decided meanwhile are collected.
-func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, w *worker, served int) bool {
+// may carry more; the scheduler signals wake when it claims one (wakeIdle).
+// Without that wait, a message arriving just after the last one was sent
+// found the worker closing its connection (a worker still counts against
+// the destination's concurrency), waited for it to end, for a scan, and
+// for a new worker to dial, greet and say EHLO. It reports false when the
+// worker should end: nothing came, ctx ended, d is paused, or another
+// domain waits for a connection slot (fairness).
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, served int) bool {
 	var t *time.Timer
 	for {
 		e.mu.Lock()
@@ -91,9 +68,8 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, w *worker, s
 			e.mu.Unlock()
 			return false
 		}
-		d.idle = append(d.idle, w.wake)
+		d.idle = append(d.idle, wake)
 		e.mu.Unlock()
-		e.collect(w, maxInFlight)
 		if t == nil {
 			t = time.NewTimer(e.cfg.Delivery.ConnectionCacheTime)
 			defer t.Stop()
@@ -102,14 +78,14 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, w *worker, s
 		select {
 		case <-ctx.Done():
 		case <-t.C:
-		case <-w.wake:
+		case <-wake:
 			woken = true
 		}
 		e.mu.Lock()
-		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == w.wake })
+		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == wake })
 		e.mu.Unlock()
 		select {
-		case <-w.wake: // a signal sent after the wait ended
+		case <-wake: // a signal sent after the wait ended
 		default:
 		}
 		if !woken {
@@ -148,7 +124,7 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 
 // runJob makes one attempt for j, on s if it can carry it or on a new
 // connection, and returns the connection to reuse (nil if none).
-func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *worker) *session {
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
 	msg, body, release, err := e.load(j)
 	if err != nil {
 		e.unclaim(j.rcpts)
@@ -166,7 +142,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body, start: e.now(), w: w}
+	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
@@ -212,12 +188,7 @@ func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 // claimed are dropped from j. It reports whether any is left. Either way
 // j's recipients are no longer claimed: Begun ones are Active and
 // invisible to the scan.
-//
-// Then it collects the worker's previous outcome: the queue commits in
-// order, so that commit was decided before this Begin returned, and the
-// wait for it overlapped with this attempt's start.
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
-	defer e.collect(a.w, maxInFlight-1)
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
 		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}
