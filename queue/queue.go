@@ -446,11 +446,13 @@ func (q *Queue) writer() {
 // then lack. Only the writer's callers wait for it, not the clients of
 // journaled messages (answered by the journal's own fdatasync).
 func (q *Queue) linger() {
-	if q.opt.CommitDelay <= 0 || q.opt.After == nil {
+	if q.opt.CommitDelay <= 0 {
 		return
 	}
+	t := time.NewTimer(q.opt.CommitDelay)
+	defer t.Stop()
 	select {
-	case <-q.opt.After(q.opt.CommitDelay):
+	case <-t.C:
 	case <-q.done:
 	}
 }

@@ -106,11 +106,8 @@ type Options struct {
 	// ended with requests already waiting, so an idle queue answers at
 	// once. Fewer, larger commits cost less CPU and fewer fdatasyncs per
 	// message; the price is up to CommitDelay more before a Begin returns
-	// under load. It needs After.
+	// under load.
 	CommitDelay time.Duration
-	// After makes the commit delay (time.After in production): the queue
-	// never reads the clock itself. Nil means no delay.
-	After func(time.Duration) <-chan time.Time
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
 	History HistoryOptions

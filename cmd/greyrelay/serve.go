@@ -168,7 +168,6 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
-		After:       time.After,
 		FullScan:    checkQueue,
 		History:     queue.HistoryOptions{Retention: cfg.History.Retention, MaxMessages: cfg.History.MaxMessages},
 		OnQuarantine: func(bucket string, key []byte, err error) {
