@@ -60,9 +60,9 @@
 // still Queued, hence due, after a crash in between.
 //
 // Durability: Enqueue returns once its messages are in the intake journal
-// (journal.go: one fdatasync shared by concurrent callers); the writer then
-// inserts them into the database, and Open replays what a crash left in
-// the journal only. Every other write is a bbolt transaction, committed
+// (queue/journal, journaler.go: one fdatasync shared by concurrent
+// callers); the writer then inserts them into the database, and Open
+// replays what a crash left in the journal only. Every other write is a bbolt transaction, committed
 // with fsync (NoSync is never set) before the method returns. Begin and
 // Apply group-commit: concurrent callers share one transaction and one
 // fsync; a refused call (ErrState, ErrNotFound) writes nothing. ApplyAsync

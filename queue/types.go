@@ -97,7 +97,7 @@ type Options struct {
 	// suspects damage; a normal start does not need it.
 	FullScan bool
 	// JournalSize is the size the intake journal (path + ".journal", see
-	// journal.go) grows to. Zero means DefaultJournalSize; a negative size
+	// queue/journal) grows to. Zero means DefaultJournalSize; a negative size
 	// turns the journal off, so that Enqueue waits for a database commit.
 	JournalSize int64
 	// CommitDelay, when positive, is how long a busy writer lets its next
