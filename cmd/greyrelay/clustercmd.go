@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 )
 
@@ -76,7 +77,7 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	for _, n := range nodes {
 		c := &admin.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
 		var buf bytes.Buffer
-		if err := admin.RunQueue(rest, c, &buf, stderr); err != nil {
+		if err := admincli.RunQueue(rest, c, &buf, stderr); err != nil {
 			fmt.Fprintf(stderr, "node %s (%s): %v\n", n.Name, n.AdminURL, err)
 			failed = append(failed, n.Name)
 			continue

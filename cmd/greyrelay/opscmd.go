@@ -9,6 +9,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 )
 
 // clientFor reads -config (if given before the subcommand's own flags) and
@@ -43,7 +44,7 @@ func queueCmd(args []string, stdout, stderr io.Writer) error {
 	if len(rest) > 0 && rest[0] == "list" && slices.Contains(rest, "-cluster") {
 		return queueListCluster(args, slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" }), c, stdout, stderr)
 	}
-	return admin.RunQueue(rest, c, stdout, stderr)
+	return admincli.RunQueue(rest, c, stdout, stderr)
 }
 
 func destinationsCmd(args []string, stdout, stderr io.Writer) error {
@@ -51,7 +52,7 @@ func destinationsCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return admin.RunDestinations(rest, c, stdout, stderr)
+	return admincli.RunDestinations(rest, c, stdout, stderr)
 }
 
 func healthCmd(args []string, stdout, stderr io.Writer) error {
@@ -59,7 +60,7 @@ func healthCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return admin.RunHealth(c, stdout)
+	return admincli.RunHealth(c, stdout)
 }
 
 // salvageCmd copies what can be read of a damaged queue file into a fresh

@@ -1,5 +1,6 @@
 // Package admin is greyrelay's operator surface: a small HTTP server on
-// admin.address and the CLI commands that talk to it.
+// admin.address, the views it serves and their client. The CLI commands
+// that print them are relay/admin/admincli.
 //
 // Design notes:
 //

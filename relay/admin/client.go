@@ -26,11 +26,9 @@ type Client struct {
 	HTTP  *http.Client // nil: a client with a 60 s timeout
 }
 
-// clientTimeout bounds one CLI request; healthTimeout bounds `greyrelay
-// health`, which container runtimes call often and expect to be quick.
+// clientTimeout bounds one CLI request.
 const (
 	clientTimeout = 60 * time.Second
-	healthTimeout = 3 * time.Second
 	maxResponse   = 256 << 20
 )
 
@@ -97,6 +95,13 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([
 	return body, nil
 }
 
+// Ready is GET /readyz: the server's answer when it is ready to serve,
+// an error otherwise.
+func (c *Client) Ready(ctx context.Context) (string, error) {
+	body, err := c.call(ctx, http.MethodGet, "/readyz", nil)
+	return strings.TrimSpace(string(body)), err
+}
+
 // open performs one request and returns a 2xx answer with its body still
 // to be read (and closed) by the caller. Any other answer becomes an
 // *apiError carrying the server's message.
@@ -150,7 +155,7 @@ func errorMessage(body []byte) string {
 	if json.Unmarshal(body, &e) == nil && e.Error != "" {
 		return e.Error
 	}
-	if s := cell(strings.TrimSpace(string(body)), 200); s != "-" {
+	if s := Cell(strings.TrimSpace(string(body)), 200); s != "-" {
 		return s
 	}
 	return "no message"
@@ -257,7 +262,7 @@ func (c *Client) Destinations(ctx context.Context) (Destinations, error) {
 // Destination returns what the relay learned about domain, or nil, nil
 // when it learned nothing (GET /api/destinations/{domain} answers 404).
 func (c *Client) Destination(ctx context.Context, domain string) (*Destination, error) {
-	d, err := c.destination(ctx, domain)
+	d, err := c.DestinationsOf(ctx, domain)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.Code == http.StatusNotFound {
 		return nil, nil
@@ -268,9 +273,10 @@ func (c *Client) Destination(ctx context.Context, domain string) (*Destination, 
 	return &d.Destinations[0], nil
 }
 
-// destination is GET /api/destinations/{domain} with the server's clock,
-// which the CLI's relative times need; 404 is an error.
-func (c *Client) destination(ctx context.Context, domain string) (Destinations, error) {
+// DestinationsOf is GET /api/destinations/{domain}: the one destination
+// with the server's clock, which the CLI's relative times need; 404 is an
+// error.
+func (c *Client) DestinationsOf(ctx context.Context, domain string) (Destinations, error) {
 	var d Destinations
 	err := c.getJSON(ctx, http.MethodGet, "/api/destinations/"+url.PathEscape(domain), nil, &d)
 	return d, err

@@ -55,7 +55,7 @@ func (s *Server) clusterNodes(ctx context.Context) []pageNode {
 			c := &Client{Base: n.AdminURL, Token: s.opt.Config.Admin.Token, HTTP: &http.Client{Timeout: nodeTimeout}}
 			st, err := c.Stats(ctx)
 			if err != nil {
-				out[i].Err = clean(err.Error())
+				out[i].Err = Clean(err.Error())
 				return
 			}
 			out[i].Stats = st

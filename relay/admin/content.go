@@ -21,8 +21,8 @@ import (
 // Bounds of one content answer: 1 MiB by default, as much as asked up to
 // 2 GiB.
 const (
-	defaultContentMax = 1 << 20
-	maxContentMax     = 1<<31 - 1
+	DefaultContentMax = 1 << 20
+	MaxContentMax     = 1<<31 - 1
 )
 
 // contentSizeHeader carries the size of the whole part.
@@ -61,7 +61,7 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, part strin
 		s.fail(w, r, err)
 		return
 	}
-	max, err := intParam(r.URL.Query(), "max", defaultContentMax, 1, maxContentMax)
+	max, err := intParam(r.URL.Query(), "max", DefaultContentMax, 1, MaxContentMax)
 	if err != nil {
 		s.fail(w, r, err)
 		return

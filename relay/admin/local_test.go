@@ -17,7 +17,7 @@ import (
 func asJSON(t *testing.T, v any) string {
 	t.Helper()
 	var b bytes.Buffer
-	if err := encodeJSON(&b, v); err != nil {
+	if err := EncodeJSON(&b, v); err != nil {
 		t.Fatal(err)
 	}
 	return b.String()
@@ -71,7 +71,7 @@ func TestLocalRefusesWhatTheAPIRefuses(t *testing.T) {
 	f, c := cliFixture(t)
 	l := NewLocal(f.q, nil)
 	ctx := context.Background()
-	for _, lq := range []ListQuery{{Status: "bogus"}, {Limit: maxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
+	for _, lq := range []ListQuery{{Status: "bogus"}, {Limit: MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
 		_, err1 := c.List(ctx, lq)
 		_, err2 := l.List(ctx, lq)
 		var br *badRequest
