@@ -56,6 +56,11 @@ type dest struct {
 	// taken; no worker is started before then (shared.go). Guarded by
 	// Engine.mu.
 	slotWait time.Time
+	// recording counts the outcomes carrying d's record whose commit is
+	// not decided yet (record.go): d is not forgotten meanwhile, or its
+	// record read again from the queue would be the one before them.
+	// Guarded by Engine.mu.
+	recording int
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -88,7 +93,8 @@ func (j *job) keys() []queue.Key {
 // Run is the scheduler loop. It recovers attempts interrupted by a crash,
 // then starts deliveries as they fall due until ctx is cancelled. It returns
 // once every worker has ended (cancelling ctx aborts their attempts, which
-// stay recorded as in progress and are recovered at the next start).
+// stay recorded as in progress and are recovered at the next start) and
+// every outcome handed to the queue has its commit decided (record.go).
 func (e *Engine) Run(ctx context.Context) error {
 	e.cur = e.q.DueCursor()
 	defer e.cur.Close()
@@ -99,6 +105,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if n > 0 {
 		e.log.Info("recovered interrupted delivery attempts", zap.Int("recipients", n))
 	}
+	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	timer := time.NewTimer(time.Hour)
@@ -146,18 +153,13 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
-	stillHeld := e.storeHeld()
 	e.takeWaitingFresh()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true
 	}
 	e.dispatch(ctx, wg)
-	wait, ok := e.nextWake()
-	if stillHeld && (!ok || wait > heldRetry) {
-		return heldRetry, true
-	}
-	return wait, ok
+	return e.nextWake()
 }
 
 // nextWake returns how long to sleep: until the earliest due time, or
@@ -500,13 +502,14 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	}()
 }
 
-// evict forgets destinations with no jobs and no workers; their state is in
-// the queue and is read again when they have work. Called with e.mu held.
+// evict forgets destinations with no jobs, no workers and no record on its
+// way into the queue; their state is in the queue and is read again when
+// they have work. Called with e.mu held.
 func (e *Engine) evict() {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--
