@@ -8,14 +8,14 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/admincli"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // clientFor reads -config (if given before the subcommand's own flags) and
 // returns an admin API client for the running relay. The queue file itself
 // is locked by the daemon, so operator commands always go through the API.
-func clientFor(args []string, stderr io.Writer) (*admin.Client, []string, error) {
+func clientFor(args []string, stderr io.Writer) (*adminclient.Client, []string, error) {
 	fs := flag.NewFlagSet("greyrelay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "configuration file of the running relay")
@@ -30,7 +30,7 @@ func clientFor(args []string, stderr io.Writer) (*admin.Client, []string, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	return admin.NewClient(cfg), args, nil
+	return adminclient.New(cfg), args, nil
 }
 
 func queueCmd(args []string, stdout, stderr io.Writer) error {

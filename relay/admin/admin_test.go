@@ -95,7 +95,7 @@ func TestListRejectsBadFilters(t *testing.T) {
 	f := newFixture(t)
 	for _, q := range []string{"status=bogus", "older_than=soon", "older_than=-1h", "limit=0",
 		"limit=10001", "offset=-1", "offset=x"} {
-		var e errorJSON
+		var e ErrorAnswer
 		f.getJSON(t, "GET", "/api/queue?"+q, http.StatusBadRequest, &e)
 		if e.Error == "" {
 			t.Errorf("%s: no error message", q)
@@ -490,17 +490,17 @@ func TestStartServesAndShutsDown(t *testing.T) {
 	if code, body := httpGet(t, base+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Errorf("healthz %d %q", code, body)
 	}
-	c := &Client{Base: base}
-	if out, err := c.Ready(context.Background()); err != nil || out != "ok" {
-		t.Errorf("ready: %v %q", err, out)
+	if code, body := httpGet(t, base+"/readyz"); code != 200 || strings.TrimSpace(body) != "ok" {
+		t.Errorf("readyz %d %q", code, body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := f.srv.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "not reachable") {
-		t.Errorf("ready after shutdown: %v", err)
+	if resp, err := http.Get(base + "/readyz"); err == nil {
+		resp.Body.Close()
+		t.Errorf("readyz after shutdown: %s", resp.Status)
 	}
 }
 

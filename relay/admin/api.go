@@ -66,7 +66,7 @@ func EncodeJSON(w io.Writer, v any) error {
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
-	writeJSON(w, code, errorJSON{Error: err.Error()})
+	writeJSON(w, code, ErrorAnswer{Error: err.Error()})
 }
 
 // fail answers an error and logs the ones that are not the client's fault.

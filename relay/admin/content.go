@@ -25,8 +25,8 @@ const (
 	MaxContentMax     = 1<<31 - 1
 )
 
-// contentSizeHeader carries the size of the whole part.
-const contentSizeHeader = "X-Greyrelay-Size"
+// ContentSizeHeader carries the size of the whole part of a content answer.
+const ContentSizeHeader = "X-Greyrelay-Size"
 
 // ContentInfo says how much of a part Client.Content received.
 type ContentInfo struct {
@@ -87,7 +87,7 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, part strin
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	h.Set(contentSizeHeader, strconv.Itoa(size))
+	h.Set(ContentSizeHeader, strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b) // the client went away; nothing to do
 }

@@ -1,10 +1,8 @@
 package admin
 
 import (
-	"context"
 	"errors"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"go.uber.org/zap"
@@ -44,21 +42,4 @@ func (s *Server) forget(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("destinations forgotten", zap.String("selector", sel), zap.Int("destinations", n),
 		zap.String("remote", r.RemoteAddr))
 	writeJSON(w, http.StatusOK, ForgetResult{Action: "forget", Destinations: n})
-}
-
-// Forget drops what the relay learned about domain, or about every
-// destination when all is set (POST /api/destinations/forget).
-func (c *Client) Forget(ctx context.Context, domain string, all bool) (ForgetResult, error) {
-	q := url.Values{}
-	switch {
-	case domain != "" && !all:
-		q.Set("domain", domain)
-	case domain == "" && all:
-		q.Set("all", "1")
-	default:
-		return ForgetResult{}, errors.New("forget needs exactly one of a domain or all")
-	}
-	var res ForgetResult
-	err := c.getJSON(ctx, http.MethodPost, "/api/destinations/forget", q, &res)
-	return res, err
 }

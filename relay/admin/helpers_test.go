@@ -51,14 +51,6 @@ func newFixture(t testing.TB, opts ...options) *fixture {
 	return f
 }
 
-// cliFixture serves a fixture over real loopback HTTP for the client.
-func cliFixture(t *testing.T, opts ...options) (*fixture, *Client) {
-	f := newFixture(t, opts...)
-	ts := httptest.NewServer(f.srv.Handler())
-	t.Cleanup(ts.Close)
-	return f, &Client{Base: ts.URL, HTTP: ts.Client()}
-}
-
 var (
 	enqueue    = admintest.Enqueue
 	deferKeys  = admintest.DeferKeys

@@ -69,7 +69,7 @@ func TestContent(t *testing.T) {
 			continue
 		}
 		h := rec.Header()
-		if rec.Body.String() != tc.body || h.Get(contentSizeHeader) != tc.size ||
+		if rec.Body.String() != tc.body || h.Get(ContentSizeHeader) != tc.size ||
 			h.Get("Content-Type") != "text/plain; charset=utf-8" || h.Get("X-Content-Type-Options") != "nosniff" {
 			t.Errorf("%s: %q, headers %v", tc.path, rec.Body, h)
 		}

@@ -126,8 +126,8 @@ func ageBucket(age time.Duration) int {
 	return len(shapeBuckets)
 }
 
-// values is sq as GET /api/shape's query string.
-func (sq ShapeQuery) values() url.Values {
+// Values is sq as GET /api/shape's query string.
+func (sq ShapeQuery) Values() url.Values {
 	q := url.Values{}
 	if sq.By != "" {
 		q.Set("by", sq.By)

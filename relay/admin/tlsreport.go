@@ -1,8 +1,6 @@
 package admin
 
 import (
-	"context"
-	"encoding/json"
 	"net/http"
 
 	"go.uber.org/zap"
@@ -17,12 +15,4 @@ func (s *Server) tlsReport(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("TLS reports sent by the operator", zap.String("remote", r.RemoteAddr))
 	writeJSON(w, http.StatusOK, res)
-}
-
-// TLSReportSend asks the relay to send its TLS reports now and returns
-// the API's JSON answer.
-func (c *Client) TLSReportSend(ctx context.Context) (json.RawMessage, error) {
-	var res json.RawMessage
-	err := c.getJSON(ctx, http.MethodPost, "/api/tls-report/send", nil, &res)
-	return res, err
 }

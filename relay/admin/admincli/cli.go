@@ -12,6 +12,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // healthTimeout bounds `greyrelay health`, which container runtimes call
@@ -29,7 +30,7 @@ statuses: queued, deferred, active, held, delivered, relayed, failed
 `
 
 // RunQueue runs `greyrelay queue …`; args are the arguments after "queue".
-func RunQueue(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func RunQueue(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("queue: missing subcommand\n%s", queueUsage)
 	}
@@ -73,7 +74,7 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-func queueList(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue list", stderr)
 	var lq admin.ListQuery
 	fs.Func("status", "only recipients with this status", func(v string) error { lq.Status = queue.Status(v); return nil })
@@ -144,7 +145,7 @@ func nextOf(r *admin.Row, now time.Time) string {
 	return admin.NextText(r.Status, t, now)
 }
 
-func queueShow(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func queueShow(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue show", stderr)
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	var co contentOpts
@@ -236,7 +237,7 @@ func printRecipient(tw *tabwriter.Writer, r *admin.Recipient, now time.Time) {
 	}
 }
 
-func queueAction(action string, args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func queueAction(action string, args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue "+action, stderr)
 	domain := fs.String("domain", "", "act on every recipient at this destination domain")
 	all := fs.Bool("all", false, "act on the whole queue")
@@ -245,7 +246,7 @@ func queueAction(action string, args []string, c *admin.Client, stdout, stderr i
 	if err != nil {
 		return err
 	}
-	var t admin.Target
+	var t adminclient.Target
 	switch {
 	case len(pos) == 1 && *domain == "" && !*all:
 		t.ID, _, _ = strings.Cut(pos[0], "/")
@@ -269,7 +270,7 @@ func queueAction(action string, args []string, c *admin.Client, stdout, stderr i
 
 // RunDestinations runs `greyrelay destinations [-json] [DOMAIN]`: what the
 // relay learned per destination (greylisting, throttling, dead hosts).
-func RunDestinations(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func RunDestinations(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "forget" {
 		return destinationsForget(args[1:], c, stdout, stderr)
 	}
@@ -329,7 +330,7 @@ func printDestinations(out io.Writer, d *admin.Destinations) error {
 // RunHealth runs `greyrelay health`: nil (exit 0) when GET /readyz answers
 // 200 within a few seconds, an error (exit 1) otherwise. It is meant for
 // container health checks (Docker HEALTHCHECK, Kubernetes exec probes).
-func RunHealth(c *admin.Client, stdout io.Writer) error {
+func RunHealth(c *adminclient.Client, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), healthTimeout)
 	defer cancel()
 	body, err := c.Ready(ctx)

@@ -10,10 +10,11 @@ import (
 	"testing"
 
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-func runQueue(c *admin.Client, args ...string) (string, error) {
+func runQueue(c *adminclient.Client, args ...string) (string, error) {
 	var out, errOut strings.Builder
 	err := RunQueue(args, c, &out, &errOut)
 	return out.String(), err
@@ -230,7 +231,7 @@ func TestCLIUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	c := admin.NewClient(&config.Config{Admin: config.Admin{Address: addr}})
+	c := adminclient.New(&config.Config{Admin: config.Admin{Address: addr}})
 	want := "greyrelay is not reachable at http://" + addr + ": "
 	var out strings.Builder
 	errs := []error{
@@ -254,7 +255,7 @@ func TestCLIHealth(t *testing.T) {
 	if err := RunHealth(c, &out); err != nil || strings.TrimSpace(out.String()) != "ok" {
 		t.Errorf("health: %v %q", err, out.String())
 	}
-	if err := RunHealth(admin.NewClient(&config.Config{}), &out); err == nil || !strings.Contains(err.Error(), "disabled") {
+	if err := RunHealth(adminclient.New(&config.Config{}), &out); err == nil || !strings.Contains(err.Error(), "disabled") {
 		t.Errorf("disabled admin: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // `queue show -headers|-body` (postcat) and `queue shape` (qshape).
@@ -20,7 +21,7 @@ type contentOpts struct {
 // showContent prints the parts co asks for. Unless co.raw, lines end in
 // LF and control characters other than tab become '?': the content came
 // from a client and must not drive the terminal.
-func showContent(c *admin.Client, id string, co contentOpts, stdout, stderr io.Writer) error {
+func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stderr io.Writer) error {
 	if co.max < 1 || co.max > admin.MaxContentMax {
 		return fmt.Errorf("queue show: -max must be from 1 to %d", admin.MaxContentMax)
 	}
@@ -123,7 +124,7 @@ func (s *safeWriter) flush() error {
 	return err
 }
 
-func queueShape(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func queueShape(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue shape", stderr)
 	var sq admin.ShapeQuery
 	fs.StringVar(&sq.By, "by", "domain", "rows by destination domain or by reason")

@@ -6,6 +6,7 @@ import (
 	"io"
 
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // destinationsUsage is the usage of `greyrelay destinations`.
@@ -14,7 +15,7 @@ const destinationsUsage = `usage:
   greyrelay destinations forget [-json] DOMAIN | -all`
 
 // destinationsForget runs `greyrelay destinations forget [-json] DOMAIN | -all`.
-func destinationsForget(args []string, c *admin.Client, stdout, stderr io.Writer) error {
+func destinationsForget(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("destinations forget", stderr)
 	all := fs.Bool("all", false, "forget what was learned about every destination")
 	asJSON := fs.Bool("json", false, "print the API's JSON")

@@ -9,6 +9,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/admin/admintest"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
@@ -32,7 +33,7 @@ type fixture struct {
 type options func(*admin.Options)
 
 // cliFixture serves a fixture over real loopback HTTP for the CLI.
-func cliFixture(t *testing.T, opts ...options) (*fixture, *admin.Client) {
+func cliFixture(t *testing.T, opts ...options) (*fixture, *adminclient.Client) {
 	t.Helper()
 	d := admintest.New(t)
 	f := &fixture{q: d.Q, engine: &admintest.Engine{Q: d.Q}, m1: d.M1, m2: d.M2, m3: d.M3, m4: d.M4}
@@ -47,5 +48,5 @@ func cliFixture(t *testing.T, opts ...options) (*fixture, *admin.Client) {
 	}
 	ts := httptest.NewServer(f.srv.Handler())
 	t.Cleanup(ts.Close)
-	return f, &admin.Client{Base: ts.URL, HTTP: ts.Client()}
+	return f, &adminclient.Client{Base: ts.URL, HTTP: ts.Client()}
 }

@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // RunTLSReport runs `greyrelay tls-report send`.
-func RunTLSReport(args []string, c *admin.Client, stdout io.Writer) error {
+func RunTLSReport(args []string, c *adminclient.Client, stdout io.Writer) error {
 	if len(args) != 1 || args[0] != "send" {
 		return fmt.Errorf("usage: greyrelay tls-report send [-config FILE]")
 	}

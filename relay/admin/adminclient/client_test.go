@@ -1,4 +1,4 @@
-package admin
+package adminclient
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-func TestNewClient(t *testing.T) {
+func TestNew(t *testing.T) {
 	tests := []struct{ addr, base string }{
 		{"127.0.0.1:8025", "http://127.0.0.1:8025"},
 		{"[::1]:8025", "http://[::1]:8025"},
@@ -19,12 +19,12 @@ func TestNewClient(t *testing.T) {
 		{"", ""},
 	}
 	for _, tt := range tests {
-		c := NewClient(&config.Config{Admin: config.Admin{Address: tt.addr, Token: "t"}})
+		c := New(&config.Config{Admin: config.Admin{Address: tt.addr, Token: "t"}})
 		if c.Base != tt.base || c.Token != "t" || c.HTTP == nil || c.HTTP.Timeout == 0 {
 			t.Errorf("%q: %+v, want base %q", tt.addr, c, tt.base)
 		}
 	}
-	c := NewClient(&config.Config{})
+	c := New(&config.Config{})
 	if _, err := c.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "disabled") {
 		t.Errorf("disabled admin: %v", err)
 	}

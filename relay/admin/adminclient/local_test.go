@@ -1,4 +1,4 @@
-package admin
+package adminclient
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -17,7 +18,7 @@ import (
 func asJSON(t *testing.T, v any) string {
 	t.Helper()
 	var b bytes.Buffer
-	if err := EncodeJSON(&b, v); err != nil {
+	if err := admin.EncodeJSON(&b, v); err != nil {
 		t.Fatal(err)
 	}
 	return b.String()
@@ -27,9 +28,9 @@ func asJSON(t *testing.T, v any) string {
 // over HTTP, byte for byte once encoded.
 func TestLocalMatchesClient(t *testing.T) {
 	f, c := cliFixture(t)
-	l := NewLocal(f.q, func() time.Time { return testNow })
+	l := admin.NewLocal(f.q, func() time.Time { return testNow })
 	ctx := context.Background()
-	for _, lq := range []ListQuery{
+	for _, lq := range []admin.ListQuery{
 		{},
 		{Status: queue.Deferred, Domain: "greylist.test", Limit: 1},
 		{Reason: "rate-limited"},
@@ -69,13 +70,14 @@ func TestLocalMatchesClient(t *testing.T) {
 // and report the queue's typed errors.
 func TestLocalRefusesWhatTheAPIRefuses(t *testing.T) {
 	f, c := cliFixture(t)
-	l := NewLocal(f.q, nil)
+	l := admin.NewLocal(f.q, nil)
 	ctx := context.Background()
-	for _, lq := range []ListQuery{{Status: "bogus"}, {Limit: MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
+	for _, lq := range []admin.ListQuery{{Status: "bogus"}, {Limit: admin.MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
 		_, err1 := c.List(ctx, lq)
 		_, err2 := l.List(ctx, lq)
-		var br *badRequest
-		if err1 == nil || !strings.Contains(err1.Error(), "400") || !errors.As(err2, &br) {
+		// relay/admin's TestLocalRefusesBadQueries checks that err2 is the
+		// API's bad-request error.
+		if err1 == nil || !strings.Contains(err1.Error(), "400") || err2 == nil {
 			t.Errorf("List(%+v): HTTP %v, local %v", lq, err1, err2)
 		}
 	}
@@ -88,10 +90,10 @@ func TestLocalRefusesWhatTheAPIRefuses(t *testing.T) {
 }
 
 func TestClientAct(t *testing.T) {
-	f, c := cliFixture(t, func(o *Options) { o.Engine = nil })
+	f, c := cliFixture(t, func(o *admin.Options) { o.Engine = nil })
 	ctx := context.Background()
 	res, err := c.Act(ctx, "hold", Target{Domain: "greylist.test"})
-	if err != nil || res != (ActionResult{Action: "hold", Recipients: 2}) {
+	if err != nil || res != (admin.ActionResult{Action: "hold", Recipients: 2}) {
 		t.Errorf("hold domain: %+v %v", res, err)
 	}
 	res, err = c.Act(ctx, "release", Target{ID: f.m1.String()})
@@ -116,17 +118,52 @@ func TestClientUnreachable(t *testing.T) {
 	addr := ln.Addr().String()
 	ln.Close()
 	ctx := context.Background()
-	for _, c := range []*Client{NewClient(&config.Config{}), NewClient(&config.Config{Admin: config.Admin{Address: addr}})} {
+	for _, c := range []*Client{New(&config.Config{}), New(&config.Config{Admin: config.Admin{Address: addr}})} {
 		_, err := c.Destination(ctx, "example.test")
 		var ue *UnreachableError
 		if !errors.As(err, &ue) || ue.Base != c.Base {
 			t.Errorf("base %q: %v", c.Base, err)
 		}
 	}
-	_, c := cliFixture(t, func(o *Options) { o.Config.Admin.Token = "tok" })
-	_, err = c.List(ctx, ListQuery{})
+	_, c := cliFixture(t, func(o *admin.Options) { o.Config.Admin.Token = "tok" })
+	_, err = c.List(ctx, admin.ListQuery{})
 	var ue *UnreachableError
 	if err == nil || errors.As(err, &ue) || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong token: %v", err)
+	}
+}
+
+// TestClientThroughGuard: the client's requests pass the server's guard
+// against web pages (Host and cross-origin checks) on a real listener.
+func TestClientThroughGuard(t *testing.T) {
+	f := newFixture(t)
+	if err := f.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		f.srv.Shutdown(ctx)
+	})
+	c := &Client{Base: "http://" + f.srv.Addr().String()}
+	res, err := c.Act(context.Background(), "hold", Target{Domain: "new.test"})
+	if err != nil || res.Recipients != 1 {
+		t.Fatalf("client hold: %+v %v", res, err)
+	}
+	if out, err := c.Ready(context.Background()); err != nil || out != "ok" {
+		t.Errorf("ready: %v %q", err, out)
+	}
+	// NodeStats, as another node's status page asks it.
+	st, err := NodeStats("")(context.Background(), admin.ClusterNode{AdminURL: c.Base})
+	if err != nil || st.Messages != 4 || st.ByStatus[string(queue.Held)] != 2 {
+		t.Errorf("NodeStats: %+v, %v; want 4 messages, 2 recipients held", st, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := f.srv.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "not reachable") {
+		t.Errorf("ready after shutdown: %v", err)
 	}
 }
