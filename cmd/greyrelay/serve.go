@@ -274,6 +274,9 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	}
 	stopEngine()
 	<-engineDone
+	if p.report != nil {
+		p.report.save() // the day's counts so far, for the next start
+	}
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
 	}

@@ -36,7 +36,7 @@ func newTLSPolicy(cfg *config.Config, router *mx.Router, cache tlspolicy.Cache) 
 		if !tlspolicy.TrustedResolver(server, d.DNSSECTrustedResolvers) {
 			return nil, fmt.Errorf("delivery.dnssec: trust-ad, but the resolver %s is neither on loopback nor in delivery.dnssec_trusted_resolvers", server)
 		}
-		opt.DNSSEC = &tlspolicy.DNSSEC{Server: server, Timeout: 10 * time.Second}
+		opt.DNSSEC = &tlspolicy.DNSSEC{Server: server, Timeout: 10 * time.Second, IPv6: router.IPv6}
 	}
 	roots, err := tlspolicy.Roots(d.TLSCAFile)
 	if err != nil {
