@@ -41,8 +41,12 @@ func queueCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if len(rest) > 0 && rest[0] == "list" && slices.Contains(rest, "-cluster") {
-		return queueListCluster(args, slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" }), c, stdout, stderr)
+	if len(rest) > 0 && (rest[0] == "list" || rest[0] == "show") && slices.Contains(rest, "-cluster") {
+		rest = slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" })
+		if rest[0] == "show" {
+			return queueShowCluster(args, rest, c, stdout, stderr)
+		}
+		return queueListCluster(args, rest, c, stdout, stderr)
 	}
 	return admincli.RunQueue(rest, c, stdout, stderr)
 }

@@ -247,6 +247,7 @@ type Delivery struct {
 	TLSCAFile                   string            `yaml:"tls_ca_file"`              // extra roots for MTA-STS fetches and MX hosts
 	MaxConnections              int               `yaml:"max_connections"`
 	MaxPerDestination           int               `yaml:"max_per_destination"`
+	MaxPerDestinationLocal      int               `yaml:"max_per_destination_local"` // one node's cap under a shared max_per_destination; 0: none
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
 	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`
 	ConnectTimeout              time.Duration     `yaml:"connect_timeout"`
