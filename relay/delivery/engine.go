@@ -150,6 +150,7 @@ type Engine struct {
 	out *recorder // collects the commits of outcomes (record.go)
 
 	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
+	freed <-chan string      // domains whose cluster-wide slot was released (shared.go); nil without Shared
 }
 
 // New checks opt and returns an engine.
@@ -169,7 +170,12 @@ func New(opt Options) (*Engine, error) {
 	if opt.Config.Hostname == "" {
 		return nil, errors.New("delivery: hostname is empty")
 	}
+	var freed <-chan string
+	if opt.Shared != nil {
+		freed = opt.Shared.Freed()
+	}
 	return &Engine{
+		freed:   freed,
 		opt:     opt,
 		cfg:     opt.Config,
 		q:       opt.Queue,

@@ -55,10 +55,13 @@ type dest struct {
 	// queue because pending was full (zero: none); draining to half of it
 	// moves the scan back there. Guarded by Engine.mu.
 	passedAt time.Time
-	// slotWait: every cluster-wide connection slot of the domain was
-	// taken; no worker is started before then (shared.go). Guarded by
-	// Engine.mu.
-	slotWait time.Time
+	// contended: the last worker to ask for a cluster-wide connection slot
+	// found every one taken. Until one is granted, one worker at a time
+	// asks, at slotWait or when a release is announced (shared.go), so
+	// the domain's jobs wait here in order. Guarded by Engine.mu.
+	contended bool
+	slotWait  time.Time
+	acquiring int // workers asking for a slot now; guarded by Engine.mu
 	// recording counts the outcomes carrying d's record whose commit is
 	// not decided yet (record.go): d is not forgotten meanwhile, or its
 	// record read again from the queue would be the one before them.
@@ -139,6 +142,11 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 			return false
 		case f := <-fresh:
 			if e.takeFresh(f) {
+				e.dispatch(ctx, wg)
+			}
+			continue
+		case domain := <-e.freed:
+			if e.slotFreed(domain) {
 				e.dispatch(ctx, wg)
 			}
 			continue
@@ -485,10 +493,13 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // more queued transactions than its connections are expected to carry.
 // Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
-	if len(d.pending) == 0 || d.throttle.Paused(now) || now.Before(d.slotWait) {
+	if len(d.pending) == 0 || d.throttle.Paused(now) {
 		return false
 	}
-	if d.active >= d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination) {
+	if d.contended && (now.Before(d.slotWait) || d.acquiring > 0) {
+		return false
+	}
+	if d.active >= d.throttle.Concurrency(e.nodeLimit()) {
 		return false
 	}
 	share := min(reuseShare, e.cfg.Delivery.MaxMessagesPerConnection)
