@@ -15,7 +15,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 )
 
@@ -63,7 +64,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 // shared Redis, through each node's admin API with this configuration's
 // token (the nodes share one): a section per node, or with -json one
 // object per node and line ({"node", "admin_url", "list"}).
-func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr io.Writer) error {
+func queueListCluster(args, rest []string, local *adminclient.Client, stdout, stderr io.Writer) error {
 	path := ""
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
@@ -75,9 +76,9 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	asJSON := slices.Contains(rest, "-json")
 	var failed []string
 	for _, n := range nodes {
-		c := &admin.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
+		c := &adminclient.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
 		var buf bytes.Buffer
-		if err := admin.RunQueue(rest, c, &buf, stderr); err != nil {
+		if err := admincli.RunQueue(rest, c, &buf, stderr); err != nil {
 			fmt.Fprintf(stderr, "node %s (%s): %v\n", n.Name, n.AdminURL, err)
 			failed = append(failed, n.Name)
 			continue
@@ -103,7 +104,7 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 // (queue IDs are per node: several may hold one, each answer is labelled):
 // a section per node, or with -json one object per node and line
 // ({"node", "admin_url", "show"}).
-func queueShowCluster(args, rest []string, local *admin.Client, stdout, stderr io.Writer) error {
+func queueShowCluster(args, rest []string, local *adminclient.Client, stdout, stderr io.Writer) error {
 	path := ""
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
@@ -116,9 +117,9 @@ func queueShowCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	var misses []string
 	found := 0
 	for _, n := range nodes {
-		c := &admin.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
+		c := &adminclient.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
 		var buf bytes.Buffer
-		if err := admin.RunQueue(rest, c, &buf, io.Discard); err != nil {
+		if err := admincli.RunQueue(rest, c, &buf, io.Discard); err != nil {
 			misses = append(misses, fmt.Sprintf("node %s: %v", n.Name, err))
 			continue
 		}

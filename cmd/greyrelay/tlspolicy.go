@@ -25,12 +25,12 @@ const stsRefreshEvery = time.Hour
 func newTLSPolicy(cfg *config.Config, router *mx.Router, cache tlspolicy.Cache) (*tlspolicy.Checker, error) {
 	d := cfg.Delivery
 	dns, ok := router.Resolver.(*mx.DNS)
-	if (d.DNSSEC != "trust-ad" && !d.MTASTS) || !ok {
+	if (d.DNSSEC != config.DNSSECTrustAD && !d.MTASTS) || !ok {
 		return nil, nil
 	}
 	server := dns.Server
 	opt := tlspolicy.Options{STS: d.MTASTS, TXT: router.Resolver, Cache: cache, Port: d.Port, Now: time.Now}
-	if d.DNSSEC == "trust-ad" {
+	if d.DNSSEC == config.DNSSECTrustAD {
 		// RFC 6698 §4.1, RFC 4035 §4.9.3: the AD bit means something only
 		// when the path to the validating resolver is trusted.
 		if !tlspolicy.TrustedResolver(server, d.DNSSECTrustedResolvers) {

@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
@@ -198,5 +198,5 @@ func tlsReportCmd(args []string, stdout, stderr io.Writer) error {
 	if len(rest) != 1 || rest[0] != "send" {
 		return &exitError{2, errors.New("usage: greyrelay tls-report send [-config FILE]")}
 	}
-	return admin.RunTLSReport(rest, c, stdout)
+	return admincli.RunTLSReport(rest, c, stdout)
 }

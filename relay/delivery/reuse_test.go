@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
@@ -77,4 +78,40 @@ func startCloser(t *testing.T, ip string, port int, pipelining bool) *relaytest.
 	second := append(append([]relaytest.Step{greet, ehlo}, tx...),
 		relaytest.Step{Data: true, Send: "250 queued\r\n"}, relaytest.Step{Expect: "QUIT", Send: "221 bye\r\n"})
 	return relaytest.StartPeer(t, net.JoinHostPort(ip, strconv.Itoa(port)), relaytest.PeerOptions{Timeout: time.Minute}, first, second)
+}
+
+// TestDeliver_ConnectionKeptForNextMessage: a message that arrives after
+// the previous one to its destination was sent goes over the connection
+// that carried it, kept open for delivery.connection_cache_time, instead
+// of waiting for that connection to close and a new one to open. With the
+// cache time 0 the connection closes when no job waits.
+func TestDeliver_ConnectionKeptForNextMessage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		keep  time.Duration
+		conns int
+	}{
+		{time.Minute, 1},
+		{0, 2},
+	} {
+		t.Run(fmt.Sprintf("keep=%v", tc.keep), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *config.Config) { c.Delivery.ConnectionCacheTime = tc.keep })
+			ip := relaytest.Loopback(t)
+			h.dns.MX("kept.test", 10, "mx.kept.test").A("mx.kept.test", ip)
+			mx := startMX(t, ip, h.port, relaytest.MXOptions{})
+			h.start()
+			a := h.enqueue("alice@sender.test", "a@kept.test")
+			eventually(t, wait, "the first delivered", func() bool { return h.gone(a) })
+			b := h.enqueue("bob@sender.test", "b@kept.test")
+			eventually(t, wait, "the second delivered", func() bool { return h.gone(b) })
+			txs := mx.Delivered()
+			if len(txs) != 2 {
+				t.Fatalf("%d messages delivered, want 2", len(txs))
+			}
+			if n := len(mx.Connections()); n != tc.conns {
+				t.Errorf("%d connections for two messages, want %d", n, tc.conns)
+			}
+		})
+	}
 }
