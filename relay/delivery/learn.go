@@ -33,12 +33,13 @@ import (
 
 // window returns rec's greylisting window.
 func window(rec *queue.Destination) backoff.Window {
-	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Quiet: rec.GreylistQuiet, ProbeUntil: rec.GreylistProbe}
+	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Probes: rec.GreylistProbes, ProbeUntil: rec.GreylistProbe, Checked: rec.GreylistChecked}
 }
 
 // setWindow stores w in rec.
 func setWindow(rec *queue.Destination, w backoff.Window) {
-	rec.GreylistLow, rec.LearnedDelay, rec.GreylistQuiet, rec.GreylistProbe = w.Low, w.High, w.Quiet, w.ProbeUntil
+	rec.GreylistLow, rec.LearnedDelay, rec.GreylistProbes = w.Low, w.High, w.Probes
+	rec.GreylistProbe, rec.GreylistChecked = w.ProbeUntil, w.Checked
 }
 
 // learnGreylistPass records that a recipient first greylisted passed after
