@@ -133,7 +133,7 @@ func TestGreylistLearnsDelay(t *testing.T) {
 // a 25 s delay (10 messages) and a 60 s one (6 messages, to keep the
 // package's run time). The first message teaches the relay a window for
 // the delay (refused after the first quick retry, passed after the
-// second); the next few may probe inside it at the cost of a refused
+// second); the next three may probe inside it at the cost of a refused
 // attempt; every later one takes exactly 2 attempts from the pinned source
 // address and passes within 10% + 2 s of the delay, and every message but
 // the first arrives within 1.25 × the delay + 2 s of its 250.
@@ -144,7 +144,7 @@ func TestGreylistLearnsTrueDelay(t *testing.T) {
 		delay, first, second time.Duration
 		messages, handful    int
 	}{
-		{25 * time.Second, 20 * time.Second, 10 * time.Second, 10, 3},
+		{25 * time.Second, 20 * time.Second, 10 * time.Second, 10, 4},
 		{60 * time.Second, 45 * time.Second, 30 * time.Second, 6, 4},
 	} {
 		t.Run(c.delay.String(), func(t *testing.T) {
