@@ -640,6 +640,8 @@ func encodeDestination(x *Destination) []byte {
 	e.i(int64(x.PaceBase))
 	e.i(int64(x.PaceRefusals))
 	e.t(x.GreylistChecked)
+	e.i(int64(x.PaceRun))
+	e.t(x.PaceRunStart)
 	return e.b
 }
 
@@ -663,6 +665,7 @@ func decodeDestination(b []byte) (Destination, error) {
 	}
 	if len(d.b) > 0 {
 		x.GreylistChecked = d.t()
+		x.PaceRun, x.PaceRunStart = d.int(), d.t()
 	}
 	return x, d.done()
 }

@@ -318,9 +318,13 @@ type Destination struct {
 	GreylistProbe  time.Time
 	// PaceInterval, PaceBase and PaceRefusals are the learned sending rate
 	// of a throttling destination (backoff.Pace); PaceInterval 0: not paced.
+	// PaceRun and PaceRunStart count the messages accepted before it first
+	// refused (backoff.Pace.Run).
 	PaceInterval time.Duration
 	PaceBase     time.Duration
 	PaceRefusals int
 	// GreylistChecked: see LearnedDelay.
 	GreylistChecked time.Time
+	PaceRun         int
+	PaceRunStart    time.Time
 }

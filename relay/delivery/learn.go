@@ -83,12 +83,13 @@ func greylistWait(p backoff.Policy, rec *queue.Destination, in backoff.Input, fi
 
 // pace returns rec's learned pace.
 func pace(rec *queue.Destination) backoff.Pace {
-	return backoff.Pace{Interval: rec.PaceInterval, Base: rec.PaceBase, Refusals: rec.PaceRefusals}
+	return backoff.Pace{Interval: rec.PaceInterval, Base: rec.PaceBase, Refusals: rec.PaceRefusals, Run: rec.PaceRun, RunStart: rec.PaceRunStart}
 }
 
 // setPace stores p in rec.
 func setPace(rec *queue.Destination, p backoff.Pace) {
 	rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = p.Interval, p.Base, p.Refusals
+	rec.PaceRun, rec.PaceRunStart = p.Run, p.RunStart
 }
 
 // learnThrottle updates the destination-wide throttle after an attempt: a
@@ -107,7 +108,7 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		t = t.OnSuccess()
 		p := pace(rec)
 		for range s.accepted {
-			p = p.OnAccepted()
+			p = p.OnAccepted(now)
 		}
 		setPace(rec, p)
 	default:
