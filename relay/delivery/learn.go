@@ -16,8 +16,9 @@ import (
 // wait (from an episode's first greylisting reply) after which a retry was
 // refused again and the shortest after which one passed: the window of
 // backoff.Window, kept in the record (GreylistLow, LearnedDelay). First
-// retries of later episodes land just past its upper bound or, now and
-// then, probe inside it; each pass and each refusal narrows it. Taking the
+// retries of later episodes land just past its upper bound or, while it
+// is wide, probe inside it; each pass and each refusal narrows it, and
+// once narrow it is checked below at most hourly. Taking the
 // pass times themselves as the delay would drift upwards: every retry lands
 // a margin after the learned delay and would teach a slightly longer one.
 //
@@ -25,7 +26,9 @@ import (
 // (backoff.Input.Window); it never delays other recipients: greylisting is
 // per triplet and never slows the whole destination.
 //
-// Throttling. A destination that rate-limits us gets a learned pace
+// Throttling. Every accepted message counts in the destination's run
+// (backoff.Pace.Run), which sets the pace if it ever refuses. A
+// destination that rate-limits us gets a learned pace
 // (backoff.Pace, AIMD): transactions to it start at most one per
 // PaceInterval, whichever worker makes them (paceWait), and a refused
 // recipient comes back one interval later, instead of the destination
