@@ -20,6 +20,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,11 +56,33 @@ func tlsaHash(t *testing.T, c *peers.Cert, selector int) string {
 // certificate and a record whose signature is bogus defer with reason tls
 // (4.7.5) and never send the message in the clear; an unsigned zone's
 // mismatching TLSA record is ignored (insecure: delivery.tls applies).
+// An MX host that is a secure CNAME chain is authenticated by the TLSA
+// records of the chain's target, named in SNI; one whose chain leads
+// into an unsigned zone is not held to DANE. The DANE mismatch is in the
+// TLS report (RFC 8460) POSTed to the domain's rua.
 func TestDANE(t *testing.T) {
 	peers.Require(t, "postfix", "swaks", "nsd", "unbound", "ldns-signzone")
 	t.Parallel()
 	n := newMailNet(t)
 	mxIP := n.host("")
+	// The TLS report of bad.dane.test goes by HTTPS POST to a report
+	// server.
+	postIP := n.host("")
+	postPort := peers.FreePort(t, postIP)
+	posts := reportServer(t, net.JoinHostPort(postIP, strconv.Itoa(postPort)))
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, readFile(t, posts.cert.CertFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sniIP := n.host("")
+	sniCert := peers.NewCert(t, "mx-target.dane.test")
+	var sni sync.Map // the SNI of each handshake at the sink
+	sniTLS := sniCert.Config.Clone()
+	sniTLS.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		sni.Store(hello.ServerName, true)
+		return nil, nil
+	}
+	sniSink := peers.StartSink(t, net.JoinHostPort(sniIP, strconv.Itoa(n.port)), peers.SinkOptions{TLS: sniTLS})
 	names := []string{"mx-ee.dane.test", "mx-ta.dane.test", "mx-pkix.dane.test", "mx-bad.dane.test", "mx-bogus.dane.test", "mx.plain.test"}
 	cert := peers.NewCert(t, names...)
 	spki, full := tlsaHash(t, cert, 1), tlsaHash(t, cert, 0)
@@ -74,24 +97,35 @@ func TestDANE(t *testing.T) {
 		tlsa+"mx-ta TLSA 2 0 1 "+full,
 		tlsa+"mx-pkix TLSA 1 1 1 "+spki,
 		tlsa+"mx-bad TLSA 3 1 1 "+wrong,
-		tlsa+"mx-bogus TLSA 3 1 1 "+spki)
+		tlsa+"mx-bogus TLSA 3 1 1 "+spki,
+		// RFC 7672 §2.2.3: a secure CNAME chain whose target holds the
+		// TLSA records (the target's certificate is the sink's), and a
+		// CNAME into an unsigned zone (DANE does not apply, although a
+		// mismatching TLSA record sits at the original name).
+		"cname MX 10 mx-alias", "mx-alias CNAME mx-target", "mx-target A "+sniIP,
+		tlsa+"mx-target TLSA 3 1 1 "+tlsaHash(t, sniCert, 1),
+		"out MX 10 mx-out", "mx-out CNAME mx.plain.test.", tlsa+"mx-out TLSA 3 1 1 "+wrong,
+		`_smtp._tls.bad TXT "v=TLSRPTv1; rua=https://tlsrpt.reports.test:`+strconv.Itoa(postPort)+`/v1"`)
 	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
 		peers.Zone{Name: "dane.test", Signed: true, Records: signed, Forge: []string{tlsa + "mx-bogus"}},
 		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, tlsa + "mx TLSA 3 1 1 " + wrong}},
+		peers.Zone{Name: "reports.test", Records: []string{"tlsrpt A " + postIP}},
 		peers.Zone{Name: "relay.test"}) // the probe looks up our HELO name
 
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
-		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"}})
-	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false")
+		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "out.dane.test"}})
+	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false",
+		"tls_reporting.enabled=true", "delivery.tls_ca_file="+caFile)
 
 	ids := map[string]string{}
-	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test"} {
+	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "cname.dane.test", "out.dane.test"} {
 		to := "u@" + dom
 		ids[dom] = r.send(peers.SwaksMessage{From: "a@src.test", To: []string{to}, Data: message("a@src.test", to, "dane "+dom)})
 	}
-	for dom, want := range map[string]string{"ee.dane.test": "dane", "ta.dane.test": "dane", "pkix.dane.test": "dane-unusable", "plain.test": "none"} {
+	for dom, want := range map[string]string{"ee.dane.test": "dane", "ta.dane.test": "dane", "pkix.dane.test": "dane-unusable", "plain.test": "none",
+		"cname.dane.test": "dane", "out.dane.test": "none"} {
 		r.waitAttempts(ids[dom], "delivered", 60*time.Second)
 		if got := lastPolicy(t, r, ids[dom]); got != want {
 			t.Errorf("%s: attempt made under TLS policy %q, want %q", dom, got, want)
@@ -106,9 +140,35 @@ func TestDANE(t *testing.T) {
 			t.Errorf("%s: attempt made under TLS policy %q, want dane", dom, got)
 		}
 	}
+	// RFC 8460 §4.3.2.1: the mismatch is a tlsa-invalid failure of the
+	// tlsa policy of mx-bad in bad.dane.test's report.
+	if res := r.cli("tls-report", "send"); res.Code != 0 || !strings.Contains(res.Stdout, "bad.dane.test") {
+		t.Errorf("tls-report send: %s", res)
+	}
+	select {
+	case p := <-posts.got:
+		rep := decodeTLSReport(t, p.body)
+		if len(rep.Policies) != 1 {
+			t.Fatalf("bad.dane.test report: %+v, want one policy", rep)
+		}
+		pol := rep.Policies[0]
+		if pol.Policy.Type != "tlsa" || pol.Policy.Domain != "bad.dane.test" || strings.Join(pol.Policy.String, ",") != "3 1 1 "+wrong ||
+			strings.Join(pol.Policy.MX, ",") != "mx-bad.dane.test" || pol.Summary.OK != 0 || pol.Summary.Failed < 1 ||
+			len(pol.Failures) != 1 || pol.Failures[0].Result != "tlsa-invalid" || pol.Failures[0].MX != "mx-bad.dane.test" {
+			t.Errorf("bad.dane.test report policy %+v, want tlsa 3 1 1 %s at mx-bad.dane.test with tlsa-invalid failures only", pol, wrong)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("no TLS report POSTed for bad.dane.test")
+	}
+	// RFC 7672 §3.2.2: the SNI is the TLSA base domain, the CNAME target.
+	if _, ok := sni.Load("mx-target.dane.test"); !ok || len(sniSink.Messages()) != 1 {
+		var seen []any
+		sni.Range(func(k, _ any) bool { seen = append(seen, k); return true })
+		t.Errorf("CNAME'd MX: SNI seen %v, %d messages; want mx-target.dane.test and 1", seen, len(sniSink.Messages()))
+	}
 	// Every delivery to Postfix was encrypted; the deferred ones never
 	// reached MAIL.
-	for _, m := range final.WaitFor(t, 4, 30*time.Second) {
+	for _, m := range final.WaitFor(t, 5, 30*time.Second) {
 		for _, rc := range m.Rcpts {
 			if strings.HasSuffix(rc, "@bad.dane.test") || strings.HasSuffix(rc, "@bogus.dane.test") {
 				t.Errorf("%s was delivered despite a failed DANE check", rc)
@@ -116,8 +176,8 @@ func TestDANE(t *testing.T) {
 		}
 	}
 	log := px.Log()
-	if c := strings.Count(log, "TLS connection established from"); c < 4 {
-		t.Errorf("Postfix saw %d TLS sessions, want at least 4:\n%s", c, log)
+	if c := strings.Count(log, "TLS connection established from"); c < 5 {
+		t.Errorf("Postfix saw %d TLS sessions, want at least 5:\n%s", c, log)
 	}
 	if strings.Contains(log, "bad.dane.test>") || strings.Contains(log, "bogus.dane.test>") {
 		t.Errorf("Postfix saw an envelope for a domain whose DANE check failed:\n%s", log)
@@ -337,7 +397,8 @@ func submitOverTLS(t *testing.T, addr, to string, data []byte, requireTLS bool) 
 // REQUIRETLS message goes to a DANE-authenticated MX that advertises
 // REQUIRETLS, with REQUIRETLS on its MAIL; it bounces with 5.7.30 when the
 // destination has no DANE or MTA-STS policy, or when its authenticated MX
-// (a real Postfix) does not support REQUIRETLS. A message with
+// (a real Postfix) does not support REQUIRETLS, but goes past that Postfix
+// to a second MX that does. A message with
 // "TLS-Required: No" is delivered although its MX fails DANE.
 func TestRequireTLS(t *testing.T) {
 	peers.Require(t, "postfix", "nsd", "unbound", "ldns-signzone")
@@ -350,7 +411,8 @@ func TestRequireTLS(t *testing.T) {
 		peers.Zone{Name: "dane.test", Signed: true, Records: []string{
 			"rt MX 10 mx-rt", "mx-rt A " + sinkIP, tlsa + "mx-rt TLSA 3 1 1 " + tlsaHash(t, sinkCert, 1),
 			"bad MX 10 mx-bad", "mx-bad A " + sinkIP, tlsa + "mx-bad TLSA 3 1 1 " + strings.Repeat("cd", 32),
-			"pf MX 10 mx-pf", "mx-pf A " + pfIP, tlsa + "mx-pf TLSA 3 1 1 " + tlsaHash(t, pfCert, 1)}},
+			"pf MX 10 mx-pf", "mx-pf A " + pfIP, tlsa + "mx-pf TLSA 3 1 1 " + tlsaHash(t, pfCert, 1),
+			"next MX 10 mx-pf", "next MX 20 mx-rt"}},
 		peers.Zone{Name: "plain.test", Records: []string{"@ MX 10 mx", "mx A " + sinkIP}})
 	sink := peers.StartSink(t, net.JoinHostPort(sinkIP, strconv.Itoa(n.port)), peers.SinkOptions{
 		TLS: sinkCert.Config, Configure: func(s *smtp.Server) { s.EnableREQUIRETLS = true }})
@@ -374,9 +436,11 @@ func TestRequireTLS(t *testing.T) {
 	ok := submitOverTLS(t, addr, "u@rt.dane.test", body("u@rt.dane.test", ""), true)
 	plain := submitOverTLS(t, addr, "u@plain.test", body("u@plain.test", ""), true)
 	pf := submitOverTLS(t, addr, "u@pf.dane.test", body("u@pf.dane.test", ""), true)
+	next := submitOverTLS(t, addr, "u@next.dane.test", body("u@next.dane.test", ""), true)
 	optional := submitOverTLS(t, addr, "v@bad.dane.test", body("v@bad.dane.test", "TLS-Required: No\r\n"), false)
 
 	r.waitAttempts(ok, "delivered", 60*time.Second)
+	r.waitAttempts(next, "delivered", 60*time.Second) // past Postfix, to the MX with REQUIRETLS
 	r.waitAttempts(optional, "delivered", 60*time.Second)
 	if got := lastPolicy(t, r, optional); got != "tls-required-no" {
 		t.Errorf("TLS-Required: No message sent under policy %q, want tls-required-no", got)
@@ -391,8 +455,8 @@ func TestRequireTLS(t *testing.T) {
 	for _, m := range sink.Messages() {
 		for _, rc := range m.Rcpts {
 			switch rc {
-			case "u@rt.dane.test":
-				sawOK = true
+			case "u@rt.dane.test", "u@next.dane.test":
+				sawOK = sawOK || rc == "u@rt.dane.test"
 				if !m.MailOptions.RequireTLS {
 					t.Errorf("REQUIRETLS message was relayed without REQUIRETLS on MAIL")
 				}

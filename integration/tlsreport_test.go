@@ -98,7 +98,8 @@ func reportFromMail(t *testing.T, data []byte) (string, tlsReport) {
 // TestTLSReport delivers under MTA-STS policies to a real Postfix: one
 // domain whose MX certificate is valid, one whose MX certificate is not
 // valid for its name, one whose MX the policy does not list, one whose
-// policy host's certificate is not valid (the policy fetch fails). `greyrelay tls-report send` then sends each domain
+// policy host's certificate is not valid (the policy fetch fails). The
+// relay restarts, keeping its counts. `greyrelay tls-report send` then sends each domain
 // its RFC 8460 report: by mail, through the relay's own queue, to the sink
 // that is the MX of the rua's domain, and by HTTPS POST to a report server
 // the relay trusts through delivery.tls_ca_file.
@@ -148,6 +149,8 @@ func TestTLSReport(t *testing.T) {
 	r.waitAttempts(nopolicy, "delivered", 60*time.Second)
 	r.waitAttempts(bad, "deferred", 60*time.Second)
 	r.waitAttempts(unlisted, "deferred", 60*time.Second)
+	// The counts so far survive a restart (saved in the queue database).
+	r.Restart(t)
 	if res := r.cli("tls-report", "send"); res.Code != 0 || !strings.Contains(res.Stdout, "ok.test") {
 		t.Fatalf("tls-report send: %s", res)
 	}

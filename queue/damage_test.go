@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
 // accepted is what a test queue was given: each message's body and the
@@ -513,7 +515,7 @@ func TestJournalCarriesSpoolChecksum(t *testing.T) {
 	m := msg("s@x.test", "r@a.test")
 	m.Body, m.File = nil, &BodyFile{name: "body-1", n: 10, sum: 0xdeadbeef, summed: true}
 	rec, _ := encodeRecord([8]byte{}, 1, []NewMessage{m}, []ID{3})
-	out, _, err := decodeRecord(rec[journalRecHead:])
+	out, _, err := decodeRecord(rec[journal.RecordHead:])
 	if err != nil || !out[0].File.summed || out[0].File.sum != 0xdeadbeef {
 		t.Fatalf("decoded %+v, %v", out[0].File, err)
 	}

@@ -1,9 +1,9 @@
 // Package queue is greyrelay's durable store: accepted messages and the
 // per-recipient delivery state, in one bbolt database. It knows nothing about
 // SMTP, DNS or retry policy. It never reads the clock: every time is passed
-// in, and the one wait it makes (a busy writer's commit delay, for larger
-// group commits) uses a timer the caller hands it (Options.After). It makes
-// no delivery decisions; callers record outcomes.
+// in. The one wait it makes (a busy writer's commit delay, for larger group
+// commits) is a timer, which tests drive with testing/synctest. It makes no
+// delivery decisions; callers record outcomes.
 //
 // Data model (mox's, on bbolt; see store.go for the bucket layout):
 //
@@ -60,9 +60,9 @@
 // still Queued, hence due, after a crash in between.
 //
 // Durability: Enqueue returns once its messages are in the intake journal
-// (journal.go: one fdatasync shared by concurrent callers); the writer then
-// inserts them into the database, and Open replays what a crash left in
-// the journal only. Every other write is a bbolt transaction, committed
+// (queue/journal, journaler.go: one fdatasync shared by concurrent
+// callers); the writer then inserts them into the database, and Open
+// replays what a crash left in the journal only. Every other write is a bbolt transaction, committed
 // with fsync (NoSync is never set) before the method returns. Begin and
 // Apply group-commit: concurrent callers share one transaction and one
 // fsync; a refused call (ErrState, ErrNotFound) writes nothing. ApplyAsync

@@ -3,7 +3,7 @@ package queue
 // Fresh attempts: the path from a message's 250 to the next hop without a
 // database commit in between.
 //
-// A message is durable once its journal record is synced (journal.go);
+// A message is durable once its journal record is synced (journaler.go);
 // the writer inserts it into the database in a later commit, and a
 // delivery attempt found by the scheduler then records itself with Begin,
 // another commit, before anything is sent. Under load those two commits,

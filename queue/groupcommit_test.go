@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -121,64 +122,59 @@ func mixedRound(t *testing.T, q *Queue, at time.Time, n int) (ID, bool) {
 // TestCommitDelay checks when the writer lingers (Options.CommitDelay): not
 // for a request that finds it idle, and after a commit that ended with a
 // request waiting, for the delay, gathering what arrives meanwhile into the
-// same transaction.
+// same transaction. The bubble's clock shows how long each reply took.
 func TestCommitDelay(t *testing.T) {
-	lingering := make(chan time.Duration, 4)
-	gate := make(chan time.Time)
-	after := func(d time.Duration) <-chan time.Time {
-		lingering <- d
-		return gate
-	}
-	q := openAt(t, dbPath(t), Options{CommitDelay: 3 * time.Millisecond, After: after})
-	txs := make([]*bolt.Tx, 4)
-	entered := make(chan struct{})
-	// send hands the writer request i directly, so that the test knows it
-	// is waiting; block, if set, holds the writer inside its transaction.
-	send := func(i int, block chan struct{}) chan error {
-		reply := make(chan error, 1)
-		q.reqs <- request{n: 1, reply: reply, fn: func(w *wtx) error {
-			txs[i] = w.tx
-			if block != nil {
-				entered <- struct{}{}
-				<-block
+	synctest.Test(t, func(t *testing.T) {
+		const delay = 3 * time.Millisecond
+		q := openAt(t, dbPath(t), Options{CommitDelay: delay})
+		txs := make([]*bolt.Tx, 4)
+		entered := make(chan struct{})
+		// send hands the writer request i directly, so that the test knows it
+		// is waiting; block, if set, holds the writer inside its transaction.
+		send := func(i int, block chan struct{}) chan error {
+			reply := make(chan error, 1)
+			q.reqs <- request{n: 1, reply: reply, fn: func(w *wtx) error {
+				txs[i] = w.tx
+				if block != nil {
+					entered <- struct{}{}
+					<-block
+				}
+				return nil
+			}}
+			return reply
+		}
+		release := make(chan struct{})
+		replies := []chan error{send(0, release)}
+		<-entered // the writer is in request 0's transaction, which found it idle
+		replies = append(replies, send(1, nil))
+		start := time.Now()
+		close(release) // that commit ends with request 1 waiting: linger
+		synctest.Wait()
+		select {
+		case err := <-replies[1]:
+			t.Fatalf("request 1 answered (%v) at once: the writer did not linger after a commit that ended with a request waiting", err)
+		default:
+		}
+		replies = append(replies, send(2, nil))
+		for i, r := range replies {
+			if err := <-r; err != nil {
+				t.Fatalf("request %d: %v", i, err)
 			}
-			return nil
-		}}
-		return reply
-	}
-	release := make(chan struct{})
-	replies := []chan error{send(0, release)}
-	<-entered // the writer is in request 0's transaction, which found it idle
-	replies = append(replies, send(1, nil))
-	close(release) // that commit ends with request 1 waiting: linger
-	select {
-	case d := <-lingering:
-		if d != 3*time.Millisecond {
-			t.Fatalf("lingered %v, want 3ms", d)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the writer did not linger after a commit that ended with a request waiting")
-	}
-	replies = append(replies, send(2, nil))
-	gate <- time.Time{}
-	for i, r := range replies {
-		if err := <-r; err != nil {
-			t.Fatalf("request %d: %v", i, err)
+		if d := time.Since(start); d != delay {
+			t.Fatalf("lingered %v, want %v", d, delay)
 		}
-	}
-	if txs[0] == txs[1] || txs[1] != txs[2] {
-		t.Fatalf("transactions %p %p %p, want the second shared by requests 1 and 2 only", txs[0], txs[1], txs[2])
-	}
-	// That commit ended with nothing waiting: the next request finds the
-	// writer idle and is committed at once.
-	r3 := send(3, nil)
-	select {
-	case err := <-r3:
-		if err != nil {
+		if txs[0] == txs[1] || txs[1] != txs[2] {
+			t.Fatalf("transactions %p %p %p, want the second shared by requests 1 and 2 only", txs[0], txs[1], txs[2])
+		}
+		// That commit ended with nothing waiting: the next request finds the
+		// writer idle and is committed at once.
+		start = time.Now()
+		if err := <-send(3, nil); err != nil {
 			t.Fatal(err)
 		}
-	case <-lingering:
-		gate <- time.Time{}
-		t.Fatal("lingered for a request that found the writer idle")
-	}
+		if d := time.Since(start); d != 0 {
+			t.Fatalf("lingered %v for a request that found the writer idle", d)
+		}
+	})
 }

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
 // crashCopy makes the files a crash could leave: the database as last
@@ -118,19 +120,19 @@ func mustBody(t *testing.T, q *Queue, id ID) []byte {
 // not bring any back.
 func TestJournal_Wrap(t *testing.T) {
 	path := dbPath(t)
-	q := openAt(t, path, Options{JournalSize: minJournalSize})
+	q := openAt(t, path, Options{JournalSize: journal.MinSize})
 	m := msg("s@x.test", "r@a.test")
 	m.Body = bytes.Repeat([]byte("0123456789abcdef"), 64) // 1 KiB
 	const n = 300                                         // about 5 times the file
 	for range n {
 		mustEnqueue(t, q, m)
 	}
-	if fi, err := os.Stat(path + ".journal"); err != nil || fi.Size() > minJournalSize {
-		t.Errorf("journal file: %v, %v; want at most %d bytes", fi.Size(), err, minJournalSize)
+	if fi, err := os.Stat(path + ".journal"); err != nil || fi.Size() > journal.MinSize {
+		t.Errorf("journal file: %v, %v; want at most %d bytes", fi.Size(), err, journal.MinSize)
 	}
 	checkStats(t, q)
 	q.Close()
-	q = openAt(t, path, Options{JournalSize: minJournalSize})
+	q = openAt(t, path, Options{JournalSize: journal.MinSize})
 	if st, _ := q.Stats(); st.Messages != n {
 		t.Errorf("after reopen: %d messages, want %d", st.Messages, n)
 	}
@@ -143,7 +145,7 @@ func TestJournal_Wrap(t *testing.T) {
 func TestJournal_WriteFailureFallsBack(t *testing.T) {
 	q, _ := newQ(t)
 	mustEnqueue(t, q, msg("", "first@a.test")) // the file has grown: the next record needs no growth
-	q.jrnl.f.Close()                           // every later write fails
+	q.jrnl.Close()                             // every later write fails
 	if _, err := q.Enqueue(msg("", "a@a.test")); err == nil {
 		t.Fatal("Enqueue succeeded with a broken journal")
 	}
@@ -162,9 +164,9 @@ func TestJournal_FailedRecordNotReplayed(t *testing.T) {
 	mustEnqueue(t, q, msg("", "first@a.test"))
 	j := q.jrnl
 	m := msg("", "refused@a.test")
-	rec, _ := encodeRecord(j.salt, j.seq+1, []NewMessage{m}, []ID{ID(q.lastID.Load() + 1)})
-	off := j.off
-	j.f.Close() // the next write fails
+	rec, _ := encodeRecord(j.Salt(), j.seq+1, []NewMessage{m}, []ID{ID(q.lastID.Load() + 1)})
+	off := j.Offset()
+	j.Close() // the next write fails
 	if _, err := q.Enqueue(m); err == nil {
 		t.Fatal("Enqueue succeeded with a broken journal")
 	}
@@ -201,59 +203,33 @@ type jrecord struct {
 // above the previous.
 func parseJournal(b []byte, salt [8]byte) []jrecord {
 	var out []jrecord
-	_, _ = scanJournal(bytes.NewReader(b), int64(len(b)), salt, 0, func(seq uint64, payload []byte) error {
+	_, _ = journal.ScanImage(bytes.NewReader(b), int64(len(b)), salt, 0, func(seq uint64, payload []byte) error {
 		out = append(out, jrecord{seq: seq, payload: payload})
 		return nil
 	})
 	return out
 }
 
-// journalImage builds a journal file of the given records.
-func journalImage(salt [8]byte, recs ...[]byte) []byte {
-	b := append([]byte(journalFileMagic), salt[:]...)
-	b = append(b, 0, 0, 0, 0)
-	for _, r := range recs {
-		b = append(b, r...)
+// journalFile writes the records build makes for a new journal file's
+// salt to that file, and returns the file's image and salt.
+func journalFile(tb testing.TB, build func(salt [8]byte) [][]byte) ([]byte, [8]byte) {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "journal")
+	j, _, err := journal.Open(path, journal.MinSize)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return b
-}
-
-func TestParseJournal(t *testing.T) {
-	salt := [8]byte{1, 2, 3, 4, 5, 6, 7, 8}
-	rec := func(seq uint64) []byte {
-		r, _ := encodeRecord(salt, seq, []NewMessage{msg("s@x.test", "r@a.test")}, []ID{ID(seq)})
-		return r
+	defer j.Close()
+	for _, r := range build(j.Salt()) {
+		if err := j.Append(r); err != nil {
+			tb.Fatal(err)
+		}
 	}
-	flip := func(b []byte, i int) []byte { b = bytes.Clone(b); b[i] ^= 1; return b }
-	r1, r2, r3 := rec(7), rec(8), rec(9)
-	tests := []struct {
-		name string
-		img  []byte
-		salt [8]byte
-		want []uint64
-	}{
-		{"three", journalImage(salt, r1, r2, r3), salt, []uint64{7, 8, 9}},
-		{"torn last", journalImage(salt, r1, r2, r3[:len(r3)-1]), salt, []uint64{7, 8}},
-		{"bad CRC in the middle", journalImage(salt, r1, flip(r2, len(r2)-1), r3), salt, []uint64{7}},
-		{"bad magic", journalImage(salt, flip(r1, 0)), salt, nil},
-		{"gap in numbers", journalImage(salt, r1, r3), salt, []uint64{7}},
-		{"older record behind the write position", journalImage(salt, r2, r3, r1), salt, []uint64{8, 9}},
-		{"other file's salt", journalImage(salt, r1), [8]byte{9}, nil},
-		{"zeros after", append(journalImage(salt, r1), make([]byte, 100)...), salt, []uint64{7}},
-		{"header only", journalImage(salt), salt, nil},
-		{"short", []byte("GRJ"), salt, nil},
+	b, err := os.ReadFile(path)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var got []uint64
-			for _, r := range parseJournal(tt.img, tt.salt) {
-				got = append(got, r.seq)
-			}
-			if !reflect.DeepEqual(got, tt.want) {
-				t.Errorf("records %v, want %v", got, tt.want)
-			}
-		})
-	}
+	return b, j.Salt()
 }
 
 func TestJournalRecordRoundTrip(t *testing.T) {
@@ -264,8 +240,13 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 	b := msg("", "d@c.test")
 	b.Body, b.File, b.DSN, b.TLSOptional = nil, &BodyFile{name: "body-123", n: 4096}, true, true
 	in := []NewMessage{a, b}
-	rec, copies := encodeRecord([8]byte{}, 1, in, []ID{5, 6})
-	recs := parseJournal(journalImage([8]byte{}, rec), [8]byte{})
+	var rec []byte
+	var copies []NewMessage
+	img, salt := journalFile(t, func(salt [8]byte) [][]byte {
+		rec, copies = encodeRecord(salt, 1, in, []ID{5, 6})
+		return [][]byte{rec}
+	})
+	recs := parseJournal(img, salt)
 	if len(recs) != 1 {
 		t.Fatalf("%d records", len(recs))
 	}
@@ -279,7 +260,7 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 	// Encoding what was read back, or what the writer inserts, gives the
 	// same record: every field survived.
 	for name, ms := range map[string][]NewMessage{"decoded": out, "writer's copies": copies} {
-		if again, _ := encodeRecord([8]byte{}, 1, ms, ids); !bytes.Equal(again, rec) {
+		if again, _ := encodeRecord(salt, 1, ms, ids); !bytes.Equal(again, rec) {
 			t.Errorf("%s differ from the originals: %+v", name, ms)
 		}
 	}
@@ -291,10 +272,13 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 // FuzzJournal: the journal reader never panics on any file, and every
 // record it accepts either decodes or is refused with an error.
 func FuzzJournal(f *testing.F) {
-	salt := [8]byte{}
-	rec, _ := encodeRecord(salt, 1, []NewMessage{msg("s@x.test", "r@a.test")}, []ID{1})
-	f.Add(journalImage(salt, rec))
-	f.Add(rec[journalRecHead:])
+	var rec []byte
+	img, salt := journalFile(f, func(salt [8]byte) [][]byte {
+		rec, _ = encodeRecord(salt, 1, []NewMessage{msg("s@x.test", "r@a.test")}, []ID{1})
+		return [][]byte{rec}
+	})
+	f.Add(img)
+	f.Add(rec[journal.RecordHead:])
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		for _, r := range parseJournal(b, salt) {
@@ -376,8 +360,8 @@ func TestJournal_CannotGrow(t *testing.T) {
 	m := msg("s@x.test", "r@a.test")
 	m.Body = bytes.Repeat([]byte("0123456789abcdef"), 256) // 4 KiB
 	mustEnqueue(t, q, m)                                   // the journal grows to its first step
-	if q.jrnl.size != journalStep {
-		t.Fatalf("journal size %d, want %d", q.jrnl.size, journalStep)
+	if q.jrnl.Size() != journal.Step {
+		t.Fatalf("journal size %d, want %d", q.jrnl.Size(), journal.Step)
 	}
 	// No file of this process may grow past the journal's size now
 	// (EFBIG instead of SIGXFSZ). The database stays below it: every
@@ -389,7 +373,7 @@ func TestJournal_CannotGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	lim := old
-	lim.Cur = journalStep
+	lim.Cur = journal.Step
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
 		t.Fatal(err)
 	}
@@ -402,8 +386,8 @@ func TestJournal_CannotGrow(t *testing.T) {
 			t.Fatalf("round %d: %v", round, err)
 		}
 	}
-	if q.jrnl.bad != nil || q.jrnl.size != journalStep {
-		t.Errorf("journal bad=%v size=%d; want usable at %d", q.jrnl.bad, q.jrnl.size, journalStep)
+	if q.jrnl.bad != nil || q.jrnl.Size() != journal.Step {
+		t.Errorf("journal bad=%v size=%d; want usable at %d", q.jrnl.bad, q.jrnl.Size(), journal.Step)
 	}
 	if q.jrnl.seq < 300 {
 		t.Errorf("%d records written; the journal was left for the database", q.jrnl.seq)

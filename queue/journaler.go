@@ -8,11 +8,72 @@ import (
 	"path/filepath"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
-// This file connects the journal (journal.go) to the queue: the journaler
-// goroutine that group-commits Enqueue calls into journal records, the
-// writer's side that inserts them into the database, and the replay at Open.
+// This file connects the intake journal (queue/journal, whose package
+// comment says why there is one) to the queue: the journaler goroutine
+// that group-commits Enqueue calls into journal records (journalrec.go),
+// the writer's side that inserts them into the database, and the replay at
+// Open.
+//
+// Enqueue returns after the fdatasync of the record holding its messages.
+// The writer inserts them into the database afterwards, in journal order,
+// in its next transaction (whatever else that transaction carries), and
+// stores in the same transaction the number of the last journal record it
+// holds ("applied"). A message is durable once its record is synced, in
+// the database once applied; a crash in between loses nothing, because
+// Open replays every record numbered above applied before anything reads
+// the queue (and before the spool sweep, which would remove the files they
+// name).
+//
+// When the next batch does not fit in the file, the journaler waits until
+// the database holds every record in it and starts again at the front. A
+// batch too large for the file, and every Enqueue after a journal write
+// failed, go to the database directly, as before the journal. The record
+// whose write failed is marked applied without its messages (their clients
+// were refused, and it may have reached the disk all the same), so that no
+// later Open replays it.
+//
+// Reads: between its Enqueue and the writer's commit (about one commit) a
+// message is durable but not yet in the database. The reads a caller may
+// make right after Enqueue (Message, Show, Body, OpenBody, Due, List,
+// Stats, Select and the operator actions) first wait for that commit
+// (settle; for one message only if its ID may still be on its way, so the
+// delivery workers never wait). The scheduler's reads (DueCursor, NextDue)
+// do not: the commit that inserts a message wakes it.
+
+// DefaultJournalSize is the size the journal file grows to by default.
+const DefaultJournalSize = journal.DefaultSize
+
+// intakeJournal is the journal file and the journaler's state. After Open
+// only the journaler goroutine uses it.
+type intakeJournal struct {
+	*journal.File
+	seq uint64 // number of the last record written
+	bad error  // a write or sync failed: the journal is not used any more
+}
+
+// jrequest is one Enqueue call waiting for the journaler.
+type jrequest struct {
+	ms    []NewMessage
+	size  int
+	reply chan jresult // buffered 1: the journaler never blocks on it
+}
+
+type jresult struct {
+	ids []ID
+	err error
+}
+
+// insertBatch is journaled messages on their way into the database. The
+// writer keeps it until a commit that inserts it succeeds.
+type insertBatch struct {
+	seq uint64       // the journal record holding them
+	ms  []NewMessage // Body points into the record (the caller's buffer is not ours)
+	ids []ID
+}
 
 var (
 	bJournal   = []byte("journal")
@@ -34,20 +95,19 @@ func (q *Queue) startJournal() error {
 		return err
 	}
 	path := q.path + ".journal"
-	j, created, err := openJournal(path, q.opt.JournalSize)
+	f, created, err := journal.Open(path, q.opt.JournalSize)
 	if err != nil {
 		return fmt.Errorf("queue: journal: %w", err)
 	}
-	if err := q.claimJournal(j, created); err != nil {
-		j.f.Close()
+	if err := q.claimJournal(f, created); err != nil {
+		f.Close()
 		return fmt.Errorf("queue: journal: %w", err)
 	}
-	if seq, err = q.replay(j, seq); err != nil {
-		j.f.Close()
+	if seq, err = q.replay(f, seq); err != nil {
+		f.Close()
 		return fmt.Errorf("queue: journal: %w", err)
 	}
-	j.seq = seq
-	q.jrnl = j
+	q.jrnl = &intakeJournal{File: f, seq: seq}
 	q.acked.Store(seq)
 	q.applied.Store(seq)
 	return nil
@@ -59,7 +119,7 @@ func (q *Queue) startJournal() error {
 // or the journal copied from elsewhere) is started again rather than
 // replayed: its records would bring back messages this database never had
 // or has long delivered.
-func (q *Queue) claimJournal(j *journal, created bool) error {
+func (q *Queue) claimJournal(j *journal.File, created bool) error {
 	var stored []byte
 	if err := q.view(func(tx *bolt.Tx) error {
 		if b := tx.Bucket(bJournal); b != nil {
@@ -69,18 +129,20 @@ func (q *Queue) claimJournal(j *journal, created bool) error {
 	}); err != nil {
 		return err
 	}
-	if !created && bytes.Equal(stored, j.salt[:]) {
+	salt := j.Salt()
+	if !created && bytes.Equal(stored, salt[:]) {
 		return nil
 	}
 	if !created {
-		if err := j.create(); err != nil {
+		if err := j.Reset(); err != nil {
 			return err
 		}
+		salt = j.Salt()
 	}
-	if err := syncDir(filepath.Dir(j.f.Name())); err != nil {
+	if err := syncDir(filepath.Dir(j.Name())); err != nil {
 		return err
 	}
-	return q.update(func(w *wtx) error { return w.b(bJournal).Put(keySalt, j.salt[:]) })
+	return q.update(func(w *wtx) error { return w.b(bJournal).Put(keySalt, salt[:]) })
 }
 
 func appliedSeq(tx *bolt.Tx) uint64 {
@@ -94,8 +156,8 @@ func appliedSeq(tx *bolt.Tx) uint64 {
 
 // replay inserts the records numbered above applied, in order, and
 // returns the number of the last record in the file (or applied).
-func (q *Queue) replay(j *journal, applied uint64) (uint64, error) {
-	return scanJournal(j.f, j.size, j.salt, applied, func(seq uint64, payload []byte) error {
+func (q *Queue) replay(j *journal.File, applied uint64) (uint64, error) {
+	return j.Scan(applied, func(seq uint64, payload []byte) error {
 		ms, ids, err := decodeRecord(payload)
 		if err != nil {
 			// A record whose CRC matched but which does not decode was
@@ -181,7 +243,7 @@ func (q *Queue) journaler() {
 func (q *Queue) jgather(first jrequest) []jrequest {
 	batch := []jrequest{first}
 	n, size := len(first.ms), first.size
-	for n < maxBatchMsgs && int64(size) < q.jrnl.max/4 {
+	for n < maxBatchMsgs && int64(size) < q.jrnl.Max()/4 {
 		select {
 		case r := <-q.jreqs:
 			batch = append(batch, r)
@@ -210,8 +272,8 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		q.answer(batch, ids, q.insertDirect(ms, ids))
 		return
 	}
-	rec, copies := encodeRecord(j.salt, j.seq+1, ms, ids)
-	if int64(len(rec)) > (j.max-journalFileHead)/2 {
+	rec, copies := encodeRecord(j.Salt(), j.seq+1, ms, ids)
+	if j.TooLarge(len(rec)) {
 		q.answer(batch, ids, q.insertDirect(ms, ids))
 		return
 	}
@@ -223,7 +285,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 			return
 		}
 	}
-	if j.off+int64(len(rec)) > j.max {
+	if !j.Fits(len(rec)) {
 		// Start again at the front once the database holds every record
 		// behind us; a failure there is the database's, and fails this
 		// batch only.
@@ -231,7 +293,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 			q.answer(batch, nil, err)
 			return
 		}
-		j.off = journalFileHead
+		j.Rewind()
 	}
 	if err := q.appendRecord(rec); err != nil {
 		if j.bad != nil {
@@ -270,22 +332,22 @@ func (q *Queue) disown(ids []ID) {
 // later Enqueues go to the database directly.
 func (q *Queue) appendRecord(rec []byte) error {
 	j := q.jrnl
-	err := j.append(rec)
-	var ge *growError
+	err := j.Append(rec)
+	var ge *journal.GrowError
 	if !errors.As(err, &ge) {
 		if err != nil {
 			j.bad = err
 		}
 		return err
 	}
-	if j.off == journalFileHead || int64(len(rec)) > j.size-journalFileHead {
+	if j.AtFront() || !j.FitsAtFront(len(rec)) {
 		return err
 	}
 	if err := q.settle(); err != nil { // the database's failure, not the journal's
 		return err
 	}
-	j.off = journalFileHead
-	if err := j.append(rec); err != nil { // fits: no growth needed
+	j.Rewind()
+	if err := j.Append(rec); err != nil { // fits: no growth needed
 		j.bad = err
 		return err
 	}
@@ -355,7 +417,7 @@ func (q *Queue) settle() error {
 // closeJournal closes the journal file (after the journaler has stopped).
 func (q *Queue) closeJournal() {
 	if q.jrnl != nil {
-		q.jrnl.f.Close()
+		q.jrnl.Close()
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
 // DefaultLockTimeout is used when Options.LockTimeout is zero.
@@ -62,9 +64,9 @@ type Queue struct {
 	counts  counts
 	cursors []*DueCursor
 
-	// The intake journal (journal.go, journaler.go); jrnl is nil when
+	// The intake journal (queue/journal, journaler.go); jrnl is nil when
 	// Options.JournalSize is negative.
-	jrnl       *journal
+	jrnl       *intakeJournal
 	jreqs      chan jrequest
 	jdone      chan struct{}
 	jstopped   chan struct{} // closed by the journaler when it has answered its last request
@@ -118,8 +120,8 @@ func Open(path string, opt Options) (*Queue, error) {
 	if opt.JournalSize == 0 {
 		opt.JournalSize = DefaultJournalSize
 	}
-	if opt.JournalSize > 0 && opt.JournalSize < minJournalSize {
-		opt.JournalSize = minJournalSize
+	if opt.JournalSize > 0 && opt.JournalSize < journal.MinSize {
+		opt.JournalSize = journal.MinSize
 	}
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -300,7 +302,7 @@ func (q *Queue) DBSize() int64 {
 }
 
 // Enqueue stores m and returns its ID only once m is durable: after the
-// fdatasync of the intake journal record holding it (journal.go; the writer
+// fdatasync of the intake journal record holding it (journaler.go; the writer
 // inserts it into the database later), or, with the journal turned off
 // (Options.JournalSize < 0), after the database commit holding it.
 // Concurrent callers share one record or one commit.
@@ -446,11 +448,13 @@ func (q *Queue) writer() {
 // then lack. Only the writer's callers wait for it, not the clients of
 // journaled messages (answered by the journal's own fdatasync).
 func (q *Queue) linger() {
-	if q.opt.CommitDelay <= 0 || q.opt.After == nil {
+	if q.opt.CommitDelay <= 0 {
 		return
 	}
+	t := time.NewTimer(q.opt.CommitDelay)
+	defer t.Stop()
 	select {
-	case <-q.opt.After(q.opt.CommitDelay):
+	case <-t.C:
 	case <-q.done:
 	}
 }

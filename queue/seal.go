@@ -6,6 +6,9 @@ import (
 	"hash/crc32"
 )
 
+// castagnoli is the CRC-32C table (read-only after package initialisation).
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 // Checksums on what carries mail.
 //
 // bbolt checks its meta pages, not its data pages: a flipped bit in a

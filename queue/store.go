@@ -40,7 +40,7 @@ var (
 	bCounts     = []byte("counts")
 	bSpool      = []byte("spool")
 	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal,
-		bFinished, bPolicies}
+		bFinished, bPolicies, bReports}
 )
 
 const (

@@ -97,7 +97,7 @@ type Options struct {
 	// suspects damage; a normal start does not need it.
 	FullScan bool
 	// JournalSize is the size the intake journal (path + ".journal", see
-	// journal.go) grows to. Zero means DefaultJournalSize; a negative size
+	// queue/journal) grows to. Zero means DefaultJournalSize; a negative size
 	// turns the journal off, so that Enqueue waits for a database commit.
 	JournalSize int64
 	// CommitDelay, when positive, is how long a busy writer lets its next
@@ -106,11 +106,8 @@ type Options struct {
 	// ended with requests already waiting, so an idle queue answers at
 	// once. Fewer, larger commits cost less CPU and fewer fdatasyncs per
 	// message; the price is up to CommitDelay more before a Begin returns
-	// under load. It needs After.
+	// under load.
 	CommitDelay time.Duration
-	// After makes the commit delay (time.After in production): the queue
-	// never reads the clock itself. Nil means no delay.
-	After func(time.Duration) <-chan time.Time
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
 	History HistoryOptions

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"go.uber.org/zap"
 
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 )
 
@@ -62,7 +64,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 // shared Redis, through each node's admin API with this configuration's
 // token (the nodes share one): a section per node, or with -json one
 // object per node and line ({"node", "admin_url", "list"}).
-func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr io.Writer) error {
+func queueListCluster(args, rest []string, local *adminclient.Client, stdout, stderr io.Writer) error {
 	path := ""
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
@@ -74,9 +76,9 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	asJSON := slices.Contains(rest, "-json")
 	var failed []string
 	for _, n := range nodes {
-		c := &admin.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
+		c := &adminclient.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
 		var buf bytes.Buffer
-		if err := admin.RunQueue(rest, c, &buf, stderr); err != nil {
+		if err := admincli.RunQueue(rest, c, &buf, stderr); err != nil {
 			fmt.Fprintf(stderr, "node %s (%s): %v\n", n.Name, n.AdminURL, err)
 			failed = append(failed, n.Name)
 			continue
@@ -93,6 +95,47 @@ func queueListCluster(args, rest []string, local *admin.Client, stdout, stderr i
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("queue list -cluster: no answer from %v", failed)
+	}
+	return nil
+}
+
+// queueShowCluster runs `queue show` on every node registered in the
+// shared Redis and prints the answer of each node that holds the message
+// (queue IDs are per node: several may hold one, each answer is labelled):
+// a section per node, or with -json one object per node and line
+// ({"node", "admin_url", "show"}).
+func queueShowCluster(args, rest []string, local *adminclient.Client, stdout, stderr io.Writer) error {
+	path := ""
+	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
+		path = args[1]
+	}
+	nodes, err := clusterNodes(path, "queue show -cluster: cluster.redis.addresses is empty")
+	if err != nil {
+		return err
+	}
+	asJSON := slices.Contains(rest, "-json")
+	var misses []string
+	found := 0
+	for _, n := range nodes {
+		c := &adminclient.Client{Base: n.AdminURL, Token: local.Token, HTTP: local.HTTP}
+		var buf bytes.Buffer
+		if err := admincli.RunQueue(rest, c, &buf, io.Discard); err != nil {
+			misses = append(misses, fmt.Sprintf("node %s: %v", n.Name, err))
+			continue
+		}
+		found++
+		if asJSON {
+			line, err := json.Marshal(map[string]any{"node": n.Name, "admin_url": n.AdminURL, "show": json.RawMessage(buf.Bytes())})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s\n", line)
+			continue
+		}
+		fmt.Fprintf(stdout, "== node %s (%s)\n%s\n", n.Name, n.AdminURL, buf.Bytes())
+	}
+	if found == 0 {
+		return fmt.Errorf("queue show -cluster: no node shows it (%s)", strings.Join(misses, "; "))
 	}
 	return nil
 }

@@ -149,6 +149,7 @@ const usage = `usage:
                                         -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
+  greyrelay queue show -cluster [-json] ID  the message on whichever registered node holds it
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
   greyrelay queue salvage -config FILE  copy what can be read of a damaged queue file into a fresh
                                         one (relay stopped); keeps the damaged file aside

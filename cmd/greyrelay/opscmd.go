@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // clientFor reads -config (if given before the subcommand's own flags) and
 // returns an admin API client for the running relay. The queue file itself
 // is locked by the daemon, so operator commands always go through the API.
-func clientFor(args []string, stderr io.Writer) (*admin.Client, []string, error) {
+func clientFor(args []string, stderr io.Writer) (*adminclient.Client, []string, error) {
 	fs := flag.NewFlagSet("greyrelay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	path := fs.String("config", "", "configuration file of the running relay")
@@ -29,7 +30,7 @@ func clientFor(args []string, stderr io.Writer) (*admin.Client, []string, error)
 	if err != nil {
 		return nil, nil, err
 	}
-	return admin.NewClient(cfg), args, nil
+	return adminclient.New(cfg), args, nil
 }
 
 func queueCmd(args []string, stdout, stderr io.Writer) error {
@@ -40,10 +41,14 @@ func queueCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if len(rest) > 0 && rest[0] == "list" && slices.Contains(rest, "-cluster") {
-		return queueListCluster(args, slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" }), c, stdout, stderr)
+	if len(rest) > 0 && (rest[0] == "list" || rest[0] == "show") && slices.Contains(rest, "-cluster") {
+		rest = slices.DeleteFunc(rest, func(a string) bool { return a == "-cluster" })
+		if rest[0] == "show" {
+			return queueShowCluster(args, rest, c, stdout, stderr)
+		}
+		return queueListCluster(args, rest, c, stdout, stderr)
 	}
-	return admin.RunQueue(rest, c, stdout, stderr)
+	return admincli.RunQueue(rest, c, stdout, stderr)
 }
 
 func destinationsCmd(args []string, stdout, stderr io.Writer) error {
@@ -51,7 +56,7 @@ func destinationsCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return admin.RunDestinations(rest, c, stdout, stderr)
+	return admincli.RunDestinations(rest, c, stdout, stderr)
 }
 
 func healthCmd(args []string, stdout, stderr io.Writer) error {
@@ -59,7 +64,7 @@ func healthCmd(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	return admin.RunHealth(c, stdout)
+	return admincli.RunHealth(c, stdout)
 }
 
 // salvageCmd copies what can be read of a damaged queue file into a fresh

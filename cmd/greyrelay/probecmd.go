@@ -15,7 +15,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/probe"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
@@ -130,7 +130,7 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// The daemon holds the queue file's lock: ask it over its admin API.
-	api := admin.NewClient(cfg)
+	api := adminclient.New(cfg)
 	api.HTTP = &http.Client{Timeout: knownTimeout}
 	// The running relay holds the queue database: the CLI probe keeps the
 	// MTA-STS policies it fetches in memory.

@@ -26,6 +26,7 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/delivery"
@@ -168,7 +169,6 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
-		After:       time.After,
 		FullScan:    checkQueue,
 		History:     queue.HistoryOptions{Retention: cfg.History.Retention, MaxMessages: cfg.History.MaxMessages},
 		OnQuarantine: func(bucket string, key []byte, err error) {
@@ -210,6 +210,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	}
 	aopt := admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
 		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
+		NodeStats: adminclient.NodeStats(cfg.Admin.Token),
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")
@@ -273,6 +274,9 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	}
 	stopEngine()
 	<-engineDone
+	if p.report != nil {
+		p.report.save() // the day's counts so far, for the next start
+	}
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
 	}

@@ -25,18 +25,18 @@ const stsRefreshEvery = time.Hour
 func newTLSPolicy(cfg *config.Config, router *mx.Router, cache tlspolicy.Cache) (*tlspolicy.Checker, error) {
 	d := cfg.Delivery
 	dns, ok := router.Resolver.(*mx.DNS)
-	if (d.DNSSEC != "trust-ad" && !d.MTASTS) || !ok {
+	if (d.DNSSEC != config.DNSSECTrustAD && !d.MTASTS) || !ok {
 		return nil, nil
 	}
 	server := dns.Server
 	opt := tlspolicy.Options{STS: d.MTASTS, TXT: router.Resolver, Cache: cache, Port: d.Port, Now: time.Now}
-	if d.DNSSEC == "trust-ad" {
+	if d.DNSSEC == config.DNSSECTrustAD {
 		// RFC 6698 §4.1, RFC 4035 §4.9.3: the AD bit means something only
 		// when the path to the validating resolver is trusted.
 		if !tlspolicy.TrustedResolver(server, d.DNSSECTrustedResolvers) {
 			return nil, fmt.Errorf("delivery.dnssec: trust-ad, but the resolver %s is neither on loopback nor in delivery.dnssec_trusted_resolvers", server)
 		}
-		opt.DNSSEC = &tlspolicy.DNSSEC{Server: server, Timeout: 10 * time.Second}
+		opt.DNSSEC = &tlspolicy.DNSSEC{Server: server, Timeout: 10 * time.Second, IPv6: router.IPv6}
 	}
 	roots, err := tlspolicy.Roots(d.TLSCAFile)
 	if err != nil {

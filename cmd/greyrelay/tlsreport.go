@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
@@ -27,8 +27,10 @@ import (
 type tlsReports struct {
 	agg    *tlsrpt.Aggregator
 	sender *tlsrpt.Sender
+	store  tlsrpt.Store // the queue database: counts and reports owed survive a restart
 	log    *zap.Logger
-	mu     sync.Mutex // one send at a time: the daily one or the operator's
+	mu     sync.Mutex    // one send at a time: the daily one or the operator's
+	owed   []tlsrpt.Owed // reports not yet delivered everywhere; under mu
 }
 
 // queueReports enqueues mailed reports. They are marked as DSNs so that
@@ -77,8 +79,32 @@ func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *z
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Proxy: nil,
 			DialContext: resolverDial(router.Resolver), DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &tlsReports{agg: tlsrpt.NewAggregator(), log: log, sender: &tlsrpt.Sender{
-		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}, nil
+	r := &tlsReports{agg: tlsrpt.NewAggregator(), log: log, store: q, sender: &tlsrpt.Sender{
+		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}
+	if err := r.load(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// load reads the counts and the reports owed that the last run saved.
+func (r *tlsReports) load() error {
+	if err := r.agg.Load(r.store); err != nil {
+		return err
+	}
+	owed, err := tlsrpt.LoadOwed(r.store)
+	r.owed = owed
+	return err
+}
+
+// save stores the counts (when they changed); it runs every minute and
+// once more after the delivery engine stopped.
+func (r *tlsReports) save() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.agg.Save(r.store); err != nil {
+		r.log.Warn("TLS report counts not saved", zap.Error(err))
+	}
 }
 
 // resolverDial dials the report host through the relay's resolver (the one
@@ -106,21 +132,40 @@ func resolverDial(r mx.Resolver) func(ctx context.Context, network, addr string)
 }
 
 // send sends the reports of the finished days, or of everything counted
-// when all is set.
+// when all is set, and tries again the reports owed whose time has come.
+// The reports still owed are saved before the counts they were taken
+// from are dropped from the store: a crash in between sends a report
+// twice rather than never.
 func (r *tlsReports) send(ctx context.Context, all bool) []tlsrpt.Result {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := time.Now()
-	res := r.sender.Send(ctx, r.agg.Take(now, all), now)
+	res, owed := r.sender.Deliver(ctx, r.agg.Take(now, all), r.owed, now)
+	r.owed = owed
 	for _, x := range res {
 		r.log.Info("TLS report", zap.String("domain", x.Domain), zap.Strings("sent", x.Sent), zap.Strings("errors", x.Errors))
+	}
+	if len(res) == 0 {
+		return res
+	}
+	if err := tlsrpt.SaveOwed(r.store, owed); err != nil {
+		r.log.Warn("TLS reports owed not saved", zap.Error(err))
+	}
+	if err := r.agg.Save(r.store); err != nil {
+		r.log.Warn("TLS report counts not saved", zap.Error(err))
 	}
 	return res
 }
 
-// run sends each day's reports shortly after the UTC day ends, until ctx ends.
+// reportTick is how often counts are saved and due reports are sent: Take
+// hands out only finished days, so a day's report leaves within a tick
+// of midnight UTC.
+const reportTick = time.Minute
+
+// run saves the counts and sends the reports that are due, every
+// reportTick until ctx ends.
 func (r *tlsReports) run(ctx context.Context) {
-	t := time.NewTicker(time.Hour) // Take hands out only finished days
+	t := time.NewTicker(reportTick)
 	defer t.Stop()
 	for {
 		select {
@@ -128,6 +173,7 @@ func (r *tlsReports) run(ctx context.Context) {
 			return
 		case <-t.C:
 			r.send(ctx, false)
+			r.save()
 		}
 	}
 }
@@ -152,5 +198,5 @@ func tlsReportCmd(args []string, stdout, stderr io.Writer) error {
 	if len(rest) != 1 || rest[0] != "send" {
 		return &exitError{2, errors.New("usage: greyrelay tls-report send [-config FILE]")}
 	}
-	return admin.RunTLSReport(rest, c, stdout)
+	return admincli.RunTLSReport(rest, c, stdout)
 }

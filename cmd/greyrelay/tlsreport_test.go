@@ -1,7 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -10,12 +15,22 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 type txtMap map[string][]string
 
 func (m txtMap) LookupTXT(_ context.Context, name string) ([]string, error) { return m[name], nil }
+
+// memStore is a tlsrpt.Store in memory.
+type memStore map[string][]byte
+
+func (m memStore) ReportState(key string) ([]byte, error) { return m[key], nil }
+func (m memStore) PutReportState(key string, v []byte) error {
+	m[key] = v
+	return nil
+}
 
 type mailbox struct {
 	mu    sync.Mutex
@@ -40,7 +55,7 @@ func (b *mailbox) count() int {
 func TestTLSReportsDaily(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		box := &mailbox{}
-		r := &tlsReports{agg: tlsrpt.NewAggregator(), log: zap.NewNop(), sender: &tlsrpt.Sender{
+		r := &tlsReports{agg: tlsrpt.NewAggregator(), log: zap.NewNop(), store: memStore{}, sender: &tlsrpt.Sender{
 			Submitter: tlsrpt.Submitter{Organization: "o", Contact: "c", Host: "relay.test"}, From: "r@relay.test",
 			TXT: txtMap{"_smtp._tls.d.test": {"v=TLSRPTv1; rua=mailto:rep@sink.test"}}, Queue: box,
 			Rand: strings.NewReader(strings.Repeat("x", 1000))}}
@@ -62,4 +77,76 @@ func TestTLSReportsDaily(t *testing.T) {
 		}
 		cancel()
 	})
+}
+
+// The day's counts survive a restart: saved to the queue database when
+// the relay stops, loaded by the next start, and in the next report.
+func TestTLSReportsRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "queue.db")
+	open := func() *queue.Queue {
+		q, err := queue.Open(path, queue.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	box := &mailbox{}
+	newReports := func(q *queue.Queue) *tlsReports {
+		r := &tlsReports{agg: tlsrpt.NewAggregator(), log: zap.NewNop(), store: q, sender: &tlsrpt.Sender{
+			Submitter: tlsrpt.Submitter{Organization: "o", Contact: "c", Host: "relay.test"}, From: "r@relay.test",
+			TXT: txtMap{"_smtp._tls.d.test": {"v=TLSRPTv1; rua=mailto:rep@sink.test"}}, Queue: box,
+			Rand: strings.NewReader(strings.Repeat("x", 1000))}}
+		if err := r.load(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	q := open()
+	r := newReports(q)
+	p := tlsrpt.Policy{Type: tlsrpt.TypeNoPolicy, Domain: "d.test"}
+	r.agg.Success(p, time.Now())
+	r.agg.Success(p, time.Now())
+	r.save() // as at shutdown
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	q = open()
+	defer q.Close()
+	r = newReports(q)
+	r.agg.Success(p, time.Now())
+	if res := r.send(context.Background(), true); len(res) != 1 || len(res[0].Sent) != 1 {
+		t.Fatalf("send = %+v", res)
+	}
+	b := box.mails[0].Body
+	if !bytes.Contains(b, []byte("application/tlsrpt+gzip")) {
+		t.Fatalf("no report attached:\n%s", b)
+	}
+	if got := successes(t, b); got != 3 {
+		t.Errorf("report counts %d successful sessions, want 3 (2 before the restart)", got)
+	}
+}
+
+// successes decodes a mailed report and returns its successful sessions.
+func successes(t *testing.T, mail []byte) int64 {
+	t.Helper()
+	_, enc, _ := bytes.Cut(mail, []byte("Content-Disposition"))
+	_, enc, _ = bytes.Cut(enc, []byte("\r\n\r\n"))
+	enc, _, _ = bytes.Cut(enc, []byte("\r\n--"))
+	gz, err := base64.StdEncoding.DecodeString(strings.ReplaceAll(string(enc), "\r\n", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(gz))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep tlsrpt.Report
+	if err := json.NewDecoder(zr).Decode(&rep); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, p := range rep.Policies {
+		n += p.Summary.Successful
+	}
+	return n
 }

@@ -3,9 +3,13 @@ package peers
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,18 +23,58 @@ type Redis struct {
 	LogPath string
 	t       testing.TB
 	proc    *proc
+	bin     string   // "redis-server" or "redis-sentinel"
+	args    []string // the command line after bin; nil: a plain server
 }
 
 // StartRedis starts redis-server on addr ("" picks a free port on
 // 127.0.0.1) without persistence, and waits until it answers PING.
 func StartRedis(t testing.TB, addr string) *Redis {
 	t.Helper()
-	Require(t, "redis-server")
+	return startRedis(t, addr, "redis-server", nil)
+}
+
+// StartRedisReplica starts a redis-server replicating master.
+func StartRedisReplica(t testing.TB, master *Redis) *Redis {
+	t.Helper()
+	host, port, _ := net.SplitHostPort(master.Addr)
+	return startRedis(t, "", "redis-server", func(string) []string { return []string{"--replicaof", host, port} })
+}
+
+// StartSentinel starts a redis-sentinel that monitors master under name
+// with quorum 1 (one sentinel decides) and short timeouts, and waits until
+// it answers PING.
+func StartSentinel(t testing.TB, name string, master *Redis) *Redis {
+	t.Helper()
+	Require(t, "redis-sentinel")
+	host, port, _ := net.SplitHostPort(master.Addr)
+	return startRedis(t, "", "redis-sentinel", func(dir string) []string {
+		// Sentinel rewrites its configuration file: it lives in the
+		// sentinel's own directory.
+		conf := filepath.Join(dir, "sentinel.conf")
+		text := fmt.Sprintf("sentinel monitor %[1]s %[2]s %[3]s 1\n"+
+			"sentinel down-after-milliseconds %[1]s 2000\nsentinel failover-timeout %[1]s 10000\n"+
+			"sentinel parallel-syncs %[1]s 1\n", name, host, port)
+		if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return []string{conf}
+	})
+}
+
+// startRedis starts bin on addr ("" picks a free port); args, if set,
+// gives the arguments before the common ones from the server's directory.
+func startRedis(t testing.TB, addr, bin string, args func(dir string) []string) *Redis {
+	t.Helper()
+	Require(t, bin)
 	if addr == "" {
 		addr = FreeAddr(t, Loopback(1))
 	}
 	dir := t.TempDir()
-	r := &Redis{Addr: addr, Dir: dir, LogPath: filepath.Join(dir, "redis.log"), t: t}
+	r := &Redis{Addr: addr, Dir: dir, LogPath: filepath.Join(dir, "redis.log"), t: t, bin: bin}
+	if args != nil {
+		r.args = args(dir)
+	}
 	t.Cleanup(func() {
 		if r.proc != nil {
 			r.proc.kill()
@@ -47,8 +91,11 @@ func StartRedis(t testing.TB, addr string) *Redis {
 func (r *Redis) Start() {
 	r.t.Helper()
 	host, port, _ := net.SplitHostPort(r.Addr)
-	cmd := exec.Command(mustLookPath(r.t, "redis-server"), "--port", port, "--bind", host,
-		"--save", "", "--appendonly", "no", "--dir", r.Dir, "--daemonize", "no")
+	argv := append(slices.Clone(r.args), "--port", port, "--bind", host, "--dir", r.Dir, "--daemonize", "no")
+	if r.bin == "redis-server" {
+		argv = append(argv, "--save", "", "--appendonly", "no")
+	}
+	cmd := exec.Command(mustLookPath(r.t, r.bin), argv...)
 	cmd.Dir, cmd.Env = r.Dir, CleanEnv()
 	p, err := startProc(cmd, r.LogPath)
 	if err != nil {
@@ -57,7 +104,7 @@ func (r *Redis) Start() {
 	r.proc = p
 	err = poll(20*time.Second, func() error {
 		if done, err := p.exited(); done {
-			return fmt.Errorf("redis-server exited (%v): %w", err, errStopPolling)
+			return fmt.Errorf("%s exited (%v): %w", r.bin, err, errStopPolling)
 		}
 		reply, err := r.Command("PING")
 		if err == nil && reply != "+PONG" {
@@ -87,4 +134,53 @@ func (r *Redis) Command(cmd string) (string, error) {
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimRight(line, "\r\n"), err
+}
+
+// Info returns INFO section's text ("replication", "commandstats").
+func (r *Redis) Info(section string) (string, error) {
+	c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := fmt.Fprintf(c, "INFO %s\r\n", section); err != nil {
+		return "", err
+	}
+	br := bufio.NewReader(c)
+	head, err := br.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil {
+		return "", fmt.Errorf("peers: INFO reply %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		return "", err
+	}
+	return string(body), nil
+}
+
+// CommandStats returns how many times each command ran (INFO
+// commandstats: "get" → calls), commands run by scripts included.
+func (r *Redis) CommandStats() (map[string]int64, error) {
+	body, err := r.Info("commandstats")
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int64{}
+	for line := range strings.Lines(body) {
+		// cmdstat_get:calls=12,usec=30,...
+		name, rest, ok := strings.Cut(strings.TrimPrefix(strings.TrimSpace(line), "cmdstat_"), ":calls=")
+		if !ok {
+			continue
+		}
+		calls, _, _ := strings.Cut(rest, ",")
+		if v, err := strconv.ParseInt(calls, 10, 64); err == nil {
+			out[name] = v
+		}
+	}
+	return out, nil
 }

@@ -1,5 +1,7 @@
 // Package admin is greyrelay's operator surface: a small HTTP server on
-// admin.address and the CLI commands that talk to it.
+// admin.address and the views it serves. Its client is
+// relay/admin/adminclient; the CLI commands that print the views are
+// relay/admin/admincli. Imports go one way: admincli → adminclient → admin.
 //
 // Design notes:
 //
@@ -8,9 +10,9 @@
 //     are thin HTTP clients of the JSON API below (mox and KumoMTA do the
 //     same); the API is the one place that reads and changes the queue on an
 //     operator's behalf.
-//   - One definition of each view (views.go): the handlers encode it, Client
-//     decodes it through typed methods (List, Message, Shape, Act,
-//     Destinations, Destination), and Local builds it straight from the
+//   - One definition of each view (views.go): the handlers encode it,
+//     adminclient.Client decodes it through typed methods (List, Message,
+//     Shape, Act, Destinations, Destination), and Local builds it from the
 //     queue for code inside the daemon, such as the status page's probe.
 //     The handlers are built on Local, so in process and over HTTP cannot
 //     disagree.
@@ -127,9 +129,11 @@ type Options struct {
 	// Recent, when set, gives the status page its charts of outcomes per
 	// minute (relay/metrics keeps it; the delivery engine feeds it).
 	Recent *metrics.Recent
-	// Nodes, when set, lists the cluster's registered nodes: the status
-	// page then shows each node's queue, asked from its admin API.
-	Nodes func(ctx context.Context) ([]ClusterNode, error)
+	// Nodes, when set with NodeStats, lists the cluster's registered
+	// nodes: the status page then shows each node's queue, which NodeStats
+	// asks from the node's admin API (adminclient.NodeStats) within ctx.
+	Nodes     func(ctx context.Context) ([]ClusterNode, error)
+	NodeStats func(ctx context.Context, n ClusterNode) (Stats, error)
 	// TLSReport, when set, is exposed as POST /api/tls-report/send: it
 	// sends the TLS reports (RFC 8460) of everything counted so far.
 	TLSReport func(ctx context.Context) (any, error)

@@ -95,7 +95,7 @@ func TestListRejectsBadFilters(t *testing.T) {
 	f := newFixture(t)
 	for _, q := range []string{"status=bogus", "older_than=soon", "older_than=-1h", "limit=0",
 		"limit=10001", "offset=-1", "offset=x"} {
-		var e errorJSON
+		var e ErrorAnswer
 		f.getJSON(t, "GET", "/api/queue?"+q, http.StatusBadRequest, &e)
 		if e.Error == "" {
 			t.Errorf("%s: no error message", q)
@@ -166,11 +166,11 @@ func TestActions(t *testing.T) {
 				if !m.Recipients[0].NextAttempt.Equal(testNow) {
 					t.Errorf("next attempt %v, want now", m.Recipients[0].NextAttempt)
 				}
-				if f.engine.kicks != 1 {
-					t.Errorf("kicks %d, want 1", f.engine.kicks)
+				if f.engine.Kicks() != 1 {
+					t.Errorf("kicks %d, want 1", f.engine.Kicks())
 				}
-				if want := []queue.Selector{{All: true}}; !slices.Equal(f.engine.retry, want) {
-					t.Errorf("engine retried %v, want %v (the flush goes through the engine)", f.engine.retry, want)
+				if want := []queue.Selector{{All: true}}; !slices.Equal(f.engine.Retried(), want) {
+					t.Errorf("engine retried %v, want %v (the flush goes through the engine)", f.engine.Retried(), want)
 				}
 			}},
 		{"retry domain", func(f *fixture) string { return "/api/queue/retry?domain=slow.test" }, 200, 1, nil},
@@ -182,8 +182,8 @@ func TestActions(t *testing.T) {
 			}},
 		{"bounce one", func(f *fixture) string { return "/api/queue/" + f.m2.String() + "/bounce" }, 200, 1,
 			func(t *testing.T, f *fixture) {
-				if want := []queue.Selector{{ID: f.m2}}; !slices.Equal(f.engine.bounce, want) {
-					t.Errorf("engine got %v, want %v", f.engine.bounce, want)
+				if want := []queue.Selector{{ID: f.m2}}; !slices.Equal(f.engine.Bounced(), want) {
+					t.Errorf("engine got %v, want %v", f.engine.Bounced(), want)
 				}
 			}},
 		{"bounce domain", func(f *fixture) string { return "/api/queue/bounce?domain=greylist.test" }, 200, 3, nil},
@@ -490,18 +490,17 @@ func TestStartServesAndShutsDown(t *testing.T) {
 	if code, body := httpGet(t, base+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Errorf("healthz %d %q", code, body)
 	}
-	c := &Client{Base: base}
-	var out strings.Builder
-	if err := RunHealth(c, &out); err != nil || strings.TrimSpace(out.String()) != "ok" {
-		t.Errorf("health: %v %q", err, out.String())
+	if code, body := httpGet(t, base+"/readyz"); code != 200 || strings.TrimSpace(body) != "ok" {
+		t.Errorf("readyz %d %q", code, body)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := f.srv.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := RunHealth(c, &out); err == nil || !strings.Contains(err.Error(), "not reachable") {
-		t.Errorf("health after shutdown: %v", err)
+	if resp, err := http.Get(base + "/readyz"); err == nil {
+		resp.Body.Close()
+		t.Errorf("readyz after shutdown: %s", resp.Status)
 	}
 }
 
@@ -518,7 +517,7 @@ func FuzzParseFilter(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if flt.Limit < 1 || flt.Limit > maxLimit || flt.Offset < 0 || flt.ArrivedBefore.After(testNow) {
+		if flt.Limit < 1 || flt.Limit > MaxLimit || flt.Offset < 0 || flt.ArrivedBefore.After(testNow) {
 			t.Errorf("%q: accepted %+v", raw, flt)
 		}
 	})
@@ -559,15 +558,15 @@ func TestForgetDestinations(t *testing.T) {
 		t.Errorf("answer %+v", res)
 	}
 	f.getJSON(t, "POST", "/api/destinations/forget?all=1", http.StatusOK, nil)
-	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.forget, want) {
-		t.Errorf("engine forgot %v, want %v", f.engine.forget, want)
+	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.Forgotten(), want) {
+		t.Errorf("engine forgot %v, want %v", f.engine.Forgotten(), want)
 	}
 	for _, q := range []string{"", "?domain=a.test&all=1", "?all=0", "?domain=%20"} {
 		f.getJSON(t, "POST", "/api/destinations/forget"+q, http.StatusBadRequest, nil)
 	}
 	f.do(t, "GET", "/api/destinations/forget?all=1") // reads the destination "forget"
-	if len(f.engine.forget) != 2 {
-		t.Errorf("refused requests or a GET reached the engine: %v", f.engine.forget)
+	if len(f.engine.Forgotten()) != 2 {
+		t.Errorf("refused requests or a GET reached the engine: %v", f.engine.Forgotten())
 	}
 	f = newFixture(t, func(o *Options) { o.Engine = nil })
 	f.getJSON(t, "POST", "/api/destinations/forget?all=1", http.StatusServiceUnavailable, nil)

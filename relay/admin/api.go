@@ -20,8 +20,8 @@ import (
 // Paging bounds for GET /api/queue: a page is rendered in one response, so
 // it is capped; the total is always reported.
 const (
-	defaultLimit = 100
-	maxLimit     = 10000
+	DefaultLimit = 100
+	MaxLimit     = 10000
 )
 
 // badRequest marks errors caused by the request (HTTP 400).
@@ -53,12 +53,12 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(code)
-	_ = encodeJSON(w, v) // the client went away; nothing to do
+	_ = EncodeJSON(w, v) // the client went away; nothing to do
 }
 
-// encodeJSON writes v as the API answers it; `-json` in the CLI prints
+// EncodeJSON writes v as the API answers it; `-json` in the CLI prints
 // with it too.
-func encodeJSON(w io.Writer, v any) error {
+func EncodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false) // served as JSON with nosniff; keeps replies readable
@@ -66,7 +66,7 @@ func encodeJSON(w io.Writer, v any) error {
 }
 
 func writeError(w http.ResponseWriter, code int, err error) {
-	writeJSON(w, code, errorJSON{Error: err.Error()})
+	writeJSON(w, code, ErrorAnswer{Error: err.Error()})
 }
 
 // fail answers an error and logs the ones that are not the client's fault.
@@ -81,7 +81,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // parseFilter reads the list filters of GET /api/queue.
 func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 	f := queue.Filter{Status: queue.Status(q.Get("status")), Reason: q.Get("reason"),
-		Domain: q.Get("domain"), Sender: q.Get("sender"), Limit: defaultLimit}
+		Domain: q.Get("domain"), Sender: q.Get("sender"), Limit: DefaultLimit}
 	if f.Status != "" && !slices.Contains(statuses(), f.Status) {
 		return f, badf("unknown status %q (want queued, deferred, active, held, delivered, relayed or failed)", f.Status)
 	}
@@ -96,7 +96,7 @@ func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 	if f.Offset, err = intParam(q, "offset", 0, 0, 1<<31-1); err != nil {
 		return f, err
 	}
-	if f.Limit, err = intParam(q, "limit", defaultLimit, 1, maxLimit); err != nil {
+	if f.Limit, err = intParam(q, "limit", DefaultLimit, 1, MaxLimit); err != nil {
 		return f, err
 	}
 	return f, nil

@@ -2,7 +2,6 @@ package admin
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"time"
 )
@@ -28,17 +27,10 @@ type pageNode struct {
 // down.
 const nodeTimeout = 2 * time.Second
 
-// Stats returns the queue's counters (GET /api/stats).
-func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
-	err := c.getJSON(ctx, http.MethodGet, "/api/stats", nil, &st)
-	return st, err
-}
-
 // clusterNodes asks every registered node's admin API for its queue
 // counters, all at once, with this node's token (the nodes share one).
 func (s *Server) clusterNodes(ctx context.Context) []pageNode {
-	if s.opt.Nodes == nil {
+	if s.opt.Nodes == nil || s.opt.NodeStats == nil {
 		return nil
 	}
 	nodes, err := s.opt.Nodes(ctx)
@@ -52,10 +44,9 @@ func (s *Server) clusterNodes(ctx context.Context) []pageNode {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(ctx, nodeTimeout)
 			defer cancel()
-			c := &Client{Base: n.AdminURL, Token: s.opt.Config.Admin.Token, HTTP: &http.Client{Timeout: nodeTimeout}}
-			st, err := c.Stats(ctx)
+			st, err := s.opt.NodeStats(ctx, n)
 			if err != nil {
-				out[i].Err = clean(err.Error())
+				out[i].Err = Clean(err.Error())
 				return
 			}
 			out[i].Stats = st

@@ -21,12 +21,12 @@ import (
 // Bounds of one content answer: 1 MiB by default, as much as asked up to
 // 2 GiB.
 const (
-	defaultContentMax = 1 << 20
-	maxContentMax     = 1<<31 - 1
+	DefaultContentMax = 1 << 20
+	MaxContentMax     = 1<<31 - 1
 )
 
-// contentSizeHeader carries the size of the whole part.
-const contentSizeHeader = "X-Greyrelay-Size"
+// ContentSizeHeader carries the size of the whole part of a content answer.
+const ContentSizeHeader = "X-Greyrelay-Size"
 
 // ContentInfo says how much of a part Client.Content received.
 type ContentInfo struct {
@@ -61,7 +61,7 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, part strin
 		s.fail(w, r, err)
 		return
 	}
-	max, err := intParam(r.URL.Query(), "max", defaultContentMax, 1, maxContentMax)
+	max, err := intParam(r.URL.Query(), "max", DefaultContentMax, 1, MaxContentMax)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -87,7 +87,7 @@ func (s *Server) serveContent(w http.ResponseWriter, r *http.Request, part strin
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	h.Set(contentSizeHeader, strconv.Itoa(size))
+	h.Set(ContentSizeHeader, strconv.Itoa(size))
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b) // the client went away; nothing to do
 }

@@ -1,21 +1,12 @@
 package admin
 
 import (
-	"context"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"strings"
 
 	"go.uber.org/zap"
 )
-
-// destinationsUsage is the usage of `greyrelay destinations`.
-const destinationsUsage = `usage:
-  greyrelay destinations [-json] [DOMAIN]
-  greyrelay destinations forget [-json] DOMAIN | -all`
 
 // ForgetResult is the answer to POST /api/destinations/forget.
 type ForgetResult struct {
@@ -51,48 +42,4 @@ func (s *Server) forget(w http.ResponseWriter, r *http.Request) {
 	s.log.Info("destinations forgotten", zap.String("selector", sel), zap.Int("destinations", n),
 		zap.String("remote", r.RemoteAddr))
 	writeJSON(w, http.StatusOK, ForgetResult{Action: "forget", Destinations: n})
-}
-
-// Forget drops what the relay learned about domain, or about every
-// destination when all is set (POST /api/destinations/forget).
-func (c *Client) Forget(ctx context.Context, domain string, all bool) (ForgetResult, error) {
-	q := url.Values{}
-	switch {
-	case domain != "" && !all:
-		q.Set("domain", domain)
-	case domain == "" && all:
-		q.Set("all", "1")
-	default:
-		return ForgetResult{}, errors.New("forget needs exactly one of a domain or all")
-	}
-	var res ForgetResult
-	err := c.getJSON(ctx, http.MethodPost, "/api/destinations/forget", q, &res)
-	return res, err
-}
-
-// destinationsForget runs `greyrelay destinations forget [-json] DOMAIN | -all`.
-func destinationsForget(args []string, c *Client, stdout, stderr io.Writer) error {
-	fs := newFlags("destinations forget", stderr)
-	all := fs.Bool("all", false, "forget what was learned about every destination")
-	asJSON := fs.Bool("json", false, "print the API's JSON")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if (len(pos) == 1) == *all || len(pos) > 1 {
-		return fmt.Errorf("destinations forget: give exactly one of DOMAIN or -all\n%s", destinationsUsage)
-	}
-	domain := ""
-	if len(pos) == 1 {
-		domain = pos[0]
-	}
-	res, err := c.Forget(context.Background(), domain, *all)
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		return encodeJSON(stdout, res)
-	}
-	_, err = fmt.Fprintf(stdout, "forget: %d destination(s) changed\n", res.Destinations)
-	return err
 }

@@ -14,9 +14,9 @@ import (
 
 // Human-readable forms shared by the status page and the CLI tables.
 
-// humanDuration renders |d| with its two largest units, rounded down to
+// HumanDuration renders |d| with its two largest units, rounded down to
 // seconds: "45s", "4m10s", "2h13m", "3d4h", "2h" (for 2h0m5s).
-func humanDuration(d time.Duration) string {
+func HumanDuration(d time.Duration) string {
 	if d < 0 {
 		d = -d
 	}
@@ -36,8 +36,8 @@ func humanDuration(d time.Duration) string {
 	return "0s"
 }
 
-// relTime renders t relative to now: "in 4m", "3h ago", "now"; "-" for zero.
-func relTime(t, now time.Time) string {
+// RelTime renders t relative to now: "in 4m", "3h ago", "now"; "-" for zero.
+func RelTime(t, now time.Time) string {
 	if t.IsZero() {
 		return "-"
 	}
@@ -46,15 +46,15 @@ func relTime(t, now time.Time) string {
 	case d > -time.Second && d < time.Second:
 		return "now"
 	case d > 0:
-		return "in " + humanDuration(d)
+		return "in " + HumanDuration(d)
 	}
-	return humanDuration(d) + " ago"
+	return HumanDuration(d) + " ago"
 }
 
-// nextText renders when a recipient is next attempted: "in 4m", "due"
+// NextText renders when a recipient is next attempted: "in 4m", "due"
 // (waiting for a worker), "running" (an attempt is in flight; NextAttempt
 // is then only its lease), or "-" (held or final: never).
-func nextText(status string, t, now time.Time) string {
+func NextText(status string, t, now time.Time) string {
 	switch {
 	case status == "active":
 		return "running"
@@ -63,11 +63,11 @@ func nextText(status string, t, now time.Time) string {
 	case !t.After(now):
 		return "due"
 	}
-	return relTime(t, now)
+	return RelTime(t, now)
 }
 
-// replyText renders a reply as an SMTP line: "451 4.7.1 Greylisted, ...".
-func replyText(r *Reply) string {
+// ReplyText renders a reply as an SMTP line: "451 4.7.1 Greylisted, ...".
+func ReplyText(r *Reply) string {
 	if r == nil {
 		return ""
 	}
@@ -84,23 +84,23 @@ func replyText(r *Reply) string {
 	return strings.Join(parts, " ")
 }
 
-// sender renders an envelope sender; "" is the null sender.
-func sender(s string) string {
+// Sender renders an envelope sender; "" is the null sender.
+func Sender(s string) string {
 	if s == "" {
 		return "<>"
 	}
 	return s
 }
 
-// clean replaces control characters (escape sequences, tabs, newlines, C1
+// Clean replaces control characters (escape sequences, tabs, newlines, C1
 // controls) and invalid UTF-8 with spaces: replies come from remote servers
 // and must not drive a terminal or break a table.
-func clean(s string) string { return safetext.Replace(s, ' ') }
+func Clean(s string) string { return safetext.Replace(s, ' ') }
 
-// cell makes a value safe for a terminal table (see clean), cuts it to max
+// Cell makes a value safe for a terminal table (see Clean), cuts it to max
 // runes (0: no cut), and shows an empty value as "-".
-func cell(s string, max int) string {
-	s = clean(s)
+func Cell(s string, max int) string {
+	s = Clean(s)
 	if s == "" {
 		return "-"
 	}
@@ -110,8 +110,8 @@ func cell(s string, max int) string {
 	return s
 }
 
-// humanBytes renders a size in binary units: "12.0 MiB".
-func humanBytes(n int64) string {
+// HumanBytes renders a size in binary units: "12.0 MiB".
+func HumanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)

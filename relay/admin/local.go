@@ -9,12 +9,12 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// Local answers the read requests of Client straight from a queue, with
-// the same views. Code inside the daemon, which holds the queue file's
-// lock, uses it where a CLI uses Client (the status page's probe has no
-// reason to call its own API over HTTP). The API's handlers are built on
-// it too, so that an answer over HTTP and an answer in process cannot
-// drift apart.
+// Local answers the read requests of adminclient.Client straight from a
+// queue, with the same views. Code inside the daemon, which holds the
+// queue file's lock, uses it where a CLI uses the client (the status
+// page's probe has no reason to call its own API over HTTP). The API's
+// handlers are built on it too, so that an answer over HTTP and an answer
+// in process cannot drift apart.
 //
 // The queue answers synchronously, so the contexts are not consulted.
 type Local struct {
@@ -36,7 +36,7 @@ func NewLocal(q *queue.Queue, now func() time.Time) *Local {
 // is refused here too.
 func (l *Local) List(_ context.Context, lq ListQuery) (ListResult, error) {
 	now := l.now()
-	f, err := parseFilter(lq.values(), now)
+	f, err := parseFilter(lq.Values(), now)
 	if err != nil {
 		return ListResult{}, err
 	}

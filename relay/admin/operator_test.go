@@ -10,26 +10,6 @@ import (
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
 
-// finishKeys records one attempt for keys that ended with a final status.
-func finishKeys(t testing.TB, q *queue.Queue, at time.Time, st queue.Status, reason string, reply queue.Reply, keys ...queue.Key) {
-	t.Helper()
-	err := q.Begin(queue.Start{Keys: keys, Time: at, SourceIP: "192.0.2.10", MXHost: "mx.peer.test",
-		MXAddr: "198.51.100.7", LeaseUntil: at.Add(10 * time.Minute)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var u queue.Update
-	for _, k := range keys {
-		u.Results = append(u.Results, queue.Result{Key: k, Status: st, Reason: reason, Reply: reply,
-			Stage: "rcpt", End: at.Add(time.Second)})
-	}
-	if _, err := q.Apply(u); err != nil {
-		t.Fatal(err)
-	}
-}
-
-var noSuchUser = queue.Reply{Code: 550, Enhanced: "5.1.1", Text: "no such user <b>here</b>"}
-
 func TestShowFinishedMessage(t *testing.T) {
 	f := newFixture(t)
 	finishKeys(t, f.q, testNow.Add(-10*time.Minute), queue.Delivered, "", queue.Reply{Code: 250, Text: "ok"}, queue.Key{ID: f.m3})
@@ -89,7 +69,7 @@ func TestContent(t *testing.T) {
 			continue
 		}
 		h := rec.Header()
-		if rec.Body.String() != tc.body || h.Get(contentSizeHeader) != tc.size ||
+		if rec.Body.String() != tc.body || h.Get(ContentSizeHeader) != tc.size ||
 			h.Get("Content-Type") != "text/plain; charset=utf-8" || h.Get("X-Content-Type-Options") != "nosniff" {
 			t.Errorf("%s: %q, headers %v", tc.path, rec.Body, h)
 		}

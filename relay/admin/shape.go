@@ -24,8 +24,8 @@ var shapeBuckets = []int{5, 10, 20, 40, 80, 160, 320, 640, 1280}
 
 // Shape rows by default and at most (GET /api/shape?limit=N).
 const (
-	defaultShapeRows = 100
-	maxShapeRows     = 10000
+	DefaultShapeRows = 100
+	MaxShapeRows     = 10000
 )
 
 // noReason names the row of recipients without a reason (never tried).
@@ -51,10 +51,10 @@ func (sq ShapeQuery) check() (ShapeQuery, error) {
 		return sq, badf("status: %q is not a queue status (queued, deferred, active or held)", sq.Status)
 	}
 	if sq.Limit == 0 {
-		sq.Limit = defaultShapeRows
+		sq.Limit = DefaultShapeRows
 	}
-	if sq.Limit < 1 || sq.Limit > maxShapeRows {
-		return sq, badf("limit: %d is not a number from 1 to %d", sq.Limit, maxShapeRows)
+	if sq.Limit < 1 || sq.Limit > MaxShapeRows {
+		return sq, badf("limit: %d is not a number from 1 to %d", sq.Limit, MaxShapeRows)
 	}
 	return sq, nil
 }
@@ -126,8 +126,8 @@ func ageBucket(age time.Duration) int {
 	return len(shapeBuckets)
 }
 
-// values is sq as GET /api/shape's query string.
-func (sq ShapeQuery) values() url.Values {
+// Values is sq as GET /api/shape's query string.
+func (sq ShapeQuery) Values() url.Values {
 	q := url.Values{}
 	if sq.By != "" {
 		q.Set("by", sq.By)
@@ -145,7 +145,7 @@ func (s *Server) shape(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	sq := ShapeQuery{By: q.Get("by"), Status: queue.Status(q.Get("status"))}
 	var err error
-	if sq.Limit, err = intParam(q, "limit", defaultShapeRows, 1, maxShapeRows); err != nil {
+	if sq.Limit, err = intParam(q, "limit", DefaultShapeRows, 1, MaxShapeRows); err != nil {
 		s.fail(w, r, err)
 		return
 	}

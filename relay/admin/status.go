@@ -119,10 +119,10 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	d := &pageData{Hostname: s.opt.Config.Hostname, Now: now.UTC().Format(time.RFC3339),
 		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil,
 		expls: map[Explanation]*pageExpl{}}
-	d.DBSize = humanBytes(d.Stats.DBBytes)
+	d.DBSize = HumanBytes(d.Stats.DBBytes)
 	d.OldestAge = "-"
 	if !st.Oldest.IsZero() {
-		d.OldestAge = humanDuration(now.Sub(st.Oldest))
+		d.OldestAge = HumanDuration(now.Sub(st.Oldest))
 	}
 	for _, x := range statuses() {
 		if n := st.ByStatus[x]; n > 0 {
@@ -141,7 +141,7 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	}
 	// One walk of the queue gives the shape and the recipients queued
 	// per destination.
-	byDomain, err := s.local.Shape(context.Background(), ShapeQuery{Limit: maxShapeRows})
+	byDomain, err := s.local.Shape(context.Background(), ShapeQuery{Limit: MaxShapeRows})
 	if err != nil {
 		return nil, err
 	}
@@ -226,10 +226,10 @@ func (d *pageData) pageRows(rows []queue.Row, now time.Time) []pageRow {
 	out := make([]pageRow, len(rows))
 	for i := range rows {
 		rj := rowOf(&rows[i].Message, &rows[i].Recipient, now)
-		out[i] = pageRow{Row: rj, Age: humanDuration(now.Sub(rj.Arrival)),
-			Next: nextText(rj.Status, rows[i].Recipient.NextAttempt, now), Last: relTime(rows[i].Recipient.LastAttempt, now),
-			Reply: clean(replyText(rj.LastReply)), Why: d.explain(&rows[i].Recipient)}
-		out[i].Sender = sender(rj.Sender)
+		out[i] = pageRow{Row: rj, Age: HumanDuration(now.Sub(rj.Arrival)),
+			Next: NextText(rj.Status, rows[i].Recipient.NextAttempt, now), Last: RelTime(rows[i].Recipient.LastAttempt, now),
+			Reply: Clean(ReplyText(rj.LastReply)), Why: d.explain(&rows[i].Recipient)}
+		out[i].Sender = Sender(rj.Sender)
 	}
 	return out
 }
@@ -283,13 +283,13 @@ func (s *Server) allDestinations(queued []ShapeRow, now time.Time) ([]pageDest, 
 		v := destinationOf(x)
 		pd.Known, pd.Greylists, pd.GreylistSeen, pd.GreylistPassed = learned, x.Greylists, x.GreylistSeen, x.GreylistPassed
 		pd.ThrottleLevel, pd.DeadHosts = x.ThrottleLevel, v.DeadHosts
-		pd.LastReplyText = clean(replyText(v.LastReply))
+		pd.LastReplyText = Clean(ReplyText(v.LastReply))
 		pd.Delay, pd.ThrottledFor = "-", "-"
 		if x.LearnedDelay > 0 {
-			pd.Delay = humanDuration(x.LearnedDelay)
+			pd.Delay = HumanDuration(x.LearnedDelay)
 		}
 		if x.ThrottledUntil.After(now) {
-			pd.ThrottledFor = humanDuration(x.ThrottledUntil.Sub(now))
+			pd.ThrottledFor = HumanDuration(x.ThrottledUntil.Sub(now))
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool {

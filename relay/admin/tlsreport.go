@@ -1,10 +1,6 @@
 package admin
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 
 	"go.uber.org/zap"
@@ -19,25 +15,4 @@ func (s *Server) tlsReport(w http.ResponseWriter, r *http.Request) {
 	}
 	s.log.Info("TLS reports sent by the operator", zap.String("remote", r.RemoteAddr))
 	writeJSON(w, http.StatusOK, res)
-}
-
-// TLSReportSend asks the relay to send its TLS reports now and returns
-// the API's JSON answer.
-func (c *Client) TLSReportSend(ctx context.Context) (json.RawMessage, error) {
-	var res json.RawMessage
-	err := c.getJSON(ctx, http.MethodPost, "/api/tls-report/send", nil, &res)
-	return res, err
-}
-
-// RunTLSReport runs `greyrelay tls-report send`.
-func RunTLSReport(args []string, c *Client, stdout io.Writer) error {
-	if len(args) != 1 || args[0] != "send" {
-		return fmt.Errorf("usage: greyrelay tls-report send [-config FILE]")
-	}
-	res, err := c.TLSReportSend(context.Background())
-	if err != nil {
-		return err
-	}
-	_, err = fmt.Fprintf(stdout, "%s\n", res)
-	return err
 }

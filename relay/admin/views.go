@@ -1,14 +1,16 @@
 package admin
 
 import (
+	"net/url"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// The views: the JSON shapes of the API. The server encodes them, Client
+// The views: the JSON shapes of the API. The server encodes them, adminclient
 // decodes them and Local builds them in process, so one definition serves
 // all three. Names are snake_case; zero times are omitted (a
 // never-attempted recipient has no last_attempt). Field names are part of
@@ -184,7 +186,8 @@ type Stats struct {
 	DBBytes          int64          `json:"db_bytes"`
 }
 
-type errorJSON struct {
+// ErrorAnswer is the body of every error answer: {"error": "..."}.
+type ErrorAnswer struct {
 	Error string `json:"error"`
 }
 
@@ -271,4 +274,37 @@ func statsOf(st queue.Stats, dbBytes int64, now time.Time) Stats {
 		out.OldestAgeSeconds = max(0, now.Sub(st.Oldest).Seconds())
 	}
 	return out
+}
+
+// ListQuery selects recipients, as the query of GET /api/queue does; zero
+// fields do not filter.
+type ListQuery struct {
+	Status    queue.Status
+	Reason    string
+	Domain    string // destination domain
+	Sender    string
+	OlderThan time.Duration // only messages that arrived at least this long ago
+	Offset    int
+	Limit     int // 0: the API's default (100); at most 10000
+}
+
+// Values is lq as GET /api/queue's query string.
+func (lq ListQuery) Values() url.Values {
+	q := url.Values{}
+	for name, v := range map[string]string{"status": string(lq.Status), "reason": lq.Reason,
+		"domain": lq.Domain, "sender": lq.Sender} {
+		if v != "" {
+			q.Set(name, v)
+		}
+	}
+	if lq.OlderThan != 0 {
+		q.Set("older_than", lq.OlderThan.String())
+	}
+	if lq.Offset != 0 {
+		q.Set("offset", strconv.Itoa(lq.Offset))
+	}
+	if lq.Limit != 0 {
+		q.Set("limit", strconv.Itoa(lq.Limit))
+	}
+	return q
 }

@@ -9,7 +9,9 @@
 //     the last rate-limit reply). The delivery engine reads it when it loads a
 //     domain's state and when it opens a connection, and writes it when its
 //     own record changed: Redis traffic is per connection or state change,
-//     never per message.
+//     never per message. The one exception is a destination that throttles
+//     us: each of its paced starts is one reservation (below), at the slow
+//     rate the destination allows.
 //   - Cluster-wide connection limits are leases: one sorted set per domain
 //     whose members are "node/lease" scored by their expiry (Redis server
 //     time). A Lua script drops expired members and adds one if fewer than
@@ -23,6 +25,15 @@
 //     once: reads find nothing, writes are dropped, leases are granted (the
 //     node's own delivery.max_per_destination still holds). Sharing resumes
 //     when Redis answers again.
+//   - Releasing a slot publishes the domain on one channel in the same
+//     script; every node subscribes once and a node whose domain waits
+//     for a slot tries again at once. The engine's poll after a second
+//     covers what no release announces (a dead node's expired lease).
+//   - A throttled destination's learned pace holds across the nodes: each
+//     paced start reserves the next free instant of the domain on Redis's
+//     clock (a token bucket of one token, in a Lua script), so three
+//     nodes together start no faster than the pace. With Redis down each
+//     node paces on its own.
 //   - Nodes register themselves (name, admin URL, version, start time) under
 //     a key with a TTL refreshed by the same background loop.
 //
@@ -90,6 +101,9 @@ type Cluster struct {
 	stop     chan struct{}
 	done     chan struct{}
 	once     sync.Once
+	freed    chan string // Freed
+	unlisten context.CancelFunc
+	listened chan struct{}
 }
 
 type clusterMetrics struct {
@@ -106,7 +120,7 @@ func New(opt Options) (*Cluster, error) {
 	}
 	c := &Cluster{rdb: redis.NewUniversalClient(uo), cfg: opt.Config, node: opt.Node, log: opt.Logger,
 		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
-		instance: rand.Text()[:12]}
+		instance: rand.Text()[:12], freed: make(chan string, 64), listened: make(chan struct{})}
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
@@ -114,7 +128,7 @@ func New(opt Options) (*Cluster, error) {
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
 			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_cluster_redis_commands_total",
-			Help: "Redis round trips by purpose (load, publish, acquire, release, renew, heartbeat, ping)."}, []string{"op"}),
+			Help: "Redis round trips by purpose (load, publish, acquire, release, pace, renew, heartbeat, ping)."}, []string{"op"}),
 	}
 	if opt.Registry != nil {
 		for _, col := range []prometheus.Collector{c.m.up, c.m.commands} {
@@ -125,6 +139,9 @@ func New(opt Options) (*Cluster, error) {
 	}
 	c.ping()
 	go c.loop()
+	lctx, cancel := context.WithCancel(context.Background())
+	c.unlisten = cancel
+	go c.listen(lctx)
 	return c, nil
 }
 
@@ -157,6 +174,8 @@ func universalOptions(r config.Redis) (*redis.UniversalOptions, error) {
 func (c *Cluster) Close() error {
 	c.once.Do(func() { close(c.stop) })
 	<-c.done
+	c.unlisten()
+	<-c.listened
 	if c.up.Load() {
 		ctx, cancel := c.ctx()
 		c.leaseMu.Lock()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -171,6 +172,9 @@ func TestRedisDownGrantsAndRecovers(t *testing.T) {
 	if _, ok := c.Load("dest.test"); ok {
 		t.Fatal("a record with Redis down")
 	}
+	if _, ok := c.Pace("dest.test", time.Second); ok {
+		t.Fatal("a shared pace with Redis down: the node must pace on its own")
+	}
 	r.Start()
 	deadline := time.Now().Add(10 * time.Second)
 	for !c.Up() && time.Now().Before(deadline) {
@@ -187,5 +191,61 @@ func TestRedisDownGrantsAndRecovers(t *testing.T) {
 	}
 	if err != nil || len(nodes) != 1 || nodes[0].Name != "a" {
 		t.Errorf("registry after Redis came back: %+v, %v; want node a", nodes, err)
+	}
+}
+
+func TestReleaseAnnouncedToWaitingNodes(t *testing.T) {
+	for name, addrs := range redisTargets(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := newNode(t, "a", addrs...), newNode(t, "b", addrs...)
+			time.Sleep(200 * time.Millisecond) // both subscriptions in place
+			rel, ok := a.Acquire("Busy.Test", 1)
+			if !ok {
+				t.Fatal("no slot")
+			}
+			if _, ok := b.Acquire("busy.test", 1); ok {
+				t.Fatal("a second slot under limit 1")
+			}
+			rel()
+			select {
+			case d := <-b.Freed():
+				if d != "busy.test" {
+					t.Fatalf("announced %q, want busy.test", d)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("node b heard of no released slot")
+			}
+			if _, ok := b.Acquire("busy.test", 1); !ok {
+				t.Fatal("no slot after the announced release")
+			}
+		})
+	}
+}
+
+func TestPaceHoldsAcrossNodes(t *testing.T) {
+	for name, addrs := range redisTargets(t) {
+		t.Run(name, func(t *testing.T) {
+			nodes := []*Cluster{newNode(t, "a", addrs...), newNode(t, "b", addrs...), newNode(t, "c", addrs...)}
+			const interval = 200 * time.Millisecond
+			start := time.Now()
+			var starts []time.Duration
+			for i := range 9 { // three rounds of the three nodes, as fast as they can ask
+				wait, ok := nodes[i%3].Pace("paced.test", interval)
+				if !ok {
+					t.Fatal("no shared pace with Redis up")
+				}
+				starts = append(starts, time.Since(start)+wait)
+			}
+			slices.Sort(starts)
+			for i := 1; i < len(starts); i++ {
+				// Redis's clock and ours differ by the round trip: 20 ms slack.
+				if gap := starts[i] - starts[i-1]; gap < interval-20*time.Millisecond {
+					t.Errorf("starts %d and %d %v apart, want at least %v: %v", i-1, i, gap, interval, starts)
+				}
+			}
+			if wait, ok := nodes[0].Pace("other.test", interval); !ok || wait != 0 {
+				t.Errorf("another domain's first start waits %v (%v), want 0", wait, ok)
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
@@ -33,6 +34,20 @@ redis.call('PEXPIRE', KEYS[1], ttl * 2)
 return 1
 `)
 
+// releaseScript gives a slot back: KEYS[1] is the domain's lease set, ARGV
+// the member, the notification channel and the domain. A slot that was
+// still held is announced on the channel in the same round trip, so nodes
+// waiting for one try again at once instead of at their next poll.
+var releaseScript = redis.NewScript(`
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return 1
+`)
+
+// freedChannel carries the domain of every released connection slot.
+const freedChannel = "greyrelay:freed"
+
 // leaseKey is the domain's set of connection leases.
 func leaseKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:leases" }
 
@@ -58,10 +73,10 @@ func (c *Cluster) Acquire(domain string, limit int) (release func(), ok bool) {
 	c.leaseMu.Lock()
 	c.leases[member] = key
 	c.leaseMu.Unlock()
-	return func() { c.release(key, member) }, true
+	return func() { c.release(domain, key, member) }, true
 }
 
-func (c *Cluster) release(key, member string) {
+func (c *Cluster) release(domain, key, member string) {
 	c.leaseMu.Lock()
 	delete(c.leases, member)
 	c.leaseMu.Unlock()
@@ -71,7 +86,7 @@ func (c *Cluster) release(key, member string) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("release")
-	c.failed("release", c.rdb.ZRem(ctx, key, member).Err())
+	c.failed("release", releaseScript.Run(ctx, c.rdb, []string{key}, member, freedChannel, strings.ToLower(domain)).Err())
 }
 
 // renew extends every lease this node holds, one script per domain, all in
@@ -102,3 +117,32 @@ const (
 	LimitsShared = "shared" // delivery.max_per_destination holds across all nodes
 	LimitsLocal  = "local"  // it holds per node
 )
+
+// Freed delivers the domain of each connection slot released by any node
+// (this one included), for a node waiting for a slot to try again. A
+// notification lost (the buffer full, Redis away, a lease that merely
+// expired) only delays the waiter until its next poll.
+func (c *Cluster) Freed() <-chan string { return c.freed }
+
+// listen forwards the slot notifications to c.freed until ctx ends; the
+// subscription reconnects by itself after Redis comes back.
+func (c *Cluster) listen(ctx context.Context) {
+	defer close(c.listened)
+	ps := c.rdb.Subscribe(ctx, freedChannel)
+	defer ps.Close()
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			select {
+			case c.freed <- m.Payload:
+			default:
+			}
+		}
+	}
+}

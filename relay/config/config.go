@@ -48,6 +48,40 @@ func (m ListenerMode) Valid() bool {
 	return m == ModeSMTP || m == ModeSubmission || m == ModeSubmissions
 }
 
+// TLSMode is the outbound STARTTLS policy of delivery.tls and
+// delivery.smarthost.tls. The values are relay/smtpclient's TLSPolicy
+// names, so the delivery engine converts one into the other.
+type TLSMode string
+
+// TLS modes: never STARTTLS; STARTTLS when offered, certificate not checked
+// (opportunistic, RFC 7435); STARTTLS required, certificate not checked;
+// STARTTLS required and the certificate verified for the server name.
+const (
+	TLSNone    TLSMode = "none"
+	TLSMay     TLSMode = "may"
+	TLSEncrypt TLSMode = "encrypt"
+	TLSVerify  TLSMode = "verify"
+)
+
+// TLSModes lists the valid TLS modes.
+var TLSModes = []TLSMode{TLSNone, TLSMay, TLSEncrypt, TLSVerify}
+
+// Valid reports whether m is one of the TLS modes.
+func (m TLSMode) Valid() bool { return slices.Contains(TLSModes, m) }
+
+// DNSSECMode says whether delivery looks up DANE records (RFC 7672): off,
+// or trust-ad (believe the AD bit of a loopback or listed resolver).
+type DNSSECMode string
+
+// DNSSEC modes.
+const (
+	DNSSECOff     DNSSECMode = "off"
+	DNSSECTrustAD DNSSECMode = "trust-ad"
+)
+
+// Valid reports whether m is one of the DNSSEC modes.
+func (m DNSSECMode) Valid() bool { return m == DNSSECOff || m == DNSSECTrustAD }
+
 // BareCRPolicy says what happens to a message whose data has a CR that is
 // not followed by LF.
 type BareCRPolicy string
@@ -206,13 +240,14 @@ type Delivery struct {
 	Port                        int               `yaml:"port"`
 	Resolver                    string            `yaml:"resolver"`
 	AllowPrivateDestinations    bool              `yaml:"allow_private_destinations"`
-	TLS                         string            `yaml:"tls"`
-	DNSSEC                      string            `yaml:"dnssec"`                   // off | trust-ad (DANE, RFC 7672)
+	TLS                         TLSMode           `yaml:"tls"`
+	DNSSEC                      DNSSECMode        `yaml:"dnssec"`                   // off | trust-ad (DANE, RFC 7672)
 	DNSSECTrustedResolvers      []string          `yaml:"dnssec_trusted_resolvers"` // non-loopback resolvers whose AD bit is believed
 	MTASTS                      bool              `yaml:"mta_sts"`                  // apply MTA-STS policies (RFC 8461)
 	TLSCAFile                   string            `yaml:"tls_ca_file"`              // extra roots for MTA-STS fetches and MX hosts
 	MaxConnections              int               `yaml:"max_connections"`
 	MaxPerDestination           int               `yaml:"max_per_destination"`
+	MaxPerDestinationLocal      int               `yaml:"max_per_destination_local"` // one node's cap under a shared max_per_destination; 0: none
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
 	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`
 	ConnectTimeout              time.Duration     `yaml:"connect_timeout"`
@@ -230,11 +265,11 @@ type Delivery struct {
 
 // Smarthost is the single next hop for all mail, when Address is set.
 type Smarthost struct {
-	Address      string `yaml:"address"`
-	Username     string `yaml:"username"`
-	Password     string `yaml:"password"`
-	PasswordFile string `yaml:"password_file"`
-	TLS          string `yaml:"tls"`
+	Address      string  `yaml:"address"`
+	Username     string  `yaml:"username"`
+	Password     string  `yaml:"password"`
+	PasswordFile string  `yaml:"password_file"`
+	TLS          TLSMode `yaml:"tls"`
 }
 
 // Retry configures the backoff policy and the classifier's extra rules.

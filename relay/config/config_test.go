@@ -187,6 +187,8 @@ func TestValidate_Refusals(t *testing.T) {
 		{"allowed host wildcard", "admin:\n  allowed_hosts: [\"*\"]\n", "admin.allowed_hosts"},
 		{"bad source", "delivery:\n  source_ipv4: \"::1\"\n", "source_ipv4"},
 		{"bad tls", "delivery:\n  tls: maybe\n", "delivery.tls"},
+		{"bad smarthost tls", "delivery:\n  smarthost:\n    tls: STARTTLS\n", "delivery.smarthost.tls"},
+		{"bad dnssec", "delivery:\n  dnssec: on\n", "delivery.dnssec"},
 		{"zero delay warning", "retry:\n  delay_warnings: [0s]\n", "delay_warnings"},
 		{"bad rule", "retry:\n  rules: [{pattern: \"(\", reason: greylisted}]\n", "retry.rules"},
 		{"long commit delay", "queue:\n  commit_delay: 1s\n", "queue.commit_delay"},

@@ -188,8 +188,6 @@ func isIP(s string) bool {
 	return err == nil
 }
 
-var tlsModes = []string{"none", "may", "encrypt", "verify"}
-
 func (v *validator) delivery(d Delivery) {
 	v.sourceIP("delivery.source_ipv4", d.SourceIPv4, true)
 	v.sourceIP("delivery.source_ipv6", d.SourceIPv6, false)
@@ -197,14 +195,15 @@ func (v *validator) delivery(d Delivery) {
 	if d.Resolver != "" {
 		v.hostPort("delivery.resolver", d.Resolver)
 	}
-	v.oneOf("delivery.tls", d.TLS, tlsModes...)
-	v.oneOf("delivery.dnssec", d.DNSSEC, "off", "trust-ad")
+	v.check(d.TLS.Valid(), "delivery.tls: %q is not one of %v", d.TLS, TLSModes)
+	v.check(d.DNSSEC.Valid(), "delivery.dnssec: %q is not one of %v", d.DNSSEC, []DNSSECMode{DNSSECOff, DNSSECTrustAD})
 	for _, r := range d.DNSSECTrustedResolvers {
 		v.check(isIP(r), "delivery.dnssec_trusted_resolvers: %q is not an IP address", r)
 	}
 	v.readable("delivery.tls_ca_file", d.TLSCAFile)
 	v.positive("delivery.max_connections", int64(d.MaxConnections))
 	v.positive("delivery.max_per_destination", int64(d.MaxPerDestination))
+	v.check(d.MaxPerDestinationLocal >= 0, "delivery.max_per_destination_local: %d, want 0 (no cap) or more", d.MaxPerDestinationLocal)
 	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))
 	v.positive("delivery.max_recipients_per_transaction", int64(d.MaxRecipientsPerTransaction))
 	v.positive("delivery.connect_timeout", int64(d.ConnectTimeout))
@@ -219,7 +218,7 @@ func (v *validator) delivery(d Delivery) {
 	if s.Address != "" {
 		v.hostPort("delivery.smarthost.address", s.Address)
 	}
-	v.oneOf("delivery.smarthost.tls", s.TLS, tlsModes...)
+	v.check(s.TLS.Valid(), "delivery.smarthost.tls: %q is not one of %v", s.TLS, TLSModes)
 	v.check(s.Username == "" || s.Password != "", "delivery.smarthost: username without password")
 	v.readable("delivery.smarthost.password_file", s.PasswordFile)
 	for dom, hop := range d.Routes {

@@ -67,6 +67,11 @@ func (s *session) carries(j *job) bool {
 type leftover struct {
 	rcpts []queue.Recipient
 	v     classifier.Verdict
+	// noRequireTLS: the host did not offer REQUIRETLS, which the message
+	// needs, and was passed over without a transaction. Such a host does
+	// not use up delivery.mx_session_limit: it left nothing undone that
+	// a retry would finish, and the next MX may offer it.
+	noRequireTLS bool
 }
 
 // overHosts routes j's domain and offers rest.rcpts (all of j's recipients
@@ -139,6 +144,9 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 		var s *session
 		if s, rest = e.transact(ctx, d, a, e.opened(d, c, t, rt.Kind), rest.rcpts); len(rest.rcpts) == 0 || ctx.Err() != nil {
 			return s
+		}
+		if rest.noRequireTLS {
+			sessions--
 		}
 	}
 	e.giveUp(d, a, rest)

@@ -138,7 +138,10 @@ func (e *Engine) dsnMessage(msg queue.Message, body []byte, rcpts []dsn.Recipien
 		return queue.NewMessage{}, false
 	}
 	ret := dsn.ReturnHeaders
-	if strings.EqualFold(msg.RET, "FULL") {
+	if strings.EqualFold(msg.RET, "FULL") && !msg.RequireTLS {
+		// RFC 8689 §5: the path back to the sender may not be protected
+		// as the message required, so a REQUIRETLS message's content is
+		// not returned (RET=FULL is disregarded): its headers only.
 		ret = dsn.ReturnFull
 	}
 	b, err := dsn.Compose(dsn.Report{ReportingMTA: e.cfg.Hostname, To: msg.From, EnvID: msg.EnvID,
@@ -152,6 +155,9 @@ func (e *Engine) dsnMessage(msg queue.Message, body []byte, rcpts []dsn.Recipien
 		From: "", DSN: true, Body: b, Arrival: now,
 		To:       []queue.NewRecipient{{Addr: msg.From, Domain: domain}},
 		SMTPUTF8: msg.SMTPUTF8, EightBit: msg.SMTPUTF8,
+		// RFC 8689 §5: a notice about a REQUIRETLS message is itself sent
+		// with REQUIRETLS, since it carries the original's headers.
+		RequireTLS: msg.RequireTLS,
 	}, true
 }
 

@@ -33,15 +33,17 @@
 //     again just the same.
 //   - Every outcome goes through the classifier (what happened) and the
 //     backoff policy (when to try again), and is stored with its DSN and what
-//     was learned about the destination in one queue.Apply transaction.
-//     When nothing was learned about the destination, the worker does not
-//     wait for that commit: it logs the outcome and starts its next
-//     attempt, whose Begin commits after it, and checks that the commit
-//     succeeded then (settle, finish). So a message costs a worker one
-//     commit wait, not two. An outcome the queue cannot store (a full
-//     disk) is held in memory and stored again by the scheduler until the
-//     queue takes it (held.go): its recipients are Active meanwhile, and
-//     would otherwise stay so until the next start.
+//     was learned about the destination in one transaction, by one route
+//     (record.go): the worker logs the outcome, hands the update to the
+//     queue's writer (queue.ApplyAsync), which commits in order, and starts
+//     its next attempt without waiting; one recorder goroutine collects the
+//     commits in the same order. A fresh attempt's outcome takes the same
+//     route, its start in the same update. An outcome the queue cannot
+//     store (a full disk) is held in memory and stored again by the
+//     recorder on a timer, outside any lock, until the queue takes it
+//     (held.go): its recipients are Active meanwhile, and would otherwise
+//     stay so until the next start. Run returns once every worker has
+//     ended and every outcome's commit is decided.
 //   - Greylisting is a property of a (source IP, sender, recipient) triplet
 //     at one MX, so a recipient in the middle of a greylisting episode goes
 //     back to the MX address that greylisted it, from the same source
@@ -142,9 +144,10 @@ type Engine struct {
 	// a change is never adopted after it. Taken before d.mu and e.mu.
 	fmu sync.Mutex
 
-	held held // outcomes waiting to be stored (held.go)
+	out *recorder // collects the commits of outcomes (record.go)
 
 	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
+	freed <-chan string      // domains whose cluster-wide slot was released (shared.go); nil without Shared
 }
 
 // New checks opt and returns an engine.
@@ -164,7 +167,12 @@ func New(opt Options) (*Engine, error) {
 	if opt.Config.Hostname == "" {
 		return nil, errors.New("delivery: hostname is empty")
 	}
+	var freed <-chan string
+	if opt.Shared != nil {
+		freed = opt.Shared.Freed()
+	}
 	return &Engine{
+		freed:   freed,
 		opt:     opt,
 		cfg:     opt.Config,
 		q:       opt.Queue,
@@ -176,6 +184,10 @@ func New(opt Options) (*Engine, error) {
 		dests:   map[string]*dest{},
 		claimed: map[queue.Key]bool{},
 		fresh:   opt.Queue.Fresh(),
+		out: newRecorder(func(u queue.Update) error {
+			_, err := opt.Queue.Apply(u)
+			return err
+		}),
 	}, nil
 }
 

@@ -40,25 +40,27 @@ type fakeMX struct {
 
 // fakeTx is one transaction (one MAIL) seen by a fakeMX.
 type fakeTx struct {
-	conn      int
-	client    string
-	at        time.Time
-	from      string
-	tried     []string // RCPT TO, in order
-	accepted  []string
-	notify    []string // NOTIFY of each accepted RCPT
-	data      string
-	delivered bool
+	conn       int
+	client     string
+	at         time.Time
+	from       string
+	tried      []string // RCPT TO, in order
+	accepted   []string
+	notify     []string // NOTIFY of each accepted RCPT
+	data       string
+	delivered  bool
+	requireTLS bool // MAIL carried REQUIRETLS
 }
 
 // fakeOpt configures a fakeMX.
 type fakeOpt struct {
-	tls   *tls.Config
-	dsn   bool              // advertise DSN
-	creds map[string]string // enable AUTH PLAIN (over TLS)
-	mail  func(n int) error
-	rcpt  func(n int, to string) error
-	data  func(n int) error
+	tls        *tls.Config
+	dsn        bool              // advertise DSN
+	requireTLS bool              // advertise REQUIRETLS (under TLS)
+	creds      map[string]string // enable AUTH PLAIN (over TLS)
+	mail       func(n int) error
+	rcpt       func(n int, to string) error
+	data       func(n int) error
 }
 
 // startMX starts a fakeMX on ip:port; it stops when the test ends.
@@ -73,6 +75,7 @@ func startMX(t *testing.T, ip string, port int, o fakeOpt) *fakeMX {
 	f.srv.Domain = "mx-" + ip
 	f.srv.TLSConfig = o.tls
 	f.srv.EnableDSN = o.dsn
+	f.srv.EnableREQUIRETLS = o.requireTLS
 	f.srv.ErrorLog = log.New(io.Discard, "", 0)
 	go func() { _ = f.srv.Serve(&countingListener{Listener: ln, f: f}) }()
 	t.Cleanup(func() { _ = f.srv.Close() })
@@ -140,9 +143,10 @@ type fakeSession struct {
 	n    int
 }
 
-func (s *fakeSession) Mail(from string, _ *smtp.MailOptions) error {
+func (s *fakeSession) Mail(from string, opts *smtp.MailOptions) error {
 	s.f.mu.Lock()
-	s.cur = &fakeTx{conn: s.conn, client: s.f.conns[s.conn], at: time.Now(), from: from}
+	s.cur = &fakeTx{conn: s.conn, client: s.f.conns[s.conn], at: time.Now(), from: from,
+		requireTLS: opts != nil && opts.RequireTLS}
 	s.n = len(s.f.txs)
 	s.f.txs = append(s.f.txs, s.cur)
 	script := s.f.mail

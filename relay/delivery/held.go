@@ -8,45 +8,46 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 )
 
-// heldRetry is how often outcomes that could not be stored are tried again.
+// heldRetry is the longest wait between two tries to store held outcomes
+// (see heldBackoff).
 const heldRetry = time.Second
 
-// held keeps the outcomes whose queue.Apply failed even after retry (a
-// full or failing disk). Their recipients stay Active in the queue, where
-// nothing else will try them (those of a fresh attempt stay Queued and
-// claimed, which keeps the scan away just the same), so giving up would leave them stuck until
-// the next start (queue.Recover); instead the scheduler stores them again
-// at each of its wakes, and at least every heldRetry, until the disk takes
-// them. What was learned about the destination is not kept: a later
-// outcome may have stored a newer record of it meanwhile. The DSNs are
-// kept and enqueued with their results. At shutdown what is still held is
-// lost from memory only: the recipients are Active in the queue and
-// recovered at the next start, as after a crash.
+// held keeps the outcomes whose commit failed (a full or failing disk).
+// Their recipients stay Active in the queue, where nothing else will try
+// them (those of a fresh attempt stay Queued and claimed, which keeps the
+// scan away just the same), so giving up would leave them stuck until the
+// next start (queue.Recover); instead the recorder stores them again on a
+// timer (record.go) until the disk takes them. What was learned about the
+// destination is not kept: a later outcome may have stored a newer record
+// of it meanwhile. The DSNs are kept and enqueued with their results. At
+// shutdown what is still held is lost from memory only: the recipients are
+// Active in the queue and recovered at the next start, as after a crash.
+// Every held outcome was logged and counted before it was handed to the
+// queue (settle).
 type held struct {
 	mu  sync.Mutex
-	pos []heldOutcome
-}
-
-// heldOutcome is one outcome waiting to be stored; logged tells whether
-// its attempt lines went out already (an asynchronous Apply logs them
-// before its commit, see submit).
-type heldOutcome struct {
-	po     *pendingOutcome
-	logged bool
+	pos []*pendingOutcome
 }
 
 // add holds po.
-func (h *held) add(po *pendingOutcome, logged bool) {
+func (h *held) add(po *pendingOutcome) {
 	h.mu.Lock()
-	h.pos = append(h.pos, heldOutcome{po, logged})
+	h.pos = append(h.pos, po)
 	h.mu.Unlock()
+}
+
+// len is how many outcomes are held.
+func (h *held) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.pos)
 }
 
 // flush stores everything held in one update with store (the results and
 // DSNs, oldest first, without destination records). It returns what it
 // stored, how many are left (all of them if store failed), and store's
 // error.
-func (h *held) flush(store func(queue.Update) error) (stored []heldOutcome, left int, err error) {
+func (h *held) flush(store func(queue.Update) error) (stored []*pendingOutcome, left int, err error) {
 	h.mu.Lock()
 	hs := h.pos
 	h.pos = nil
@@ -55,10 +56,10 @@ func (h *held) flush(store func(queue.Update) error) (stored []heldOutcome, left
 		return nil, 0, nil
 	}
 	var all queue.Update
-	for _, ho := range hs {
-		all.Starts = append(all.Starts, ho.po.u.Starts...)
-		all.Results = append(all.Results, ho.po.u.Results...)
-		all.DSNs = append(all.DSNs, ho.po.u.DSNs...)
+	for _, po := range hs {
+		all.Starts = append(all.Starts, po.u.Starts...)
+		all.Results = append(all.Results, po.u.Results...)
+		all.DSNs = append(all.DSNs, po.u.DSNs...)
 	}
 	if err := store(all); err != nil {
 		h.mu.Lock()

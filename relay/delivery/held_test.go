@@ -31,17 +31,17 @@ func TestHeldFlush(t *testing.T) {
 	}
 	first := po(queue.Update{Results: []queue.Result{res(1)}, Destinations: []queue.Destination{{Domain: "a.test"}}})
 	second := po(queue.Update{Results: []queue.Result{res(2)}, DSNs: []queue.NewMessage{{From: ""}}})
-	h.add(first, true)
-	h.add(second, false)
+	h.add(first)
+	h.add(second)
 	if stored, left, err := h.flush(fail); stored != nil || left != 2 || err == nil {
 		t.Fatalf("failing flush = %v, %d, %v; want nothing stored, 2 left, the error", stored, left, err)
 	}
 	// A fresh attempt's start goes with its held outcome (fresh.go).
 	start := queue.Start{Keys: []queue.Key{res(3).Key}, MXHost: "mx.test"}
 	third := po(queue.Update{Results: []queue.Result{res(3)}, Starts: []queue.Start{start}})
-	h.add(third, false)
+	h.add(third)
 	stored, left, err := h.flush(ok)
-	want := []heldOutcome{{first, true}, {second, false}, {third, false}}
+	want := []*pendingOutcome{first, second, third}
 	if !reflect.DeepEqual(stored, want) || left != 0 || err != nil {
 		t.Fatalf("flush = %v, %d, %v; want the three in order, none left", stored, left, err)
 	}

@@ -127,7 +127,8 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 const paceIdle = 5 * time.Second
 
 // paceWait waits until d's next transaction may start under its learned
-// pace, and takes that start for the caller; before a wait longer than
+// pace (across the nodes when they share it, see sharedStart), and takes
+// that start for the caller; before a wait longer than
 // paceIdle it calls release. It returns false if ctx ended first.
 func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	d.mu.Lock()
@@ -136,6 +137,14 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	at := p.Start(d.lastStart, now)
 	d.lastStart = at // also unpaced: a refusal paces from the start before it
 	d.mu.Unlock()
+	if sh, ok := e.sharedStart(d, p, now); ok {
+		at = sh // the nodes' common pace rules; the local start is the fallback
+		d.mu.Lock()
+		if at.After(d.lastStart) {
+			d.lastStart = at
+		}
+		d.mu.Unlock()
+	}
 	wait := at.Sub(now)
 	if wait <= 0 {
 		return true
@@ -151,6 +160,25 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// sharedStart reserves a paced start across the nodes: the pace's gap
+// (the interval, longer after refusals) holds between any two starts to
+// the domain by any node. ok is false when d is not paced or the shared
+// store is away; the local start then stands.
+func (e *Engine) sharedStart(d *dest, p backoff.Pace, now time.Time) (time.Time, bool) {
+	if e.opt.Shared == nil || !p.Paced() {
+		return time.Time{}, false
+	}
+	gap := p.Start(now, now).Sub(now)
+	if gap <= 0 {
+		return time.Time{}, false
+	}
+	wait, ok := e.opt.Shared.Pace(d.name, gap)
+	if !ok {
+		return time.Time{}, false
+	}
+	return now.Add(wait), true
 }
 
 // decayThrottle ends a destination's throttling when recipients of it

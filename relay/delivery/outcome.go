@@ -1,7 +1,6 @@
 package delivery
 
 import (
-	"errors"
 	"reflect"
 	"time"
 
@@ -34,7 +33,6 @@ type attempt struct {
 	// begun is the start of a fresh attempt (fresh.go), stored with its
 	// outcomes instead of by a Begin; nil for an attempt Begun in the queue.
 	begun *queue.Start
-	w     *worker // the worker making the attempt; nil for the scheduler's expiries
 	// none: no attempt is made (the scheduler expires recipients of a
 	// paused destination), so the log and the DSN name each recipient's
 	// last real route (queue.Recipient's), not an empty one.
@@ -68,33 +66,39 @@ type logLine struct {
 // pendingOutcome is a settled attempt on its way into the queue: the
 // update, and what to report once it is stored.
 type pendingOutcome struct {
-	p       *queue.Pending // nil while not submitted asynchronously
 	u       queue.Update
 	d       *dest
 	a       attempt // a copy: the worker's attempt moves on to other hosts
 	lines   []logLine
 	actions []dsn.Action
+	// wait waits for the commit of u (queue.Pending.Wait); set when u is
+	// handed to the queue.
+	wait func() error
+	// decided is closed once the commit of u succeeded, failed for good or
+	// failed and u is held (record.go).
+	decided chan struct{}
 }
 
 // settle turns the outcomes of one attempt into results, DSNs and what was
-// learned about the destination, logs one line per recipient and then
-// stores them in one queue.Apply: whoever sees the queue change finds the
-// attempt in the log and the metrics already. It holds d.mu so that
-// concurrent workers of one destination never store stale destination
-// state.
+// learned about the destination, logs one line per recipient, and hands
+// them to the queue as one update (queue.ApplyAsync) and to the recorder,
+// which collects the commit (record.go): the one route of every outcome,
+// fresh (fresh.go) or Begun. The lines are logged before the update is
+// handed over, so whoever sees the queue change finds the attempt in the
+// log and the metrics already. It decides under d.mu, so that concurrent
+// workers of one destination never learn from stale destination state.
 //
-// When nothing was learned about the destination (the common case), a
-// worker does not wait for the commit: it logs the attempt, submits the
-// update (queue.ApplyAsync) and goes on, and its next Begin,
-// settle or its end collects the result (finish): the retries of a failed
-// write, and an error line if they fail too. Begin stays before anything is sent, so a crash
-// before that commit only means a redelivery (queue.Recover), as a crash
-// before a synchronous Apply would.
+// The worker does not wait for the commit: its next Begin commits after
+// it anyway, so a crash before that commit only means a redelivery
+// (queue.Recover; a fresh attempt's recipients are still Queued), as a
+// crash before a synchronous commit would. An attempt that never was (the
+// scheduler expiring recipients of a paused destination) waits for its
+// commit to be decided: its recipients are neither Active nor claimed, so
+// a scan before that commit would find them due and expire them again.
 func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if len(outs) == 0 {
 		return
 	}
-	e.finish(a.w) // the one before, so that log lines keep their order
 	now := e.now()
 	d.mu.Lock()
 	rec := cloneDest(d.rec)
@@ -107,136 +111,58 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.decayThrottle(&rec, s.u.Results)
 	}
 	pruneDead(&rec, now)
-	po := &pendingOutcome{d: d, a: *a, lines: s.lines}
+	po := &pendingOutcome{d: d, a: *a, lines: s.lines, decided: make(chan struct{})}
 	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
 	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
 	e.attachEvents(a, s)
 	po.u = s.u
 	po.u.Starts = freshStart(a, outs)
-	if sameDest(rec, d.stored) {
-		// Nothing learned: the stored record stays as it is, so this Apply
-		// need not be ordered with the others of d and may share their
-		// commit (the queue group-commits concurrent calls). Updated thus
-		// tells when the record last changed.
-		e.adopt(d, rec)
-		d.mu.Unlock()
-		e.submit(po)
-		return
-	}
-	// The record changed: stored synchronously under d.mu, so that no
-	// other worker of d stores an older one after it. The attempt is
-	// logged first, as in submit.
-	rec.Updated = now
-	po.u.Destinations = []queue.Destination{rec}
-	e.report(po, nil)
-	err := e.apply(po.u)
-	if err == nil {
-		e.adopt(d, rec)
+	learned := !sameDest(rec, d.stored)
+	if learned {
+		// Stored with the outcome. It is handed to the queue under d.mu,
+		// so that the writer, which commits in the order it takes
+		// updates, never stores an older record of d after it. d.stored
+		// is what the queue holds once the updates handed over commit
+		// (hold resets it if this one fails).
+		rec.Updated = now
+		po.u.Destinations = []queue.Destination{rec}
 		d.stored = cloneDest(rec)
+		e.mu.Lock()
+		d.recording++ // until the commit is decided (record.go)
+		e.mu.Unlock()
 	}
-	d.mu.Unlock()
-	if err != nil {
-		e.logStoreFailed(po, err, true)
-		return
+	// Otherwise the stored record stays as it is, so this update need not
+	// be ordered with the others of d and may share their commit (the
+	// queue group-commits concurrent updates). Updated thus tells when the
+	// record last changed.
+	e.adopt(d, rec)
+	if !learned {
+		d.mu.Unlock()
 	}
-	if e.opt.Shared != nil {
-		e.opt.Shared.Publish(rec)
+	e.submit(po)
+	if learned {
+		d.mu.Unlock()
 	}
-	e.stored(po)
+	if a.none {
+		<-po.decided
+	}
 }
 
-// submit stores po. A worker hands it to the queue and goes on (see
-// settle); without a worker, it waits for the commit.
+// submit logs and counts po's attempt, then hands its update to the queue
+// and to the recorder.
 func (e *Engine) submit(po *pendingOutcome) {
-	w := po.a.w
-	if w == nil {
-		e.report(po, nil)
-		if err := e.apply(po.u); err != nil {
-			e.logStoreFailed(po, err, true)
-			return
-		}
-		e.stored(po)
-		return
-	}
-	// The attempt happened whether or not its record is stored yet: its
-	// log lines and counts go out before it is handed to the queue, so
-	// that nobody who sees the queue change (an operator, a test waiting
-	// for an empty queue) finds the log or the metrics behind it. A
-	// failure to store it is logged when it is collected (finish).
-	e.report(po, nil)
-	po.p = e.q.ApplyAsync(po.u)
-	w.open = po
-}
-
-// finish collects w's outcome in flight, if any: it waits for the commit
-// (usually decided already), retries a failed write as apply does, and
-// logs a failure.
-func (e *Engine) finish(w *worker) {
-	if w == nil || w.open == nil {
-		return
-	}
-	po := w.open
-	w.open = nil
-	_, err := po.p.Wait()
-	if err = e.retry(po.u, err); err != nil {
-		e.logStoreFailed(po, err, true) // its attempt lines are out already (submit)
-		return
-	}
-	e.stored(po)
-}
-
-// report logs an outcome, one line per recipient, and counts it and its
-// DSNs (before it is stored; see settle); or logs that storing it failed.
-func (e *Engine) report(po *pendingOutcome, err error) {
-	if err != nil {
-		e.logStoreFailed(po, err, false)
-		return
-	}
 	for _, action := range po.actions {
 		e.m.DSNs.WithLabelValues(string(action)).Inc()
 	}
 	for _, l := range po.lines {
 		e.logAttempt(&po.a, l)
 	}
-}
-
-// logStoreFailed logs that po's outcome could not be stored, and holds it
-// to be stored later (see held) unless the queue is closing or refused it.
-// logged tells whether po's attempt lines went out already.
-func (e *Engine) logStoreFailed(po *pendingOutcome, err error, logged bool) {
-	if errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
-		e.log.Error("delivery: recording outcome failed; the attempt is recovered at the next start",
-			zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
-		e.stored(po) // never will be: a fresh attempt's recipients go back to the scan
-		return
-	}
-	e.held.add(po, logged)
-	e.log.Error("delivery: recording outcome failed; held, and stored again once the queue takes it",
-		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))
-	e.Kick()
-}
-
-// storeHeld stores the outcomes held since their Apply failed and logs
-// the attempts of those whose lines had not gone out. It reports whether
-// some are still held (the scheduler then looks again within heldRetry).
-func (e *Engine) storeHeld() bool {
-	stored, left, err := e.held.flush(func(u queue.Update) error {
-		_, err := e.q.Apply(u)
+	p := e.q.ApplyAsync(po.u)
+	po.wait = func() error {
+		_, err := p.Wait()
 		return err
-	})
-	if len(stored) > 0 {
-		e.log.Info("delivery: held outcomes stored", zap.Int("outcomes", len(stored)))
 	}
-	for _, ho := range stored {
-		if !ho.logged {
-			e.report(ho.po, nil)
-		}
-		e.stored(ho.po)
-	}
-	if left > 0 {
-		e.log.Warn("delivery: held outcomes still cannot be stored", zap.Int("outcomes", left), zap.Error(err))
-	}
-	return left > 0
+	e.out.hand(po)
 }
 
 // adopt makes rec d's current record. Called with d.mu held.
@@ -251,27 +177,6 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 func sameDest(a, b queue.Destination) bool {
 	a.Updated, b.Updated = time.Time{}, time.Time{}
 	return reflect.DeepEqual(a, b)
-}
-
-// apply stores u, retrying a few times (see retry).
-func (e *Engine) apply(u queue.Update) error {
-	_, err := e.q.Apply(u)
-	return e.retry(u, err)
-}
-
-// retry stores u again after a first try failed with err (nil: it did
-// not), at most twice more: a failed write usually means a full or failing
-// disk, and giving up leaves the recipients Active until the next start.
-// A failed commit stored nothing of u, so trying again is safe.
-func (e *Engine) retry(u queue.Update, err error) error {
-	for i := range 2 {
-		if err == nil || errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed) {
-			return err
-		}
-		time.Sleep(time.Duration(50<<i) * time.Millisecond)
-		_, err = e.q.Apply(u)
-	}
-	return err
 }
 
 // settleOne decides one recipient's result.

@@ -52,10 +52,18 @@ type dest struct {
 	// queue because pending was full (zero: none); draining to half of it
 	// moves the scan back there. Guarded by Engine.mu.
 	passedAt time.Time
-	// slotWait: every cluster-wide connection slot of the domain was
-	// taken; no worker is started before then (shared.go). Guarded by
-	// Engine.mu.
-	slotWait time.Time
+	// contended: the last worker to ask for a cluster-wide connection slot
+	// found every one taken. Until one is granted, one worker at a time
+	// asks, at slotWait or when a release is announced (shared.go), so
+	// the domain's jobs wait here in order. Guarded by Engine.mu.
+	contended bool
+	slotWait  time.Time
+	acquiring int // workers asking for a slot now; guarded by Engine.mu
+	// recording counts the outcomes carrying d's record whose commit is
+	// not decided yet (record.go): d is not forgotten meanwhile, or its
+	// record read again from the queue would be the one before them.
+	// Guarded by Engine.mu.
+	recording int
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -88,7 +96,8 @@ func (j *job) keys() []queue.Key {
 // Run is the scheduler loop. It recovers attempts interrupted by a crash,
 // then starts deliveries as they fall due until ctx is cancelled. It returns
 // once every worker has ended (cancelling ctx aborts their attempts, which
-// stay recorded as in progress and are recovered at the next start).
+// stay recorded as in progress and are recovered at the next start) and
+// every outcome handed to the queue has its commit decided (record.go).
 func (e *Engine) Run(ctx context.Context) error {
 	e.cur = e.q.DueCursor()
 	defer e.cur.Close()
@@ -99,6 +108,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	if n > 0 {
 		e.log.Info("recovered interrupted delivery attempts", zap.Int("recipients", n))
 	}
+	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	timer := time.NewTimer(time.Hour)
@@ -132,6 +142,11 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 				e.dispatch(ctx, wg)
 			}
 			continue
+		case domain := <-e.freed:
+			if e.slotFreed(domain) {
+				e.dispatch(ctx, wg)
+			}
+			continue
 		case <-timer.C:
 		case <-e.q.Wake():
 		case <-e.kick:
@@ -146,18 +161,13 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
-	stillHeld := e.storeHeld()
 	e.takeWaitingFresh()
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true
 	}
 	e.dispatch(ctx, wg)
-	wait, ok := e.nextWake()
-	if stillHeld && (!ok || wait > heldRetry) {
-		return heldRetry, true
-	}
-	return wait, ok
+	return e.nextWake()
 }
 
 // nextWake returns how long to sleep: until the earliest due time, or
@@ -474,10 +484,13 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // more queued transactions than its connections are expected to carry.
 // Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
-	if len(d.pending) == 0 || d.throttle.Paused(now) || now.Before(d.slotWait) {
+	if len(d.pending) == 0 || d.throttle.Paused(now) {
 		return false
 	}
-	if d.active >= d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination) {
+	if d.contended && (now.Before(d.slotWait) || d.acquiring > 0) {
+		return false
+	}
+	if d.active >= d.throttle.Concurrency(e.nodeLimit()) {
 		return false
 	}
 	share := min(reuseShare, e.cfg.Delivery.MaxMessagesPerConnection)
@@ -500,13 +513,14 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	}()
 }
 
-// evict forgets destinations with no jobs and no workers; their state is in
-// the queue and is read again when they have work. Called with e.mu held.
+// evict forgets destinations with no jobs, no workers and no record on its
+// way into the queue; their state is in the queue and is read again when
+// they have work. Called with e.mu held.
 func (e *Engine) evict() {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--

@@ -21,11 +21,20 @@ type Shared interface {
 	// Acquire takes one of limit connection slots to domain across the
 	// nodes; false when all are taken. release gives it back.
 	Acquire(domain string, limit int) (release func(), ok bool)
+	// Freed delivers the domain of each slot released by any node, so a
+	// domain waiting for one asks again at once. It may miss some (the
+	// engine also asks again after leaseRetry).
+	Freed() <-chan string
+	// Pace reserves the next start of a transaction to domain under a
+	// pace of one start per interval across the nodes and says how long
+	// to wait for it; false when the shared store is away (the node then
+	// paces on its own).
+	Pace(domain string, interval time.Duration) (wait time.Duration, ok bool)
 }
 
 // leaseRetry is how long a domain whose cluster-wide connection slots are
-// all taken waits before its next try (other nodes' connections end, or
-// their leases expire).
+// all taken waits before it asks again without an announced release
+// (another node died and its lease expires, or an announcement was lost).
 const leaseRetry = time.Second
 
 // adoptShared merges another node's view of a destination into rec: what
@@ -83,7 +92,8 @@ func (e *Engine) loadShared(d *dest) {
 // takeSlot is a worker's first step with other nodes: it refreshes d's
 // shared knowledge and takes a cluster-wide connection slot (one of
 // delivery.max_per_destination, or 1 while the domain throttles us). When
-// none is free, the domain gets no worker for leaseRetry.
+// none is free the domain is contended: one worker at a time asks again,
+// when a release is announced or after leaseRetry.
 func (e *Engine) takeSlot(d *dest) (release func(), ok bool) {
 	if e.opt.Shared == nil {
 		return func() {}, true
@@ -91,14 +101,49 @@ func (e *Engine) takeSlot(d *dest) (release func(), ok bool) {
 	e.loadShared(d)
 	e.mu.Lock()
 	limit := d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination)
+	d.acquiring++
 	e.mu.Unlock()
 	release, ok = e.opt.Shared.Acquire(d.name, limit)
+	e.mu.Lock()
+	d.acquiring--
+	was := d.contended
+	d.contended = !ok
+	if !ok {
+		d.slotWait = e.now().Add(leaseRetry)
+	}
+	e.mu.Unlock()
 	if ok {
+		if was {
+			e.Kick() // the domain's other waiting jobs may ask too
+		}
 		return release, true
 	}
-	e.mu.Lock()
-	d.slotWait = e.now().Add(leaseRetry)
-	e.mu.Unlock()
 	time.AfterFunc(leaseRetry, e.Kick)
 	return nil, false
+}
+
+// slotFreed notes that a slot of domain was released somewhere: if the
+// domain waits for one, its next worker may ask at once. It reports
+// whether that is so.
+func (e *Engine) slotFreed(domain string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	d := e.dests[domainKey(domain)]
+	if d == nil || !d.contended {
+		return false
+	}
+	d.slotWait = time.Time{}
+	return true
+}
+
+// nodeLimit is how many connections this node opens to one destination:
+// delivery.max_per_destination, capped by max_per_destination_local when
+// that is set (with shared limits, max_per_destination holds for all the
+// nodes together and this caps one node's share of it).
+func (e *Engine) nodeLimit() int {
+	d := e.cfg.Delivery
+	if d.MaxPerDestinationLocal > 0 {
+		return min(d.MaxPerDestination, d.MaxPerDestinationLocal)
+	}
+	return d.MaxPerDestination
 }

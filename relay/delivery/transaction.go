@@ -24,6 +24,12 @@ func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, 
 		res, err := send(ctx, s, envelope(a.msg, rcpts), e.opt.Events.Wire(a.body))
 		s.count++
 		a.peerDSN = res.DSN
+		if res.NoRequireTLS {
+			// RFC 8689 §4.2.1: this host cannot take a REQUIRETLS message
+			// but the next MX may; the 5.7.30 holds only when none can.
+			e.closeSession(ctx, s)
+			return nil, leftover{rcpts: rcpts, v: e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail), noRequireTLS: true}
+		}
 		jd := e.judge(rcpts, res, err, round < maxFollowUps)
 		outs := jd.outs
 		if ctx.Err() != nil {

@@ -16,18 +16,10 @@ import (
 // recipients refused with "too many recipients" (RFC 5321 §4.5.3.1.10).
 const maxFollowUps = 3
 
-// worker is what one worker goroutine carries from attempt to attempt.
-type worker struct {
-	// open is its last outcome while the queue commits it (see settle and
-	// finish); nil when there is none.
-	open *pendingOutcome
-}
-
 // work is one worker: it serves d's jobs, one connection at a time, until
 // there is none left for it, the destination is paused, or another domain
-// waits for a connection slot. Before it ends, its last outcome is
-// collected (even at shutdown: Run returns only after every worker has
-// ended, so every stored outcome is logged).
+// waits for a connection slot. Its outcomes are collected by the
+// recorder (record.go), which Run stops only after every worker has ended.
 func (e *Engine) work(ctx context.Context, d *dest) {
 	release, ok := e.takeSlot(d)
 	if !ok {
@@ -35,11 +27,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	}
 	defer release()
 	var s *session
-	w := &worker{}
-	defer func() {
-		e.finish(w)
-		e.closeSession(ctx, s)
-	}()
+	defer func() { e.closeSession(ctx, s) }()
 	for served := 0; ctx.Err() == nil; served++ {
 		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
 			return
@@ -48,7 +36,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if j == nil {
 			return
 		}
-		s = e.runJob(ctx, d, j, s, w)
+		s = e.runJob(ctx, d, j, s)
 	}
 }
 
@@ -82,7 +70,7 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 
 // runJob makes one attempt for j, on s if it can carry it or on a new
 // connection, and returns the connection to reuse (nil if none).
-func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *worker) *session {
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
 	msg, body, release, err := e.load(j)
 	if err != nil {
 		e.unclaim(j.rcpts)
@@ -100,7 +88,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, w *wor
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body, start: e.now(), w: w}
+	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
@@ -146,12 +134,7 @@ func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 // claimed are dropped from j. It reports whether any is left. Either way
 // j's recipients are no longer claimed: Begun ones are Active and
 // invisible to the scan.
-//
-// Then it collects the worker's previous outcome: the queue commits in
-// order, so that commit was decided before this Begin returned, and the
-// wait for it overlapped with this attempt's start.
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
-	defer e.finish(a.w)
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
 		MXAddr: t.addrString(), LeaseUntil: now.Add(e.lease(hops, len(j.rcpts)))}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // Knowledge is step 5: what the relay learned about the destination and
@@ -25,8 +26,8 @@ var ErrNotRunning = errors.New("relay not running")
 // maxQueued is how many recipients per status a probe lists.
 const maxQueued = 20
 
-// knowledgeSource is what step 5 reads: *admin.Client from outside the daemon,
-// *admin.Local inside it. Both give the same views.
+// knowledgeSource is what step 5 reads: *adminclient.Client from outside
+// the daemon, *admin.Local inside it. Both give the same views.
 type knowledgeSource interface {
 	Destination(ctx context.Context, domain string) (*admin.Destination, error)
 	List(ctx context.Context, lq admin.ListQuery) (admin.ListResult, error)
@@ -36,10 +37,10 @@ type knowledgeSource interface {
 // its admin API: the queue file is locked by the daemon, so from outside
 // this is the only way in. An API that is disabled or does not answer is
 // ErrNotRunning.
-func AdminKnown(c *admin.Client) func(ctx context.Context, domain string) (*Knowledge, error) {
+func AdminKnown(c *adminclient.Client) func(ctx context.Context, domain string) (*Knowledge, error) {
 	return func(ctx context.Context, domain string) (*Knowledge, error) {
 		k, err := knowledgeFrom(ctx, c, domain)
-		var ue *admin.UnreachableError
+		var ue *adminclient.UnreachableError
 		if errors.As(err, &ue) {
 			return nil, fmt.Errorf("%w: %w", ErrNotRunning, err)
 		}

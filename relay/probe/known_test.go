@@ -14,6 +14,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -61,7 +62,7 @@ func knownQueue(t *testing.T) *queue.Queue {
 
 // adminClient serves q with the real admin server, which requires
 // knownToken, and returns a client that presents token.
-func adminClient(t *testing.T, q *queue.Queue, token string) *admin.Client {
+func adminClient(t *testing.T, q *queue.Queue, token string) *adminclient.Client {
 	t.Helper()
 	srv, err := admin.New(admin.Options{Queue: q, Now: func() time.Time { return knownNow },
 		Config: &config.Config{Admin: config.Admin{Address: "127.0.0.1:0", Token: knownToken}}})
@@ -70,14 +71,14 @@ func adminClient(t *testing.T, q *queue.Queue, token string) *admin.Client {
 	}
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
-	return &admin.Client{Base: ts.URL, Token: token, HTTP: ts.Client()}
+	return &adminclient.Client{Base: ts.URL, Token: token, HTTP: ts.Client()}
 }
 
 // downClient is a client of an admin API where nothing listens.
-func downClient() *admin.Client {
+func downClient() *adminclient.Client {
 	down := httptest.NewServer(http.NotFoundHandler())
 	down.Close()
-	return &admin.Client{Base: down.URL}
+	return &adminclient.Client{Base: down.URL}
 }
 
 func TestAdminKnown(t *testing.T) {
@@ -147,7 +148,7 @@ func TestAdminKnown_Errors(t *testing.T) {
 		errors.Is(err, ErrNotRunning) || !strings.Contains(err.Error(), "401") {
 		t.Errorf("wrong token: %v", err)
 	}
-	for _, c := range []*admin.Client{downClient(), {}} {
+	for _, c := range []*adminclient.Client{downClient(), {}} {
 		_, err := AdminKnown(c)(context.Background(), "example.test")
 		if !errors.Is(err, ErrNotRunning) || !strings.HasPrefix(err.Error(), "relay not running: ") {
 			t.Errorf("base %q: %v", c.Base, err)

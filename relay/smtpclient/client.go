@@ -93,7 +93,8 @@ type Options struct {
 	Hostname string    // EHLO name, before and after STARTTLS
 	TLS      TLSPolicy // "" means TLSMay
 	// TLSConfig is the base TLS configuration (e.g. RootCAs). The client
-	// sets ServerName per host, and InsecureSkipVerify for "may" and
+	// sets ServerName per host unless TLSConfig names the server (DANE:
+	// the TLSA base domain), and InsecureSkipVerify for "may" and
 	// "encrypt" (opportunistic TLS, RFC 7435 §3); "verify" verifies fully.
 	TLSConfig *tls.Config
 	// Username and Password enable AUTH PLAIN (or LOGIN if only LOGIN is

@@ -133,7 +133,11 @@ func (c *Client) handshakeTLS(ctx context.Context) error {
 	if c.opt.TLSConfig != nil {
 		cfg = c.opt.TLSConfig.Clone()
 	}
-	cfg.ServerName = c.server
+	if cfg.ServerName == "" {
+		// A policy may name the server otherwise (DANE: the TLSA base
+		// domain, RFC 7672 §3.2.2).
+		cfg.ServerName = c.server
+	}
 	// RFC 7435 §3: opportunistic encryption without authentication beats
 	// plaintext; only "verify" checks the certificate.
 	cfg.InsecureSkipVerify = c.opt.TLS != TLSVerify

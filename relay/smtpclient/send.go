@@ -56,6 +56,11 @@ type TxResult struct {
 	// read. If the replies then never came, the peer may hold the message
 	// although no RCPT reply was seen (the error is at StageEndOfData).
 	Inline bool
+	// NoRequireTLS: the message requires REQUIRETLS and this peer does not
+	// offer it (or the session is not under TLS), so nothing was sent and
+	// Mail holds the local 5.7.30 refusal. Another MX may offer it (RFC
+	// 8689 §4.2.1).
+	NoRequireTLS bool
 }
 
 // Send runs one transaction: MAIL, one RCPT per recipient, and the body
@@ -111,6 +116,7 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 		// required" (RFC 8689 §6).
 		res.Mail = classifier.Reply{Code: 550, Enhanced: "5.7.30",
 			Text: "local: peer does not support REQUIRETLS, required by this message (RFC 8689)"}
+		res.NoRequireTLS = true
 		return res, nil
 	}
 	t := tx{env: env, mail: mail, rcpts: rcpts, body: body, dsn: dsn}

@@ -51,7 +51,7 @@ func (s *session) Data(r io.Reader) error {
 	s.conn.productive()
 	_, bdat := r.(*io.PipeReader)
 	s.srv.inData.Add(1)
-	defer s.srv.inData.Add(-1)
+	defer s.srv.endData()
 	s.conn.beginData(!bdat)
 	defer s.conn.endData()
 	if s.conn.isDraining() {

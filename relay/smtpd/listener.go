@@ -25,10 +25,14 @@ type limiter struct {
 	perIP map[netip.Addr]int // by clientKey
 	conns map[*conn]struct{}
 	drain bool // set by Shutdown: admit nothing more
+	// released is signalled after a connection left conns (capacity 1):
+	// Shutdown waits on it for the sessions to end.
+	released chan struct{}
 }
 
 func newLimiter(srv *Server) *limiter {
-	return &limiter{srv: srv, perIP: make(map[netip.Addr]int), conns: make(map[*conn]struct{})}
+	return &limiter{srv: srv, perIP: make(map[netip.Addr]int), conns: make(map[*conn]struct{}),
+		released: make(chan struct{}, 1)}
 }
 
 // admit wraps raw, or returns a reply reason if a cap is reached.
@@ -71,6 +75,10 @@ func (l *limiter) release(c *conn) {
 		delete(l.perIP, c.ip)
 	}
 	l.srv.metrics.ConnectionsIn.Dec()
+	select {
+	case l.released <- struct{}{}:
+	default:
+	}
 }
 
 // snapshot returns the live connections and, with stop, admits no more.

@@ -123,6 +123,24 @@ type Server struct {
 	servers []*smtp.Server
 	addrs   []net.Addr
 	inData  atomic.Int64 // Data calls in progress
+	// dataEnded is signalled after a Data call ended (capacity 1):
+	// Shutdown waits on it for inData to reach 0.
+	dataEnded chan struct{}
+}
+
+// replyFlush bounds how long Shutdown lets sessions end by themselves
+// after their reads were stopped, so that a 250 just decided still
+// reaches its client; a session that takes longer (a client that does
+// not read what it is sent) is cut.
+const replyFlush = time.Second
+
+// endData notes that a Data call ended (see dataEnded).
+func (s *Server) endData() {
+	s.inData.Add(-1)
+	select {
+	case s.dataEnded <- struct{}{}:
+	default:
+	}
 }
 
 // New checks the options and loads the TLS certificates. It binds nothing.
@@ -131,7 +149,8 @@ func New(opt Options) (*Server, error) {
 		return nil, errors.New("smtpd: Config and Queue are required")
 	}
 	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
-		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM}
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM,
+		dataEnded: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = zap.NewNop()
 	}
@@ -354,21 +373,32 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// Reads now fail at once, so Data calls return quickly, except one
 	// committing to the queue: it is let finish, and its 250 goes out.
 	for s.inData.Load() > 0 {
-		time.Sleep(10 * time.Millisecond)
+		<-s.dataEnded
 	}
 	// A session whose Data just returned still has to write its 250 (it
 	// may sit in the reply buffer until the session's next read or close,
 	// which flush it). Each session now ends by itself at its next read;
-	// give them a moment before cutting the stragglers, or a committed
-	// message loses its 250 and the client sends it again.
-	for end := time.Now().Add(time.Second); len(s.lim.snapshot(true)) > 0 && time.Now().Before(end); {
-		time.Sleep(10 * time.Millisecond)
-	}
+	// they are waited for, up to replyFlush, before the stragglers are cut,
+	// or a committed message loses its 250 and the client sends it again.
+	s.awaitSessions(replyFlush)
 	for _, c := range s.lim.snapshot(true) {
 		c.kill() // a write still blocked now is cut, not waited for
 	}
 	<-done
 	return ctx.Err()
+}
+
+// awaitSessions waits until every session has ended, or for at most limit.
+func (s *Server) awaitSessions(limit time.Duration) {
+	cut := time.NewTimer(limit)
+	defer cut.Stop()
+	for len(s.lim.snapshot(true)) > 0 {
+		select {
+		case <-s.lim.released:
+		case <-cut.C:
+			return
+		}
+	}
 }
 
 // connRefused logs and counts a connection refused before it had a session.

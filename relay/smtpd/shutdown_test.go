@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -167,4 +168,52 @@ func TestShutdown_NotStarted(t *testing.T) {
 	if err := srv.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestShutdown_AwaitSessions: after the reads are stopped, Shutdown waits
+// for the sessions to end, and no longer than that (it is told when one
+// ends), or until replyFlush when one does not.
+func TestShutdown_AwaitSessions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv, err := New(Options{Config: testConfig(t), Queue: &fakeQueue{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ends []net.Conn
+		admit := func() *conn {
+			a, b := net.Pipe()
+			ends = append(ends, a, b)
+			c, refused := srv.lim.admit(a, false)
+			if c == nil {
+				t.Fatalf("not admitted: %s", refused)
+			}
+			return c
+		}
+		defer func() {
+			for _, c := range ends {
+				c.Close()
+			}
+		}()
+		first, second := admit(), admit()
+		go func() {
+			time.Sleep(305 * time.Millisecond)
+			first.kill()
+			time.Sleep(207 * time.Millisecond)
+			second.kill()
+		}()
+		start := time.Now()
+		srv.awaitSessions(replyFlush)
+		if waited := time.Since(start); waited != 512*time.Millisecond {
+			t.Errorf("waited %v for sessions that ended after 512ms", waited)
+		}
+		srv.lim.mu.Lock()
+		srv.lim.drain = false // admit one more
+		srv.lim.mu.Unlock()
+		admit()
+		start = time.Now()
+		srv.awaitSessions(replyFlush)
+		if waited := time.Since(start); waited != replyFlush {
+			t.Errorf("waited %v for a session that does not end, want %v", waited, replyFlush)
+		}
+	})
 }

@@ -31,6 +31,9 @@ func (s Security) String() string {
 type DNSSEC struct {
 	Server  string        // host:port of the validating resolver
 	Timeout time.Duration // per query
+	// IPv6: delivery also dials IPv6 addresses, so a host's AAAA records
+	// must be secure too for DANE to apply (RFC 7672 §2.2.2).
+	IPv6 bool
 }
 
 // answer is a DNSSEC-aware lookup result.
@@ -115,9 +118,12 @@ func (t TLSA) Usable() bool {
 
 // HostDANE is what DANE says about one MX host.
 type HostDANE struct {
-	Host    string   // the MX host name, lower case, no trailing dot
-	Base    string   // the TLSA base domain the records were found at
-	Names   []string // reference identifiers for DANE-TA (RFC 7672 §3.2.2)
+	Host string // the MX host name, lower case, no trailing dot
+	// Base is the TLSA base domain (RFC 7672 §2.2.3): the CNAME-expanded
+	// name when the host is a secure CNAME chain and TLSA records exist
+	// there, else Host. It is the SNI of the TLS handshake (§3.2.2).
+	Base    string
+	Names   []string // reference identifiers for DANE-TA: Base, then Host (§3.2.2)
 	State   Security // of the TLSA RRset (Insecure: DANE does not apply)
 	Records []TLSA   // all records found; see TLSA.Usable
 	Err     error    // why State is Bogus
@@ -141,18 +147,17 @@ func (d *DNSSEC) MXSecure(ctx context.Context, domain string) (Security, error) 
 func (d *DNSSEC) Host(ctx context.Context, host string, port int) HostDANE {
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	h := HostDANE{Host: host, Base: host, Names: []string{host}}
-	addr, err := d.lookup(ctx, host, dns.TypeA)
+	sec, target, err := d.addresses(ctx, host)
 	if err != nil {
 		h.State, h.Err = Bogus, err
 		return h
 	}
-	if addr.sec != Secure {
-		return h // §2.2.2: insecure address records, no TLSA lookup
+	if sec != Secure {
+		return h // §2.2.2: insecure address records (or CNAME chain), no TLSA lookup
 	}
 	bases := []string{host}
-	if exp := strings.TrimSuffix(addr.target, "."); exp != host {
-		bases = []string{exp, host} // §2.2.3: the expanded name first
-		h.Names = []string{exp, host}
+	if target != host {
+		bases = []string{target, host} // §2.2.3: the expanded name first
 	}
 	for _, base := range bases {
 		t, err := d.lookup(ctx, fmt.Sprintf("_%d._tcp.%s", port, base), dns.TypeTLSA)
@@ -160,23 +165,74 @@ func (d *DNSSEC) Host(ctx context.Context, host string, port int) HostDANE {
 			h.State, h.Err = Bogus, err
 			return h
 		}
-		h.State, h.Base = t.sec, base
+		h.State = t.sec
 		if t.sec != Secure {
 			return h
 		}
-		for _, rr := range t.rrs {
-			r := rr.(*dns.TLSA)
-			data, err := hex.DecodeString(r.Certificate)
-			if err != nil {
-				continue // a record we cannot read matches nothing
-			}
-			h.Records = append(h.Records, TLSA{Usage: r.Usage, Selector: r.Selector, MatchingType: r.MatchingType, Data: data})
-		}
+		h.Records = tlsaRecords(t.rrs)
 		if len(h.Records) > 0 {
+			h.Base = base
+			if base != host {
+				// §3.2.2: SNI and the primary reference identifier are
+				// the expanded base domain; the MX host name is matched too.
+				h.Names = []string{base, host}
+			}
 			return h
 		}
 	}
 	return h
+}
+
+// addresses looks up the address records of host that delivery may use (A,
+// and AAAA when d.IPv6) and returns their DNSSEC state and the name the
+// CNAME chain of host ends at (host itself without one). A validating
+// resolver sets AD only when every RRset of the answer, each CNAME of the
+// chain included, is secure, so one insecure step makes the whole answer
+// insecure (RFC 7672 §2.2.2: DANE does not apply). A failed lookup of
+// either family is Bogus: the host cannot be judged now. A family without
+// records is not used to reach the host and does not count.
+func (d *DNSSEC) addresses(ctx context.Context, host string) (Security, string, error) {
+	qtypes := []uint16{dns.TypeA}
+	if d.IPv6 {
+		qtypes = append(qtypes, dns.TypeAAAA)
+	}
+	sec, target, used := Secure, host, false
+	for _, qt := range qtypes {
+		a, err := d.lookup(ctx, host, qt)
+		if err != nil {
+			return Bogus, host, err
+		}
+		if len(a.rrs) == 0 {
+			continue
+		}
+		used = true
+		target = strings.TrimSuffix(a.target, ".")
+		if a.sec != Secure {
+			sec = Insecure
+		}
+	}
+	if !used {
+		return Insecure, host, nil // no address: nothing to authenticate
+	}
+	return sec, target, nil
+}
+
+// tlsaRecords converts TLSA answers; a record whose data is not hex
+// matches nothing and is left out.
+func tlsaRecords(rrs []dns.RR) []TLSA {
+	var out []TLSA
+	for _, rr := range rrs {
+		r, ok := rr.(*dns.TLSA)
+		if !ok {
+			continue
+		}
+		data, err := hex.DecodeString(r.Certificate)
+		if err != nil {
+			continue
+		}
+		out = append(out, TLSA{Usage: r.Usage, Selector: r.Selector, MatchingType: r.MatchingType, Data: data})
+	}
+	return out
 }
 
 // TrustedResolver reports whether the AD bit of server (host:port) may be

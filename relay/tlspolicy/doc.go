@@ -12,8 +12,12 @@
 //     DO bit; an answer without AD is "insecure" and DANE does not apply.
 //   - RFC 7672 §2.2.1: DANE applies to an MX host only when the MX RRset
 //     (or the implicit MX, the domain itself) and the host's address
-//     records are secure. §2.2.3: when the host name is a CNAME, the TLSA
-//     base domain is the expanded name first, then the original name.
+//     records are secure: A, and AAAA when delivery dials IPv6, with every
+//     CNAME on the way (the resolver's AD bit covers the whole answer, so
+//     one insecure step makes DANE not apply). §2.2.3: when the host name
+//     is such a CNAME chain, the TLSA base domain is the expanded name if
+//     TLSA records exist there, else the original name; §3.2.2: that base
+//     domain is the SNI, and DANE-TA checks it and the MX host name.
 //   - A TLSA lookup that fails (SERVFAIL: bogus signatures or an unreachable
 //     authority) makes that host unusable for this attempt: RFC 7672 §2.2
 //     forbids falling back to plaintext or to another policy. When no host

@@ -104,6 +104,9 @@ func DANEConfig(base *tls.Config, h HostDANE, now func() time.Time) *tls.Config 
 		cfg = base.Clone()
 	}
 	cfg.InsecureSkipVerify = true
+	// RFC 7672 §3.2.2: the SNI is the TLSA base domain (the CNAME-expanded
+	// name when the records were found there).
+	cfg.ServerName = h.Base
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		return VerifyDANE(h, cs.PeerCertificates, now())
 	}

@@ -11,12 +11,16 @@
 //     24-hour UTC period by default), per policy domain (the recipient
 //     domain, §4.4 "policy-domain") and per policy (§4.4 "policy-type":
 //     sts, tlsa or no-policy-found).
-//   - Counts live in memory only: a restart loses the current day's
-//     counts. Reports are advisory (§1: a report is "not a guarantee"), and
-//     keeping them out of the queue database keeps the hot delivery path
-//     free of extra writes. The number of distinct policies counted per day
-//     is bounded (maxKeys) so a flood of destinations cannot grow it without
-//     end.
+//   - Counts are kept in memory and saved to a Store (the queue database)
+//     periodically and at shutdown, not at each session, so the hot
+//     delivery path has no extra writes; a restart keeps the day so far,
+//     a crash loses at most the counts since the last save. The number of
+//     distinct policies counted per day is bounded (maxKeys) so a flood of
+//     destinations cannot grow it without end.
+//   - A report whose sending fails (an https: POST refused or timed out, a
+//     report the queue could not take, a DNS failure looking up the rua)
+//     is kept, in the Store too, and tried again with growing waits until
+//     a day after its period ended (Owed, Sender.Deliver).
 //   - The Sender looks the rua up only when a report is due, so no DNS
 //     query is made per delivery; a domain without a valid record gets no
 //     report (§3). mailto: reports go through the relay's own queue as a
@@ -25,6 +29,7 @@
 package tlsrpt
 
 import (
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -104,8 +109,9 @@ type Day struct {
 
 // Aggregator counts sessions; it is safe for concurrent use.
 type Aggregator struct {
-	mu   sync.Mutex
-	days map[time.Time]map[string]*Counts // UTC day -> policy key -> counts
+	mu      sync.Mutex
+	days    map[time.Time]map[string]*Counts // UTC day -> policy key -> counts
+	changed bool                             // since the last Save
 }
 
 // NewAggregator returns an empty Aggregator.
@@ -134,7 +140,19 @@ func (a *Aggregator) add(p Policy, f *Failure, now time.Time) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	day := dayOf(now)
+	c := a.counts(dayOf(now), p)
+	switch {
+	case c == nil:
+	case f == nil:
+		c.Success++
+	default:
+		c.Failures[*f]++
+	}
+}
+
+// counts returns the counts of p on day, created if need be; nil when the
+// day holds maxKeys policies already. a.mu is held.
+func (a *Aggregator) counts(day time.Time, p Policy) *Counts {
 	m := a.days[day]
 	if m == nil {
 		m = map[string]*Counts{}
@@ -144,16 +162,27 @@ func (a *Aggregator) add(p Policy, f *Failure, now time.Time) {
 	c := m[k]
 	if c == nil {
 		if len(m) >= maxKeys {
-			return
+			return nil
 		}
 		c = &Counts{Policy: p, Failures: map[Failure]int64{}}
 		m[k] = c
 	}
-	if f == nil {
-		c.Success++
-		return
+	a.changed = true
+	return c
+}
+
+// list returns copies of every day's counts, one Day per day and policy
+// domain. a.mu is held.
+func (a *Aggregator) list() []Day {
+	var out []Day
+	for day, m := range a.days {
+		for _, c := range m {
+			cc := *c
+			cc.Failures = maps.Clone(c.Failures)
+			out = append(out, Day{Domain: c.Policy.Domain, Start: day, End: day.Add(24 * time.Hour), Counts: []Counts{cc}})
+		}
 	}
-	c.Failures[*f]++
+	return out
 }
 
 // Take removes and returns the counts of the days before now's UTC day,
@@ -186,6 +215,7 @@ func (a *Aggregator) Take(now time.Time, all bool) []Day {
 			out = append(out, *d)
 		}
 		delete(a.days, day)
+		a.changed = true
 	}
 	slices.SortFunc(out, func(x, y Day) int {
 		if c := x.Start.Compare(y.Start); c != 0 {

@@ -10,9 +10,11 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
 
@@ -54,25 +56,70 @@ type Result struct {
 func (s *Sender) Send(ctx context.Context, days []Day, now time.Time) []Result {
 	var out []Result
 	for _, d := range days {
-		out = append(out, s.sendDay(ctx, d, now))
+		res, _ := s.sendDay(ctx, d, nil, now)
+		out = append(out, res)
 	}
 	return out
 }
 
-func (s *Sender) sendDay(ctx context.Context, d Day, now time.Time) Result {
+// Deliver sends the reports of days, and of the reports in owed whose
+// time has come; it returns one Result per report tried and the reports
+// still owed: those that failed, to be tried again later with a growing
+// wait, until a day after their period ended.
+func (s *Sender) Deliver(ctx context.Context, days []Day, owed []Owed, now time.Time) ([]Result, []Owed) {
+	for _, d := range days {
+		owed = append(owed, Owed{Day: d, Next: now})
+	}
+	var out []Result
+	var left []Owed
+	for _, o := range owed {
+		if o.Next.After(now) {
+			left = append(left, o)
+			continue
+		}
+		res, retry := s.sendDay(ctx, o.Day, o.RUAs, now)
+		if retry != nil {
+			o.RUAs, o.Tries = retry.ruas, o.Tries+1
+			o.Next = now.Add(retryAfter(o.Tries))
+			if o.Next.After(o.Day.End.Add(retryFor)) {
+				res.Errors = append(res.Errors, fmt.Sprintf("given up after %d tries", o.Tries))
+			} else {
+				left = append(left, o)
+			}
+		}
+		out = append(out, res)
+	}
+	return out, left
+}
+
+// retry is what of a report failed in a way that may pass: the rua
+// URIs that failed, or none when the rua lookup itself failed.
+type retry struct{ ruas []string }
+
+// sendDay sends d's report to the ruas of its domain (only those in only,
+// if set). retry is nil when nothing failed that may pass later.
+func (s *Sender) sendDay(ctx context.Context, d Day, only []string, now time.Time) (Result, *retry) {
 	res := Result{Domain: d.Domain}
 	ruas, err := s.lookup(ctx, d.Domain)
 	if err != nil {
 		res.Errors = append(res.Errors, err.Error())
-		return res
+		var le *lookupError
+		if errors.As(err, &le) {
+			return res, &retry{ruas: only} // DNS trouble: look again later
+		}
+		return res, nil
 	}
 	r := BuildReport(s.Submitter, d)
 	gz, err := r.Gzip()
 	if err != nil {
 		res.Errors = append(res.Errors, err.Error())
-		return res
+		return res, nil
 	}
+	var failed []string
 	for _, u := range ruas {
+		if only != nil && !slices.Contains(only, u.String()) {
+			continue // delivered at an earlier try
+		}
 		var err error
 		if u.Scheme == "mailto" {
 			err = s.mail(u, d, r, gz, now)
@@ -81,19 +128,39 @@ func (s *Sender) sendDay(ctx context.Context, d Day, now time.Time) Result {
 		}
 		if err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", u, err))
+			if !errors.Is(err, errBadRUA) {
+				failed = append(failed, u.String())
+			}
 			continue
 		}
 		res.Sent = append(res.Sent, u.String())
 	}
-	return res
+	if failed == nil {
+		return res, nil
+	}
+	return res, &retry{ruas: failed}
 }
+
+// errBadRUA: a rua that no retry can send to.
+var errBadRUA = errors.New("unusable rua")
+
+// lookupError is a failed DNS lookup of the TLSRPT record (not a missing
+// or invalid record), which may pass.
+type lookupError struct{ err error }
+
+func (e *lookupError) Error() string { return e.err.Error() }
+func (e *lookupError) Unwrap() error { return e.err }
 
 // lookup returns the rua of domain's single TLSRPT record (RFC 8460 §3:
 // none, or more than one, means no reports).
 func (s *Sender) lookup(ctx context.Context, domain string) ([]*url.URL, error) {
 	txts, err := s.TXT.LookupTXT(ctx, "_smtp._tls."+domain)
-	if err != nil {
-		return nil, fmt.Errorf("_smtp._tls.%s: %w", domain, err)
+	var nx *classifier.DNSError
+	switch {
+	case errors.As(err, &nx) && nx.Kind == classifier.DNSNXDomain:
+		return nil, fmt.Errorf("_smtp._tls.%s: %w", domain, err) // no record: nothing to retry
+	case err != nil:
+		return nil, &lookupError{fmt.Errorf("_smtp._tls.%s: %w", domain, err)}
 	}
 	var recs []string
 	for _, t := range txts {
@@ -130,11 +197,11 @@ func (s *Sender) post(ctx context.Context, u *url.URL, gz []byte) error {
 func (s *Sender) mail(u *url.URL, d Day, r Report, gz []byte, now time.Time) error {
 	to, err := url.PathUnescape(u.Opaque)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", errBadRUA, err)
 	}
 	to, _, _ = strings.Cut(to, "?") // RFC 6068 header fields are not used
 	if !strings.Contains(to, "@") {
-		return errors.New("no address")
+		return fmt.Errorf("%w: no address", errBadRUA)
 	}
 	body, err := s.Message(to, d, r, gz, now)
 	if err != nil {

@@ -155,7 +155,7 @@ func (f fakeTXT) LookupTXT(_ context.Context, name string) ([]string, error) {
 	if v, ok := f[name]; ok {
 		return v, nil
 	}
-	return nil, errors.New("NXDOMAIN")
+	return nil, &classifier.DNSError{Domain: name, Kind: classifier.DNSNXDomain, Err: errors.New("NXDOMAIN")}
 }
 
 type fakeQueue struct{ mails []Mail }

@@ -1,4 +1,4 @@
-package admin
+package admincli
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"text/tabwriter"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
 // `queue show -headers|-body` (postcat) and `queue shape` (qshape).
@@ -19,9 +21,9 @@ type contentOpts struct {
 // showContent prints the parts co asks for. Unless co.raw, lines end in
 // LF and control characters other than tab become '?': the content came
 // from a client and must not drive the terminal.
-func showContent(c *Client, id string, co contentOpts, stdout, stderr io.Writer) error {
-	if co.max < 1 || co.max > maxContentMax {
-		return fmt.Errorf("queue show: -max must be from 1 to %d", maxContentMax)
+func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stderr io.Writer) error {
+	if co.max < 1 || co.max > admin.MaxContentMax {
+		return fmt.Errorf("queue show: -max must be from 1 to %d", admin.MaxContentMax)
 	}
 	var parts []string
 	if co.headers {
@@ -122,15 +124,15 @@ func (s *safeWriter) flush() error {
 	return err
 }
 
-func queueShape(args []string, c *Client, stdout, stderr io.Writer) error {
+func queueShape(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue shape", stderr)
-	var sq ShapeQuery
+	var sq admin.ShapeQuery
 	fs.StringVar(&sq.By, "by", "domain", "rows by destination domain or by reason")
 	fs.Func("status", "only recipients with this status (queued, deferred, active, held)", func(v string) error {
 		sq.Status = queue.Status(v)
 		return nil
 	})
-	fs.IntVar(&sq.Limit, "limit", defaultShapeRows, fmt.Sprintf("show at most this many rows (at most %d)", maxShapeRows))
+	fs.IntVar(&sq.Limit, "limit", admin.DefaultShapeRows, fmt.Sprintf("show at most this many rows (at most %d)", admin.MaxShapeRows))
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -140,21 +142,21 @@ func queueShape(args []string, c *Client, stdout, stderr io.Writer) error {
 		return fmt.Errorf("queue shape: unexpected argument %q\n%s", pos[0], queueUsage)
 	}
 	if sq.Limit == 0 {
-		return fmt.Errorf("queue shape: -limit must be from 1 to %d", maxShapeRows)
+		return fmt.Errorf("queue shape: -limit must be from 1 to %d", admin.MaxShapeRows)
 	}
 	sh, err := c.Shape(context.Background(), sq)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return encodeJSON(stdout, sh)
+		return admin.EncodeJSON(stdout, sh)
 	}
 	return printShape(stdout, &sh)
 }
 
 // printShape prints qshape's table: a TOTAL row, then one row per domain
 // or reason, the total (T) and the count per age bucket, right-aligned.
-func printShape(out io.Writer, sh *Shape) error {
+func printShape(out io.Writer, sh *admin.Shape) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 1, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "\tT\t")
 	for _, m := range sh.BucketMinutes {
@@ -164,8 +166,8 @@ func printShape(out io.Writer, sh *Shape) error {
 		fmt.Fprintf(tw, "%d+\t", sh.BucketMinutes[n-1])
 	}
 	fmt.Fprintln(tw)
-	for _, r := range append([]ShapeRow{sh.Total}, sh.Rows...) {
-		fmt.Fprintf(tw, "%s\t%d\t", cell(r.Name, 60), r.Total)
+	for _, r := range append([]admin.ShapeRow{sh.Total}, sh.Rows...) {
+		fmt.Fprintf(tw, "%s\t%d\t", admin.Cell(r.Name, 60), r.Total)
 		for _, n := range r.Counts {
 			fmt.Fprintf(tw, "%d\t", n)
 		}

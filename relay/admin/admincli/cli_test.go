@@ -1,28 +1,20 @@
-package admin
+package admincli
 
 import (
 	"encoding/json"
 	"errors"
 	"flag"
 	"net"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// cliFixture serves a fixture over real loopback HTTP for the CLI.
-func cliFixture(t *testing.T, opts ...options) (*fixture, *Client) {
-	f := newFixture(t, opts...)
-	ts := httptest.NewServer(f.srv.Handler())
-	t.Cleanup(ts.Close)
-	return f, &Client{Base: ts.URL, HTTP: ts.Client()}
-}
-
-func runQueue(c *Client, args ...string) (string, error) {
+func runQueue(c *adminclient.Client, args ...string) (string, error) {
 	var out, errOut strings.Builder
 	err := RunQueue(args, c, &out, &errOut)
 	return out.String(), err
@@ -70,7 +62,7 @@ func TestCLIQueueListFiltersAndJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var l ListResult
+	var l admin.ListResult
 	if err := json.Unmarshal([]byte(out), &l); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -107,7 +99,7 @@ func TestCLIQueueShow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var m Message
+	var m admin.Message
 	if err := json.Unmarshal([]byte(out), &m); err != nil || m.Sender != "" || len(m.Recipients) != 1 {
 		t.Errorf("show -json: %v %+v", err, m)
 	}
@@ -117,7 +109,7 @@ func TestCLIQueueShow(t *testing.T) {
 }
 
 func TestCLIQueueActions(t *testing.T) {
-	f, c := cliFixture(t, func(o *Options) { o.Engine = nil })
+	f, c := cliFixture(t, func(o *admin.Options) { o.Engine = nil })
 	tests := []struct {
 		args []string
 		want string
@@ -180,7 +172,7 @@ func TestCLIDestinations(t *testing.T) {
 	if err := RunDestinations([]string{"-json", "slow.test"}, c, &out, &out); err != nil {
 		t.Fatal(err)
 	}
-	var d Destinations
+	var d admin.Destinations
 	if err := json.Unmarshal([]byte(out.String()), &d); err != nil || len(d.Destinations) != 1 || d.Destinations[0].ThrottleLevel != 2 {
 		t.Errorf("-json: %v %s", err, out.String())
 	}
@@ -204,13 +196,13 @@ func TestCLIDestinationsForget(t *testing.T) {
 			t.Errorf("forget %v: no error", args)
 		}
 	}
-	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.forget, want) {
-		t.Errorf("engine forgot %v, want %v", f.engine.forget, want)
+	if want := []string{"slow.test", "all"}; !slices.Equal(f.engine.Forgotten(), want) {
+		t.Errorf("engine forgot %v, want %v", f.engine.Forgotten(), want)
 	}
 }
 
 func TestCLIToken(t *testing.T) {
-	_, c := cliFixture(t, func(o *Options) { o.Config.Admin.Token = "tok" })
+	_, c := cliFixture(t, func(o *admin.Options) { o.Config.Admin.Token = "tok" })
 	if _, err := runQueue(c, "list"); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("without token: %v", err)
 	}
@@ -225,7 +217,7 @@ func TestCLIToken(t *testing.T) {
 }
 
 func TestCLIHealthNotReady(t *testing.T) {
-	_, c := cliFixture(t, func(o *Options) { o.Ready = func() error { return errors.New("queue closed") } })
+	_, c := cliFixture(t, func(o *admin.Options) { o.Ready = func() error { return errors.New("queue closed") } })
 	var out strings.Builder
 	if err := RunHealth(c, &out); err == nil || !strings.Contains(err.Error(), "queue closed") {
 		t.Errorf("health: %v", err)
@@ -239,7 +231,7 @@ func TestCLIUnreachable(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	c := NewClient(&config.Config{Admin: config.Admin{Address: addr}})
+	c := adminclient.New(&config.Config{Admin: config.Admin{Address: addr}})
 	want := "greyrelay is not reachable at http://" + addr + ": "
 	var out strings.Builder
 	errs := []error{
@@ -255,75 +247,15 @@ func TestCLIUnreachable(t *testing.T) {
 	}
 }
 
-func TestNewClient(t *testing.T) {
-	tests := []struct{ addr, base string }{
-		{"127.0.0.1:8025", "http://127.0.0.1:8025"},
-		{"[::1]:8025", "http://[::1]:8025"},
-		{"localhost:9000", "http://localhost:9000"},
-		{"0.0.0.0:9000", "http://127.0.0.1:9000"},
-		{"[::]:9000", "http://[::1]:9000"},
-		{":9000", "http://127.0.0.1:9000"},
-		{"", ""},
+// TestCLIHealth: `greyrelay health` prints the server's answer and
+// succeeds when it is ready; without an admin address it fails.
+func TestCLIHealth(t *testing.T) {
+	_, c := cliFixture(t)
+	var out strings.Builder
+	if err := RunHealth(c, &out); err != nil || strings.TrimSpace(out.String()) != "ok" {
+		t.Errorf("health: %v %q", err, out.String())
 	}
-	for _, tt := range tests {
-		c := NewClient(&config.Config{Admin: config.Admin{Address: tt.addr, Token: "t"}})
-		if c.Base != tt.base || c.Token != "t" || c.HTTP == nil || c.HTTP.Timeout == 0 {
-			t.Errorf("%q: %+v, want base %q", tt.addr, c, tt.base)
-		}
-	}
-	c := NewClient(&config.Config{})
-	if err := RunHealth(c, &strings.Builder{}); err == nil || !strings.Contains(err.Error(), "disabled") {
+	if err := RunHealth(adminclient.New(&config.Config{}), &out); err == nil || !strings.Contains(err.Error(), "disabled") {
 		t.Errorf("disabled admin: %v", err)
-	}
-}
-
-func TestFormat(t *testing.T) {
-	for _, tt := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{0, "0s"}, {500 * time.Millisecond, "0s"}, {45 * time.Second, "45s"}, {250 * time.Second, "4m10s"},
-		{2*time.Hour + 13*time.Minute + 5*time.Second, "2h13m"}, {2*time.Hour + 5*time.Second, "2h"},
-		{76 * time.Hour, "3d4h"}, {-90 * time.Second, "1m30s"},
-	} {
-		if got := humanDuration(tt.d); got != tt.want {
-			t.Errorf("humanDuration(%v) = %q, want %q", tt.d, got, tt.want)
-		}
-	}
-	now := testNow
-	for _, tt := range []struct {
-		t    time.Time
-		want string
-	}{
-		{time.Time{}, "-"}, {now, "now"}, {now.Add(4 * time.Minute), "in 4m"}, {now.Add(-3 * time.Hour), "3h ago"},
-	} {
-		if got := relTime(tt.t, now); got != tt.want {
-			t.Errorf("relTime(%v) = %q, want %q", tt.t, got, tt.want)
-		}
-	}
-	for _, tt := range []struct {
-		status string
-		t      time.Time
-		want   string
-	}{
-		{"deferred", now.Add(time.Minute), "in 1m"}, {"queued", now.Add(-time.Hour), "due"},
-		{"held", now.Add(time.Minute), "-"}, {"active", now.Add(time.Minute), "running"},
-		{"failed", now, "-"}, {"deferred", time.Time{}, "-"},
-	} {
-		if got := nextText(tt.status, tt.t, now); got != tt.want {
-			t.Errorf("nextText(%s, %v) = %q, want %q", tt.status, tt.t, got, tt.want)
-		}
-	}
-	if got := cell("a\tb\x1b[31mc\nd", 0); got != "a b [31mc d" {
-		t.Errorf("cell = %q", got)
-	}
-	if got := cell("abcdef", 3); got != "abc…" {
-		t.Errorf("cell cut = %q", got)
-	}
-	if got := cell("", 0); got != "-" {
-		t.Errorf("cell empty = %q", got)
-	}
-	if got := humanBytes(3 << 20); got != "3.0 MiB" {
-		t.Errorf("humanBytes = %q", got)
 	}
 }

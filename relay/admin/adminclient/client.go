@@ -1,4 +1,15 @@
-package admin
+// Package adminclient talks to the admin API of a running relay
+// (relay/admin) and decodes its answers into the views relay/admin defines,
+// so that a view has one definition on both sides. The CLI commands
+// (relay/admin/admincli) and the probe use it because the daemon holds the
+// queue file's lock; another node's status page uses it (NodeStats) to
+// show this node's queue.
+//
+// Errors: a relay that does not answer at all is an *UnreachableError
+// (callers tell "not running" from "answered with an error"); an answer
+// other than 2xx is an error carrying the API's {"error": ...} text and
+// status code.
+package adminclient
 
 import (
 	"context"
@@ -14,7 +25,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -26,17 +37,15 @@ type Client struct {
 	HTTP  *http.Client // nil: a client with a 60 s timeout
 }
 
-// clientTimeout bounds one CLI request; healthTimeout bounds `greyrelay
-// health`, which container runtimes call often and expect to be quick.
+// clientTimeout bounds one CLI request.
 const (
 	clientTimeout = 60 * time.Second
-	healthTimeout = 3 * time.Second
 	maxResponse   = 256 << 20
 )
 
-// NewClient returns a client for the admin server that c configures. An
+// New returns a client for the admin server that c configures. An
 // unspecified listen address (0.0.0.0, [::]) is reached on loopback.
-func NewClient(c *config.Config) *Client {
+func New(c *config.Config) *Client {
 	cl := &Client{Token: c.Admin.Token, HTTP: &http.Client{Timeout: clientTimeout}}
 	host, port, err := net.SplitHostPort(c.Admin.Address)
 	if c.Admin.Address == "" || err != nil {
@@ -97,6 +106,13 @@ func (c *Client) call(ctx context.Context, method, path string, q url.Values) ([
 	return body, nil
 }
 
+// Ready is GET /readyz: the server's answer when it is ready to serve,
+// an error otherwise.
+func (c *Client) Ready(ctx context.Context) (string, error) {
+	body, err := c.call(ctx, http.MethodGet, "/readyz", nil)
+	return strings.TrimSpace(string(body)), err
+}
+
 // open performs one request and returns a 2xx answer with its body still
 // to be read (and closed) by the caller. Any other answer becomes an
 // *apiError carrying the server's message.
@@ -146,11 +162,11 @@ func unwrapURL(err error) error {
 
 // errorMessage extracts {"error": …} or, failing that, the text body.
 func errorMessage(body []byte) string {
-	var e errorJSON
+	var e admin.ErrorAnswer
 	if json.Unmarshal(body, &e) == nil && e.Error != "" {
 		return e.Error
 	}
-	if s := cell(strings.TrimSpace(string(body)), 200); s != "-" {
+	if s := admin.Cell(strings.TrimSpace(string(body)), 200); s != "-" {
 		return s
 	}
 	return "no message"
@@ -168,50 +184,17 @@ func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values,
 	return nil
 }
 
-// ListQuery selects recipients, as the query of GET /api/queue does; zero
-// fields do not filter.
-type ListQuery struct {
-	Status    queue.Status
-	Reason    string
-	Domain    string // destination domain
-	Sender    string
-	OlderThan time.Duration // only messages that arrived at least this long ago
-	Offset    int
-	Limit     int // 0: the API's default (100); at most 10000
-}
-
-// values is lq as GET /api/queue's query string.
-func (lq ListQuery) values() url.Values {
-	q := url.Values{}
-	for name, v := range map[string]string{"status": string(lq.Status), "reason": lq.Reason,
-		"domain": lq.Domain, "sender": lq.Sender} {
-		if v != "" {
-			q.Set(name, v)
-		}
-	}
-	if lq.OlderThan != 0 {
-		q.Set("older_than", lq.OlderThan.String())
-	}
-	if lq.Offset != 0 {
-		q.Set("offset", strconv.Itoa(lq.Offset))
-	}
-	if lq.Limit != 0 {
-		q.Set("limit", strconv.Itoa(lq.Limit))
-	}
-	return q
-}
-
 // List returns one page of the recipients lq selects (GET /api/queue).
-func (c *Client) List(ctx context.Context, lq ListQuery) (ListResult, error) {
-	var l ListResult
-	err := c.getJSON(ctx, http.MethodGet, "/api/queue", lq.values(), &l)
+func (c *Client) List(ctx context.Context, lq admin.ListQuery) (admin.ListResult, error) {
+	var l admin.ListResult
+	err := c.getJSON(ctx, http.MethodGet, "/api/queue", lq.Values(), &l)
 	return l, err
 }
 
 // Message returns one message with every recipient and its attempts (GET
 // /api/queue/{id}).
-func (c *Client) Message(ctx context.Context, id string) (Message, error) {
-	var m Message
+func (c *Client) Message(ctx context.Context, id string) (admin.Message, error) {
+	var m admin.Message
 	err := c.getJSON(ctx, http.MethodGet, "/api/queue/"+url.PathEscape(id), nil, &m)
 	return m, err
 }
@@ -226,7 +209,7 @@ type Target struct {
 
 // Act applies action (retry, hold, release, delete or bounce) to the
 // recipients t selects (POST /api/queue/…).
-func (c *Client) Act(ctx context.Context, action string, t Target) (ActionResult, error) {
+func (c *Client) Act(ctx context.Context, action string, t Target) (admin.ActionResult, error) {
 	var path string
 	q := url.Values{}
 	switch {
@@ -239,25 +222,25 @@ func (c *Client) Act(ctx context.Context, action string, t Target) (ActionResult
 		path = "/api/queue/" + url.PathEscape(action)
 		q.Set("all", "1")
 	default:
-		return ActionResult{}, errors.New("a queue action needs exactly one of a message id, a domain or all")
+		return admin.ActionResult{}, errors.New("a queue action needs exactly one of a message id, a domain or all")
 	}
-	var res ActionResult
+	var res admin.ActionResult
 	err := c.getJSON(ctx, http.MethodPost, path, q, &res)
 	return res, err
 }
 
 // Destinations returns what the relay learned about every destination
 // (GET /api/destinations).
-func (c *Client) Destinations(ctx context.Context) (Destinations, error) {
-	var d Destinations
+func (c *Client) Destinations(ctx context.Context) (admin.Destinations, error) {
+	var d admin.Destinations
 	err := c.getJSON(ctx, http.MethodGet, "/api/destinations", nil, &d)
 	return d, err
 }
 
 // Destination returns what the relay learned about domain, or nil, nil
 // when it learned nothing (GET /api/destinations/{domain} answers 404).
-func (c *Client) Destination(ctx context.Context, domain string) (*Destination, error) {
-	d, err := c.destination(ctx, domain)
+func (c *Client) Destination(ctx context.Context, domain string) (*admin.Destination, error) {
+	d, err := c.DestinationsOf(ctx, domain)
 	var ae *apiError
 	if errors.As(err, &ae) && ae.Code == http.StatusNotFound {
 		return nil, nil
@@ -268,19 +251,20 @@ func (c *Client) Destination(ctx context.Context, domain string) (*Destination, 
 	return &d.Destinations[0], nil
 }
 
-// destination is GET /api/destinations/{domain} with the server's clock,
-// which the CLI's relative times need; 404 is an error.
-func (c *Client) destination(ctx context.Context, domain string) (Destinations, error) {
-	var d Destinations
+// DestinationsOf is GET /api/destinations/{domain}: the one destination
+// with the server's clock, which the CLI's relative times need; 404 is an
+// error.
+func (c *Client) DestinationsOf(ctx context.Context, domain string) (admin.Destinations, error) {
+	var d admin.Destinations
 	err := c.getJSON(ctx, http.MethodGet, "/api/destinations/"+url.PathEscape(domain), nil, &d)
 	return d, err
 }
 
 // Shape counts the live recipients by destination or reason and age, as
 // Postfix's qshape does (GET /api/shape).
-func (c *Client) Shape(ctx context.Context, sq ShapeQuery) (Shape, error) {
-	var sh Shape
-	err := c.getJSON(ctx, http.MethodGet, "/api/shape", sq.values(), &sh)
+func (c *Client) Shape(ctx context.Context, sq admin.ShapeQuery) (admin.Shape, error) {
+	var sh admin.Shape
+	err := c.getJSON(ctx, http.MethodGet, "/api/shape", sq.Values(), &sh)
 	return sh, err
 }
 
@@ -288,18 +272,18 @@ func (c *Client) Shape(ctx context.Context, sq ShapeQuery) (Shape, error) {
 // content to w as the server streams it, at most max octets (0: the API's
 // default), and says how much of the part there was (GET
 // /api/queue/{id}/headers or /body).
-func (c *Client) Content(ctx context.Context, id, part string, max int64, w io.Writer) (ContentInfo, error) {
+func (c *Client) Content(ctx context.Context, id, part string, max int64, w io.Writer) (admin.ContentInfo, error) {
 	q := url.Values{}
 	if max != 0 {
 		q.Set("max", strconv.FormatInt(max, 10))
 	}
 	resp, err := c.open(ctx, http.MethodGet, "/api/queue/"+url.PathEscape(id)+"/"+url.PathEscape(part), q)
 	if err != nil {
-		return ContentInfo{}, err
+		return admin.ContentInfo{}, err
 	}
 	defer resp.Body.Close()
-	info := ContentInfo{Size: -1}
-	if n, err := strconv.ParseInt(resp.Header.Get(contentSizeHeader), 10, 64); err == nil {
+	info := admin.ContentInfo{Size: -1}
+	if n, err := strconv.ParseInt(resp.Header.Get(admin.ContentSizeHeader), 10, 64); err == nil {
 		info.Size = n
 	}
 	info.Sent, err = io.Copy(w, resp.Body)
@@ -307,4 +291,46 @@ func (c *Client) Content(ctx context.Context, id, part string, max int64, w io.W
 		return info, fmt.Errorf("reading the answer from %s: %w", c.Base, err)
 	}
 	return info, nil
+}
+
+// Stats returns the queue's counters (GET /api/stats).
+func (c *Client) Stats(ctx context.Context) (admin.Stats, error) {
+	var st admin.Stats
+	err := c.getJSON(ctx, http.MethodGet, "/api/stats", nil, &st)
+	return st, err
+}
+
+// Forget drops what the relay learned about domain, or about every
+// destination when all is set (POST /api/destinations/forget).
+func (c *Client) Forget(ctx context.Context, domain string, all bool) (admin.ForgetResult, error) {
+	q := url.Values{}
+	switch {
+	case domain != "" && !all:
+		q.Set("domain", domain)
+	case domain == "" && all:
+		q.Set("all", "1")
+	default:
+		return admin.ForgetResult{}, errors.New("forget needs exactly one of a domain or all")
+	}
+	var res admin.ForgetResult
+	err := c.getJSON(ctx, http.MethodPost, "/api/destinations/forget", q, &res)
+	return res, err
+}
+
+// TLSReportSend asks the relay to send its TLS reports now and returns
+// the API's JSON answer.
+func (c *Client) TLSReportSend(ctx context.Context) (json.RawMessage, error) {
+	var res json.RawMessage
+	err := c.getJSON(ctx, http.MethodPost, "/api/tls-report/send", nil, &res)
+	return res, err
+}
+
+// NodeStats returns what the admin server's Options.NodeStats asks of
+// another node of the cluster: its queue's counters, asked from its admin
+// API with token (the nodes share one).
+func NodeStats(token string) func(ctx context.Context, n admin.ClusterNode) (admin.Stats, error) {
+	return func(ctx context.Context, n admin.ClusterNode) (admin.Stats, error) {
+		c := &Client{Base: n.AdminURL, Token: token, HTTP: &http.Client{Timeout: clientTimeout}}
+		return c.Stats(ctx)
+	}
 }

@@ -1,4 +1,4 @@
-package admin
+package admincli
 
 import (
 	"context"
@@ -6,19 +6,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/admin"
+	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
 
-// The CLI commands print aligned tables by default and the API's JSON with
-// -json. Relative times ("in 4m", "12m ago") use the server's clock from
-// the answer, so they are right even if the two clocks disagree. Every
-// value that came from a remote server is passed through cell, which
-// removes control characters before they reach the terminal.
+// healthTimeout bounds `greyrelay health`, which container runtimes call
+// often and expect to be quick.
+const healthTimeout = 3 * time.Second
 
 const queueUsage = `usage:
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-offset N] [-limit N] [-json]
@@ -31,7 +30,7 @@ statuses: queued, deferred, active, held, delivered, relayed, failed
 `
 
 // RunQueue runs `greyrelay queue …`; args are the arguments after "queue".
-func RunQueue(args []string, c *Client, stdout, stderr io.Writer) error {
+func RunQueue(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return fmt.Errorf("queue: missing subcommand\n%s", queueUsage)
 	}
@@ -75,16 +74,16 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 	return fs
 }
 
-func queueList(args []string, c *Client, stdout, stderr io.Writer) error {
+func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue list", stderr)
-	var lq ListQuery
+	var lq admin.ListQuery
 	fs.Func("status", "only recipients with this status", func(v string) error { lq.Status = queue.Status(v); return nil })
 	fs.StringVar(&lq.Reason, "reason", "", "only recipients with this reason")
 	fs.StringVar(&lq.Domain, "domain", "", "only recipients with this domain")
 	fs.StringVar(&lq.Sender, "sender", "", "only recipients with this sender")
 	fs.DurationVar(&lq.OlderThan, "older-than", 0, "only messages that arrived at least this long ago (e.g. 2h)")
 	fs.IntVar(&lq.Offset, "offset", 0, "skip this many matching recipients")
-	fs.IntVar(&lq.Limit, "limit", defaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", maxLimit))
+	fs.IntVar(&lq.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", admin.MaxLimit))
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -94,19 +93,19 @@ func queueList(args []string, c *Client, stdout, stderr io.Writer) error {
 		return fmt.Errorf("queue list: unexpected argument %q\n%s", pos[0], queueUsage)
 	}
 	if lq.Limit == 0 { // would mean the API's default
-		return fmt.Errorf("queue list: -limit must be from 1 to %d", maxLimit)
+		return fmt.Errorf("queue list: -limit must be from 1 to %d", admin.MaxLimit)
 	}
 	l, err := c.List(context.Background(), lq)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return encodeJSON(stdout, l)
+		return admin.EncodeJSON(stdout, l)
 	}
 	return printList(stdout, &l)
 }
 
-func printList(out io.Writer, l *ListResult) error {
+func printList(out io.Writer, l *admin.ListResult) error {
 	if len(l.Rows) == 0 {
 		_, err := fmt.Fprintf(out, "no recipients match (%d in total)\n", l.Total)
 		return err
@@ -114,10 +113,10 @@ func printList(out io.Writer, l *ListResult) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "QUEUE ID\tSTATUS\tREASON\tATT\tNEXT\tAGE\tSENDER\tRECIPIENT\tSOURCE IP\tMX\tLAST REPLY")
 	for _, r := range l.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, cell(r.Status, 0),
-			cell(r.Reason, 0), r.Attempts, nextOf(&r, l.Now), humanDuration(l.Now.Sub(r.Arrival)),
-			cell(sender(r.Sender), 60), cell(r.Recipient, 60), cell(r.SourceIP, 0), cell(r.MXHost, 40),
-			cell(replyText(r.LastReply), 70))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Key, admin.Cell(r.Status, 0),
+			admin.Cell(r.Reason, 0), r.Attempts, nextOf(&r, l.Now), admin.HumanDuration(l.Now.Sub(r.Arrival)),
+			admin.Cell(admin.Sender(r.Sender), 60), admin.Cell(r.Recipient, 60), admin.Cell(r.SourceIP, 0), admin.Cell(r.MXHost, 40),
+			admin.Cell(admin.ReplyText(r.LastReply), 70))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -135,24 +134,24 @@ func relPtr(t *time.Time, now time.Time) string {
 	if t == nil {
 		return "-"
 	}
-	return relTime(*t, now)
+	return admin.RelTime(*t, now)
 }
 
-func nextOf(r *Row, now time.Time) string {
+func nextOf(r *admin.Row, now time.Time) string {
 	var t time.Time
 	if r.NextAttempt != nil {
 		t = *r.NextAttempt
 	}
-	return nextText(r.Status, t, now)
+	return admin.NextText(r.Status, t, now)
 }
 
-func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
+func queueShow(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue show", stderr)
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	var co contentOpts
 	fs.BoolVar(&co.headers, "headers", false, "print the message's header section (postcat -h)")
 	fs.BoolVar(&co.body, "body", false, "print the message's body (postcat -b); with -headers, the whole message")
-	fs.Int64Var(&co.max, "max", defaultContentMax, "print at most this many octets of each part")
+	fs.Int64Var(&co.max, "max", admin.DefaultContentMax, "print at most this many octets of each part")
 	fs.BoolVar(&co.raw, "raw", false, "print the octets as stored (CRLF, control characters), e.g. to save them")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
@@ -173,20 +172,20 @@ func queueShow(args []string, c *Client, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *asJSON {
-		return encodeJSON(stdout, m)
+		return admin.EncodeJSON(stdout, m)
 	}
 	return printMessage(stdout, &m)
 }
 
-func printMessage(out io.Writer, m *Message) error {
+func printMessage(out io.Writer, m *admin.Message) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "message\t%s\n", m.ID)
-	fmt.Fprintf(tw, "sender\t%s\n", cell(sender(m.Sender), 0))
-	fmt.Fprintf(tw, "arrived\t%s (%s)\n", m.Arrival.UTC().Format(time.RFC3339), relTime(m.Arrival, m.Now))
-	fmt.Fprintf(tw, "size\t%s\n", humanBytes(m.Size))
-	client := cell(m.ClientAddr, 0) + " helo " + cell(m.Helo, 80)
+	fmt.Fprintf(tw, "sender\t%s\n", admin.Cell(admin.Sender(m.Sender), 0))
+	fmt.Fprintf(tw, "arrived\t%s (%s)\n", m.Arrival.UTC().Format(time.RFC3339), admin.RelTime(m.Arrival, m.Now))
+	fmt.Fprintf(tw, "size\t%s\n", admin.HumanBytes(m.Size))
+	client := admin.Cell(m.ClientAddr, 0) + " helo " + admin.Cell(m.Helo, 80)
 	if m.AuthUser != "" {
-		client += " auth " + cell(m.AuthUser, 0)
+		client += " auth " + admin.Cell(m.AuthUser, 0)
 	}
 	fmt.Fprintf(tw, "client\t%s\n", client)
 	if m.DSN {
@@ -194,7 +193,7 @@ func printMessage(out io.Writer, m *Message) error {
 	}
 	if m.Finished != nil {
 		fmt.Fprintf(tw, "finished\t%s (%s): no longer in the queue; its content is not kept\n",
-			m.Finished.UTC().Format(time.RFC3339), relTime(*m.Finished, m.Now))
+			m.Finished.UTC().Format(time.RFC3339), admin.RelTime(*m.Finished, m.Now))
 	}
 	for i := range m.Recipients {
 		printRecipient(tw, &m.Recipients[i], m.Now)
@@ -202,22 +201,22 @@ func printMessage(out io.Writer, m *Message) error {
 	return tw.Flush()
 }
 
-func printRecipient(tw *tabwriter.Writer, r *Recipient, now time.Time) {
-	fmt.Fprintf(tw, "\nrecipient %d\t%s\n", r.Rcpt, cell(r.Recipient, 0))
-	status := cell(r.Status, 0)
+func printRecipient(tw *tabwriter.Writer, r *admin.Recipient, now time.Time) {
+	fmt.Fprintf(tw, "\nrecipient %d\t%s\n", r.Rcpt, admin.Cell(r.Recipient, 0))
+	status := admin.Cell(r.Status, 0)
 	if r.Reason != "" {
-		status += " (" + cell(r.Reason, 0) + ")"
+		status += " (" + admin.Cell(r.Reason, 0) + ")"
 	}
 	fmt.Fprintf(tw, "  status\t%s\n", status)
 	fmt.Fprintf(tw, "  attempts\t%d, last %s, next %s\n", r.Attempts, relPtr(r.LastAttempt, now), nextOf(&r.Row, now))
 	if r.SourceIP != "" || r.MXHost != "" {
-		fmt.Fprintf(tw, "  route\tfrom %s to %s [%s]\n", cell(r.SourceIP, 0), cell(r.MXHost, 0), cell(r.MXAddr, 0))
+		fmt.Fprintf(tw, "  route\tfrom %s to %s [%s]\n", admin.Cell(r.SourceIP, 0), admin.Cell(r.MXHost, 0), admin.Cell(r.MXAddr, 0))
 	}
 	if r.FirstGreylisted != nil {
-		fmt.Fprintf(tw, "  greylisted\tfirst %s, %d tries\n", relTime(*r.FirstGreylisted, now), r.GreylistTries)
+		fmt.Fprintf(tw, "  greylisted\tfirst %s, %d tries\n", admin.RelTime(*r.FirstGreylisted, now), r.GreylistTries)
 	}
 	if r.LastReply != nil {
-		fmt.Fprintf(tw, "  last reply\t%s\n", cell(replyText(r.LastReply), 0))
+		fmt.Fprintf(tw, "  last reply\t%s\n", admin.Cell(admin.ReplyText(r.LastReply), 0))
 	}
 	if e := r.Explanation; e != nil {
 		fmt.Fprintf(tw, "  meaning\t%s\n  usually at fault\t%s\n  what to do\t%s\n", e.Meaning, e.Fault, e.Action)
@@ -230,15 +229,15 @@ func printRecipient(tw *tabwriter.Writer, r *Recipient, now time.Time) {
 	for _, a := range r.History {
 		took := "-"
 		if a.End != nil {
-			took = humanDuration(a.End.Sub(a.Start))
+			took = admin.HumanDuration(a.End.Sub(a.Start))
 		}
 		fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.Start.UTC().Format(time.RFC3339), took,
-			cell(a.SourceIP, 0), cell(a.MXHost, 40), cell(a.TLS, 0), cell(a.Stage, 0), cell(a.Outcome, 0), cell(a.Reason, 0),
-			cell(replyText(a.Reply), 70))
+			admin.Cell(a.SourceIP, 0), admin.Cell(a.MXHost, 40), admin.Cell(a.TLS, 0), admin.Cell(a.Stage, 0), admin.Cell(a.Outcome, 0), admin.Cell(a.Reason, 0),
+			admin.Cell(admin.ReplyText(a.Reply), 70))
 	}
 }
 
-func queueAction(action string, args []string, c *Client, stdout, stderr io.Writer) error {
+func queueAction(action string, args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue "+action, stderr)
 	domain := fs.String("domain", "", "act on every recipient at this destination domain")
 	all := fs.Bool("all", false, "act on the whole queue")
@@ -247,7 +246,7 @@ func queueAction(action string, args []string, c *Client, stdout, stderr io.Writ
 	if err != nil {
 		return err
 	}
-	var t Target
+	var t adminclient.Target
 	switch {
 	case len(pos) == 1 && *domain == "" && !*all:
 		t.ID, _, _ = strings.Cut(pos[0], "/")
@@ -263,7 +262,7 @@ func queueAction(action string, args []string, c *Client, stdout, stderr io.Writ
 		return err
 	}
 	if *asJSON {
-		return encodeJSON(stdout, res)
+		return admin.EncodeJSON(stdout, res)
 	}
 	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
 	return err
@@ -271,7 +270,7 @@ func queueAction(action string, args []string, c *Client, stdout, stderr io.Writ
 
 // RunDestinations runs `greyrelay destinations [-json] [DOMAIN]`: what the
 // relay learned per destination (greylisting, throttling, dead hosts).
-func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
+func RunDestinations(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "forget" {
 		return destinationsForget(args[1:], c, stdout, stderr)
 	}
@@ -281,12 +280,12 @@ func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var d Destinations
+	var d admin.Destinations
 	switch len(pos) {
 	case 0:
 		d, err = c.Destinations(context.Background())
 	case 1:
-		d, err = c.destination(context.Background(), pos[0])
+		d, err = c.DestinationsOf(context.Background(), pos[0])
 	default:
 		return errors.New(destinationsUsage)
 	}
@@ -294,12 +293,12 @@ func RunDestinations(args []string, c *Client, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *asJSON {
-		return encodeJSON(stdout, d)
+		return admin.EncodeJSON(stdout, d)
 	}
 	return printDestinations(stdout, &d)
 }
 
-func printDestinations(out io.Writer, d *Destinations) error {
+func printDestinations(out io.Writer, d *admin.Destinations) error {
 	if len(d.Destinations) == 0 {
 		_, err := fmt.Fprintln(out, "nothing learned about any destination yet")
 		return err
@@ -312,18 +311,18 @@ func printDestinations(out io.Writer, d *Destinations) error {
 			grey = "yes"
 		}
 		if x.LearnedDelaySeconds > 0 {
-			delay = humanDuration(time.Duration(x.LearnedDelaySeconds * float64(time.Second)))
+			delay = admin.HumanDuration(time.Duration(x.LearnedDelaySeconds * float64(time.Second)))
 		}
 		if x.ThrottledUntil != nil && x.ThrottledUntil.After(d.Now) {
-			throttled = humanDuration(x.ThrottledUntil.Sub(d.Now))
+			throttled = admin.HumanDuration(x.ThrottledUntil.Sub(d.Now))
 		}
 		var dead []string
 		for _, h := range x.DeadHosts {
-			dead = append(dead, fmt.Sprintf("%s (%s)", h.Host, relTime(h.Until, d.Now)))
+			dead = append(dead, fmt.Sprintf("%s (%s)", h.Host, admin.RelTime(h.Until, d.Now)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", cell(x.Domain, 60), grey, delay,
-			x.GreylistSeen, x.GreylistPassed, x.ThrottleLevel, throttled, cell(strings.Join(dead, ", "), 80),
-			relPtr(x.Updated, d.Now), cell(replyText(x.LastReply), 70))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", admin.Cell(x.Domain, 60), grey, delay,
+			x.GreylistSeen, x.GreylistPassed, x.ThrottleLevel, throttled, admin.Cell(strings.Join(dead, ", "), 80),
+			relPtr(x.Updated, d.Now), admin.Cell(admin.ReplyText(x.LastReply), 70))
 	}
 	return tw.Flush()
 }
@@ -331,13 +330,13 @@ func printDestinations(out io.Writer, d *Destinations) error {
 // RunHealth runs `greyrelay health`: nil (exit 0) when GET /readyz answers
 // 200 within a few seconds, an error (exit 1) otherwise. It is meant for
 // container health checks (Docker HEALTHCHECK, Kubernetes exec probes).
-func RunHealth(c *Client, stdout io.Writer) error {
+func RunHealth(c *adminclient.Client, stdout io.Writer) error {
 	ctx, cancel := context.WithTimeout(context.Background(), healthTimeout)
 	defer cancel()
-	body, err := c.call(ctx, http.MethodGet, "/readyz", nil)
+	body, err := c.Ready(ctx)
 	if err != nil {
 		return fmt.Errorf("not healthy: %w", err)
 	}
-	_, err = fmt.Fprintln(stdout, strings.TrimSpace(string(body)))
+	_, err = fmt.Fprintln(stdout, body)
 	return err
 }

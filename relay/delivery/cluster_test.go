@@ -1,0 +1,199 @@
+package delivery
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/cluster"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// clusterNode connects an engine's Shared to the real Redis at addr.
+func clusterNode(t *testing.T, name, addr string) *cluster.Cluster {
+	t.Helper()
+	c, err := cluster.New(cluster.Options{Node: cluster.Node{Name: name}, Registry: prometheus.NewRegistry(),
+		Config: config.Cluster{Redis: config.Redis{Addresses: []string{addr}, Timeout: time.Second},
+			DestinationLimits: cluster.LimitsShared, LeaseTTL: 3 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// throttlingMX answers MAIL with 451 4.7.1 when it comes sooner than gap
+// after the previous accepted one, whichever node sent it: a destination
+// that allows one message per gap from everyone together.
+type throttlingMX struct {
+	gap time.Duration
+
+	mu       sync.Mutex
+	last     time.Time
+	accepted []time.Time
+	refused  int
+}
+
+func (m *throttlingMX) mail(int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	if !m.last.IsZero() && now.Sub(m.last) < m.gap {
+		m.refused++
+		return reply(451, [3]int{4, 7, 1}, "rate limit exceeded, slow down")
+	}
+	m.last = now
+	m.accepted = append(m.accepted, now)
+	return nil
+}
+
+// TestSharedPaceAcrossNodes: three engines, each on its own queue, share
+// a destination's learned pace through a real redis-server. Together they
+// start no faster than the pace, so a destination allowing one message
+// per 150 ms from all of them refuses nothing; each pacing on its own,
+// they would start three at a time and be refused.
+func TestSharedPaceAcrossNodes(t *testing.T) {
+	peers.Require(t, "redis-server")
+	t.Parallel()
+	r := peers.StartRedis(t, "")
+	// The destination allows less than the learned pace (one start per
+	// 400 ms), leaving 250 ms for a start's reservation and its MAIL to
+	// drift apart on a busy machine.
+	const interval = 400 * time.Millisecond
+	dest := &throttlingMX{gap: 150 * time.Millisecond}
+	// What one node learned: the destination accepts one message per 400 ms.
+	clusterNode(t, "teacher", r.Addr).Publish(queue.Destination{Domain: "paced.test",
+		PaceInterval: interval, PaceBase: interval, Updated: time.Now()})
+	type node struct {
+		h   *harness
+		sh  *cluster.Cluster
+		ids []queue.ID
+	}
+	var nodes []node
+	for i, name := range []string{"a", "b", "c"} {
+		h := newHarness(t)
+		h.dns.MX("paced.test", 10, "mx.paced.test").A("mx.paced.test", "127.0.0.97")
+		startMX(t, "127.0.0.97", h.port, fakeOpt{mail: dest.mail})
+		n := node{h: h, sh: clusterNode(t, name, r.Addr)}
+		for j := range 4 {
+			n.ids = append(n.ids, h.enqueue("alice@sender.test", fmt.Sprintf("r%d@paced.test", 4*i+j)))
+		}
+		nodes = append(nodes, n)
+	}
+	for _, n := range nodes {
+		n.h.start(func(o *Options) { o.Shared = n.sh })
+	}
+	eventually(t, 30*time.Second, "12 messages delivered", func() bool {
+		for _, n := range nodes {
+			for _, id := range n.ids {
+				if !n.h.gone(id) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	dest.mu.Lock()
+	defer dest.mu.Unlock()
+	if dest.refused > 0 {
+		t.Errorf("the destination refused %d MAILs: the nodes together sent faster than the shared pace", dest.refused)
+	}
+	slices.SortFunc(dest.accepted, func(a, b time.Time) int { return a.Compare(b) })
+	for i := 1; i < len(dest.accepted); i++ {
+		if gap := dest.accepted[i].Sub(dest.accepted[i-1]); gap < dest.gap {
+			t.Errorf("starts %d and %d %v apart, want at least %v", i-1, i, gap, dest.gap)
+		}
+	}
+}
+
+// concurrencyMX counts transactions between MAIL and the final dot, and
+// keeps the highest count seen; each transaction lasts at least hold.
+type concurrencyMX struct {
+	hold     time.Duration
+	mu       sync.Mutex
+	cur, max int
+}
+
+func (m *concurrencyMX) mail(int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cur++
+	m.max = max(m.max, m.cur)
+	return nil
+}
+
+func (m *concurrencyMX) data(int) error {
+	time.Sleep(m.hold)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cur--
+	return nil
+}
+
+// TestConnectionCaps: delivery.max_per_destination_local caps one node's
+// connections to a destination, alone or under a limit shared through a
+// real redis-server; a shared max_per_destination holds for the nodes
+// together, and every message is delivered.
+func TestConnectionCaps(t *testing.T) {
+	peers.Require(t, "redis-server")
+	tests := []struct {
+		name         string
+		perDest, cap int
+		nodes        int
+		shared       bool
+		wantMax      int
+		wantMoreThan int // the cap binds: without it more would be open
+	}{
+		{name: "no local cap", perDest: 6, nodes: 1, wantMax: 6, wantMoreThan: 2},
+		{name: "local cap 2 of 6", perDest: 6, cap: 2, nodes: 1, wantMax: 2},
+		{name: "shared 2 over two nodes", perDest: 2, nodes: 2, shared: true, wantMax: 2},
+		{name: "shared 6, local cap 2, two nodes", perDest: 6, cap: 2, nodes: 2, shared: true, wantMax: 4, wantMoreThan: 2},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var addr string
+			if tt.shared {
+				addr = peers.StartRedis(t, "").Addr
+			}
+			ip := fmt.Sprintf("127.0.0.%d", 98+i)
+			dest := &concurrencyMX{hold: 300 * time.Millisecond}
+			var all []func() bool
+			var hs []*harness
+			for n := range tt.nodes {
+				h := newHarness(t, func(c *config.Config) {
+					c.Delivery.MaxPerDestination, c.Delivery.MaxPerDestinationLocal = tt.perDest, tt.cap
+					c.Delivery.MaxMessagesPerConnection = 1 // a connection per message: the caps bind at once
+				})
+				h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", ip)
+				startMX(t, ip, h.port, fakeOpt{mail: dest.mail, data: dest.data})
+				for j := range 24 {
+					id := h.enqueue("alice@sender.test", fmt.Sprintf("r%d-%d@busy.test", n, j))
+					all = append(all, func() bool { return h.gone(id) })
+				}
+				hs = append(hs, h)
+			}
+			for n, h := range hs {
+				if tt.shared {
+					sh := clusterNode(t, fmt.Sprintf("n%d", n), addr)
+					h.start(func(o *Options) { o.Shared = sh })
+				} else {
+					h.start()
+				}
+			}
+			eventually(t, 60*time.Second, "every message delivered", func() bool {
+				return !slices.ContainsFunc(all, func(gone func() bool) bool { return !gone() })
+			})
+			dest.mu.Lock()
+			defer dest.mu.Unlock()
+			if dest.max > tt.wantMax || dest.max <= tt.wantMoreThan {
+				t.Errorf("at most %d transactions at once, want at most %d and more than %d", dest.max, tt.wantMax, tt.wantMoreThan)
+			}
+		})
+	}
+}

@@ -1,0 +1,171 @@
+package delivery
+
+import (
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// recorderEngine is an engine with only what the recorder uses; store
+// stores held outcomes again.
+func recorderEngine(store func(queue.Update) error) *Engine {
+	return &Engine{log: zap.NewNop(), claimed: map[queue.Key]bool{}, out: newRecorder(store)}
+}
+
+// handed hands over an outcome of a fresh attempt for key, claimed as
+// takeFresh claims it, carrying the destination records recs, whose commit
+// ends with what commit delivers, and returns it.
+func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queue.Destination) *pendingOutcome {
+	e.cmu.Lock()
+	e.claimed[key] = true
+	e.cmu.Unlock()
+	po := &pendingOutcome{d: d, decided: make(chan struct{}), wait: func() error { return <-commit },
+		u: queue.Update{Starts: []queue.Start{{Keys: []queue.Key{key}}},
+			Results: []queue.Result{{Key: key, Status: queue.Delivered}}, Destinations: recs}}
+	e.out.hand(po)
+	return po
+}
+
+// isClaimed reports whether key is claimed.
+func isClaimed(e *Engine, key queue.Key) bool {
+	e.cmu.Lock()
+	defer e.cmu.Unlock()
+	return e.claimed[key]
+}
+
+// locker is a mutex the recorder must not hold while it stores.
+type locker interface {
+	TryLock() bool
+	Unlock()
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// Shutdown waits for the commit of every outcome handed over, however
+// long it takes, and then for nothing more: no poll, no fixed delay.
+func TestRecorderStopWaitsForCommit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := recorderEngine(func(queue.Update) error { return nil })
+		stop := e.record()
+		commit := make(chan error)
+		key := queue.Key{ID: 1}
+		po := handed(e, &dest{name: "a.test"}, key, commit)
+		stopped := make(chan struct{})
+		go func() { stop(); close(stopped) }()
+		time.Sleep(time.Hour) // a commit that takes very long
+		synctest.Wait()
+		if isClosed(stopped) || isClosed(po.decided) {
+			t.Fatal("the recorder stopped before the outcome's commit was decided")
+		}
+		if !isClaimed(e, key) {
+			t.Fatal("the fresh recipient was released before its outcome was stored")
+		}
+		start := time.Now()
+		commit <- nil
+		<-stopped
+		if waited := time.Since(start); waited != 0 {
+			t.Errorf("stop returned %v after the commit, want at once", waited)
+		}
+		if !isClosed(po.decided) || isClaimed(e, key) {
+			t.Error("stopped without collecting the outcome (decided, claim released)")
+		}
+	})
+}
+
+// A failed commit is held and stored again on a backoff timer by the
+// recorder, holding no lock of the engine or the destination, while the
+// outcomes handed over after it are collected at once; the destination
+// record it carried is stored again by the next outcome.
+func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &dest{name: "a.test", stored: queue.Destination{Domain: "a.test", PaceInterval: time.Second}}
+		var e *Engine
+		var tries []time.Time
+		store := func(u queue.Update) error {
+			tries = append(tries, time.Now())
+			for name, mu := range map[string]locker{"d.mu": &d.mu, "e.mu": &e.mu, "e.cmu": &e.cmu} {
+				if !mu.TryLock() {
+					t.Errorf("held outcome stored again with %s held", name)
+					continue
+				}
+				mu.Unlock()
+			}
+			if len(u.Destinations) > 0 || len(u.Starts) != 1 || len(u.Results) != 1 {
+				t.Errorf("stored again %+v, want the start and the result without the destination", u)
+			}
+			if len(tries) < 3 {
+				return errors.New("ENOSPC")
+			}
+			return nil
+		}
+		e = recorderEngine(store)
+		stop := e.record()
+		defer stop()
+		begin := time.Now()
+		failed := make(chan error, 1)
+		failed <- errors.New("ENOSPC")
+		first := handed(e, d, queue.Key{ID: 1}, failed, queue.Destination{Domain: "a.test", PaceInterval: 2 * time.Second})
+		synctest.Wait()
+		if !isClosed(first.decided) || e.out.held.len() != 1 {
+			t.Fatal("a failed commit is not held at once")
+		}
+		if d.stored.Domain != "" {
+			t.Error("the destination record of a failed commit still counts as stored")
+		}
+		ok := make(chan error, 1)
+		ok <- nil
+		second := handed(e, d, queue.Key{ID: 2}, ok)
+		synctest.Wait()
+		if !isClosed(second.decided) || isClaimed(e, second.u.Results[0].Key) {
+			t.Error("an outcome handed over after a held one waits for its retry")
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		var gaps []time.Duration
+		for _, at := range tries {
+			gaps = append(gaps, at.Sub(begin))
+			begin = at
+		}
+		want := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
+		if len(gaps) != len(want) || gaps[0] != want[0] || gaps[1] != want[1] || gaps[2] != want[2] {
+			t.Errorf("held outcome stored again after %v, want after %v", gaps, want)
+		}
+		if e.out.held.len() != 0 || isClaimed(e, first.u.Results[0].Key) {
+			t.Error("the held outcome was not stored, or its fresh recipient is still claimed")
+		}
+	})
+}
+
+// A destination whose record is on its way into the queue is not
+// forgotten: read again from the queue, it would be the record before.
+func TestEvictKeepsRecordOnItsWay(t *testing.T) {
+	e := recorderEngine(nil)
+	d := &dest{name: "a.test", recording: 1}
+	e.dests = map[string]*dest{d.name: d}
+	e.order = []string{d.name}
+	e.mu.Lock()
+	e.evict()
+	e.mu.Unlock()
+	if e.dests[d.name] != d {
+		t.Fatal("destination forgotten while its record was being committed")
+	}
+	e.recorded(d)
+	e.mu.Lock()
+	e.evict()
+	e.mu.Unlock()
+	if _, ok := e.dests[d.name]; ok || len(e.order) != 0 {
+		t.Fatal("destination kept after its record was committed")
+	}
+}
