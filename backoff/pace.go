@@ -27,14 +27,14 @@ import (
 // accepted message until the next refusal halves it.
 //
 // From then on, each refusal multiplies the rate by paceDecrease
-// (consecutive ones also double the gap), and each accepted message adds a
-// share of the rate set at the last decrease (Base), so that the rate
-// climbs back to where it was refused in paceCycle messages; past that, no
-// refusal having been seen there, it grows by paceBeyond per message, so
-// that a pace that started low reaches the allowance within a short run. Pace is
-// independent of the generic retry schedule (retry.initial_interval): the
-// refused recipient comes back one interval later, in line with the
-// others.
+// (consecutive ones also double the gap), and each accepted message adds
+// a share of the rate set at the last decrease (Base), so that the rate
+// climbs back to where it was refused in paceCycle messages; past that,
+// no refusal having been seen there, it grows by paceBeyond per message,
+// so that a pace that started low reaches the allowance within a short
+// run. Pace is independent of the generic retry schedule
+// (retry.initial_interval): the refused recipient comes back one interval
+// later, in line with the others.
 type Pace struct {
 	Interval time.Duration // between transaction starts; 0: not paced
 	Base     time.Duration // interval set by the last decrease; 0: opening or slow start

@@ -135,8 +135,10 @@ func TestGreylistLearnsDelay(t *testing.T) {
 // the delay (refused after the first quick retry, passed after the
 // second); the next three may probe inside it at the cost of a refused
 // attempt; every later one takes exactly 2 attempts from the pinned source
-// address and passes within 10% + 2 s of the delay, and every message but
-// the first arrives within 1.25 × the delay + 2 s of its 250.
+// address and passes within 10% + 2 s of the delay, with a learned window
+// narrow enough to promise that for any delay it allows
+// (backoff.Window.Narrow), and every message but the first arrives within
+// 1.25 × the delay + 2 s of its 250.
 func TestGreylistLearnsTrueDelay(t *testing.T) {
 	peers.Require(t, "postfix", "postgrey", "swaks")
 	t.Parallel()
@@ -193,7 +195,19 @@ func learnTrueDelay(t *testing.T, delay, first, second time.Duration, messages, 
 			t.Errorf("message %d: %v, passed %v after the greylisting; want a greylisting deferral then delivery within %v", k, outcomes(atts), passed, goal)
 		}
 	}
+	// The learned window must promise the goal for any delay it allows,
+	// not only for this one.
+	eventually(t, 10*time.Second, "a narrow learned window", func() error {
+		d, _ := r.destination("dest.test")
+		if w := (backoff.Window{Low: seconds(d.GreylistLowSeconds), High: seconds(d.LearnedDelaySeconds)}); !w.Narrow() {
+			return fmt.Errorf("learned window %v..%v is not narrow enough for the goal", w.Low, w.High)
+		}
+		return nil
+	})
 }
+
+// seconds converts the destinations API's seconds.
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
 // TestGreylistRateLimitThrottles has a destination refuse each recipient's
 // first try with 451 4.7.28 (a rate limit): the destination is throttled
