@@ -321,7 +321,7 @@ func isDotString(s string) bool {
 	if s == "" {
 		return false
 	}
-	for _, atom := range strings.Split(s, ".") {
+	for atom := range strings.SplitSeq(s, ".") {
 		if atom == "" {
 			return false
 		}
@@ -373,13 +373,12 @@ func ParseDomain(s string, opt Options) (string, error) {
 	if s[0] == '[' {
 		return parseLiteral(s, opt)
 	}
-	labels := strings.Split(s, ".")
 	idn := false
-	for _, l := range labels {
+	for l := range strings.SplitSeq(s, ".") {
 		if err := checkLabel(l, opt); err != nil {
 			return "", err
 		}
-		idn = idn || !isASCII(l) || strings.HasPrefix(strings.ToLower(l), "xn--")
+		idn = idn || !isASCII(l) || len(l) >= 4 && strings.EqualFold(l[:4], "xn--")
 	}
 	// The bidi rule (RFC 5893 §2) applies to the whole name, so the whole
 	// name is checked, once its labels passed the checks above.
@@ -392,7 +391,7 @@ func ParseDomain(s string, opt Options) (string, error) {
 	// must not look like a dotted number): refusing a last label that does
 	// not start with a letter stops 127.0.0.1 and 0x7f000001 written as
 	// domains, which some resolvers (inet_aton) would take as addresses.
-	if first, _ := utf8.DecodeRuneInString(labels[len(labels)-1]); !unicode.IsLetter(first) {
+	if first, _ := utf8.DecodeRuneInString(s[strings.LastIndexByte(s, '.')+1:]); !unicode.IsLetter(first) {
 		return "", syntaxErr(opt, "Bad domain: the last label must start with a letter")
 	}
 	return strings.ToLower(s), nil

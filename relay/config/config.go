@@ -249,6 +249,7 @@ type Delivery struct {
 	MaxPerDestination           int               `yaml:"max_per_destination"`
 	MaxPerDestinationLocal      int               `yaml:"max_per_destination_local"` // one node's cap under a shared max_per_destination; 0: none
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
+	ConnectionCacheTime         time.Duration     `yaml:"connection_cache_time"` // keep an idle connection this long for the destination's next message
 	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`
 	ConnectTimeout              time.Duration     `yaml:"connect_timeout"`
 	GreetingTimeout             time.Duration     `yaml:"greeting_timeout"`

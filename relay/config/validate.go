@@ -206,6 +206,7 @@ func (v *validator) delivery(d Delivery) {
 	v.check(d.MaxPerDestinationLocal >= 0, "delivery.max_per_destination_local: %d, want 0 (no cap) or more", d.MaxPerDestinationLocal)
 	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))
 	v.positive("delivery.max_recipients_per_transaction", int64(d.MaxRecipientsPerTransaction))
+	v.check(d.ConnectionCacheTime >= 0, "delivery.connection_cache_time: %s is negative", d.ConnectionCacheTime)
 	v.positive("delivery.connect_timeout", int64(d.ConnectTimeout))
 	v.positive("delivery.greeting_timeout", int64(d.GreetingTimeout))
 	v.positive("delivery.command_timeout", int64(d.CommandTimeout))

@@ -14,7 +14,10 @@
 //     jobs of one destination domain in turn, reusing the connection for up
 //     to delivery.max_messages_per_connection transactions (RSET only after
 //     one that did not complete, RFC 5321 §4.1.1.4; smtpclient pipelines
-//     each envelope when the peer offers PIPELINING).
+//     each envelope when the peer offers PIPELINING). With no job left it
+//     keeps the connection open for delivery.connection_cache_time, and
+//     the scheduler hands it the destination's next job directly, so a
+//     message arriving meanwhile neither waits for a dial nor for a scan.
 //     delivery.max_connections caps workers in all and
 //     delivery.max_per_destination caps them per domain (1 while the domain
 //     throttles us), and domains get workers round-robin, so a slow or dead

@@ -167,7 +167,10 @@ func TestDeliver_InlineChunkLostReplyDefers(t *testing.T) {
 // answers 421 on the next attempt, and is delivered there afterwards.
 func TestGreylisting_StickyThrough421(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t)
+	// Each attempt on new connections: a connection kept from the first
+	// attempt would answer the second attempt's MAIL with the script's
+	// 421, and the second MX would then take the message in that attempt.
+	h := newHarness(t, func(c *config.Config) { c.Delivery.ConnectionCacheTime = 0 })
 	const pref, grey = "127.0.0.81", "127.0.0.82"
 	h.dns.MX("sticky.test", 10, "mx1.sticky.test").A("mx1.sticky.test", pref).
 		MX("sticky.test", 20, "mx2.sticky.test").A("mx2.sticky.test", grey)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // TestDeliver_IdleConnectionClosed: the peer closes the connection once
@@ -156,4 +158,40 @@ func (p *closer) delivered() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.done
+}
+
+// TestDeliver_ConnectionKeptForNextMessage: a message that arrives after
+// the previous one to its destination was sent goes over the connection
+// that carried it, kept open for delivery.connection_cache_time, instead
+// of waiting for that connection to close and a new one to open. With the
+// cache time 0 the connection closes when no job waits.
+func TestDeliver_ConnectionKeptForNextMessage(t *testing.T) {
+	t.Parallel()
+	for i, tc := range []struct {
+		keep  time.Duration
+		conns int
+	}{
+		{time.Minute, 1},
+		{0, 2},
+	} {
+		t.Run(fmt.Sprintf("keep=%v", tc.keep), func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, func(c *config.Config) { c.Delivery.ConnectionCacheTime = tc.keep })
+			ip := fmt.Sprintf("127.0.0.%d", 94+i)
+			h.dns.MX("kept.test", 10, "mx.kept.test").A("mx.kept.test", ip)
+			mx := startMX(t, ip, h.port, fakeOpt{})
+			h.start()
+			a := h.enqueue("alice@sender.test", "a@kept.test")
+			eventually(t, wait, "the first delivered", func() bool { return h.gone(a) })
+			b := h.enqueue("bob@sender.test", "b@kept.test")
+			eventually(t, wait, "the second delivered", func() bool { return h.gone(b) })
+			txs := mx.delivered()
+			if len(txs) != 2 {
+				t.Fatalf("%d messages delivered, want 2", len(txs))
+			}
+			if n := len(mx.connections()); n != tc.conns {
+				t.Errorf("%d connections for two messages, want %d", n, tc.conns)
+			}
+		})
+	}
 }

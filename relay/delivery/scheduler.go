@@ -48,6 +48,9 @@ type dest struct {
 	pending  []*job           // claimed, waiting for a worker; guarded by Engine.mu
 	active   int              // running workers; guarded by Engine.mu
 	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
+	// idle are the wake channels of d's workers waiting with an open
+	// connection for a job (awaitJob); guarded by Engine.mu.
+	idle []chan struct{}
 	// passedAt is the earliest due time of recipients a scan left in the
 	// queue because pending was full (zero: none); draining to half of it
 	// moves the scan back there. Guarded by Engine.mu.
@@ -457,6 +460,9 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 	defer e.mu.Unlock()
 	now := e.now()
 	e.waiting = false
+	for _, name := range e.order {
+		wakeIdle(e.dests[name], false)
+	}
 	for started := true; started; {
 		started = false
 		n := len(e.order)
@@ -469,6 +475,9 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 			if e.workers >= e.cfg.Delivery.MaxConnections {
 				e.waiting = true
 				e.next = idx
+				for _, name := range e.order {
+					wakeIdle(e.dests[name], true) // to give up their slots
+				}
 				e.evict()
 				return
 			}
@@ -495,6 +504,23 @@ func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 	}
 	share := min(reuseShare, e.cfg.Delivery.MaxMessagesPerConnection)
 	return d.active*share < len(d.pending)+d.active
+}
+
+// wakeIdle wakes as many of d's idle workers as it has jobs, or all of
+// them. Called with e.mu held.
+func wakeIdle(d *dest, all bool) {
+	n := len(d.idle)
+	if !all {
+		n = min(n, len(d.pending))
+	}
+	for _, c := range d.idle[len(d.idle)-n:] {
+		select {
+		case c <- struct{}{}:
+		default:
+		}
+	}
+	clear(d.idle[len(d.idle)-n:])
+	d.idle = d.idle[:len(d.idle)-n]
 }
 
 // startWorker runs a worker for d. Called with e.mu held.

@@ -28,15 +28,69 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	defer release()
 	var s *session
 	defer func() { e.closeSession(ctx, s) }()
+	wake := make(chan struct{}, 1)
 	for served := 0; ctx.Err() == nil; served++ {
+		if !e.awaitJob(ctx, d, s, wake, served) {
+			return
+		}
 		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
 			return
 		}
 		j := e.nextJob(d, s, served)
 		if j == nil {
-			return
+			continue // another worker took it: wait again
 		}
 		s = e.runJob(ctx, d, j, s)
+	}
+}
+
+// awaitJob reports whether d has a job for this worker, waiting up to
+// delivery.connection_cache_time for one when its connection s is open and
+// may carry more; the scheduler signals wake when it claims one (wakeIdle).
+// Without that wait, a message arriving just after the last one was sent
+// found the worker closing its connection (a worker still counts against
+// the destination's concurrency), waited for it to end, for a scan, and
+// for a new worker to dial, greet and say EHLO. It reports false when the
+// worker should end: nothing came, ctx ended, d is paused, or another
+// domain waits for a connection slot (fairness).
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, served int) bool {
+	var t *time.Timer
+	for {
+		e.mu.Lock()
+		switch {
+		case d.throttle.Paused(e.now()) || (served > 0 && e.waiting):
+			e.mu.Unlock()
+			return false
+		case len(d.pending) > 0:
+			e.mu.Unlock()
+			return true
+		case s == nil || s.count >= e.cfg.Delivery.MaxMessagesPerConnection || e.cfg.Delivery.ConnectionCacheTime <= 0:
+			e.mu.Unlock()
+			return false
+		}
+		d.idle = append(d.idle, wake)
+		e.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(e.cfg.Delivery.ConnectionCacheTime)
+			defer t.Stop()
+		}
+		woken := false
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-wake:
+			woken = true
+		}
+		e.mu.Lock()
+		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == wake })
+		e.mu.Unlock()
+		select {
+		case <-wake: // a signal sent after the wait ended
+		default:
+		}
+		if !woken {
+			return false
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Line lengths.
@@ -170,8 +171,12 @@ func (f *lineFramer) scanCommand(p []byte) ([]byte, bool) {
 // stream is TLS (if go-smtp refuses STARTTLS the framer still counts:
 // it cannot know).
 func (f *lineFramer) lineEnded() {
-	line := strings.TrimRight(string(f.head), "\r\n")
+	head := f.head
 	f.lineLen, f.head = 0, f.head[:0]
+	if !startsLike(head, "STARTTLS") && !startsLike(head, "BDAT") {
+		return // the common case, without a copy of the line
+	}
+	line := strings.TrimRight(string(head), "\r\n")
 	if strings.HasPrefix(strings.ToUpper(line), "STARTTLS") {
 		f.tls = true
 		return
@@ -179,6 +184,26 @@ func (f *lineFramer) lineEnded() {
 	if n, ok := bdatSize(line); ok {
 		f.skip = n
 	}
+}
+
+// startsLike reports whether line may start with the upper-case ASCII
+// verb as go-smtp reads it (strings.ToUpper): an ASCII prefix equal but
+// for case, or any non-ASCII byte within it, since upper-casing maps some
+// non-ASCII letters to ASCII ones (U+017F to S, U+212A to K).
+func startsLike(line []byte, verb string) bool {
+	for i := range min(len(line), len(verb)) {
+		c := line[i]
+		if c >= utf8.RuneSelf {
+			return true
+		}
+		if c >= 'a' && c <= 'z' {
+			c -= 'a' - 'A'
+		}
+		if c != verb[i] {
+			return false
+		}
+	}
+	return len(line) >= len(verb)
 }
 
 // bdatSize parses a BDAT command line exactly as go-smtp v0.26 does

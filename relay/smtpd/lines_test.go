@@ -92,6 +92,10 @@ var framerStreams = []struct {
 	{"after body", true, "DATA\r\nb\r\n.\r\n" + strings.Repeat("n", maxLineLength+1), false},
 	{"empty body", true, "DATA\r\n.\r\n" + strings.Repeat("n", maxLineLength+1), false},
 	{"starttls", false, "STARTTLS\r\n" + strings.Repeat("\x16", 5000), true},
+	{"starttls lower case", false, "starttls\r\n" + strings.Repeat("\x16", 5000), true},
+	// go-smtp upper-cases the verb with strings.ToUpper: U+017F is S.
+	{"starttls long s", false, "\u017ftarttls\r\n" + strings.Repeat("\x16", 5000), true},
+	{"not starttls", false, "STARTTLX\r\n" + strings.Repeat("\x16", 5000), false},
 }
 
 // TestLineFramer: the framer's verdict on each stream is the same however
