@@ -7,36 +7,51 @@ import (
 
 // Pace is the rate a throttling destination accepts, learned by additive
 // increase and multiplicative decrease (AIMD, as TCP learns a path's
-// capacity): each rate-limit reply multiplies the rate by paceDecrease,
-// each accepted message adds a fixed share of the rate set at the last
-// decrease, so that the rate climbs back to where it was refused in about
-// paceCycle messages. Sending at the learned rate uses most of the
-// allowance of a destination that accepts N messages per window with
-// about one refusal per paceCycle messages (pace_test.go simulates such
-// destinations), where pausing after each refusal leaves most of the
-// allowance unused.
+// capacity), and sending at that rate uses most of the allowance of a
+// destination that accepts N messages per window, where pausing after
+// each refusal leaves most of it unused (pace_test.go simulates such
+// destinations).
 //
-// Before the first paced refusal the rate grows by paceSlowStart per
-// accepted message (slow start), from one message per paceStart, and a
-// refusal in slow start halves the rate (slow start overshoots by up to its
-// growth since the last acceptance, as TCP's does). Consecutive refusals
-// (no accepted message in between) also double the gap before the next
-// start (up to 64 intervals) until a message passes: a destination whose
-// window is used up refuses everything until it turns, however slowly we
-// send. Pace is independent of the generic retry schedule
+// The start decides a short run. While a destination accepts everything,
+// Pace counts the run of accepted messages (Run since RunStart; a run
+// older than paceRunSpan starts again). The first rate-limit reply paces
+// the destination at one message per paceStart, and refusals that follow
+// with nothing accepted in between only double the gap before the next
+// start (Start): the destination's window is used up, which says nothing
+// of its rate. The first message accepted after them ends the opening:
+// the window has turned, so the run before the refusal took at most the
+// time from RunStart to the window's turn, some time during the last gap
+// (taken an eighth of it before now: late, so that the estimate errs
+// low), and the pace starts at that run's rate. With no run to go by (the
+// very first message was refused), the rate grows by paceSlowStart per
+// accepted message until the next refusal halves it.
+//
+// From then on, each refusal multiplies the rate by paceDecrease
+// (consecutive ones also double the gap), and each accepted message adds
+// a share of the rate set at the last decrease (Base), so that the rate
+// climbs back to where it was refused in paceCycle messages; past that,
+// no refusal having been seen there, it grows by paceBeyond per message,
+// so that a pace that started low reaches the allowance within a short
+// run. Pace is independent of the generic retry schedule
 // (retry.initial_interval): the refused recipient comes back one interval
 // later, in line with the others.
 type Pace struct {
 	Interval time.Duration // between transaction starts; 0: not paced
-	Base     time.Duration // interval set by the last decrease; 0: slow start
+	Base     time.Duration // interval set by the last decrease; 0: opening or slow start
 	Refusals int           // refusals since the last accepted message
+	Run      int           // messages accepted since RunStart before the opening refusal
+	RunStart time.Time
 }
 
 const (
 	paceStart     = time.Second
 	paceDecrease  = 0.85
-	paceCycle     = 24
+	paceCycle     = 32
 	paceSlowStart = 1.1
+	paceBeyond    = 1.005
+	// paceRunSpan bounds a run of accepted messages: an older one says
+	// little about the burst that hit the limit.
+	paceRunSpan = 10 * time.Minute
 	// paceMin ends pacing: a destination accepting more than 100
 	// messages a second is not throttling us any more.
 	paceMin = 10 * time.Millisecond
@@ -52,26 +67,41 @@ func (p Pace) Paced() bool { return p.Interval > 0 }
 func (p Pace) OnRefused() Pace {
 	switch {
 	case p.Interval <= 0:
-		return Pace{Interval: paceStart, Refusals: 1}
+		return Pace{Interval: paceStart, Refusals: 1, Run: p.Run, RunStart: p.RunStart}
+	case p.Base <= 0 && p.Refusals > 0:
+		p.Refusals++ // the opening's window is used up: only the gap grows
+		return p
 	}
 	f := 1 / paceDecrease
 	if p.Base <= 0 {
-		f = 2 // leaving slow start
+		f = 2 // leaving slow start, which overshoots by up to its growth
 	}
 	i := min(toDuration(float64(p.Interval)*f), paceMax)
 	return Pace{Interval: i, Base: i, Refusals: p.Refusals + 1}
 }
 
-// OnAccepted returns the pace after an accepted message.
-func (p Pace) OnAccepted() Pace {
+// OnAccepted returns the pace after a message accepted at now.
+func (p Pace) OnAccepted(now time.Time) Pace {
 	if p.Interval <= 0 {
-		return Pace{}
+		if p.Run == 0 || now.Sub(p.RunStart) > paceRunSpan || now.Before(p.RunStart) {
+			return Pace{Run: 1, RunStart: now}
+		}
+		p.Run++
+		return p
+	}
+	if p.Base <= 0 && p.Run > 0 && p.Refusals > 0 {
+		// The opening ends: start at the rate of the run before it.
+		i := min(max((now.Sub(p.RunStart)-p.gap()/8)/time.Duration(p.Run), paceMin), paceMax)
+		return Pace{Interval: i, Base: toDuration(float64(i) / paceDecrease)}
 	}
 	rate := 1 / p.Interval.Seconds()
-	if p.Base <= 0 {
+	switch base := 1 / p.Base.Seconds(); {
+	case p.Base <= 0:
 		rate *= paceSlowStart
-	} else {
-		rate += (1 / p.Base.Seconds()) * (1/paceDecrease - 1) / paceCycle
+	case rate < base/paceDecrease:
+		rate += base * (1/paceDecrease - 1) / paceCycle
+	default:
+		rate *= paceBeyond
 	}
 	i := time.Duration(math.Round(float64(time.Second) / rate))
 	if i < paceMin {
@@ -87,9 +117,14 @@ func (p Pace) Start(last, now time.Time) time.Time {
 	if p.Interval <= 0 || last.IsZero() {
 		return now
 	}
-	gap := min(p.Interval<<min(max(p.Refusals-1, 0), 6), paceMax)
-	if t := last.Add(gap); t.After(now) {
+	if t := last.Add(p.gap()); t.After(now) {
 		return t
 	}
 	return now
+}
+
+// gap is the time between transaction starts: the interval, doubled for
+// each refusal after the first since the last accepted message.
+func (p Pace) gap() time.Duration {
+	return min(p.Interval<<min(max(p.Refusals-1, 0), 6), paceMax)
 }

@@ -1,22 +1,34 @@
 package backoff
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
 
-// windowLimiter accepts at most n messages per fixed window, as a
-// throttling destination does ("5 messages per 5 s").
+// limiter is a throttling destination's counter.
+type limiter interface {
+	accept(now time.Time) bool
+}
+
+// windowLimiter accepts at most n messages per window, as a throttling
+// destination does ("5 messages per 5 s"). aligned windows start at
+// multiples of window; otherwise a window starts with the first message
+// after the last one ended (as the bench's destination counts).
 type windowLimiter struct {
-	n      int
-	window time.Duration
-	start  time.Time
-	count  int
+	n       int
+	window  time.Duration
+	aligned bool
+	start   time.Time
+	count   int
 }
 
 func (l *windowLimiter) accept(now time.Time) bool {
 	if now.Sub(l.start) >= l.window {
-		l.start, l.count = now.Truncate(l.window), 0
+		l.start, l.count = now, 0
+		if l.aligned {
+			l.start = now.Truncate(l.window)
+		}
 	}
 	if l.count >= l.n {
 		return false
@@ -25,83 +37,129 @@ func (l *windowLimiter) accept(now time.Time) bool {
 	return true
 }
 
-// TestPace_AIMDMeetsAllowedRate sends 200 messages as the engine does
-// (each transaction starts at Pace.Start; a refused message comes back in
-// line) to destinations allowing n per window, and checks that the
+// paceRun is the outcome of sending a burst through a limiter.
+type paceRun struct {
+	took     time.Duration // from the burst to the last acceptance
+	refused  int
+	interval time.Duration // the pace at the end
+}
+
+// simulatePace sends a burst of messages, all queued at once, as the
+// engine does: a transaction starts at Pace.Start, takes a millisecond,
+// and a refused message waits in line for the next start. The clock is
+// simulated.
+func simulatePace(l limiter, messages int) paceRun {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	var p Pace
+	now, last := t0, time.Time{}
+	accepted, refused := 0, 0
+	for accepted < messages {
+		now = p.Start(last, now)
+		last = now
+		if l.accept(now) {
+			accepted++
+			p = p.OnAccepted(now)
+		} else {
+			refused++
+			p = p.OnRefused()
+		}
+		now = now.Add(time.Millisecond) // the transaction itself
+	}
+	return paceRun{took: now.Sub(t0), refused: refused, interval: p.Interval}
+}
+
+// TestPace_AIMDMeetsAllowedRate sends bursts of 100 and 500 messages, as
+// the engine does, to destinations allowing n per window (windows aligned
+// on the clock or counted from their first message), and checks that the
 // learned pace uses at least 80% of the allowed rate with at most 5% of
 // the attempts refused. The clock is simulated: this is the algorithm's
 // property, not the machine's.
+//
+// One shape is logged, not held to the goal, at 100 messages: 30 per
+// minute. After the opening burst the gap doubles from one second until
+// the window turns, which costs about log2 of the window in seconds plus
+// one refusals (7 here), more than 5% of a run that short.
 func TestPace_AIMDMeetsAllowedRate(t *testing.T) {
 	for _, c := range []struct {
 		n      int
 		window time.Duration
+		exempt int // a run this short is logged only
 	}{
-		{5, 5 * time.Second},
-		{10, 10 * time.Second},
-		{2, time.Second},
-		{30, time.Minute},
-		{1, 10 * time.Second}, // one per window: every overshoot is refused (6% here; logged, not held to 5%)
+		{5, 5 * time.Second, 0},
+		{10, 10 * time.Second, 0},
+		{2, time.Second, 0},
+		{20, 10 * time.Second, 0},
+		{30, time.Minute, 100},
+		{1, 10 * time.Second, 0}, // one per window: every overshoot is refused
 	} {
-		t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-		l := &windowLimiter{n: c.n, window: c.window, start: t0}
-		var p Pace
-		now, last := t0, time.Time{}
-		const messages = 500
-		accepted, refused := 0, 0
-		for accepted < messages {
-			now = p.Start(last, now)
-			last = now
-			if l.accept(now) {
-				accepted++
-				p = p.OnAccepted()
-			} else {
-				refused++
-				p = p.OnRefused()
+		for _, messages := range []int{100, 500} {
+			for _, aligned := range []bool{true, false} {
+				l := &windowLimiter{n: c.n, window: c.window, aligned: aligned}
+				r := simulatePace(l, messages)
+				allowed := float64(c.n) / c.window.Seconds()
+				rate := float64(messages) / r.took.Seconds()
+				share := float64(r.refused) / float64(messages+r.refused)
+				name := fmt.Sprintf("%d per %v, %d messages, aligned %v", c.n, c.window, messages, aligned)
+				t.Logf("%s: %v, %.0f%% of the allowed rate, %d refused (%.1f%%), final interval %v",
+					name, r.took.Round(time.Second), 100*rate/allowed, r.refused, 100*share, r.interval)
+				if (rate < 0.8*allowed || share > 0.05) && messages != c.exempt {
+					t.Errorf("%s: %.0f%% of the allowed rate with %.1f%% refused; want at least 80%% with at most 5%%",
+						name, 100*rate/allowed, 100*share)
+				}
 			}
-			now = now.Add(time.Millisecond) // the transaction itself
-		}
-		took := now.Sub(t0)
-		allowed := float64(c.n) / c.window.Seconds()
-		rate := float64(accepted) / took.Seconds()
-		share := float64(refused) / float64(accepted+refused)
-		t.Logf("%d per %v: %d messages in %v, %.0f%% of the allowed rate, %d refused (%.1f%%), final interval %v",
-			c.n, c.window, accepted, took.Round(time.Second), 100*rate/allowed, refused, 100*share, p.Interval)
-		if rate < 0.8*allowed || (share > 0.05 && c.n > 1) {
-			t.Errorf("%d per %v: %.0f%% of the allowed rate with %.1f%% refused; want at least 80%% with at most 5%%",
-				c.n, c.window, 100*rate/allowed, 100*share)
 		}
 	}
 }
 
 func TestPace_Transitions(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var p Pace
-	if p.Paced() || p.OnAccepted() != (Pace{}) {
-		t.Fatalf("zero Pace must be unpaced and stay so: %+v", p.OnAccepted())
+	if p.Paced() {
+		t.Fatalf("zero Pace must be unpaced: %+v", p)
+	}
+	for k := range 5 {
+		p = p.OnAccepted(t0.Add(time.Duration(k) * time.Millisecond))
+	}
+	if p.Paced() || p.Run != 5 || !p.RunStart.Equal(t0) {
+		t.Fatalf("5 accepted, unpaced: %+v, want a run of 5 from t0", p)
+	}
+	if q := p.OnAccepted(t0.Add(paceRunSpan + time.Second)); q.Run != 1 {
+		t.Errorf("a run older than paceRunSpan: %+v, want a new run", q)
 	}
 	p = p.OnRefused()
-	if p.Interval != paceStart || p.Base != 0 || p.Refusals != 1 {
-		t.Fatalf("first refusal: %+v, want slow start at %v", p, paceStart)
+	if p.Interval != paceStart || p.Base != 0 || p.Refusals != 1 || p.Run != 5 {
+		t.Fatalf("first refusal: %+v, want paced at %v, the run kept", p, paceStart)
 	}
-	if q := p.OnRefused(); q.Interval != 2*p.Interval || q.Refusals != 2 || q.Base != q.Interval {
-		t.Errorf("a second refusal in slow start: %+v, want the rate halved, 2 refusals", q)
+	if q := p.OnRefused(); q.Interval != p.Interval || q.Refusals != 2 {
+		t.Errorf("a second refusal in the opening: %+v, want the same interval, 2 refusals", q)
 	}
-	p = p.OnAccepted()
-	if p.Interval >= paceStart || p.Refusals != 0 {
-		t.Errorf("acceptance in slow start: %+v, want a shorter interval", p)
+	if got := p.OnRefused().Start(t0, t0); !got.Equal(t0.Add(2 * paceStart)) {
+		t.Errorf("after 2 refusals Start = %v, want twice the interval", got.Sub(t0))
+	}
+	p = p.OnAccepted(t0.Add(5 * time.Second))
+	if want := (5*time.Second - paceStart/8) / 5; p.Interval != want || p.Base <= p.Interval || p.Refusals != 0 || p.Run != 0 {
+		t.Fatalf("the opening ends 5 s after a run of 5 (the window turned in the last 1 s gap): %+v, want %v, Base past it", p, want)
 	}
 	before := p.Interval
 	p = p.OnRefused()
-	if p.Interval <= before || p.Base != p.Interval {
+	if p.Interval <= before || p.Base != p.Interval || p.Refusals != 1 {
 		t.Errorf("refusal after acceptance: %+v, want a longer interval and Base set", p)
 	}
-	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if got := p.Start(t0, t0.Add(p.Interval/2)); !got.Equal(t0.Add(p.Interval)) {
 		t.Errorf("Start = %v, want the previous start plus the interval", got.Sub(t0))
 	}
 	for range 100000 {
-		p = p.OnAccepted()
+		p = p.OnAccepted(t0)
 	}
 	if p.Paced() {
 		t.Errorf("after 100000 acceptances still paced: %+v", p)
+	}
+	// Refused at once, no run to go by: slow start.
+	q := Pace{}.OnRefused().OnAccepted(t0)
+	if q.Interval >= paceStart || q.Base != 0 {
+		t.Errorf("acceptance in slow start: %+v, want a shorter interval", q)
+	}
+	if r := q.OnRefused(); r.Interval != 2*q.Interval || r.Base != r.Interval {
+		t.Errorf("leaving slow start: %+v, want the rate halved", r)
 	}
 }

@@ -1,6 +1,9 @@
 package backoff
 
-import "time"
+import (
+	"math"
+	"time"
+)
 
 // Window is what is known about one destination's greylisting delay, from
 // the retries of earlier greylisting episodes (each measured from the
@@ -13,32 +16,67 @@ import "time"
 // First retries of later episodes land just past High (High plus 2% plus
 // one second): the receiver's clock and rounding may differ a little from
 // ours, and the 2% keeps the margin in proportion for long delays. While the
-// window is wide, that placement can overshoot the true delay by up to its
-// width, so every few episodes one first retry probes inside the window (its
-// middle): if it passes, High comes down to it; if it is refused, Low goes
-// up, and the recipient's next retry still lands just past High, so a probe
-// costs one refused attempt, never time. A narrow window is checked below
-// Low every CheckEvery passes, so that a receiver that shortened its delay
-// is noticed; a receiver that lengthened it refuses the retry past High,
-// and the window starts again from that refusal. A destination that stops
+// window is wider than the goal needs (Narrow), that placement can
+// overshoot the true delay by up to its width, so the first retries of the
+// next few episodes probe inside it: if a probe passes, High comes down to
+// it; if it is refused, Low goes up, and the recipient's next retry still
+// lands just past High, so a probe costs one refused attempt, never time.
+// Probes split the window in halves of the goal's own measure (the ratio
+// of High+c to Low+c, see goalPivot), so that each answer, pass or
+// refusal, halves what is left to narrow: four probes narrow the window of
+// a factor of two that the quick retries of a first episode leave. A window
+// without a lower bound (the first retry passed straight away) is first
+// probed from the top (topDown). Once the window is narrow, first retries
+// stop probing: every later message passes in two attempts.
+//
+// A receiver that lengthens its delay refuses the retry past High, and the
+// window starts again from that refusal. A destination that stops
 // greylisting (it whitelisted us) never opens an episode, so the window is
-// simply not used.
+// simply not used. A receiver that shortens its delay is seen only by a
+// retry below Low, which costs a refused attempt if the delay did not
+// change; such a check is made at most once per CheckAfter, so that its
+// cost stays one attempt an hour for a destination that greylists all day.
 type Window struct {
-	Low   time.Duration // longest wait known to be refused; 0: none
-	High  time.Duration // shortest wait known to pass; 0: unknown
-	Quiet int           // passes since the last probe
+	Low  time.Duration // longest wait known to be refused; 0: none
+	High time.Duration // shortest wait known to pass; 0: unknown
+	// Probes counts the probes since the window last started again.
+	Probes int
 	// ProbeUntil is when the probe under way is decided (its recipient's
 	// retry past High); no other probe starts before, so that a burst of
 	// messages does not probe the same point many times.
 	ProbeUntil time.Time
+	// Checked is when the window was last checked below Low (or started
+	// again); the next check waits until CheckAfter later.
+	Checked time.Time
 }
 
-// CheckEvery is how many passes of a narrow window go by before a first
-// retry checks below Low whether the receiver shortened its delay.
-const CheckEvery = 8
+// ProbeBudget bounds the probes of a window after it starts again, should
+// a receiver's answers never let it narrow (a delay that varies from one
+// triplet to the next): each probe may cost a refused attempt. Narrowing
+// takes about four from a lower bound, up to ten from none.
+const ProbeBudget = 12
+
+// topDown is how many probes of a window without a lower bound come down
+// from High in the goal's steps (narrowBelow) before they bisect from zero:
+// a first retry that passed straight away most likely came just after the
+// delay. A window that starts again after a check below Low (the delay
+// shrank, perhaps by much) bisects at once.
+const topDown = 4
+
+// CheckAfter is how long a window stays unchecked below Low: a receiver
+// that shortens its delay is noticed within this time (and a few messages).
+const CheckAfter = time.Hour
 
 // minProbe is the shortest wait worth probing: greylisters count in seconds.
 const minProbe = time.Second
+
+// goalPivot is c in the goal's measure: the latest first retry past High
+// (Latest) is within 10% + 1.5 s of Low (2 s less the time an attempt
+// takes) exactly when (High+c)/(Low+c) is at most goalRatio.
+const (
+	goalPivot = 8333 * time.Millisecond
+	goalRatio = 1.1 / 1.04
+)
 
 // Known reports whether anything was learned.
 func (w Window) Known() bool { return w.Low > 0 || w.High > 0 }
@@ -46,14 +84,19 @@ func (w Window) Known() bool { return w.Low > 0 || w.High > 0 }
 // Margin is how far past High a first retry lands: 2% plus one second.
 func Margin(high time.Duration) time.Duration { return high/50 + time.Second }
 
+// Latest is the latest first retry placed past high: its margin and up to
+// 2% of jitter, which spreads the retries of many recipients.
+func Latest(high time.Duration) time.Duration { return high + Margin(high) + high/50 }
+
 // Narrow reports whether a retry past High is as good as the goal needs:
-// within 10% plus 2 s of any delay the window allows, or a window of one
-// second (a greylister's resolution).
+// within 10% plus 2 s of any delay the window allows (less half a second
+// for the attempt itself), or a window of one second (a greylister's
+// resolution).
 func (w Window) Narrow() bool {
 	if w.High <= 0 || w.Low <= 0 {
 		return false
 	}
-	return w.High+Margin(w.High) <= w.Low+w.Low/10+2*time.Second || w.High-w.Low <= time.Second
+	return Latest(w.High) <= w.Low+w.Low/10+1500*time.Millisecond || w.High-w.Low <= time.Second
 }
 
 // Probe decides whether the first retry of an episode starting at now
@@ -63,25 +106,46 @@ func (w Window) Probe(now time.Time) (time.Duration, Window) {
 	if w.High <= 0 || now.Before(w.ProbeUntil) {
 		return 0, w
 	}
+	if w.Checked.IsZero() {
+		w.Checked = now // a window stored before checks were timed
+	}
 	var at time.Duration
 	switch {
-	case w.Low <= 0:
-		// Nothing refused lately (the delay shrank below what was
-		// refused before): come down in bigger steps.
-		at = w.High / 4
-	case !w.Narrow():
-		at = (w.Low + w.High) / 2
-	case w.Quiet >= CheckEvery:
-		at = w.Low / 2 // has the receiver shortened its delay?
+	case w.Probes >= ProbeBudget || w.Narrow():
+		if now.Sub(w.Checked) < CheckAfter {
+			return 0, w
+		}
+		// Has the receiver shortened its delay? A check that passes
+		// starts the window again.
+		at, w.Checked = w.Low/2, now
+	case w.Low <= 0 && w.Probes < topDown:
+		// The first retry passed straight away: most likely it came
+		// just after the delay, so try just low enough that a refusal
+		// leaves a narrow window.
+		at = narrowBelow(w.High)
 	default:
-		return 0, w
+		at = split(w.Low, w.High)
 	}
 	if at < minProbe || at >= w.High {
 		return 0, w
 	}
 	w.ProbeUntil = now.Add(w.High + Margin(w.High))
-	w.Quiet = 0
+	w.Probes++
 	return at, w
+}
+
+// narrowBelow is the shortest lower bound that makes a window up to high
+// narrow.
+func narrowBelow(high time.Duration) time.Duration {
+	return toDuration(float64(high+goalPivot)/goalRatio) - goalPivot
+}
+
+// split is the probe inside (low, high): the middle in the goal's measure
+// (the geometric mean of low+c and high+c, less c), so that either answer
+// halves what is left to narrow.
+func split(low, high time.Duration) time.Duration {
+	l, h := (low + goalPivot).Seconds(), (high + goalPivot).Seconds()
+	return toDuration(math.Sqrt(l*h)*float64(time.Second)) - goalPivot
 }
 
 // Refused returns the window after a retry elapsed after the episode's
@@ -97,7 +161,7 @@ func (w Window) Refused(elapsed time.Duration) Window {
 	if w.High > 0 && elapsed >= w.High {
 		// The receiver lengthened its delay: what passed before no longer
 		// does. Start again from this refusal.
-		w.High, w.Quiet = 0, 0
+		w.High, w.Probes, w.Checked = 0, 0, time.Time{}
 	}
 	return w
 }
@@ -110,11 +174,13 @@ func (w Window) Passed(elapsed time.Duration) Window {
 	}
 	if w.High <= 0 || elapsed < w.High {
 		w.High, w.ProbeUntil = elapsed, time.Time{}
-	} else {
-		w.Quiet++
 	}
 	if w.Low >= w.High {
-		w.Low = 0 // the receiver shortened its delay: the old refusals no longer tell
+		// The receiver shortened its delay: the old refusals no longer
+		// tell. Start again from this pass; the probe that found it
+		// counts, so the next ones bisect from nothing (the new delay
+		// may be far shorter).
+		w.Low, w.Probes = 0, topDown
 	}
 	return w
 }

@@ -634,11 +634,14 @@ func encodeDestination(x *Destination) []byte {
 	e.t(x.Updated)
 	// Added later; older records end here and decode with zero values.
 	e.i(int64(x.GreylistLow))
-	e.i(int64(x.GreylistQuiet))
+	e.i(int64(x.GreylistProbes))
 	e.t(x.GreylistProbe)
 	e.i(int64(x.PaceInterval))
 	e.i(int64(x.PaceBase))
 	e.i(int64(x.PaceRefusals))
+	e.t(x.GreylistChecked)
+	e.i(int64(x.PaceRun))
+	e.t(x.PaceRunStart)
 	return e.b
 }
 
@@ -657,8 +660,12 @@ func decodeDestination(b []byte) (Destination, error) {
 	x.LastReply = d.reply()
 	x.Updated = d.t()
 	if len(d.b) > 0 {
-		x.GreylistLow, x.GreylistQuiet, x.GreylistProbe = time.Duration(d.i()), d.int(), d.t()
+		x.GreylistLow, x.GreylistProbes, x.GreylistProbe = time.Duration(d.i()), d.int(), d.t()
 		x.PaceInterval, x.PaceBase, x.PaceRefusals = time.Duration(d.i()), time.Duration(d.i()), d.int()
+	}
+	if len(d.b) > 0 {
+		x.GreylistChecked = d.t()
+		x.PaceRun, x.PaceRunStart = d.int(), d.t()
 	}
 	return x, d.done()
 }

@@ -25,8 +25,9 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 	d := Destination{Domain: "d", Greylists: true, GreylistSeen: 4, GreylistPassed: 3,
 		LearnedDelay: 7 * time.Minute, LastGreylisted: at, ThrottleLevel: -1, ThrottledUntil: at,
 		DeadHosts: map[string]time.Time{"mx1": at, "127.0.0.9": at.Add(time.Hour)},
-		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistQuiet: 2,
-		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2}
+		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistProbes: 2,
+		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2,
+		GreylistChecked: at.Add(-time.Hour), PaceRun: 5, PaceRunStart: at.Add(-time.Minute)}
 	return m, r, h, d
 }
 
@@ -61,18 +62,33 @@ func TestDestinationOldRecord(t *testing.T) {
 	full := encodeDestination(&d)
 	e := newEnc()
 	e.i(int64(d.GreylistLow))
-	e.i(int64(d.GreylistQuiet))
+	e.i(int64(d.GreylistProbes))
 	e.t(d.GreylistProbe)
 	e.i(int64(d.PaceInterval))
 	e.i(int64(d.PaceBase))
 	e.i(int64(d.PaceRefusals))
-	old := full[:len(full)-(len(e.b)-1)]
+	checked := newEnc()
+	checked.t(d.GreylistChecked)
+	checked.i(int64(d.PaceRun))
+	checked.t(d.PaceRunStart)
+	e.b = append(e.b, checked.b[len(newEnc().b):]...)
+	old := full[:len(full)-(len(e.b)-len(newEnc().b))]
 	got, err := decodeDestination(old)
 	want := d
-	want.GreylistLow, want.GreylistQuiet, want.GreylistProbe = 0, 0, time.Time{}
+	want.GreylistLow, want.GreylistProbes, want.GreylistProbe = 0, 0, time.Time{}
 	want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
+	want.GreylistChecked, want.PaceRun, want.PaceRunStart = time.Time{}, 0, time.Time{}
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("old record: %+v, %v; want %+v", got, err, want)
+	}
+	// A record written with the pace but before the checks were timed
+	// and the run counted.
+	paced := full[:len(full)-(len(checked.b)-len(newEnc().b))]
+	got, err = decodeDestination(paced)
+	want = d
+	want.GreylistChecked, want.PaceRun, want.PaceRunStart = time.Time{}, 0, time.Time{}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("record without GreylistChecked: %+v, %v; want %+v", got, err, want)
 	}
 	if _, err := decodeDestination(full[:len(full)-1]); err == nil {
 		t.Error("a record cut inside the new fields decoded without error")

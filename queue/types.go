@@ -299,9 +299,10 @@ type Destination struct {
 	GreylistPassed int
 	// LearnedDelay is the shortest wait after a first greylisting reply
 	// known to pass (the upper bound of the delay); GreylistLow the
-	// longest known to be refused (its lower bound); GreylistQuiet the
-	// passes since the last probe inside that window; GreylistProbe when
-	// the probe under way is decided (backoff.Window).
+	// longest known to be refused (its lower bound); GreylistProbes the
+	// probes inside that window since it last started again; GreylistProbe
+	// when the probe under way is decided; GreylistChecked when the window
+	// was last checked below its lower bound (backoff.Window).
 	LearnedDelay   time.Duration
 	LastGreylisted time.Time
 	ThrottleLevel  int
@@ -310,11 +311,17 @@ type Destination struct {
 	LastReply      Reply
 	Updated        time.Time
 	GreylistLow    time.Duration
-	GreylistQuiet  int
+	GreylistProbes int
 	GreylistProbe  time.Time
 	// PaceInterval, PaceBase and PaceRefusals are the learned sending rate
 	// of a throttling destination (backoff.Pace); PaceInterval 0: not paced.
+	// PaceRun and PaceRunStart count the messages accepted before it first
+	// refused (backoff.Pace.Run).
 	PaceInterval time.Duration
 	PaceBase     time.Duration
 	PaceRefusals int
+	// GreylistChecked: see LearnedDelay.
+	GreylistChecked time.Time
+	PaceRun         int
+	PaceRunStart    time.Time
 }

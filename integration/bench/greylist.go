@@ -45,11 +45,13 @@ type greylistFlags struct {
 	thrWindow, thrTimeout time.Duration
 	greylistTimeoutPerMsg time.Duration
 	postfixBackoff        time.Duration
+	systems               string // comma-separated: greyrelay, postfix
 }
 
 // greyResult is one system's greylisting run.
 type greyResult struct {
 	system   string
+	skipped  bool // not run (-systems)
 	attempts []int
 	took     []time.Duration
 	rcpts    int
@@ -60,6 +62,7 @@ type greyResult struct {
 // throttleResult is one system's throttling run.
 type throttleResult struct {
 	system      string
+	skipped     bool // not run (-systems)
 	delivered   int
 	total       time.Duration
 	refusals    int
@@ -81,6 +84,7 @@ func runGreylist(ctx context.Context, args []string) error {
 	fs.IntVar(&f.thrMessages, "throttle-messages", 100, "messages sent to it in one burst")
 	fs.DurationVar(&f.thrTimeout, "throttle-timeout", 15*time.Minute, "give up waiting for the throttled burst after this long")
 	fs.DurationVar(&f.postfixBackoff, "postfix-backoff", 10*time.Second, "Postfix's minimal_backoff_time and queue_run_delay")
+	fs.StringVar(&f.systems, "systems", "greyrelay,postfix", "systems to run, comma-separated (the Postfix throttling run takes about 30 min)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -94,6 +98,11 @@ func runGreylist(ctx context.Context, args []string) error {
 	var greys [2]greyResult
 	var thrs [2]throttleResult
 	for i, sys := range []string{"greyrelay", "postfix"} {
+		greys[i].system, thrs[i].system = sys, sys
+		if !slices.Contains(strings.Split(f.systems, ","), sys) {
+			greys[i].skipped, thrs[i].skipped = true, true
+			continue
+		}
 		wg.Add(2)
 		go func() { defer wg.Done(); greys[i] = greylistRun(ctx, e, bin, sys, f) }()
 		go func() { defer wg.Done(); thrs[i] = throttleRun(ctx, e, bin, sys, f) }()
@@ -299,6 +308,10 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	for k := 0; k < f.messages; k++ {
 		row := fmt.Sprintf("| %d |", k+1)
 		for _, g := range greys {
+			if g.skipped {
+				row += " not run |"
+				continue
+			}
 			if k < len(g.took) {
 				row += fmt.Sprintf(" %d / %.1f s |", g.attempts[k], g.took[k].Seconds())
 			} else {
@@ -309,6 +322,11 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	}
 	row1, row2 := "| RCPTs sent |", "| source addresses |"
 	for _, g := range greys {
+		if g.skipped {
+			row1 += " not run |"
+			row2 += " not run |"
+			continue
+		}
 		row1 += fmt.Sprintf(" %d |", g.rcpts)
 		row2 += fmt.Sprintf(" %s |", strings.Join(g.sources, ", "))
 	}
@@ -320,6 +338,12 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	fmt.Println("|---|---:|---:|")
 	rows := []string{"| delivered |", "| total time |", "| share of the allowed rate |", "| refusals (share of attempts) |", "| connections |"}
 	for _, t := range thrs {
+		if t.skipped {
+			for i := range rows {
+				rows[i] += " not run |"
+			}
+			continue
+		}
 		rate := float64(t.delivered) / t.total.Seconds()
 		rows[0] += fmt.Sprintf(" %d |", t.delivered)
 		rows[1] += fmt.Sprintf(" %.0f s |", t.total.Seconds())

@@ -16,8 +16,9 @@ import (
 // wait (from an episode's first greylisting reply) after which a retry was
 // refused again and the shortest after which one passed: the window of
 // backoff.Window, kept in the record (GreylistLow, LearnedDelay). First
-// retries of later episodes land just past its upper bound or, now and
-// then, probe inside it; each pass and each refusal narrows it. Taking the
+// retries of later episodes land just past its upper bound or, while it
+// is wide, probe inside it; each pass and each refusal narrows it, and
+// once narrow it is checked below at most hourly. Taking the
 // pass times themselves as the delay would drift upwards: every retry lands
 // a margin after the learned delay and would teach a slightly longer one.
 //
@@ -25,7 +26,9 @@ import (
 // (backoff.Input.Window); it never delays other recipients: greylisting is
 // per triplet and never slows the whole destination.
 //
-// Throttling. A destination that rate-limits us gets a learned pace
+// Throttling. Every accepted message counts in the destination's run
+// (backoff.Pace.Run), which sets the pace if it ever refuses. A
+// destination that rate-limits us gets a learned pace
 // (backoff.Pace, AIMD): transactions to it start at most one per
 // PaceInterval, whichever worker makes them (paceWait), and a refused
 // recipient comes back one interval later, instead of the destination
@@ -33,12 +36,13 @@ import (
 
 // window returns rec's greylisting window.
 func window(rec *queue.Destination) backoff.Window {
-	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Quiet: rec.GreylistQuiet, ProbeUntil: rec.GreylistProbe}
+	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Probes: rec.GreylistProbes, ProbeUntil: rec.GreylistProbe, Checked: rec.GreylistChecked}
 }
 
 // setWindow stores w in rec.
 func setWindow(rec *queue.Destination, w backoff.Window) {
-	rec.GreylistLow, rec.LearnedDelay, rec.GreylistQuiet, rec.GreylistProbe = w.Low, w.High, w.Quiet, w.ProbeUntil
+	rec.GreylistLow, rec.LearnedDelay, rec.GreylistProbes = w.Low, w.High, w.Probes
+	rec.GreylistProbe, rec.GreylistChecked = w.ProbeUntil, w.Checked
 }
 
 // learnGreylistPass records that a recipient first greylisted passed after
@@ -82,12 +86,13 @@ func greylistWait(p backoff.Policy, rec *queue.Destination, in backoff.Input, fi
 
 // pace returns rec's learned pace.
 func pace(rec *queue.Destination) backoff.Pace {
-	return backoff.Pace{Interval: rec.PaceInterval, Base: rec.PaceBase, Refusals: rec.PaceRefusals}
+	return backoff.Pace{Interval: rec.PaceInterval, Base: rec.PaceBase, Refusals: rec.PaceRefusals, Run: rec.PaceRun, RunStart: rec.PaceRunStart}
 }
 
 // setPace stores p in rec.
 func setPace(rec *queue.Destination, p backoff.Pace) {
 	rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = p.Interval, p.Base, p.Refusals
+	rec.PaceRun, rec.PaceRunStart = p.Run, p.RunStart
 }
 
 // learnThrottle updates the destination-wide throttle after an attempt: a
@@ -106,7 +111,7 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		t = t.OnSuccess()
 		p := pace(rec)
 		for range s.accepted {
-			p = p.OnAccepted()
+			p = p.OnAccepted(now)
 		}
 		setPace(rec, p)
 	default:
