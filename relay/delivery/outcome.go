@@ -173,9 +173,19 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	e.mu.Unlock()
 }
 
-// sameDest reports whether a and b hold the same knowledge (Updated aside).
+// sameDest reports whether a and b hold the same knowledge (Updated
+// aside). The run of accepted messages of a destination that has never
+// refused (PaceRun, PaceRunStart) does not count: it grows with every
+// delivered message, and storing the record (and sharing it with other
+// nodes) for each message would cost a database write and a Redis write
+// per message to learn nothing yet. It lives in memory (d.rec) and is
+// stored with the next change that counts, such as the refusal that
+// makes it useful; a restart before that only loses the estimate of the
+// opening rate.
 func sameDest(a, b queue.Destination) bool {
 	a.Updated, b.Updated = time.Time{}, time.Time{}
+	a.PaceRun, a.PaceRunStart = 0, time.Time{}
+	b.PaceRun, b.PaceRunStart = 0, time.Time{}
 	return reflect.DeepEqual(a, b)
 }
 

@@ -115,3 +115,26 @@ func TestDeliver_ConnectionKeptForNextMessage(t *testing.T) {
 		})
 	}
 }
+
+// TestDeliver_NothingLearnedNothingStored: messages accepted by a
+// destination that never deferred teach nothing worth a write, so its
+// record is not stored (nor shared with other nodes) per message (the run of accepted
+// messages stays in memory until a refusal makes it useful).
+func TestDeliver_NothingLearnedNothingStored(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ip := relaytest.Loopback(t)
+	h.dns.MX("plain.test", 10, "mx.plain.test").A("mx.plain.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{})
+	h.start()
+	for _, rc := range []string{"a@plain.test", "b@plain.test", "c@plain.test"} {
+		id := h.enqueue("alice@sender.test", rc)
+		eventually(t, wait, "delivered", func() bool { return h.gone(id) })
+	}
+	// The first outcome stores the destination's record once (the queue
+	// had none); the next two must not rewrite it.
+	rec, _, err := h.q.Destination("plain.test")
+	if err != nil || rec.PaceRun > 1 {
+		t.Errorf("destination record rewritten by later plain deliveries: PaceRun %d (err %v), want at most 1", rec.PaceRun, err)
+	}
+}
