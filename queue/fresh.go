@@ -21,7 +21,15 @@ package queue
 // message is simply not offered and takes the ordinary path (the
 // scheduler finds it due once it is inserted). Whoever receives a Fresh
 // must make sure that the ordinary path does not attempt it at the same
-// time (the engine claims its recipients before its scan can see them).
+// time. The engine claims its recipients before its scan can see them,
+// which holds only if the offer reaches it before the insert commits. The
+// insert request goes to the writer before the offer (so that the
+// attempt's outcome commits after the insert), and the writer may commit
+// it first when the journaler is descheduled in between; a scan may then
+// take the message the ordinary way, Begin it and release its claim before
+// the offer is read. So each offer carries its journal number (Seq), and
+// Visible tells which numbers a scan may have seen: an offer at or below
+// what was visible when a scan ended is left to the ordinary path.
 
 // freshBuffer is how many fresh messages may wait for the receiver.
 const freshBuffer = 1024
@@ -35,7 +43,17 @@ type Fresh struct {
 	// Body is the journal's copy of the message, shared and read-only:
 	// never modify it.
 	Body []byte
+	// Seq is the journal number of the record holding the message, to
+	// compare with Visible.
+	Seq uint64
 }
+
+// Visible returns the journal number of the newest journaled batch that a
+// committed, or committing, transaction inserts: a read transaction that
+// began before the call sees no message of a later batch, so a fresh offer
+// with a greater Seq cannot have been found by a scan that ended before
+// it.
+func (q *Queue) Visible() uint64 { return q.visible.Load() }
 
 // Fresh returns the channel on which the queue offers messages right after
 // their Enqueue returned, and starts offering them: until the first call
@@ -47,9 +65,9 @@ func (q *Queue) Fresh() <-chan Fresh {
 	return q.fresh
 }
 
-// offerFresh offers journaled messages (ms with their ids) to the
-// receiver, dropping what does not fit.
-func (q *Queue) offerFresh(ms []NewMessage, ids []ID) {
+// offerFresh offers journaled messages (ms with their ids, journal record
+// seq) to the receiver, dropping what does not fit.
+func (q *Queue) offerFresh(ms []NewMessage, ids []ID, seq uint64) {
 	if !q.freshOn.Load() {
 		return
 	}
@@ -58,7 +76,7 @@ func (q *Queue) offerFresh(ms []NewMessage, ids []ID) {
 		if m.File != nil || (!m.NextAttempt.IsZero() && m.NextAttempt.After(m.Arrival)) {
 			continue
 		}
-		f := Fresh{Message: m.envelope(ids[i], int64(len(m.Body))), Body: m.Body}
+		f := Fresh{Message: m.envelope(ids[i], int64(len(m.Body))), Body: m.Body, Seq: seq}
 		f.Recipients = make([]Recipient, len(m.To))
 		for j, to := range m.To {
 			f.Recipients[j] = Recipient{Key: Key{ids[i], j}, Addr: to.Addr, Domain: to.Domain, Notify: to.Notify,

@@ -149,3 +149,27 @@ func TestFresh_EnvelopeAsStored(t *testing.T) {
 		t.Error("the offered copy lost REQUIRETLS")
 	}
 }
+
+// Visible covers every journaled message a read may see: once a message
+// can be read from the database, Visible is at least its offer's Seq, and
+// offers carry increasing numbers.
+func TestFresh_VisibleCoversInserted(t *testing.T) {
+	q, _ := newQ(t)
+	q.Fresh()
+	var last uint64
+	for i := range 3 {
+		id := mustEnqueue(t, q, msg("s@x.test", "a@d.test"))
+		got := takeFresh(q)
+		if len(got) != 1 {
+			t.Fatalf("message %d: offered %d", i, len(got))
+		}
+		if got[0].Seq <= last {
+			t.Errorf("message %d: Seq %d after %d", i, got[0].Seq, last)
+		}
+		last = got[0].Seq
+		mustShow(t, q, id) // readable now
+		if v := q.Visible(); v < got[0].Seq {
+			t.Errorf("message %d readable with Visible %d below its Seq %d", i, v, got[0].Seq)
+		}
+	}
+}

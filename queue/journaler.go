@@ -306,7 +306,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	q.inflight.Add(int64(rcptsOf([]*insertBatch{{ms: copies}})))
 	q.acked.Store(j.seq)
 	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
-	q.offerFresh(copies, ids) // after the insert request: an outcome commits after it
+	q.offerFresh(copies, ids, j.seq) // after the insert request: an outcome commits after it
 	q.answer(batch, ids, nil)
 }
 

@@ -82,6 +82,9 @@ type Queue struct {
 
 	fresh   chan Fresh  // fresh.go
 	freshOn atomic.Bool // Fresh was called
+	// visible is the journal number of the newest batch a committed or
+	// committing transaction inserts (Visible).
+	visible atomic.Uint64
 }
 
 // request is one call waiting for the writer. fn runs inside the shared
@@ -517,6 +520,12 @@ func (q *Queue) commit(all []request) (waiting bool) {
 		needs = max(needs, r.needs)
 	}
 	pending := q.pending[:insertBudget(q.pending, needs)]
+	if len(pending) > 0 {
+		// Raised before the commit, so that whoever reads it after a
+		// read transaction began gets at least what that transaction
+		// sees (fresh.go).
+		q.visible.Store(pending[len(pending)-1].seq)
+	}
 	err := q.update(func(w *wtx) error {
 		if err := w.insertJournaled(pending); err != nil {
 			return err

@@ -150,7 +150,11 @@ type Engine struct {
 	out *recorder // collects the commits of outcomes (record.go)
 
 	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
-	freed <-chan string      // domains whose cluster-wide slot was released (shared.go); nil without Shared
+	// scanned is what queue.Visible said when the last scan ended: a
+	// fresh offer at or below it may have been found by that scan
+	// (fresh.go). Used by Run's goroutine only.
+	scanned uint64
+	freed   <-chan string // domains whose cluster-wide slot was released (shared.go); nil without Shared
 }
 
 // New checks opt and returns an engine.

@@ -22,6 +22,11 @@ import (
 //     since Active recipients are invisible to the scan). After that commit
 //     the queue holds their result, so a later scan cannot find them due
 //     by mistake.
+//   - an offer may come late: the writer can commit the insert before
+//     the journaler hands the offer over, and a scan may then have taken
+//     the message the ordinary way and Begun it, which releases its claim.
+//     So an offer whose journal number a scan may have seen
+//     (queue.Visible when the scan ended) is left to the ordinary path.
 //   - a fresh message the scheduler does not take at once (its
 //     destination is paused or has a full job list, or an attempt would
 //     need a write without a transaction: postponement for dead hosts) is
@@ -38,6 +43,9 @@ type freshJob struct {
 // scan would, and reports whether it claimed any. Recipients of a
 // destination that cannot take them now are left to the ordinary path.
 func (e *Engine) takeFresh(f queue.Fresh) bool {
+	if f.Seq <= e.scanned {
+		return false // a scan may have found it inserted: it is the scan's
+	}
 	if err := e.loadDests(f.Recipients); err != nil {
 		return false // the scan will find them
 	}

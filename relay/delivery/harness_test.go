@@ -148,6 +148,16 @@ func (h *harness) router() *mx.Router {
 // start creates the engine with opt's changes applied and runs it.
 func (h *harness) start(mod ...func(*Options)) {
 	h.t.Helper()
+	h.build(mod...)
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel, h.done = cancel, make(chan error, 1)
+	go func() { h.done <- h.eng.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+}
+
+// build makes h.eng without running it.
+func (h *harness) build(mod ...func(*Options)) {
+	h.t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	h.logs = logs
 	h.m = metrics.New(prometheus.NewRegistry())
@@ -165,10 +175,6 @@ func (h *harness) start(mod ...func(*Options)) {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	h.cancel, h.done = cancel, make(chan error, 1)
-	go func() { h.done <- h.eng.Run(ctx) }()
-	h.t.Cleanup(h.stop)
 }
 
 // stop ends the engine and closes the queue; it dumps the log on failure.

@@ -230,6 +230,9 @@ func (e *Engine) scan(now time.Time) error {
 		e.requestRescan()
 		return err
 	}
+	// Read after the walk's read transaction began, so it covers every
+	// message the walk could see (fresh.go).
+	e.scanned = e.q.Visible()
 	if err := e.loadDests(rs); err != nil {
 		e.requestRescan()
 		return err
