@@ -15,12 +15,11 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// t0, testNow and greylistReply are the fixture's (admintest).
+// t0 and testNow are the fixture's (admintest).
 var (
-	t0            = admintest.T0
-	testNow       = admintest.Now
-	greylistReply = admintest.GreylistReply
-	noSuchUser    = admintest.NoSuchUser
+	t0         = admintest.T0
+	testNow    = admintest.Now
+	noSuchUser = admintest.NoSuchUser
 )
 
 // fixture is admintest's queue (see there for its messages and
@@ -53,7 +52,6 @@ func newFixture(t testing.TB, opts ...options) *fixture {
 
 var (
 	enqueue    = admintest.Enqueue
-	deferKeys  = admintest.DeferKeys
 	finishKeys = admintest.FinishKeys
 )
 
