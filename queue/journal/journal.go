@@ -157,8 +157,10 @@ func ScanImage(r io.ReaderAt, size int64, salt [8]byte, applied uint64, fn func(
 			break
 		}
 		if seq > applied {
+			// An empty payload is not read: a reader may answer io.EOF to
+			// a read of nothing at the end of the image.
 			payload := make([]byte, n)
-			if _, err := r.ReadAt(payload, off+RecordHead); err != nil {
+			if _, err := r.ReadAt(payload, off+RecordHead); n > 0 && err != nil {
 				return last, err
 			}
 			if binary.BigEndian.Uint32(h[16:]) != recordCRC(salt, seq, payload) {
