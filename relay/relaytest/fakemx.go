@@ -53,7 +53,7 @@ type Script struct {
 func Reply(line string) error {
 	code, rest, _ := strings.Cut(line, " ")
 	n, err := strconv.Atoi(code)
-	if err != nil || n < 200 || n > 599 {
+	if err != nil || len(code) != 3 || n < 200 || n > 599 { // RFC 5321 §4.2: three digits
 		panic(fmt.Sprintf("relaytest: %q is not an SMTP reply", line))
 	}
 	e := &smtp.SMTPError{Code: n, EnhancedCode: smtp.NoEnhancedCode, Message: rest}
