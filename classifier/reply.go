@@ -61,7 +61,9 @@ func (p *ReplyParser) Add(line string) (*Reply, error) {
 		return nil, textproto.ProtocolError("inconsistent codes in multi-line reply: " + quote(line))
 	}
 	p.code = code
-	p.lines = append(p.lines, text)
+	// A CR left before the line end (a peer that sent CR CR LF) is line
+	// ending, not text: kept, it would make the joined text carry a CRLF.
+	p.lines = append(p.lines, strings.TrimRight(text, "\r"))
 	if !final {
 		return nil, nil
 	}

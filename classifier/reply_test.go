@@ -45,6 +45,9 @@ func TestParseReply(t *testing.T) {
 		// The text is kept as sent; Error and Classify sanitise it.
 		{"451 4.7.1 tab\there\x00nul", Reply{451, "4.7.1", "tab\there\x00nul"}},
 		{"450 4.7.1 bad \xff utf8", Reply{450, "4.7.1", "bad \xff utf8"}},
+		// A stray CR before CRLF is not text, or the joined lines would hold a CRLF.
+		{"450-\r\r\n450 x\r", Reply{450, "", "\nx"}},
+		{"450-a\rb\r\n450 c", Reply{450, "", "a\rb\nc"}},
 	}
 	for _, tc := range cases {
 		got, err := ParseReply(tc.in)
