@@ -286,6 +286,37 @@ func (m *countingMX) waitRcpts(t *testing.T, want int, timeout time.Duration) ma
 	return m.received()
 }
 
+// waitDeliveredOnce waits up to timeout until every recipient in want has
+// arrived at the destination (received reports what it accepted, by
+// recipient), then until the queues of nodes are empty, and checks that
+// each recipient arrived exactly once. It counts after the queues are
+// empty, so a second copy that came after the first arrivals counts too.
+func waitDeliveredOnce(t *testing.T, received func() map[string]int, timeout time.Duration, want []string, nodes ...*testRelay) {
+	t.Helper()
+	eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", len(want)), func() error {
+		got := received()
+		var missing []string
+		for _, r := range want {
+			if got[r] == 0 {
+				missing = append(missing, r)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Errorf("%d not arrived: %v", len(missing), missing)
+		}
+		return nil
+	})
+	for _, n := range nodes {
+		n.waitQueueEmpty(30 * time.Second)
+	}
+	got := received()
+	for _, r := range want {
+		if got[r] != 1 {
+			t.Errorf("%s delivered %d times, want once", r, got[r])
+		}
+	}
+}
+
 // TestClusterConnectionLimit: three nodes, each with its own queue of
 // messages for one destination, share delivery.max_per_destination: 2.
 // The destination never sees more than 2 transactions at once. With
@@ -348,13 +379,15 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 	a := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	b := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	const per = 10
-	var aIDs []string
+	var aIDs, rcpts []string
 	for i := range per {
-		aIDs = append(aIDs, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}}))
+		ra, rb := fmt.Sprintf("a%d@dest.test", i), fmt.Sprintf("b%d@dest.test", i)
+		aIDs = append(aIDs, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{ra}}))
 		if i == per/2 {
 			rds.Kill()
 		}
-		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{rb}})
+		rcpts = append(rcpts, ra, rb)
 	}
 	eventually(t, 20*time.Second, "nodes see Redis down", func() error {
 		for _, r := range []*testRelay{a, b} {
@@ -364,17 +397,7 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
-	mx.waitRcpts(t, 2*per, 60*time.Second)
-	a.waitQueueEmpty(30 * time.Second)
-	b.waitQueueEmpty(30 * time.Second)
-	seen := mx.received()
-	for i := range per {
-		for _, p := range []string{"a", "b"} {
-			if r := fmt.Sprintf("%s%d@dest.test", p, i); seen[r] != 1 {
-				t.Errorf("%s delivered %d times, want once", r, seen[r])
-			}
-		}
-	}
+	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, a, b)
 	for _, r := range []*testRelay{a, b} {
 		if !strings.Contains(r.Log(), "Redis unreachable") {
 			t.Errorf("node %s logged no warning about Redis", r.IP)
@@ -475,9 +498,11 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 	mxAddr := n.mxAddr("dest.test") // nothing listens yet: connections are refused
 	a := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
 	const count = 5
-	var ids []string
+	var ids, rcpts []string
 	for i := range count {
-		ids = append(ids, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("r%d@dest.test", i)}}))
+		r := fmt.Sprintf("r%d@dest.test", i)
+		ids = append(ids, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{r}}))
+		rcpts = append(rcpts, r)
 	}
 	// Every recipient held back for the unreachable MX before the kill:
 	// deferred after an attempt, or postponed without one. Once the MX's
@@ -532,13 +557,7 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 		return nil
 	})
 	mx := startCountingMXAt(n, mxAddr, "mx.dest.test", nil)
-	got := mx.waitRcpts(t, count, 60*time.Second)
-	b.waitQueueEmpty(30 * time.Second)
-	for i := range count {
-		if r := fmt.Sprintf("r%d@dest.test", i); got[r] != 1 {
-			t.Errorf("%s delivered %d times, want once", r, got[r])
-		}
-	}
+	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, b)
 	for _, id := range ids {
 		if len(b.attempts(id)) == 0 {
 			t.Errorf("message %s: no attempt logged by the node that took the queue over", id)
@@ -573,8 +592,10 @@ func TestClusterSentinelFailover(t *testing.T) {
 	ov := []string{"cluster.redis.master_name=greyrelay", "delivery.max_per_destination=2"}
 	a, b := n.clusterNode(sentinel.Addr, ov...), n.clusterNode(sentinel.Addr, ov...)
 	const per = 10
+	var rcpts []string
 	for i := range per {
-		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("a%d@dest.test", i)}})
+		ra, rb := fmt.Sprintf("a%d@dest.test", i), fmt.Sprintf("b%d@dest.test", i)
+		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{ra}})
 		if i == per/2 {
 			eventually(t, 20*time.Second, "SENTINEL FAILOVER accepted", func() error {
 				if reply, err := sentinel.Command("SENTINEL FAILOVER greyrelay"); err != nil || reply != "+OK" {
@@ -583,7 +604,8 @@ func TestClusterSentinelFailover(t *testing.T) {
 				return nil
 			})
 		}
-		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("b%d@dest.test", i)}})
+		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{rb}})
+		rcpts = append(rcpts, ra, rb)
 	}
 	eventually(t, 30*time.Second, "the replica promoted", func() error {
 		info, err := replica.Info("replication")
@@ -592,17 +614,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 		}
 		return nil
 	})
-	mx.waitRcpts(t, 2*per, 60*time.Second)
-	a.waitQueueEmpty(30 * time.Second)
-	b.waitQueueEmpty(30 * time.Second)
-	seen := mx.received()
-	for i := range per {
-		for _, p := range []string{"a", "b"} {
-			if r := fmt.Sprintf("%s%d@dest.test", p, i); seen[r] != 1 {
-				t.Errorf("%s delivered %d times, want once", r, seen[r])
-			}
-		}
-	}
+	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, a, b)
 	// The nodes write to the new master: its SET count (only heartbeats
 	// and shared records write with SET) grows, and both nodes say Redis is up.
 	sets := func() int64 {
@@ -684,6 +696,20 @@ func (s *pacedSession) Data(r io.Reader) error {
 	return nil
 }
 
+// received returns how often each recipient was accepted.
+func (m *pacedMX) received() map[string]int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return maps.Clone(m.rcpts)
+}
+
+// refusals returns how many MAILs were refused.
+func (m *pacedMX) refusals() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.refused
+}
+
 func (s *pacedSession) Reset()        { s.rcpts = nil }
 func (s *pacedSession) Logout() error { return nil }
 
@@ -707,31 +733,24 @@ func TestClusterSharedPace(t *testing.T) {
 				nodes = append(nodes, n.clusterNode(rds.Addr, "cluster.destination_limits="+scope))
 			}
 			const per = 8
+			var rcpts []string
 			for i := range per {
 				for k, r := range nodes {
-					r.send(peers.SwaksMessage{From: "a@src.test", To: []string{fmt.Sprintf("n%d-%d@slow.test", k, i)}})
+					rcpt := fmt.Sprintf("n%d-%d@slow.test", k, i)
+					r.send(peers.SwaksMessage{From: "a@src.test", To: []string{rcpt}})
+					rcpts = append(rcpts, rcpt)
 				}
 			}
-			for _, r := range nodes {
-				r.waitQueueEmpty(90 * time.Second)
-			}
-			mx.mu.Lock()
-			defer mx.mu.Unlock()
-			for k := range nodes {
-				for i := range per {
-					if r := fmt.Sprintf("n%d-%d@slow.test", k, i); mx.rcpts[r] != 1 {
-						t.Errorf("%s delivered %d times, want once", r, mx.rcpts[r])
-					}
-				}
-			}
+			waitDeliveredOnce(t, mx.received, 90*time.Second, rcpts, nodes...)
 			// Learning the pace costs a refusal or two; three nodes pacing on
 			// their own were refused 5-10 times in trial runs.
-			t.Logf("%s: %d MAILs refused for %d messages", scope, mx.refused, 3*per)
-			if scope == "shared" && mx.refused > 3 {
-				t.Errorf("%d MAILs refused with a shared pace, want at most 3", mx.refused)
+			refused := mx.refusals()
+			t.Logf("%s: %d MAILs refused for %d messages", scope, refused, 3*per)
+			if scope == "shared" && refused > 3 {
+				t.Errorf("%d MAILs refused with a shared pace, want at most 3", refused)
 			}
-			if scope == "local" && mx.refused <= 3 {
-				t.Errorf("only %d MAILs refused with each node pacing alone: the destination does not tell shared from local pacing", mx.refused)
+			if scope == "local" && refused <= 3 {
+				t.Errorf("only %d MAILs refused with each node pacing alone: the destination does not tell shared from local pacing", refused)
 			}
 		})
 	}
