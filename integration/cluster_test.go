@@ -552,8 +552,9 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 
 // TestClusterNodeNameConflict: two running nodes given one
 // cluster.node_name are each told so: an error naming the other's admin
-// URL and the remedy, greyrelay_cluster_node_name_conflicts_total, and a
-// CONFLICT line in `greyrelay cluster status`.
+// URL and the remedy, greyrelay_cluster_node_name_conflicts_total, a
+// CONFLICT line in `greyrelay cluster status` and a line on the status
+// page.
 func TestClusterNodeNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
 	t.Parallel()
@@ -580,6 +581,12 @@ func TestClusterNodeNameConflict(t *testing.T) {
 		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath)
 		if res.Code != 0 || !strings.Contains(res.Stdout, "CONFLICT: node name dup is used by two running processes") {
 			return fmt.Errorf("%s", res)
+		}
+		return nil
+	})
+	eventually(t, 20*time.Second, "the status page says the conflict", func() error {
+		if code, page := b.Get(t, "/"); code != 200 || !strings.Contains(page, "Node name dup is used by two running processes") {
+			return fmt.Errorf("status page (HTTP %d) does not say the conflict", code)
 		}
 		return nil
 	})
