@@ -477,6 +477,14 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 	}
 }
 
+// counter reads a counter without labels from r's metrics (-1 if absent).
+func counter(r *testRelay, name string) float64 {
+	if f := r.metrics()[name]; f != nil && len(f.GetMetric()) > 0 {
+		return f.GetMetric()[0].GetCounter().GetValue()
+	}
+	return -1
+}
+
 // gauge reads a gauge without labels from r's metrics (-1 if absent).
 func gauge(r *testRelay, name string) float64 {
 	if f := r.metrics()[name]; f != nil && len(f.GetMetric()) > 0 {
@@ -563,6 +571,56 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 			t.Errorf("message %s: no attempt logged by the node that took the queue over", id)
 		}
 	}
+	// Taking over a dead node's name is no conflict: only a warning, at
+	// the first heartbeat, that the entry another process wrote was replaced.
+	if v := counter(b, "greyrelay_cluster_node_name_conflicts_total"); v != 0 || strings.Contains(b.Log(), "another running process uses this node name") {
+		t.Errorf("the node that took the dead node's queue and name over reported a name conflict (%v counted)", v)
+	}
+	if !strings.Contains(b.Log(), "replaced a fresh registry entry") {
+		t.Error("no warning that the node replaced the dead node's fresh registry entry")
+	}
+}
+
+// TestClusterNodeNameConflict: two running nodes given one
+// cluster.node_name are each told so: an error naming the other's admin
+// URL and the remedy, greyrelay_cluster_node_name_conflicts_total, a
+// CONFLICT line in `greyrelay cluster status` and a line on the status
+// page.
+func TestClusterNodeNameConflict(t *testing.T) {
+	peers.Require(t, "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	a := n.clusterNode(rds.Addr, "cluster.node_name=dup")
+	b := n.clusterNode(rds.Addr, "cluster.node_name=dup")
+	for _, pair := range [][2]*testRelay{{a, b}, {b, a}} {
+		r, other := pair[0], pair[1]
+		eventually(t, 20*time.Second, "node "+r.IP+" reports the conflict", func() error {
+			if v := counter(r, "greyrelay_cluster_node_name_conflicts_total"); v < 1 {
+				return fmt.Errorf("greyrelay_cluster_node_name_conflicts_total %v", v)
+			}
+			for line := range strings.Lines(r.Log()) {
+				if strings.Contains(line, `"level":"error"`) && strings.Contains(line, "cluster.node_name") &&
+					strings.Contains(line, `"other_admin_url":"http://`+other.AdminAddr+`"`) {
+					return nil
+				}
+			}
+			return errors.New("no error line naming the other node's admin URL")
+		})
+	}
+	eventually(t, 20*time.Second, "cluster status prints the conflict", func() error {
+		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath)
+		if res.Code != 0 || !strings.Contains(res.Stdout, "CONFLICT: node name dup is used by two running processes") {
+			return fmt.Errorf("%s", res)
+		}
+		return nil
+	})
+	eventually(t, 20*time.Second, "the status page says the conflict", func() error {
+		if code, page := b.Get(t, "/"); code != 200 || !strings.Contains(page, "Node name dup is used by two running processes") {
+			return fmt.Errorf("status page (HTTP %d) does not say the conflict", code)
+		}
+		return nil
+	})
 }
 
 // TestClusterSentinelFailover: the nodes reach Redis through a real

@@ -50,14 +50,30 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(map[string]any{"nodes": nodes})
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return printNodes(stdout, nodes)
+}
+
+// printNodes writes the registry as a table, then a line for each node
+// name that two running processes share: the registry can hold only one
+// of them, so the table alone would hide the other.
+func printNodes(w io.Writer, nodes []cluster.Node) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tADMIN\tVERSION\tQUEUED\tUP SINCE\tLAST SEEN")
 	for _, n := range nodes {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\n", n.Name, n.AdminURL, n.Version, n.Queued,
 			n.Started.Format(time.RFC3339), time.Since(n.Seen).Round(time.Second))
 	}
 	fmt.Fprintf(tw, "%d node(s)\n", len(nodes))
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.ConflictWith != "" {
+			fmt.Fprintf(w, "CONFLICT: node name %s is used by two running processes (admin %s and %s): give each node its own cluster.node_name\n",
+				n.Name, n.AdminURL, n.ConflictWith)
+		}
+	}
+	return nil
 }
 
 // queueListCluster runs `queue list` on every node registered in the

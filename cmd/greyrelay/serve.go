@@ -309,6 +309,12 @@ func newCluster(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) 
 	if node.AdminURL == "" && cfg.Admin.Address != "" {
 		node.AdminURL = "http://" + cfg.Admin.Address
 	}
+	// A node name that another running process already uses is reported
+	// by the cluster's heartbeat (an error, a metric, cluster status), not
+	// refused here: at start, another process's fresh entry may as well be
+	// this node's previous run that crashed, here or on the host whose
+	// queue this node took over, and a refusal would keep the node down
+	// until that entry expires (3×lease_ttl), or loop its restarts.
 	return cluster.New(cluster.Options{Config: c, Node: node, Logger: log, Registry: reg})
 }
 
@@ -322,7 +328,8 @@ func nodesFunc(c *cluster.Cluster) func(context.Context) ([]admin.ClusterNode, e
 		ns, err := c.Nodes(ctx)
 		out := make([]admin.ClusterNode, len(ns))
 		for i, n := range ns {
-			out[i] = admin.ClusterNode{Name: n.Name, AdminURL: n.AdminURL, Version: n.Version, Seen: n.Seen}
+			out[i] = admin.ClusterNode{Name: n.Name, AdminURL: n.AdminURL, Version: n.Version, Seen: n.Seen,
+				ConflictWith: n.ConflictWith}
 		}
 		return out, err
 	}

@@ -13,6 +13,9 @@ type ClusterNode struct {
 	AdminURL string
 	Version  string
 	Seen     time.Time
+	// ConflictWith is the admin URL of another running process with the
+	// same node name, as the entry's writer saw it; empty: none.
+	ConflictWith string
 }
 
 // pageNode is one node's row on the status page: its queue as its own

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -201,6 +202,35 @@ func TestStatusPageSections(t *testing.T) {
 	}
 	if strings.Contains(body, "quiet.test") {
 		t.Error("a destination with nothing queued and nothing learned is shown")
+	}
+}
+
+// TestStatusPageNodeNameConflict: a node name two running processes share
+// is said below the cluster table, with both admin URLs and the remedy.
+func TestStatusPageNodeNameConflict(t *testing.T) {
+	tests := []struct {
+		name     string
+		conflict string
+		want     bool
+	}{
+		{"conflict", "http://10.0.0.2:8025", true},
+		{"none", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, func(o *Options) {
+				o.Nodes = func(context.Context) ([]ClusterNode, error) {
+					return []ClusterNode{{Name: "relay1", AdminURL: "http://10.0.0.1:8025", ConflictWith: tt.conflict}}, nil
+				}
+				o.NodeStats = func(context.Context, ClusterNode) (Stats, error) { return Stats{}, nil }
+			})
+			body := f.do(t, "GET", "/").Body.String()
+			const want = "Node name relay1 is used by two running processes (admin http://10.0.0.1:8025 and http://10.0.0.2:8025)"
+			if !strings.Contains(body, `id="cluster"`) || strings.Contains(body, want) != tt.want ||
+				strings.Contains(body, "cluster.node_name") != tt.want {
+				t.Errorf("status page (cluster section %v) says the conflict: %v, want %v", strings.Contains(body, `id="cluster"`), !tt.want, tt.want)
+			}
+		})
 	}
 }
 

@@ -35,7 +35,14 @@
 //     nodes together start no faster than the pace. With Redis down each
 //     node paces on its own.
 //   - Nodes register themselves (name, admin URL, version, start time) under
-//     a key with a TTL refreshed by the same background loop.
+//     a key with a TTL refreshed by the same background loop. Node names
+//     must be unique: each heartbeat returns the entry it replaced, and an
+//     entry another process wrote since the last heartbeat means a second
+//     live node with this name. That is logged as an error once per
+//     conflict, counted (greyrelay_cluster_node_name_conflicts_total) and
+//     written into the entry (conflict_with) for `greyrelay cluster
+//     status` and the status page. A restart finds its previous run's entry only at its first
+//     heartbeat, which is therefore no conflict (registry.go).
 //
 // The client is go-redis's UniversalClient: one address is a single
 // server, several a Redis Cluster, and master_name selects Sentinel.
@@ -80,6 +87,12 @@ type Node struct {
 	Started  time.Time `json:"started"`
 	Seen     time.Time `json:"seen"`
 	Queued   int       `json:"queued"` // recipients waiting, at the last heartbeat
+	// Instance names the process that wrote the entry (set by New); an
+	// entry from a version before it has none.
+	Instance string `json:"instance,omitempty"`
+	// ConflictWith is the admin URL of another running process that
+	// writes this node name's entry too, while the writer sees one.
+	ConflictWith string `json:"conflict_with,omitempty"`
 }
 
 // Cluster is a node's connection to the shared state. Its methods are safe
@@ -104,11 +117,13 @@ type Cluster struct {
 	freed    chan string // Freed
 	unlisten context.CancelFunc
 	listened chan struct{}
+	reg      registry // the heartbeat's memory, the loop's alone
 }
 
 type clusterMetrics struct {
-	up       prometheus.Gauge
-	commands *prometheus.CounterVec
+	up        prometheus.Gauge
+	commands  *prometheus.CounterVec
+	conflicts prometheus.Counter
 }
 
 // New connects (lazily: go-redis dials on first use) and starts the
@@ -124,14 +139,17 @@ func New(opt Options) (*Cluster, error) {
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
+	c.node.Instance = c.instance
 	c.m = clusterMetrics{
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
 			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_cluster_redis_commands_total",
 			Help: "Redis round trips by purpose (load, publish, acquire, release, pace, renew, heartbeat, ping)."}, []string{"op"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "greyrelay_cluster_node_name_conflicts_total",
+			Help: "Heartbeats that found this node's registry entry written by another running process with the same cluster.node_name since the previous heartbeat."}),
 	}
 	if opt.Registry != nil {
-		for _, col := range []prometheus.Collector{c.m.up, c.m.commands} {
+		for _, col := range []prometheus.Collector{c.m.up, c.m.commands, c.m.conflicts} {
 			if err := opt.Registry.Register(col); err != nil {
 				return nil, fmt.Errorf("cluster: metrics: %w", err)
 			}
@@ -170,7 +188,8 @@ func universalOptions(r config.Redis) (*redis.UniversalOptions, error) {
 }
 
 // Close stops the background loop, releases this node's leases and
-// removes its registry entry (best effort), and closes the client.
+// removes its registry entry if this run wrote it last (best effort), and
+// closes the client.
 func (c *Cluster) Close() error {
 	c.once.Do(func() { close(c.stop) })
 	<-c.done
@@ -184,7 +203,7 @@ func (c *Cluster) Close() error {
 		}
 		clear(c.leases)
 		c.leaseMu.Unlock()
-		c.rdb.Del(ctx, nodeKey(c.node.Name))
+		unregisterScript.Run(ctx, c.rdb, []string{nodeKey(c.node.Name)}, c.instance)
 		cancel()
 	}
 	return c.rdb.Close()
@@ -250,20 +269,6 @@ func (c *Cluster) loop() {
 		case <-tick.C:
 		}
 	}
-}
-
-// heartbeat refreshes this node's registry entry.
-func (c *Cluster) heartbeat() {
-	n := c.node
-	n.Seen, n.Queued = time.Now().UTC(), int(c.queued.Load())
-	b, err := json.Marshal(n)
-	if err != nil {
-		return
-	}
-	ctx, cancel := c.ctx()
-	defer cancel()
-	c.count("heartbeat")
-	c.failed("heartbeat", c.rdb.Set(ctx, nodeKey(n.Name), b, 3*c.cfg.LeaseTTL).Err())
 }
 
 // Nodes lists the registered nodes (those whose entry has not expired).

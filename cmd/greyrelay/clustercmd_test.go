@@ -1,0 +1,78 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/cluster"
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// TestClusterStatusShowsNameConflict runs `greyrelay cluster status`
+// against a real Redis where real nodes registered: two running nodes
+// with one name are reported with both admin URLs and the remedy.
+func TestClusterStatusShowsNameConflict(t *testing.T) {
+	peers.Require(t, "redis-server")
+	clearEnv(t)
+	cases := []struct {
+		name      string
+		nodes     []cluster.Node
+		wantLines []string
+		wantNo    string
+	}{
+		{"one name, two processes",
+			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay1", AdminURL: "http://10.0.0.2:8025"}},
+			[]string{"1 node(s)", "CONFLICT: node name relay1 is used by two running processes", "10.0.0.1:8025", "10.0.0.2:8025",
+				"give each node its own cluster.node_name"}, ""},
+		{"distinct names",
+			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay2", AdminURL: "http://10.0.0.2:8025"}},
+			[]string{"2 node(s)", "relay1", "relay2"}, "CONFLICT"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := peers.StartRedis(t, "").Addr
+			path := filepath.Join(t.TempDir(), "greyrelay.yaml")
+			if err := os.WriteFile(path, fmt.Appendf(nil, "cluster:\n  redis:\n    addresses: [%q]\n", addr), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range tc.nodes {
+				c, err := cluster.New(cluster.Options{Node: n, Config: config.Cluster{LeaseTTL: time.Second,
+					DestinationLimits: cluster.LimitsShared, Redis: config.Redis{Addresses: []string{addr}, Timeout: time.Second}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { c.Close() })
+			}
+			var out string
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				o, _, err := runCmd(t, "", "cluster", "status", "-config", path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out = o
+				if containsAll(out, tc.wantLines) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(50 * time.Millisecond) // the conflict shows from the second heartbeat on
+			}
+			if !containsAll(out, tc.wantLines) || tc.wantNo != "" && strings.Contains(out, tc.wantNo) {
+				t.Errorf("cluster status:\n%s\nwant %q and not %q", out, tc.wantLines, tc.wantNo)
+			}
+		})
+	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
