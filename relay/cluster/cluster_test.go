@@ -3,9 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -57,25 +55,15 @@ func startRedisCluster(t *testing.T) []string {
 	t.Helper()
 	var addrs []string
 	for range 3 {
-		addr := peers.FreeAddr(t, "127.0.0.1")
-		dir := t.TempDir()
-		_, port, _ := strings.Cut(addr, ":")
-		cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--dir", dir, "--save", "", "--appendonly", "no")
-		log, err := os.Create(filepath.Join(dir, "log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); log.Close() })
-		addrs = append(addrs, addr)
+		// peers waits until each server answers PING, or fails with its
+		// log if it exits: under load a server was not listening yet
+		// when the create loop below gave up ("Connection refused").
+		r := peers.StartRedisWith(t, "", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		addrs = append(addrs, r.Addr)
 	}
 	var out []byte
 	var err error
-	for range 50 { // until every server listens
+	for range 50 { // a safety net: every server answers by now
 		args := append([]string{"--cluster", "create"}, addrs...)
 		out, err = exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 		if err == nil && strings.Contains(string(out), "All 16384 slots covered") {
