@@ -34,6 +34,14 @@ func StartRedis(t testing.TB, addr string) *Redis {
 	return startRedis(t, addr, "redis-server", nil)
 }
 
+// StartRedisWith is StartRedis with extra arguments for redis-server
+// (relative paths are in the server's own directory), e.g. those of a
+// Redis Cluster node.
+func StartRedisWith(t testing.TB, addr string, args ...string) *Redis {
+	t.Helper()
+	return startRedis(t, addr, "redis-server", func(string) []string { return args })
+}
+
 // StartRedisReplica starts a redis-server replicating master.
 func StartRedisReplica(t testing.TB, master *Redis) *Redis {
 	t.Helper()

@@ -3,9 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,22 +11,35 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
-// newNode connects a node named name to the Redis servers at addrs.
+// newNode connects a node named name to the Redis servers at addrs and
+// waits until Redis answers it.
+//
+// The Redis timeout is a safety net here, not what the tests measure:
+// the default's 500 ms ran out on a loaded machine (the race detector,
+// every package's tests at once on 2 cores), a call failed, and the node
+// went on without Redis, as it should, dropping what the test shares.
+// The node's log goes to the test's, so such a failure says why.
 func newNode(t *testing.T, name string, addrs ...string) *Cluster {
 	t.Helper()
-	c, err := New(Options{Node: Node{Name: name}, Registry: prometheus.NewRegistry(), Config: config.Cluster{
-		Redis:             config.Redis{Addresses: addrs, Timeout: 500 * time.Millisecond},
+	c, err := New(Options{Node: Node{Name: name}, Registry: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t), Config: config.Cluster{
+		Redis:             config.Redis{Addresses: addrs, Timeout: 5 * time.Second},
 		DestinationLimits: LimitsShared, LeaseTTL: time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
+	for deadline := time.Now().Add(10 * time.Second); !c.Up(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s: Redis at %v never answered", name, addrs)
+		}
+	}
 	return c
 }
 
@@ -44,25 +55,15 @@ func startRedisCluster(t *testing.T) []string {
 	t.Helper()
 	var addrs []string
 	for range 3 {
-		addr := peers.FreeAddr(t, "127.0.0.1")
-		dir := t.TempDir()
-		_, port, _ := strings.Cut(addr, ":")
-		cmd := exec.Command("redis-server", "--port", port, "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--dir", dir, "--save", "", "--appendonly", "no")
-		log, err := os.Create(filepath.Join(dir, "log"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = log, log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); log.Close() })
-		addrs = append(addrs, addr)
+		// peers waits until each server answers PING, or fails with its
+		// log if it exits: under load a server was not listening yet
+		// when the create loop below gave up ("Connection refused").
+		r := peers.StartRedisWith(t, "", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		addrs = append(addrs, r.Addr)
 	}
 	var out []byte
 	var err error
-	for range 50 { // until every server listens
+	for range 50 { // a safety net: every server answers by now
 		args := append([]string{"--cluster", "create"}, addrs...)
 		out, err = exec.Command("redis-cli", append(args, "--cluster-replicas", "0", "--cluster-yes")...).CombinedOutput()
 		if err == nil && strings.Contains(string(out), "All 16384 slots covered") {
@@ -73,15 +74,22 @@ func startRedisCluster(t *testing.T) []string {
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	for range 100 {
-		o, _ := exec.Command("redis-cli", "-p", strings.Split(addrs[0], ":")[1], "cluster", "info").Output()
-		if strings.Contains(string(o), "cluster_state:ok") {
-			return addrs
+	// Every server, not only the first: one that has not yet heard that
+	// the slots are covered answers CLUSTERDOWN for its own keys.
+	for _, addr := range addrs {
+		ok := false
+		for range 100 {
+			o, _ := exec.Command("redis-cli", "-p", strings.Split(addr, ":")[1], "cluster", "info").Output()
+			if ok = strings.Contains(string(o), "cluster_state:ok"); ok {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
-		time.Sleep(100 * time.Millisecond)
+		if !ok {
+			t.Fatalf("Redis Cluster server %s never reached cluster_state:ok", addr)
+		}
 	}
-	t.Fatal("the Redis Cluster never reached cluster_state:ok")
-	return nil
+	return addrs
 }
 
 func TestShareRecord(t *testing.T) {

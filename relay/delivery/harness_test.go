@@ -62,6 +62,7 @@ type harness struct {
 	t      *testing.T
 	cfg    *config.Config
 	path   string
+	qopt   queue.Options // what openQueue opens the queue with
 	q      *queue.Queue
 	dns    *mxtest.Server
 	port   int
@@ -96,7 +97,7 @@ func newHarness(t *testing.T, mods ...func(c *config.Config)) *harness {
 }
 
 func (h *harness) openQueue() {
-	q, err := queue.Open(h.path, queue.Options{})
+	q, err := queue.Open(h.path, h.qopt)
 	if err != nil {
 		h.t.Fatal(err)
 	}

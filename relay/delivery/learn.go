@@ -136,12 +136,14 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	now := e.now()
 	at := p.Start(d.lastStart, now)
 	d.lastStart = at // also unpaced: a refusal paces from the start before it
+	e.notePace(d, d.rec)
 	d.mu.Unlock()
 	if sh, ok := e.sharedStart(d, p, now); ok {
 		at = sh // the nodes' common pace rules; the local start is the fallback
 		d.mu.Lock()
 		if at.After(d.lastStart) {
 			d.lastStart = at
+			e.notePace(d, d.rec)
 		}
 		d.mu.Unlock()
 	}
@@ -160,6 +162,18 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// notePace sets d.paceHold from d.lastStart and rec's pace, which a
+// refusal lengthens and an acceptance shortens: until then, evict keeps d
+// with its lastStart, or the next message after an idle moment (no job,
+// no worker) would find d read again from the queue and start at once,
+// breaking the pace. Called with d.mu held.
+func (e *Engine) notePace(d *dest, rec queue.Destination) {
+	hold := pace(&rec).Start(d.lastStart, d.lastStart) // lastStart plus the gap; zero if never started
+	e.mu.Lock()
+	d.paceHold = hold
+	e.mu.Unlock()
 }
 
 // sharedStart reserves a paced start across the nodes: the pace's gap

@@ -171,6 +171,7 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	e.mu.Lock()
 	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
 	e.mu.Unlock()
+	e.notePace(d, rec) // the pace may have changed
 }
 
 // sameDest reports whether a and b hold the same knowledge (Updated

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"testing/synctest"
@@ -156,16 +157,58 @@ func TestEvictKeepsRecordOnItsWay(t *testing.T) {
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
 	e.mu.Lock()
-	e.evict()
+	e.evict(time.Now())
 	e.mu.Unlock()
 	if e.dests[d.name] != d {
 		t.Fatal("destination forgotten while its record was being committed")
 	}
 	e.recorded(d)
 	e.mu.Lock()
-	e.evict()
+	e.evict(time.Now())
 	e.mu.Unlock()
 	if _, ok := e.dests[d.name]; ok || len(e.order) != 0 {
 		t.Fatal("destination kept after its record was committed")
+	}
+}
+
+// A paced destination is not forgotten before its next start may come:
+// read again from the queue, it would have no last start, and the next
+// message after an idle moment would go at once (TestRateLimited saw
+// transactions 12 ms apart under a 1 s pace on a loaded machine).
+func TestEvictKeepsPacedStart(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	e := recorderEngine(nil)
+	e.opt.Now = func() time.Time { return now }
+	d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test", PaceInterval: time.Second, PaceRefusals: 1}}
+	e.dests = map[string]*dest{d.name: d}
+	e.order = []string{d.name}
+	if !e.paceWait(context.Background(), d, func() {}) {
+		t.Fatal("paceWait: the first start waits")
+	}
+	for _, c := range []struct {
+		at   time.Duration
+		kept bool
+	}{{0, true}, {999 * time.Millisecond, true}, {time.Second, false}} {
+		e.mu.Lock()
+		e.evict(t0.Add(c.at))
+		kept := e.dests[d.name] == d
+		e.mu.Unlock()
+		if kept != c.kept {
+			t.Errorf("at +%v: kept %v, want %v (pace interval 1s from the start at +0)", c.at, kept, c.kept)
+		}
+	}
+	// The pace the record holds now counts: a refusal's longer gap keeps d longer.
+	d2 := &dest{name: "refused.test", lastStart: t0}
+	e.dests[d2.name], e.order = d2, append(e.order, d2.name)
+	d2.mu.Lock()
+	e.adopt(d2, queue.Destination{Domain: d2.name, PaceInterval: time.Second, PaceRefusals: 3}) // gap 4 s
+	d2.mu.Unlock()
+	e.mu.Lock()
+	e.evict(t0.Add(3 * time.Second))
+	kept := e.dests[d2.name] == d2
+	e.mu.Unlock()
+	if !kept {
+		t.Error("forgot a destination 3 s into a 4 s gap")
 	}
 }

@@ -67,6 +67,12 @@ type dest struct {
 	// record read again from the queue would be the one before them.
 	// Guarded by Engine.mu.
 	recording int
+	// paceHold is when d's learned pace next lets a transaction start:
+	// lastStart plus the pace's gap (see notePace). d is not forgotten
+	// before then: lastStart lives only here, and a destination read
+	// again from the queue would start its next transaction at once.
+	// Guarded by Engine.mu.
+	paceHold time.Time
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -481,14 +487,14 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 				for _, name := range e.order {
 					wakeIdle(e.dests[name], true) // to give up their slots
 				}
-				e.evict()
+				e.evict(now)
 				return
 			}
 			e.startWorker(ctx, wg, d)
 			started = true
 		}
 	}
-	e.evict()
+	e.evict(now)
 }
 
 // wantsWorker reports whether d should get another connection now: it has
@@ -542,14 +548,15 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	}()
 }
 
-// evict forgets destinations with no jobs, no workers and no record on its
-// way into the queue; their state is in the queue and is read again when
-// they have work. Called with e.mu held.
-func (e *Engine) evict() {
+// evict forgets destinations with no jobs, no workers, no record on its
+// way into the queue and no paced start still to wait for at now; their
+// state is in the queue and is read again when they have work. Called
+// with e.mu held.
+func (e *Engine) evict(now time.Time) {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 && !d.paceHold.After(now) {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--
