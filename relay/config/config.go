@@ -386,6 +386,7 @@ func Load(src Source) (*Config, error) {
 			errs = append(errs, err)
 		}
 	}
+	defaultListenerModes(c.Listeners)
 	readSecrets(&c, src.ReadFile)
 	if c.Hostname == "" && src.Hostname != nil {
 		h, err := src.Hostname()
@@ -396,6 +397,19 @@ func Load(src Source) (*Config, error) {
 	}
 	c.dropLateWarnings()
 	return &c, errors.Join(errs...)
+}
+
+// defaultListenerModes gives a listener without a mode the default one,
+// smtp. A file that sets listeners replaces the embedded list, so a field
+// it leaves out is not taken from the default's entry; mode is the one
+// listener key whose zero value is not its default, and every key is
+// optional.
+func defaultListenerModes(ls []Listener) {
+	for i := range ls {
+		if ls[i].Mode == "" {
+			ls[i].Mode = ModeSMTP
+		}
+	}
 }
 
 // LoadFile is Load with the process's environment and files: what

@@ -132,6 +132,19 @@ func TestLoad_FileOverridesDefault(t *testing.T) {
 	}
 }
 
+func TestLoad_ListenerModeDefaultsToSMTP(t *testing.T) {
+	c, err := load(t, "listeners:\n  - address: 127.0.0.1:2600\n  - address: 127.0.0.1:2601\n    mode: submission\n    tls_cert: c.pem\n    tls_key: k.pem\n", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []ListenerMode{c.Listeners[0].Mode, c.Listeners[1].Mode}; got[0] != ModeSMTP || got[1] != ModeSubmission {
+		t.Errorf("modes = %v, want [smtp submission]", got)
+	}
+	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "mode") {
+		t.Errorf("Validate: %v", err)
+	}
+}
+
 func TestLoad_Environment(t *testing.T) {
 	dir := t.TempDir()
 	secret := filepath.Join(dir, "pw")
