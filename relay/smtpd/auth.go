@@ -39,6 +39,9 @@ func (s *session) AuthMechanisms() []string {
 // Auth starts an AUTH exchange.
 func (s *session) Auth(mech string) (sasl.Server, error) {
 	s.conn.productive()
+	if refusal := s.refuseCutShort(); refusal != nil {
+		return nil, refusal
+	}
 	if s.srv.users == nil {
 		return nil, s.refuse(reasonAuth, reply(502, 5, 5, 1, "AUTH not available"))
 	}

@@ -49,6 +49,9 @@ import (
 // does it answer 250 with the queue id.
 func (s *session) Data(r io.Reader) error {
 	s.conn.productive()
+	if refusal := s.refuseCutShort(); refusal != nil {
+		return refusal
+	}
 	_, bdat := r.(*io.PipeReader)
 	s.srv.inData.Add(1)
 	defer s.srv.endData()

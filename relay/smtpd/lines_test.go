@@ -52,6 +52,35 @@ func TestLines_OverlongCommandIsAnswered(t *testing.T) {
 	}
 }
 
+// TestLines_OverlongCommandDoesNotRun: the part of an over-long command
+// that arrived before it passed the limit (in an earlier read) is not run
+// as a command of its own: the client gets the one 500 and the close, and
+// neither the sender nor the recipient it names was taken.
+func TestLines_OverlongCommandDoesNotRun(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	for _, tc := range []struct{ name, before, cmd string }{
+		{"MAIL", "", "MAIL FROM:<a@x.example>"},
+		{"RCPT", "MAIL FROM:<a@x.example>", "RCPT TO:<b@y.example>"},
+		{"AUTH", "", "AUTH PLAIN"},
+	} {
+		c := dial(t, e.addr(0))
+		c.hello()
+		if tc.before != "" {
+			c.cmd(tc.before, "250 ")
+		}
+		// Two writes apart, so that the server reads the start of the line
+		// before the rest takes it over the limit.
+		c.write(tc.cmd + strings.Repeat(" ", maxLineLength-100))
+		time.Sleep(100 * time.Millisecond)
+		c.write(strings.Repeat(" ", 200) + "\r\n")
+		c.expect("500 5.4.0 Too long line, closing connection")
+		c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if rest, err := io.ReadAll(c.r); err != nil || len(rest) > 0 {
+			t.Errorf("%s: after the 500: %q, %v; want a clean close and no other reply", tc.name, rest, err)
+		}
+	}
+}
+
 // TestLines_BDATChunksAreNotCommands: the octets of a BDAT chunk are not
 // measured as a command line, whether the chunk is taken or refused (the
 // chunk of a BDAT without RCPT is read and dropped, RFC 3030 §2).

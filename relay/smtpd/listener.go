@@ -242,6 +242,24 @@ func (c *conn) isDraining() bool {
 	return c.draining
 }
 
+// cutShort reports whether the command go-smtp is about to run is the
+// start of an over-long line. go-smtp reads commands through bufio, and
+// when a read fails bufio.Reader.ReadLine hands over the octets it holds as
+// if they were a whole line (it returns a line or an error, never both):
+// here the part of an over-long command read before it passed the limit,
+// which must not run. Its reply is the 500 the limit promises (lines.go);
+// the read error becomes io.EOF so that go-smtp then ends without
+// answering a second time, and Close still lingers (c.linger).
+func (c *conn) cutShort() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.linger || !errors.Is(c.broken, smtp.ErrTooLongLine) {
+		return false
+	}
+	c.broken = io.EOF
+	return true
+}
+
 // closeAfterReply makes the next reply go-smtp writes the last one.
 func (c *conn) closeAfterReply() {
 	c.mu.Lock()

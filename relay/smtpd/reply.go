@@ -92,6 +92,16 @@ const (
 	reasonJunk        refusalReason = "junk"        // too many commands that did nothing
 )
 
+// refuseCutShort refuses a command that is only the start of an over-long
+// line (conn.cutShort); nil when the command is whole.
+func (s *session) refuseCutShort() *smtp.SMTPError {
+	if !s.conn.cutShort() {
+		return nil
+	}
+	// RFC 5321 §4.5.3.1.4: the command line limit; go-smtp's own wording.
+	return s.refuse(reasonSyntax, reply(500, 5, 4, 0, "Too long line, closing connection"))
+}
+
 // refuse turns err into the reply to give, and logs and counts it. reason
 // is one of the refusal reasons above.
 func (s *session) refuse(reason refusalReason, err error) *smtp.SMTPError {

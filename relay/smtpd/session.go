@@ -204,6 +204,9 @@ func (s *session) Logout() error {
 // Mail starts a transaction.
 func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	s.conn.productive()
+	if refusal := s.refuseCutShort(); refusal != nil {
+		return refusal
+	}
 	if s.conn.isDraining() {
 		return s.refuseAndClose(reasonShutdown, replyShutdown())
 	}
@@ -305,6 +308,9 @@ func senderAllowed(allowed []string, from string, a address.Address) bool {
 // Rcpt adds a recipient, if the client may relay at all.
 func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	s.conn.productive()
+	if refusal := s.refuseCutShort(); refusal != nil {
+		return refusal
+	}
 	s.mu.Lock()
 	env := s.env
 	s.mu.Unlock()
