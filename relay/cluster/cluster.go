@@ -41,8 +41,9 @@
 //     live node with this name. That is logged as an error once per
 //     conflict, counted (greyrelay_cluster_node_name_conflicts_total) and
 //     written into the entry (conflict_with) for `greyrelay cluster
-//     status` and the status page. A restart finds its previous run's entry only at its first
-//     heartbeat, which is therefore no conflict (registry.go).
+//     status` and the status page. A restart finds its previous run's
+//     entry only at its first heartbeat, which is therefore no conflict
+//     (registry.go).
 //
 // The client is go-redis's UniversalClient: one address is a single
 // server, several a Redis Cluster, and master_name selects Sentinel.
