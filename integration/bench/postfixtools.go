@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -57,7 +56,10 @@ func toolList(flag string) ([]string, error) {
 // runSource runs smtp-source for spec: Sessions parallel sessions, each
 // reusing its connection when spec.Reuse (-d), Messages in all. It never
 // pipelines and has no rate option, so spec.Pipelining and spec.Rate do
-// not apply. Accepted is its own count of completed DATA commands.
+// not apply. Accepted is its own count of completed DATA commands, which
+// it writes after every message: to a file, read once it has exited,
+// because through a pipe each count would wake this process while the
+// systems it measures need the CPU.
 func runSource(ctx context.Context, spec loadSpec) loadResult {
 	ctx, cancel := context.WithTimeout(ctx, spec.Timeout)
 	defer cancel()
@@ -70,17 +72,27 @@ func runSource(ctx context.Context, spec loadSpec) loadResult {
 	if spec.Reuse {
 		args = append(args, "-d")
 	}
-	cmd := exec.CommandContext(ctx, smtpSource, append(args, spec.Addr)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	res := loadResult{Codes: map[string]int{}, Start: time.Now()}
-	err := cmd.Run()
-	res.LastAck = time.Now()
-	res.Accepted = lastCount(out.Bytes())
-	if res.Accepted > spec.Messages {
-		res.Accepted = spec.Messages
+	res := loadResult{Codes: map[string]int{}}
+	out, err := os.CreateTemp("", "smtp-source-*.out")
+	if err != nil {
+		res.Failed = spec.Messages
+		res.Codes[errKey(err)] = res.Failed
+		return res
 	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	cmd := exec.CommandContext(ctx, smtpSource, append(args, spec.Addr)...)
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = out, &errb
+	res.Start = time.Now()
+	err = cmd.Run()
+	res.LastAck = time.Now()
+	counts, rerr := os.ReadFile(out.Name())
+	res.Accepted = min(lastCount(counts), spec.Messages)
 	res.Failed = spec.Messages - res.Accepted
+	if err == nil {
+		err = rerr
+	}
 	if err != nil {
 		res.Codes[errKey(fmt.Errorf("smtp-source: %v: %s", err, strings.TrimSpace(errb.String())))] = res.Failed
 	}
@@ -101,10 +113,14 @@ func lastCount(b []byte) int {
 
 // psink is a running smtp-sink: it counts the messages it receives (its
 // "-c" counter, "sess=N quit=N mesg=N" after each final dot) and keeps
-// nothing.
+// nothing. The counter goes to a file that watch reads every
+// sinkPoll: read through a pipe, each message would wake this process
+// while the systems it measures need the CPU.
 type psink struct {
 	address string
 	cmd     *exec.Cmd
+	out     *os.File
+	stop    chan struct{}
 	done    chan struct{}
 
 	mu   sync.Mutex
@@ -113,6 +129,10 @@ type psink struct {
 	last time.Time
 }
 
+// sinkPoll is how often the sink's counter file is read: the error of a
+// phase's last delivery time, against phases of seconds.
+const sinkPoll = 5 * time.Millisecond
+
 // startPSink starts smtp-sink on a free port of ip as user nobody (it
 // refuses to run as root) and waits until it greets.
 func startPSink(ip string) (*psink, error) {
@@ -120,17 +140,19 @@ func startPSink(ip string) (*psink, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(smtpSinkBin, "-c", "-u", "nobody", "-h", "sink.bench.test", addr, "256")
-	stdout, err := cmd.StdoutPipe()
+	out, err := os.CreateTemp("", "smtp-sink-*.out")
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stderr = os.Stderr
+	os.Remove(out.Name()) // open, it stays readable; nothing is left behind
+	cmd := exec.Command(smtpSinkBin, "-c", "-u", "nobody", "-h", "sink.bench.test", addr, "256")
+	cmd.Stdout, cmd.Stderr = out, os.Stderr
 	if err := cmd.Start(); err != nil {
+		out.Close()
 		return nil, fmt.Errorf("smtp-sink: %w", err)
 	}
-	p := &psink{address: addr, cmd: cmd, done: make(chan struct{})}
-	go p.count(stdout)
+	p := &psink{address: addr, cmd: cmd, out: out, stop: make(chan struct{}), done: make(chan struct{})}
+	go p.watch()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
@@ -146,30 +168,52 @@ func startPSink(ip string) (*psink, error) {
 	}
 }
 
-// count reads the counter lines and notes when each message arrived.
-func (p *psink) count(r interface{ Read([]byte) (int, error) }) {
+// watch reads what the counter file gained every sinkPoll and notes when
+// the count last grew.
+func (p *psink) watch() {
 	defer close(p.done)
-	sc := bufio.NewScanner(r)
-	sc.Split(func(data []byte, atEOF bool) (int, []byte, error) {
-		if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
-			return i + 1, data[:i], nil
+	t := time.NewTicker(sinkPoll)
+	defer t.Stop()
+	var off int64
+	buf := make([]byte, 64<<10)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-t.C:
 		}
-		if atEOF && len(data) > 0 {
-			return len(data), data, nil
+		for {
+			n, _ := p.out.ReadAt(buf, off)
+			// Only whole counter lines count: the last one may be half
+			// written.
+			end := bytes.LastIndexAny(buf[:n], "\r\n")
+			if end < 0 {
+				break
+			}
+			p.note(lastLine(buf[:end]), time.Now())
+			off += int64(end + 1)
+			if n < len(buf) {
+				break
+			}
 		}
-		return 0, nil, nil
-	})
-	for sc.Scan() {
-		n, ok := msgCount(sc.Text())
-		if !ok {
-			continue
-		}
-		now := time.Now()
-		p.mu.Lock()
-		if n > p.msgs {
-			p.msgs, p.last = n, now
-		}
-		p.mu.Unlock()
+	}
+}
+
+// lastLine is what follows the last CR or LF of b.
+func lastLine(b []byte) string {
+	return string(b[bytes.LastIndexAny(b, "\r\n")+1:])
+}
+
+// note records a counter line read at now.
+func (p *psink) note(line string, now time.Time) {
+	n, ok := msgCount(line)
+	if !ok {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n > p.msgs {
+		p.msgs, p.last = n, now
 	}
 }
 
@@ -205,4 +249,7 @@ func (p *psink) close() {
 		_ = p.cmd.Process.Kill()
 		_ = p.cmd.Wait()
 	}
+	close(p.stop)
+	<-p.done
+	p.out.Close()
 }
