@@ -584,8 +584,8 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 // TestClusterNodeNameConflict: two running nodes given one
 // cluster.node_name are each told so: an error naming the other's admin
 // URL and the remedy, greyrelay_cluster_node_name_conflicts_total, a
-// CONFLICT line in `greyrelay cluster status` and a line on the status
-// page.
+// CONFLICT line in `greyrelay cluster status` (which exits with status
+// 2) and a line on the status page.
 func TestClusterNodeNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
 	t.Parallel()
@@ -610,7 +610,7 @@ func TestClusterNodeNameConflict(t *testing.T) {
 	}
 	eventually(t, 20*time.Second, "cluster status prints the conflict", func() error {
 		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath)
-		if res.Code != 0 || !strings.Contains(res.Stdout, "CONFLICT: node name dup is used by two running processes") {
+		if res.Code != 2 || !strings.Contains(res.Stdout, "CONFLICT: node name dup is used by two running processes") {
 			return fmt.Errorf("%s", res)
 		}
 		return nil

@@ -22,7 +22,10 @@ import (
 
 // clusterCmd runs `greyrelay cluster status`: the nodes registered in the
 // shared Redis, read from Redis itself so that it works while any node is
-// down.
+// down. Like `config check` finding an error, a node name that two running
+// processes share is a configuration problem: the command prints
+// everything, then exits with status 2, so that a script or a monitoring
+// check notices without parsing the output.
 func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	const usage = "usage: greyrelay cluster status [-config FILE] [-json]"
 	path := ""
@@ -48,9 +51,29 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(map[string]any{"nodes": nodes})
+		err = enc.Encode(map[string]any{"nodes": nodes})
+	} else {
+		err = printNodes(stdout, nodes)
 	}
-	return printNodes(stdout, nodes)
+	if err != nil {
+		return err
+	}
+	return nameConflicts(nodes)
+}
+
+// nameConflicts is the status-2 error naming every node name that two
+// running processes share, or nil when there is none.
+func nameConflicts(nodes []cluster.Node) error {
+	var names []string
+	for _, n := range nodes {
+		if n.ConflictWith != "" {
+			names = append(names, n.Name)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	return &exitError{2, fmt.Errorf("cluster status: node name(s) used by two running processes: %s", strings.Join(names, ", "))}
 }
 
 // printNodes writes the registry as a table, then a line for each node

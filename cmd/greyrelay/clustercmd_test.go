@@ -15,23 +15,29 @@ import (
 
 // TestClusterStatusShowsNameConflict runs `greyrelay cluster status`
 // against a real Redis where real nodes registered: two running nodes
-// with one name are reported with both admin URLs and the remedy.
+// with one name are reported with both admin URLs and the remedy, and
+// the command exits with status 2 (with -json too), naming the node.
 func TestClusterStatusShowsNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
 	clearEnv(t)
+	conflicting := []cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay1", AdminURL: "http://10.0.0.2:8025"}}
 	cases := []struct {
 		name      string
 		nodes     []cluster.Node
+		flags     []string
 		wantLines []string
 		wantNo    string
+		wantCode  int
+		wantErr   string
 	}{
-		{"one name, two processes",
-			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay1", AdminURL: "http://10.0.0.2:8025"}},
+		{"one name, two processes", conflicting, nil,
 			[]string{"1 node(s)", "CONFLICT: node name relay1 is used by two running processes", "10.0.0.1:8025", "10.0.0.2:8025",
-				"give each node its own cluster.node_name"}, ""},
+				"give each node its own cluster.node_name"}, "", 2, "relay1"},
+		{"one name, two processes, json", conflicting, []string{"-json"},
+			[]string{`"name": "relay1"`, `"conflict_with": "http://10.0.0.`}, "", 2, "relay1"},
 		{"distinct names",
-			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay2", AdminURL: "http://10.0.0.2:8025"}},
-			[]string{"2 node(s)", "relay1", "relay2"}, "CONFLICT"},
+			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay2", AdminURL: "http://10.0.0.2:8025"}}, nil,
+			[]string{"2 node(s)", "relay1", "relay2"}, "CONFLICT", 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -49,13 +55,13 @@ func TestClusterStatusShowsNameConflict(t *testing.T) {
 				t.Cleanup(func() { c.Close() })
 			}
 			var out string
+			var err error
 			deadline := time.Now().Add(10 * time.Second)
 			for {
-				o, _, err := runCmd(t, "", "cluster", "status", "-config", path)
-				if err != nil {
-					t.Fatal(err)
+				out, _, err = runCmd(t, "", append([]string{"cluster", "status", "-config", path}, tc.flags...)...)
+				if code := exitCode(err); code != 0 && code != 2 {
+					t.Fatalf("exit %d: %v", code, err)
 				}
-				out = o
 				if containsAll(out, tc.wantLines) || time.Now().After(deadline) {
 					break
 				}
@@ -63,6 +69,9 @@ func TestClusterStatusShowsNameConflict(t *testing.T) {
 			}
 			if !containsAll(out, tc.wantLines) || tc.wantNo != "" && strings.Contains(out, tc.wantNo) {
 				t.Errorf("cluster status:\n%s\nwant %q and not %q", out, tc.wantLines, tc.wantNo)
+			}
+			if code := exitCode(err); code != tc.wantCode || err != nil && !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("cluster status: exit %d (%v), want %d naming %q", code, err, tc.wantCode, tc.wantErr)
 			}
 		})
 	}

@@ -11,7 +11,7 @@
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
-//	greyrelay cluster status             the nodes sharing this node's Redis
+//	greyrelay cluster status             the nodes sharing this node's Redis (exit 2 on a name conflict)
 //	greyrelay version
 package main
 
@@ -161,7 +161,8 @@ const usage = `usage:
                                         write a DKIM private key (mode 0600), print its DNS TXT record
   greyrelay health [-config FILE]
   greyrelay cluster status [-config FILE] [-json]
-                                        the nodes registered in cluster.redis (name, admin URL, queue)
+                                        the nodes registered in cluster.redis (name, admin URL, queue);
+                                        exit 2 when two running nodes share a node name
   greyrelay tls-report send [-config FILE]
                                         send the TLS reports (RFC 8460) of what was counted so far
   greyrelay version

@@ -2,15 +2,18 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
@@ -145,17 +148,110 @@ func TestLeasesBoundConnections(t *testing.T) {
 			// while the live node's is renewed.
 			nodes[1].stop <- struct{}{} // not a clean Close: the loop stops renewing
 			<-nodes[1].done
-			time.Sleep(1500 * time.Millisecond)
+			dead := leaseExpiry(t, nodes[1], "busy.test")
+			if now := redisTime(t, nodes[0]); dead.After(now.Add(nodes[1].cfg.LeaseTTL)) {
+				t.Fatalf("a stopped node's lease runs until %v, more than lease_ttl past Redis's %v", dead, now)
+			}
+			awaitRedisTime(t, nodes[0], dead)
 			for _, n := range []*Cluster{nodes[2], nodes[0]} {
 				if _, ok := n.Acquire("busy.test", 2); !ok {
 					t.Fatal("a stopped node's lease did not expire")
 				}
 			}
-			time.Sleep(1500 * time.Millisecond) // past lease_ttl: live nodes renew theirs
+			// Past the expiry the live nodes' leases have now: they renew them.
+			awaitRedisTime(t, nodes[0], latest(leaseExpiry(t, nodes[2], "busy.test"), leaseExpiry(t, nodes[0], "busy.test")))
 			if _, ok := nodes[2].Acquire("busy.test", 2); ok {
 				t.Fatal("live nodes' leases expired although they renew them")
 			}
 		})
+	}
+}
+
+// leaseExpiry is when c's one lease on domain expires, in Redis's clock
+// (its score in the domain's lease set); the zero time when the set no
+// longer has it (an acquire dropped it as expired).
+func leaseExpiry(t *testing.T, c *Cluster, domain string) time.Time {
+	t.Helper()
+	key := leaseKey(domain)
+	var members []string
+	c.leaseMu.Lock()
+	for m, k := range c.leases {
+		if k == key {
+			members = append(members, m)
+		}
+	}
+	c.leaseMu.Unlock()
+	if len(members) != 1 {
+		t.Fatalf("node %s holds %d leases on %s, want 1", c.node.Name, len(members), domain)
+	}
+	score, err := c.rdb.ZScore(context.Background(), key, members[0]).Result()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}
+	}
+	if err != nil {
+		t.Fatalf("node %s's lease on %s: %v", c.node.Name, domain, err)
+	}
+	return time.UnixMilli(int64(score))
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// redisTime is Redis's clock, which lease expiries are measured on.
+func redisTime(t *testing.T, c *Cluster) time.Time {
+	t.Helper()
+	now, err := c.rdb.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("TIME: %v", err)
+	}
+	return now
+}
+
+// awaitRedisTime waits until Redis's clock is past at: a lease with
+// that expiry has run out, unless renewed.
+func awaitRedisTime(t *testing.T, c *Cluster, at time.Time) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !redisTime(t, c).After(at); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis's clock never passed %v", at)
+		}
+	}
+}
+
+// awaitSubscribers waits until n connections subscribe to the channel
+// releases are announced on (on every master of a Redis Cluster, which
+// forwards a PUBLISH to all of them).
+func awaitSubscribers(t *testing.T, c *Cluster, n int64) {
+	t.Helper()
+	count := func(ctx context.Context, rc *redis.Client) int64 {
+		return rc.PubSubNumSub(ctx, freedChannel).Val()[freedChannel]
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ctx := context.Background()
+		var got atomic.Int64
+		switch rdb := c.rdb.(type) {
+		case *redis.ClusterClient:
+			if err := rdb.ForEachMaster(ctx, func(ctx context.Context, rc *redis.Client) error {
+				got.Add(count(ctx, rc))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		case *redis.Client:
+			got.Add(count(ctx, rdb))
+		default:
+			t.Fatalf("unexpected Redis client %T", c.rdb)
+		}
+		if got.Load() >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscribers to %s, want %d", got.Load(), freedChannel, n)
+		}
 	}
 }
 
@@ -206,7 +302,7 @@ func TestReleaseAnnouncedToWaitingNodes(t *testing.T) {
 	for name, addrs := range redisTargets(t) {
 		t.Run(name, func(t *testing.T) {
 			a, b := newNode(t, "a", addrs...), newNode(t, "b", addrs...)
-			time.Sleep(200 * time.Millisecond) // both subscriptions in place
+			awaitSubscribers(t, a, 2) // a release before b subscribed would reach no one
 			rel, ok := a.Acquire("Busy.Test", 1)
 			if !ok {
 				t.Fatal("no slot")

@@ -69,8 +69,10 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 	}
 }
 
-// loadShared merges the shared view of d's domain into d.rec and the
-// scheduler's throttle copy.
+// loadShared merges the shared view of d's domain into d.rec, the
+// scheduler's throttle copy and d.paceHold: a pace adopted from another
+// node keeps d (and its lastStart) in memory until its next start may
+// come, as one learned here does.
 func (e *Engine) loadShared(d *dest) {
 	if e.opt.Shared == nil {
 		return
@@ -81,12 +83,9 @@ func (e *Engine) loadShared(d *dest) {
 	}
 	now := e.now()
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	adoptShared(&d.rec, sh, now)
-	rec := d.rec
-	d.mu.Unlock()
-	e.mu.Lock()
-	d.throttle.Level, d.throttle.Until = rec.ThrottleLevel, rec.ThrottledUntil
-	e.mu.Unlock()
+	e.adopt(d, d.rec)
 }
 
 // takeSlot is a worker's first step with other nodes: it refreshes d's

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"reflect"
 	"testing"
 	"time"
@@ -70,6 +71,78 @@ func TestAdoptShared(t *testing.T) {
 			adoptShared(&got, tt.sh, now)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+}
+
+// loadOnly is a Shared whose store holds one record for every domain and
+// grants every slot; its pace is never available, so the nodes pace on
+// their own.
+type loadOnly struct{ rec queue.Destination }
+
+func (s loadOnly) Load(string) (queue.Destination, bool)          { return s.rec, true }
+func (loadOnly) Publish(queue.Destination)                        {}
+func (loadOnly) Acquire(string, int) (func(), bool)               { return func() {}, true }
+func (loadOnly) Freed() <-chan string                             { return nil }
+func (loadOnly) Pace(string, time.Duration) (time.Duration, bool) { return 0, false }
+
+// A pace adopted from another node keeps a destination as one learned
+// here does (TestEvictKeepsPacedStart): forgotten before its next start
+// may come, it would be read again from the queue without its last start,
+// and the next message after an idle moment would go at once.
+func TestEvictKeepsSharedPacedStart(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	old, recent := t0.Add(-time.Hour), t0.Add(-time.Minute)
+	type check struct {
+		at   time.Duration
+		kept bool
+	}
+	tests := []struct {
+		name      string
+		local, sh queue.Destination
+		checks    []check
+	}{
+		{
+			name:   "unpaced here, paced elsewhere: kept for the shared gap",
+			local:  queue.Destination{Updated: old},
+			sh:     queue.Destination{PaceInterval: 4 * time.Second, PaceBase: 4 * time.Second, Updated: recent},
+			checks: []check{{0, true}, {3999 * time.Millisecond, true}, {4 * time.Second, false}},
+		},
+		{
+			name:   "a newer, slower shared pace: kept for its gap, not the local one",
+			local:  queue.Destination{PaceInterval: time.Second, PaceBase: time.Second, Updated: old},
+			sh:     queue.Destination{PaceInterval: 4 * time.Second, PaceBase: 4 * time.Second, Updated: recent},
+			checks: []check{{time.Second, true}, {3999 * time.Millisecond, true}, {4 * time.Second, false}},
+		},
+		{
+			name:   "an older shared pace is not adopted: the local gap stands",
+			local:  queue.Destination{PaceInterval: time.Second, PaceBase: time.Second, Updated: recent},
+			sh:     queue.Destination{PaceInterval: 4 * time.Second, PaceBase: 4 * time.Second, Updated: old},
+			checks: []check{{999 * time.Millisecond, true}, {time.Second, false}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := recorderEngine(nil)
+			e.opt.Now = func() time.Time { return t0 }
+			tt.local.Domain, tt.sh.Domain = "paced.test", "paced.test"
+			e.opt.Shared = loadOnly{rec: tt.sh}
+			d := &dest{name: "paced.test", rec: tt.local}
+			e.dests = map[string]*dest{d.name: d}
+			e.order = []string{d.name}
+			if !e.paceWait(context.Background(), d, func() {}) {
+				t.Fatal("paceWait: the first start waits")
+			}
+			e.loadShared(d) // as a worker's takeSlot does before its next transaction
+			for _, c := range tt.checks {
+				e.mu.Lock()
+				e.evict(t0.Add(c.at))
+				kept := e.dests[d.name] == d
+				e.mu.Unlock()
+				if kept != c.kept {
+					t.Errorf("at +%v: kept %v, want %v (last start at +0)", c.at, kept, c.kept)
+				}
 			}
 		})
 	}
