@@ -178,3 +178,41 @@ func TestCommitDelay(t *testing.T) {
 		}
 	})
 }
+
+// TestSettleCutsLinger checks that a settle does not wait out the writer's
+// linger: the journaler settles before it rewinds the journal, and every
+// session's 250 waits for the journaler meanwhile. The linger is an hour,
+// so a settle that waited for it shows on the bubble's clock.
+func TestSettleCutsLinger(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const delay = time.Hour
+		q := openAt(t, dbPath(t), Options{CommitDelay: delay})
+		entered, release := make(chan struct{}), make(chan struct{})
+		block := make(chan error, 1)
+		q.reqs <- request{n: 1, reply: block, fn: func(*wtx) error {
+			entered <- struct{}{}
+			<-release
+			return nil
+		}}
+		<-entered
+		waiting := make(chan error, 1)
+		q.reqs <- request{n: 1, reply: waiting, fn: func(*wtx) error { return nil }}
+		start := time.Now()
+		close(release) // that commit ends with a request waiting: the writer lingers
+		if err := <-block; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Enqueue(msg("a@x.test", "b@y.test")); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.settle(); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d >= delay {
+			t.Fatalf("settle returned after %v: it waited out the linger", d)
+		}
+		if err := <-waiting; err != nil {
+			t.Fatal(err)
+		}
+	})
+}

@@ -406,6 +406,10 @@ func rcptsOf(bs []*insertBatch) int {
 // it stored. It costs nothing when nothing is on its way.
 func (q *Queue) settle() error {
 	for target := q.acked.Load(); q.applied.Load() < target; {
+		select {
+		case q.hurry <- struct{}{}: // no linger: intake may be waiting
+		default:
+		}
 		// Each commit inserts some of what is pending (insertBudget).
 		if err := q.submit(0, 0, func(*wtx) error { return nil }); err != nil {
 			return err

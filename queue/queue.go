@@ -47,7 +47,11 @@ type Queue struct {
 	// reqs is buffered so that a caller who does not wait for the commit
 	// (ApplyAsync) is not held up by the one in progress; the order of
 	// the channel is the order of the commits.
-	reqs    chan request
+	reqs chan request
+	// hurry ends the writer's linger early: a caller that waits for the
+	// database to hold what the journal acknowledged (settle) holds up
+	// intake, or a read, for as long as the writer lingers.
+	hurry   chan struct{}
 	done    chan struct{}
 	stopped chan struct{} // closed by the writer when it has answered its last request
 	wg      sync.WaitGroup
@@ -153,7 +157,7 @@ func Open(path string, opt Options) (*Queue, error) {
 	if err != nil {
 		return nil, fmt.Errorf("queue: open %s: %w", path, err)
 	}
-	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer),
+	q := &Queue{db: db, path: path, opt: opt, reqs: make(chan request, reqBuffer), hurry: make(chan struct{}, 1),
 		done: make(chan struct{}), stopped: make(chan struct{}), wake: make(chan struct{}, 1),
 		counts: newCounts(), damagedCh: make(chan struct{}), fresh: make(chan Fresh, freshBuffer),
 		jreqs: make(chan jrequest, reqBuffer), jdone: make(chan struct{}), jstopped: make(chan struct{})}
@@ -442,22 +446,28 @@ func (q *Queue) writer() {
 	}
 }
 
-// linger waits Options.CommitDelay (or until Close) so that the requests
-// arriving meanwhile share the next commit. Under load the writer would
-// otherwise start a commit the moment the last one ends, with whatever
-// few requests arrived during its fdatasyncs: each commit rewrites the
-// pages it touches and syncs twice, so more of them cost more CPU and
-// disk flushes per message, which the intake sessions on the same CPUs
-// then lack. Only the writer's callers wait for it, not the clients of
-// journaled messages (answered by the journal's own fdatasync).
+// linger waits Options.CommitDelay (or until Close, or until a settle
+// hurries it) so that the requests arriving meanwhile share the next
+// commit. Under load the writer would otherwise start a commit the moment
+// the last one ends, with whatever few requests arrived during its
+// fdatasyncs: each commit rewrites the pages it touches and syncs twice,
+// so more of them cost more CPU and disk flushes per message, which the
+// intake sessions on the same CPUs then lack, and keep the disk busy, so
+// that the journal's own fdatasync, which every 250 waits for, waits
+// behind theirs. Only the writer's callers wait for it, not the clients
+// of journaled messages (answered by the journal's own fdatasync), and a
+// settle, which intake does wait for, cuts it short.
 func (q *Queue) linger() {
 	if q.opt.CommitDelay <= 0 {
 		return
 	}
+	// A signal left by a settle whose request was committed without a
+	// linger cuts the next one short once: harmless.
 	t := time.NewTimer(q.opt.CommitDelay)
 	defer t.Stop()
 	select {
 	case <-t.C:
+	case <-q.hurry:
 	case <-q.done:
 	}
 }

@@ -105,8 +105,10 @@ type Options struct {
 	// commit_delay or etcd's batch interval): only after a commit that
 	// ended with requests already waiting, so an idle queue answers at
 	// once. Fewer, larger commits cost less CPU and fewer fdatasyncs per
-	// message; the price is up to CommitDelay more before a Begin returns
-	// under load.
+	// message, and leave the disk to the journal's fdatasync, which every
+	// Enqueue waits for; the price is up to CommitDelay more before a Begin
+	// returns under load. A wait for journaled messages to be inserted
+	// (before the journal starts again at its front) cuts it short.
 	CommitDelay time.Duration
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
