@@ -216,3 +216,43 @@ func TestSettleCutsLinger(t *testing.T) {
 		}
 	})
 }
+
+// TestCommitDelayWaited checks that a caller who waits for the commit (a
+// Begin, an operator's action) is not held for the whole delay, only for
+// waitedLinger after it arrives, and shares the commit of what lingered.
+func TestCommitDelayWaited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const delay = time.Hour
+		q := openAt(t, dbPath(t), Options{CommitDelay: delay})
+		entered, release := make(chan struct{}), make(chan struct{})
+		txs := make([]*bolt.Tx, 3)
+		first := make(chan error, 1)
+		q.reqs <- request{n: 1, reply: first, fn: func(w *wtx) error {
+			txs[0] = w.tx
+			entered <- struct{}{}
+			<-release
+			return nil
+		}}
+		<-entered
+		async := make(chan error, 1) // as from ApplyAsync: nobody waits for it
+		q.reqs <- request{n: 1, reply: async, fn: func(w *wtx) error { txs[1] = w.tx; return nil }}
+		close(release) // that commit ends with request 1 waiting: the writer lingers
+		if err := <-first; err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		start := time.Now()
+		if err := q.submit(1, 0, func(w *wtx) error { txs[2] = w.tx; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(start); d != waitedLinger {
+			t.Fatalf("a waiting caller was answered after %v, want %v", d, waitedLinger)
+		}
+		if err := <-async; err != nil {
+			t.Fatal(err)
+		}
+		if txs[1] != txs[2] || txs[0] == txs[1] {
+			t.Fatalf("transactions %p %p %p, want the lingering request and the waiting one to share the second", txs[0], txs[1], txs[2])
+		}
+	})
+}

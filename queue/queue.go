@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,7 @@ type request struct {
 	reply   chan error   // buffered 1: the writer never blocks on it
 	ins     *insertBatch // instead of fn: journaled messages to insert; no reply
 	needs   ID           // fn reads message needs: its journaled insert must be in the same transaction or before
+	waited  bool         // its caller waits for the commit (submit), as opposed to ApplyAsync's
 }
 
 // refused wraps an error that fails one call of a batch and no other. An
@@ -373,7 +375,7 @@ func (q *Queue) submit(n, size int, fn func(w *wtx) error) error {
 	if q.closed.Load() {
 		return ErrClosed
 	}
-	r := request{fn: fn, n: n, size: size, reply: make(chan error, 1)}
+	r := request{fn: fn, n: n, size: size, reply: make(chan error, 1), waited: true}
 	select {
 	case q.reqs <- r:
 	case <-q.done:
@@ -435,10 +437,11 @@ func (q *Queue) writer() {
 		}
 		select {
 		case r := <-q.reqs:
+			batch := []request{r}
 			if busy {
-				q.linger()
+				batch = q.linger(batch)
 			}
-			busy = q.commit(q.gather(r))
+			busy = q.commit(q.gatherMore(batch))
 		case <-q.done:
 			q.drain()
 			return
@@ -454,23 +457,49 @@ func (q *Queue) writer() {
 // so more of them cost more CPU and disk flushes per message, which the
 // intake sessions on the same CPUs then lack, and keep the disk busy, so
 // that the journal's own fdatasync, which every 250 waits for, waits
-// behind theirs. Only the writer's callers wait for it, not the clients
-// of journaled messages (answered by the journal's own fdatasync), and a
-// settle, which intake does wait for, cuts it short.
-func (q *Queue) linger() {
-	if q.opt.CommitDelay <= 0 {
-		return
+// behind theirs. Clients of journaled messages do not wait for the writer
+// (the journal's fdatasync answers them), nor do attempts started from the
+// journal's copy (ApplyAsync). A caller that does wait (request.waited:
+// a Begin, an operator's action) waits at most waitedLinger for it to
+// end: a retry backlog is drained by workers that each wait for their
+// Begin, and at the full delay they would spend most of their time
+// waiting. A settle, which intake waits for, ends it at once. It returns
+// batch with the requests that arrived meanwhile.
+func (q *Queue) linger(batch []request) []request {
+	d, short := q.opt.CommitDelay, false
+	if d <= 0 {
+		return batch
+	}
+	if slices.ContainsFunc(batch, func(r request) bool { return r.waited }) {
+		d, short = min(d, waitedLinger), true
 	}
 	// A signal left by a settle whose request was committed without a
 	// linger cuts the next one short once: harmless.
-	t := time.NewTimer(q.opt.CommitDelay)
+	t := time.NewTimer(d)
 	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-q.hurry:
-	case <-q.done:
+	n, size := weigh(batch)
+	for n < maxBatchMsgs && size < maxBatchBytes {
+		select {
+		case r := <-q.reqs:
+			batch = append(batch, r)
+			n, size = n+r.n, size+r.size
+			if r.waited && !short && d > waitedLinger {
+				short = true
+				t.Reset(waitedLinger)
+			}
+		case <-t.C:
+			return batch
+		case <-q.hurry:
+			return batch
+		case <-q.done:
+			return batch
+		}
 	}
+	return batch
 }
+
+// waitedLinger bounds the linger before a commit that a caller waits for.
+const waitedLinger = 500 * time.Microsecond
 
 // drain commits what was submitted before Close, so that a caller who did
 // not wait (ApplyAsync) still has its update stored.
@@ -492,12 +521,18 @@ func (q *Queue) gather(first request) []request {
 	return q.gatherMore([]request{first})
 }
 
-// gatherMore adds the requests already waiting to batch, within the limits.
-func (q *Queue) gatherMore(batch []request) []request {
-	n, size := 0, 0
+// weigh is the number of messages and octets of batch, to compare with
+// maxBatchMsgs and maxBatchBytes.
+func weigh(batch []request) (n, size int) {
 	for _, r := range batch {
 		n, size = n+r.n, size+r.size
 	}
+	return n, size
+}
+
+// gatherMore adds the requests already waiting to batch, within the limits.
+func (q *Queue) gatherMore(batch []request) []request {
+	n, size := weigh(batch)
 	for n < maxBatchMsgs && size < maxBatchBytes {
 		select {
 		case r := <-q.reqs:

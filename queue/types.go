@@ -106,9 +106,11 @@ type Options struct {
 	// ended with requests already waiting, so an idle queue answers at
 	// once. Fewer, larger commits cost less CPU and fewer fdatasyncs per
 	// message, and leave the disk to the journal's fdatasync, which every
-	// Enqueue waits for; the price is up to CommitDelay more before a Begin
-	// returns under load. A wait for journaled messages to be inserted
-	// (before the journal starts again at its front) cuts it short.
+	// Enqueue waits for. A caller that waits for its commit (Begin, the
+	// operator's actions) waits at most 500 µs of it; a wait for journaled
+	// messages to be inserted (before the journal starts again at its
+	// front) ends it at once. So only work nobody waits for (ApplyAsync,
+	// the journal's inserts) gathers for the whole delay.
 	CommitDelay time.Duration
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
