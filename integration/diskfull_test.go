@@ -98,6 +98,27 @@ func TestRobustDiskFull(t *testing.T) {
 			t.Fatalf("with room: %v", rep)
 		}
 	}
+	// The disk fills after the database has stored them and their first
+	// attempts: the writer lets outcomes gather for queue.commit_delay,
+	// and a read of the queue needs every accepted message inserted, which
+	// a full disk refuses (the messages stay safe in the journal).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows, _ := rbQueue(t, r, "")
+		stored := 0
+		for _, row := range rows {
+			if row.Status == "deferred" && row.Attempts >= 1 {
+				stored++
+			}
+		}
+		if stored == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the first attempts of the 3 messages were not stored within 10 s: %+v", rows)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	filler := filepath.Join(mnt, "filler")
 
 	// 2. Below the threshold.
