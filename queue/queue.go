@@ -466,12 +466,12 @@ func (q *Queue) writer() {
 // waiting. A settle, which intake waits for, ends it at once. It returns
 // batch with the requests that arrived meanwhile.
 func (q *Queue) linger(batch []request) []request {
-	d, short := q.opt.CommitDelay, false
+	d := q.opt.CommitDelay
 	if d <= 0 {
 		return batch
 	}
 	if slices.ContainsFunc(batch, func(r request) bool { return r.waited }) {
-		d, short = min(d, waitedLinger), true
+		d = min(d, waitedLinger)
 	}
 	// A signal left by a settle whose request was committed without a
 	// linger cuts the next one short once: harmless.
@@ -483,9 +483,9 @@ func (q *Queue) linger(batch []request) []request {
 		case r := <-q.reqs:
 			batch = append(batch, r)
 			n, size = n+r.n, size+r.size
-			if r.waited && !short && d > waitedLinger {
-				short = true
-				t.Reset(waitedLinger)
+			if r.waited && d > waitedLinger {
+				d = waitedLinger
+				t.Reset(d)
 			}
 		case <-t.C:
 			return batch
