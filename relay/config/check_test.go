@@ -136,6 +136,8 @@ func TestWarnings(t *testing.T) {
 		{"trusted network", "trusted_networks: [10.0.0.0/8]\nlisteners:\n  - {address: 0.0.0.0:25, mode: smtp}\n", ""},
 		{"loopback listener", "listeners:\n  - {address: 127.0.0.1:25, mode: smtp}\n", ""},
 		{"default", "", ""},
+		{"cluster node without a name", "hostname: relay.test\ncluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n", `cluster.node_name is empty: this node registers as "relay.test"`},
+		{"named cluster node", "cluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n  node_name: a\n", ""},
 		{"late delay warning", "retry:\n  lifetime: 12h\n  delay_warnings: [4h, 1d]\n", "retry.delay_warnings: 24h0m0s is not before retry.lifetime (12h0m0s), when the message bounces: dropped"},
 	}
 	for _, tc := range cases {

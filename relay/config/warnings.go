@@ -16,7 +16,25 @@ func (c *Config) Warnings() []string {
 			out = append(out, fmt.Sprintf("listeners[%d]: %s", i, w))
 		}
 	}
+	if w := c.unnamedNode(); w != "" {
+		out = append(out, w)
+	}
 	return out
+}
+
+// unnamedNode warns of a cluster node without cluster.node_name: it
+// registers under hostname, which every node started from one shared
+// configuration file (or on one machine) has in common, and two running
+// nodes with one name overwrite each other's registry entry, so that
+// `greyrelay cluster status` and the queue hand-over of a dead node see
+// only one of them.
+func (c *Config) unnamedNode() string {
+	if len(c.Cluster.Redis.Addresses) == 0 || c.Cluster.NodeName != "" {
+		return ""
+	}
+	return fmt.Sprintf("cluster.node_name is empty: this node registers as %q (hostname); nodes that share "+
+		"a configuration file or a host name overwrite each other's entry: give each node its own cluster.node_name "+
+		"(or GREYRELAY_CLUSTER_NODE_NAME)", c.Hostname)
 }
 
 // dropLateWarnings removes delay warnings due at or after retry.lifetime:
