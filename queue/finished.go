@@ -245,6 +245,8 @@ func (l *lister) visitFinished(k, v []byte) {
 		return // a damaged record only hides itself; Show reports it
 	}
 	for i := 0; i < len(f.rcpts) && !l.stop; i++ {
-		l.add(&f.msg, &f.rcpts[i])
+		if l.f.matchesRecipient(&f.rcpts[i]) {
+			l.add(&f.msg, &f.rcpts[i])
+		}
 	}
 }
