@@ -95,3 +95,17 @@ func BenchmarkStats(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkList100kBySender filters on the message only: the recipients
+// of messages that do not match are never decoded.
+func BenchmarkList100kBySender(b *testing.B) {
+	q := openAt(b, dbPath(b), Options{})
+	fill(b, q, 100_000)
+	b.ResetTimer()
+	for b.Loop() {
+		rows, total, err := q.List(Filter{Sender: "s3@x.test", Limit: 50})
+		if err != nil || total < 14_000 || len(rows) != 50 {
+			b.Fatalf("List: %d rows, total %d, %v", len(rows), total, err)
+		}
+	}
+}

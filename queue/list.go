@@ -99,14 +99,20 @@ type lister struct {
 }
 
 // visit decodes a recipient record and takes it if it and its message
-// pass the filter. The recipient is tested first and its message read
-// only for a recipient that passes: a filter by domain, status or reason
-// usually matches few of a large queue's recipients, and reading and
-// decoding each one's message took half of such a listing's time.
+// pass the filter. With a filter on the recipient (domain, status,
+// reason), the recipient is tested first and its message read only if it
+// passes: such a filter usually matches few of a large queue's
+// recipients, and reading and decoding each one's message took half of
+// such a listing's time. Otherwise the message is read first, and the
+// recipients of one that does not pass are never decoded.
 func (l *lister) visit(rec rcptRecord) *problem {
-	key := rec.key
-	if !l.seen || key.ID != l.id {
-		l.seen, l.id, l.loaded = true, key.ID, false
+	if !l.seen || rec.key.ID != l.id {
+		l.seen, l.id, l.loaded = true, rec.key.ID, false
+	}
+	if !l.f.byRecipient() {
+		if ok, p := l.message(rec); !ok {
+			return p
+		}
 	}
 	var p *problem
 	if l.r, p = rec.decode(); p != nil {
@@ -115,20 +121,32 @@ func (l *lister) visit(rec rcptRecord) *problem {
 	if !l.f.matchesRecipient(&l.r) {
 		return nil
 	}
+	if ok, p := l.message(rec); !ok {
+		return p
+	}
+	l.add(&l.msg, &l.r)
+	return nil
+}
+
+// message reads the message of rec (once per message) and reports whether
+// it passes the message filters, or the problem it has: an undecodable
+// record is reported once, a missing one for every recipient.
+func (l *lister) message(rec rcptRecord) (bool, *problem) {
 	if !l.loaded {
 		l.loaded = true
-		if l.msgOK, l.msgMissing, p = l.loadMessage(key.ID); p != nil {
-			return p
+		var p *problem
+		if l.msgOK, l.msgMissing, p = l.loadMessage(rec.key.ID); p != nil {
+			return false, p
 		}
 	}
 	if l.msgMissing {
-		return &problem{orphanRcpt, bRcpts, bytes.Clone(rec.k), errMissing("message record")}
+		return false, &problem{orphanRcpt, bRcpts, bytes.Clone(rec.k), errMissing("message record")}
 	}
-	if l.msgOK {
-		l.add(&l.msg, &l.r)
-	}
-	return nil
+	return l.msgOK, nil
 }
+
+// byRecipient reports whether f has a recipient-level filter.
+func (f *Filter) byRecipient() bool { return f.Status != "" || f.Reason != "" || f.Domain != "" }
 
 // matchesRecipient applies the recipient-level filters.
 func (f *Filter) matchesRecipient(r *Recipient) bool {
