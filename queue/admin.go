@@ -178,13 +178,13 @@ func (q *Queue) Delete(sel Selector) (int, error) {
 
 // Select returns the selected recipients that are not final, e.g. for a
 // bounce-now the caller performs through Apply. History is not filled.
+// Like List, it may return what the database holds with an
+// *UnsettledError.
 func (q *Queue) Select(sel Selector) ([]Recipient, error) {
-	if err := q.settle(); err != nil {
-		return nil, err
-	}
 	if err := sel.validate(); err != nil {
 		return nil, err
 	}
+	unsettled := q.settleRead()
 	var out []Recipient
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -202,7 +202,7 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 	})
 	q.fixup(ps)
 	if err != nil {
-		return nil, fmt.Errorf("queue: select: %w", err)
+		return nil, fmt.Errorf("queue: select: %w", readOne(err, unsettled))
 	}
-	return out, nil
+	return out, unsettled
 }

@@ -26,11 +26,12 @@ const (
 	historyLast  = 20
 )
 
-// Message returns the envelope of message id, without recipients.
+// Message returns the envelope of message id, without recipients. When the
+// database cannot take every message Enqueue acknowledged, a message it
+// does not hold may be among them: Message then fails with an
+// *UnsettledError instead of ErrNotFound (so do Show, Body and OpenBody).
 func (q *Queue) Message(id ID) (Message, error) {
-	if err := q.settleID(id); err != nil {
-		return Message{}, err
-	}
+	unsettled := q.settleReadID(id)
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -39,7 +40,7 @@ func (q *Queue) Message(id ID) (Message, error) {
 		return err
 	})
 	q.fixup(ps)
-	return m, err
+	return m, readOne(err, unsettled)
 }
 
 func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
@@ -59,9 +60,7 @@ func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
 // A message that has finished is shown from its finished record (with
 // Message.Finished set) while it is kept (Options.History).
 func (q *Queue) Show(id ID) (Message, error) {
-	if err := q.settleID(id); err != nil {
-		return Message{}, err
-	}
+	unsettled := q.settleReadID(id)
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -90,17 +89,14 @@ func (q *Queue) Show(id ID) (Message, error) {
 		return nil
 	})
 	q.fixup(ps)
-	return m, err
+	return m, readOne(err, unsettled)
 }
 
 // Body returns a copy of the stored body of message id. A message whose
 // record exists but whose body is missing cannot be delivered: it is moved
 // to quarantine, and Body fails with ErrNotFound as for a deleted one.
 func (q *Queue) Body(id ID) ([]byte, error) {
-	if err := q.settleID(id); err != nil {
-		return nil, err
-	}
-	c, err := q.OpenBody(id)
+	c, err := q.OpenBody(id) // which settles
 	if err != nil {
 		return nil, err
 	}
@@ -116,9 +112,7 @@ func (q *Queue) Body(id ID) ([]byte, error) {
 // a large message does not copy it onto the heap. Close it when done.
 // Errors are as for Body.
 func (q *Queue) OpenBody(id ID) (*Content, error) {
-	if err := q.settleID(id); err != nil {
-		return nil, err
-	}
+	unsettled := q.settleReadID(id)
 	var body []byte
 	var spooled string
 	var m Message
@@ -126,7 +120,7 @@ func (q *Queue) OpenBody(id ID) (*Content, error) {
 	err := q.view(func(tx *bolt.Tx) error {
 		mv := tx.Bucket(bMsgs).Get(idKey(id))
 		if mv == nil {
-			return fmt.Errorf("queue: body %s: %w", id, ErrNotFound)
+			return readOne(fmt.Errorf("queue: body %s: %w", id, ErrNotFound), unsettled)
 		}
 		var err error
 		if m, err = decodeMessageRec(id, mv); err != nil {

@@ -14,11 +14,10 @@ import (
 // decoding a record, so it costs a few bytes compared per live recipient.
 // The engine asks it when a destination's last known recipients expire,
 // to know whether what it learned about the destination still governs
-// mail that is waiting.
+// mail that is waiting. Like List, it may return what the database holds
+// with an *UnsettledError.
 func (q *Queue) Waiting(domain string, except []Key) (bool, error) {
-	if err := q.settle(); err != nil {
-		return false, err
-	}
+	unsettled := q.settleRead()
 	want := []byte(strings.ToLower(strings.TrimSuffix(domain, ".")))
 	skip := make(map[Key]bool, len(except))
 	for _, k := range except {
@@ -42,7 +41,10 @@ func (q *Queue) Waiting(domain string, except []Key) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("queue: waiting %s: %w", domain, err)
 	}
-	return found, nil
+	if found {
+		return true, nil // whatever the database lacks cannot change that
+	}
+	return false, unsettled
 }
 
 // ForgetDestinations deletes what is stored about the given domains

@@ -19,10 +19,11 @@ import (
 // of finished messages that are kept (Options.History), with
 // Message.Finished set: after the queued ones, in the order they finished
 // (so the last page holds the latest).
+//
+// When the database cannot take every message Enqueue acknowledged, List
+// returns what it holds with an *UnsettledError (see there).
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
-	if err := q.settle(); err != nil {
-		return nil, 0, err
-	}
+	unsettled := q.settleRead()
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
@@ -34,7 +35,7 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	if err != nil {
 		return nil, 0, fmt.Errorf("queue: list: %w", err)
 	}
-	return rows, total, nil
+	return rows, total, unsettled
 }
 
 // Walk calls fn for every recipient that f selects, in List's order (with
@@ -43,11 +44,10 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 // must be quick, must not call the Queue, and must not keep m or r (they
 // are reused for the next call). Summaries over the whole
 // queue (the admin API's shape, the status page) use it without building
-// every row.
+// every row. Like List, it may return an *UnsettledError after walking
+// what the database holds.
 func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
-	if err := q.settle(); err != nil {
-		return err
-	}
+	unsettled := q.settleRead()
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
@@ -58,7 +58,7 @@ func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
 	if err != nil {
 		return fmt.Errorf("queue: walk: %w", err)
 	}
-	return nil
+	return unsettled
 }
 
 // walk visits the recipient records in key order and, with finished, then
@@ -205,11 +205,10 @@ func (f *Filter) matchesMessage(m *Message) bool {
 // every commit adds the same delta in memory (see counts), so Stats costs
 // the same at 1,000,000 recipients as at 10. Oldest reads the first message
 // record: IDs are assigned in enqueue order, so that is the message enqueued
-// first (Arrival is as the caller passed it).
+// first (Arrival is as the caller passed it). Like List, it may return the
+// database's counts with an *UnsettledError.
 func (q *Queue) Stats() (Stats, error) {
-	if err := q.settle(); err != nil {
-		return Stats{}, fmt.Errorf("queue: stats: %w", err)
-	}
+	unsettled := q.settleRead()
 	q.mu.Lock()
 	s := q.counts.stats()
 	q.mu.Unlock()
@@ -229,5 +228,5 @@ func (q *Queue) Stats() (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("queue: stats: %w", err)
 	}
-	return s, nil
+	return s, unsettled
 }

@@ -80,6 +80,33 @@ var (
 	ErrState = errors.New("queue: recipient not in a state for this operation")
 )
 
+// UnsettledError says that a read answered from what the database holds
+// while the database could not take every message the intake journal
+// acknowledged (its commits fail, as on a full disk): the answer lacks
+// Recipients recipients, accepted and safe in the journal, which the
+// first commit that succeeds inserts. Err is the commit's failure.
+//
+// The reads that must see every acknowledged message (List, Walk, Stats,
+// Select, Waiting) return it alongside their complete answer from the
+// database, instead of failing, so that an operator can still look at the
+// queue when the disk is full (as Postfix's mailq can); a caller that does
+// not look for it with errors.As fails as before. The reads of one message
+// (Message, Show, Body, OpenBody) answer normally when the database holds
+// the message, which it holds whole or not at all, and return it instead
+// of ErrNotFound when it does not. Writes still fail.
+type UnsettledError struct {
+	Recipients int
+	Err        error
+}
+
+func (e *UnsettledError) Error() string {
+	return fmt.Sprintf("queue: %d recipients accepted and journaled are not in the database yet (it cannot be written: %v)",
+		e.Recipients, e.Err)
+}
+
+// Unwrap returns the database's failure.
+func (e *UnsettledError) Unwrap() error { return e.Err }
+
 // Options configure Open.
 type Options struct {
 	// LockTimeout bounds the wait for the file lock. Zero means 2 s; bbolt's

@@ -1,0 +1,130 @@
+package queue
+
+import (
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+)
+
+// On a full disk the writer's commits fail while the intake journal, whose
+// file is already allocated, still takes records: the reads answer with
+// what the database holds and an *UnsettledError counting the recipients
+// it lacks, the writes still fail, and once the disk has room again the
+// next read finds every message. A file size limit stands in for the full
+// disk: below the database's data pages (every commit writes one: EFBIG)
+// and above the journal's write position (its records are written).
+func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
+	if os.Getenv(fsizeChild) == "" {
+		runInChild(t, "TestUnsettled_ReadsOnFullDisk") // the limit is the process's (see TestJournal_CannotGrow)
+		return
+	}
+	q, _ := newQ(t)
+	stored := mustEnqueue(t, q, msg("s@x.test", "a@a.test")) // the journal grows to its first step
+	if _, err := q.Stats(); err != nil {                     // and the database holds it
+		t.Fatal(err)
+	}
+	limit := uint64(2 * q.db.Info().PageSize) // the meta pages only
+	if off := q.jrnl.Offset(); off+4<<10 > int64(limit) {
+		t.Fatalf("the journal writes at %d, too close to the limit %d for the test", off, limit)
+	}
+	restore := limitFileSize(t, limit)
+	defer restore()
+	ids := []ID{
+		mustEnqueue(t, q, msg("s@x.test", "b@b.test", "c@b.test")),
+		mustEnqueue(t, q, msg("s@x.test", "d@d.test")),
+	}
+
+	wantUnsettled := func(op string, err error) {
+		t.Helper()
+		var ue *UnsettledError
+		if !errors.As(err, &ue) || ue.Recipients != 3 || !errors.Is(err, syscall.EFBIG) {
+			t.Errorf("%s: err %v, want an UnsettledError for 3 recipients wrapping EFBIG", op, err)
+		}
+	}
+	rows, total, err := q.List(Filter{})
+	wantUnsettled("List", err)
+	if total != 1 || len(rows) != 1 || rows[0].Message.ID != stored {
+		t.Errorf("List: %d rows of %d, want the one stored (%s): %+v", len(rows), total, stored, rows)
+	}
+	walked := 0
+	wantUnsettled("Walk", q.Walk(Filter{}, func(*Message, *Recipient) bool { walked++; return true }))
+	if walked != 1 {
+		t.Errorf("Walk visited %d recipients, want 1", walked)
+	}
+	st, err := q.Stats()
+	wantUnsettled("Stats", err)
+	if st.Messages != 1 || st.Recipients != 1 || !st.Oldest.Equal(t0) {
+		t.Errorf("Stats: %+v, want the stored message's counts", st)
+	}
+	rs, err := q.Select(Selector{All: true})
+	wantUnsettled("Select", err)
+	if len(rs) != 1 {
+		t.Errorf("Select: %d recipients, want 1", len(rs))
+	}
+	waiting, err := q.Waiting("b.test", nil)
+	wantUnsettled("Waiting b.test", err)
+	if waiting {
+		t.Error("Waiting: b.test has mail in the database")
+	}
+	if waiting, err := q.Waiting("a.test", nil); err != nil || !waiting {
+		t.Errorf("Waiting a.test: %v, %v; want true, nil (the database holds its mail)", waiting, err)
+	}
+	// One message: complete when the database holds it, in doubt when not.
+	if m, err := q.Show(stored); err != nil || len(m.Recipients) != 1 {
+		t.Errorf("Show(stored): %v, %d recipients; want it whole", err, len(m.Recipients))
+	}
+	if _, err := q.Body(stored); err != nil {
+		t.Errorf("Body(stored): %v", err)
+	}
+	_, err = q.Show(ids[0])
+	wantUnsettled("Show(journaled)", err)
+	_, err = q.Message(ids[1])
+	wantUnsettled("Message(journaled)", err)
+	_, err = q.Body(ids[1])
+	wantUnsettled("Body(journaled)", err)
+
+	// Writes fail, and not as a read that answered.
+	for name, op := range map[string]func() (int, error){
+		"Hold":   func() (int, error) { return q.Hold(Selector{All: true}) },
+		"Delete": func() (int, error) { return q.Delete(Selector{ID: stored}) },
+	} {
+		var ue *UnsettledError
+		if _, err := op(); err == nil || errors.As(err, &ue) {
+			t.Errorf("%s on a full disk: %v, want the database's failure", name, err)
+		}
+	}
+
+	// Room again: the next read inserts what the journal holds.
+	restore()
+	if rows, total, err = q.List(Filter{}); err != nil || total != 4 || len(rows) != 4 {
+		t.Errorf("List with room again: %d rows of %d, %v; want 4, nil", len(rows), total, err)
+	}
+	if st, err := q.Stats(); err != nil || st.Recipients != 4 || st.Messages != 3 {
+		t.Errorf("Stats with room again: %+v, %v", st, err)
+	}
+}
+
+// limitFileSize sets the process's file size limit (RLIMIT_FSIZE), with
+// SIGXFSZ ignored so that a write past it fails with EFBIG. The function
+// it returns restores both; it may be called more than once.
+func limitFileSize(t *testing.T, limit uint64) (restore func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	lim := old
+	lim.Cur = min(limit, old.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+			t.Error(err)
+		}
+		signal.Reset(syscall.SIGXFSZ)
+	}
+}
