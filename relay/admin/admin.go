@@ -73,6 +73,15 @@
 //	                          a destination or all of them; answers
 //	                          {"action": "forget", "destinations": n}
 //	GET  /api/probe?target=X  only when Options.Probe is set: its result as JSON
+//
+// A full disk does not stop the reads: when the queue's database cannot be
+// written, so that messages accepted (safe in the intake journal) cannot
+// enter it, /api/queue, /api/stats, /api/shape and the status page answer
+// with what the database holds and say what it lacks,
+// "unsettled_recipients": n and "unsettled_error" (omitted otherwise;
+// Unsettled), as Postfix's mailq still lists its queue on a full disk.
+// GET /api/queue/{id} of a message the database does not hold then
+// answers 503 (it may be one of them); the actions fail as before.
 package admin
 
 import (

@@ -42,7 +42,9 @@ func statusOf(err error) int {
 		return http.StatusNotFound
 	case errors.Is(err, queue.ErrState):
 		return http.StatusConflict
-	case errors.Is(err, queue.ErrClosed):
+	case errors.Is(err, queue.ErrClosed), errors.As(err, new(*queue.UnsettledError)):
+		// Unsettled: a message the database does not hold, while it
+		// cannot take the accepted ones (a full disk), may be among them.
 		return http.StatusServiceUnavailable
 	}
 	return http.StatusInternalServerError
@@ -225,11 +227,14 @@ func selString(sel queue.Selector) string {
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) {
 	st, err := s.opt.Queue.Stats()
+	unsettled, err := unsettledOf(err) // a full disk: the database's counts, and what they lack
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, statsOf(st, s.opt.Queue.DBSize(), s.opt.Now()))
+	out := statsOf(st, s.opt.Queue.DBSize(), s.opt.Now())
+	out.Unsettled = unsettled
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) destinations(w http.ResponseWriter, r *http.Request) {

@@ -45,10 +45,12 @@ func (l *Local) List(_ context.Context, lq ListQuery) (ListResult, error) {
 
 func (l *Local) list(f queue.Filter, now time.Time) (ListResult, error) {
 	rows, total, err := l.q.List(f)
+	unsettled, err := unsettledOf(err) // a full disk: list what the database holds, and say so
 	if err != nil {
 		return ListResult{}, err
 	}
-	out := ListResult{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]Row, len(rows))}
+	out := ListResult{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]Row, len(rows)),
+		Unsettled: unsettled}
 	for i := range rows {
 		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
 	}

@@ -91,10 +91,12 @@ func (l *Local) Shape(_ context.Context, sq ShapeQuery) (Shape, error) {
 		total.Counts[b]++
 		return true
 	})
+	unsettled, err := unsettledOf(err) // a full disk: what the database holds, and what it lacks
 	if err != nil {
 		return Shape{}, err
 	}
-	out := Shape{Now: now, By: sq.By, BucketMinutes: shapeBuckets, Total: *total, Rows: make([]ShapeRow, 0, len(rows))}
+	out := Shape{Now: now, By: sq.By, BucketMinutes: shapeBuckets, Total: *total, Rows: make([]ShapeRow, 0, len(rows)),
+		Unsettled: unsettled}
 	for _, r := range rows {
 		out.Rows = append(out.Rows, *r)
 	}

@@ -113,12 +113,16 @@ func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) pageData(now time.Time) (*pageData, error) {
 	st, err := s.opt.Queue.Stats()
+	// A full disk: the page shows what the database holds and says what it
+	// lacks (once: every read of the queue below lacks the same).
+	unsettled, err := unsettledOf(err)
 	if err != nil {
 		return nil, err
 	}
 	d := &pageData{Hostname: s.opt.Config.Hostname, Now: now.UTC().Format(time.RFC3339),
 		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil,
 		expls: map[Explanation]*pageExpl{}}
+	d.Stats.Unsettled = unsettled
 	d.DBSize = HumanBytes(d.Stats.DBBytes)
 	d.OldestAge = "-"
 	if !st.Oldest.IsZero() {
@@ -154,7 +158,7 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		oldest = append(oldest, queue.Row{Message: *m, Recipient: *r})
 		return len(oldest) < pageOldest
 	})
-	if err != nil {
+	if _, err = unsettledOf(err); err != nil {
 		return nil, err
 	}
 	d.Oldest = d.pageRows(oldest, now)
@@ -189,7 +193,7 @@ func (s *Server) latest(d *pageData, st queue.Status, n int, now time.Time) ([]p
 		total++
 		return true
 	})
-	if err != nil || total == 0 {
+	if _, err = unsettledOf(err); err != nil || total == 0 {
 		return nil, total, err
 	}
 	rows := ring[:min(total, n)]

@@ -1,6 +1,8 @@
 package admin
 
 import (
+	"errors"
+	"fmt"
 	"net/url"
 	"sort"
 	"strconv"
@@ -62,6 +64,38 @@ type ListResult struct {
 	Offset int       `json:"offset"`
 	Limit  int       `json:"limit"`
 	Rows   []Row     `json:"rows"`
+	Unsettled
+}
+
+// Unsettled is part of an answer read while the queue's database cannot
+// be written (its commits fail, as on a full disk): the answer holds what
+// the database holds, and lacks Recipients recipients that were accepted
+// (250) and are safe in the intake journal, until the database takes
+// them. Error is why it cannot. Both are omitted otherwise.
+type Unsettled struct {
+	Recipients int    `json:"unsettled_recipients,omitempty"`
+	Error      string `json:"unsettled_error,omitempty"`
+}
+
+// unsettledOf splits the error of a queue read: a *queue.UnsettledError
+// becomes the Unsettled of the read's answer; any other error is
+// returned.
+func unsettledOf(err error) (Unsettled, error) {
+	var ue *queue.UnsettledError
+	if !errors.As(err, &ue) {
+		return Unsettled{}, err
+	}
+	return Unsettled{Recipients: ue.Recipients, Error: ue.Err.Error()}, nil
+}
+
+// Note is a line telling an operator what u means for an answer (what:
+// "this list", "these counts"), or "" when the answer lacks nothing.
+func (u Unsettled) Note(what string) string {
+	if u.Recipients == 0 {
+		return ""
+	}
+	return fmt.Sprintf("note: %d recipients accepted and journaled are not in %s yet "+
+		"(the database cannot be written: %s)", u.Recipients, what, u.Error)
 }
 
 // Attempt is one delivery attempt of one recipient.
@@ -128,6 +162,7 @@ type Shape struct {
 	Total         ShapeRow   `json:"total"`
 	Rows          []ShapeRow `json:"rows"` // largest total first
 	More          int        `json:"more"` // rows left out by the limit
+	Unsettled                // the counts lack these recipients
 }
 
 // ShapeRow is one line of a Shape.
@@ -184,6 +219,7 @@ type Stats struct {
 	Oldest           *time.Time     `json:"oldest,omitempty"`
 	OldestAgeSeconds float64        `json:"oldest_age_seconds"`
 	DBBytes          int64          `json:"db_bytes"`
+	Unsettled                       // the counts lack these recipients
 }
 
 // ErrorAnswer is the body of every error answer: {"error": "..."}.

@@ -99,6 +99,9 @@ func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
+	if note := l.Note("this list"); note != "" { // a full disk: the list lacks accepted messages
+		fmt.Fprintln(stderr, note)
+	}
 	if *asJSON {
 		return admin.EncodeJSON(stdout, l)
 	}

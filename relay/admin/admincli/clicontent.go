@@ -148,6 +148,9 @@ func queueShape(args []string, c *adminclient.Client, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	if note := sh.Note("these counts"); note != "" { // a full disk: the counts lack accepted messages
+		fmt.Fprintln(stderr, note)
+	}
 	if *asJSON {
 		return admin.EncodeJSON(stdout, sh)
 	}

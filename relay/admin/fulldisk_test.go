@@ -1,0 +1,112 @@
+package admin
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// On a full disk, where the queue's database cannot take the messages its
+// journal accepted, the API's reads answer 200 with what the database
+// holds and say how many recipients they lack, and the status page shows
+// it; a message the database does not hold answers 503 (it may be on its
+// way), and the actions still fail. A file size limit as small as the
+// database's two meta pages stands in for the full disk: every commit
+// fails with EFBIG, while the journal, already allocated, writes its few
+// records below it.
+func TestFullDiskReads(t *testing.T) {
+	if os.Getenv(fullDiskChild) == "" {
+		runInChild(t, "TestFullDiskReads")
+		return
+	}
+	f := newFixture(t)
+	var before ListResult
+	f.getJSON(t, "GET", "/api/queue", 200, &before)
+	restore := limitFileSize(t, uint64(2*os.Getpagesize())) // bbolt's page size
+	defer restore()
+	id := enqueue(t, f.q, "alice@example.org", testNow, "x@new.test", "y@new.test")
+
+	const wantErr = "file too large"
+	var l ListResult
+	f.getJSON(t, "GET", "/api/queue", 200, &l)
+	if l.Total != before.Total || l.Recipients != 2 || !strings.Contains(l.Error, wantErr) {
+		t.Errorf("/api/queue: total %d, unsettled %+v; want %d and 2 recipients, %q", l.Total, l.Unsettled, before.Total, wantErr)
+	}
+	if note := l.Note("this list"); !strings.HasPrefix(note, "note: 2 recipients accepted and journaled are not in this list yet") {
+		t.Errorf("note %q", note)
+	}
+	var st Stats
+	f.getJSON(t, "GET", "/api/stats", 200, &st)
+	if st.Unsettled.Recipients != 2 || st.Recipients != before.Total {
+		t.Errorf("/api/stats: %d recipients, unsettled %+v; want %d and 2", st.Recipients, st.Unsettled, before.Total)
+	}
+	var sh Shape
+	f.getJSON(t, "GET", "/api/shape", 200, &sh)
+	if sh.Unsettled.Recipients != 2 {
+		t.Errorf("/api/shape: unsettled %+v, want 2 recipients", sh.Unsettled)
+	}
+	if rec := f.do(t, "GET", "/"); rec.Code != 200 || !strings.Contains(rec.Body.String(), "2 recipients accepted and journaled") {
+		t.Errorf("status page: %d, without the note:\n%s", rec.Code, rec.Body)
+	}
+	if rec := f.do(t, "GET", "/api/queue/"+id.String()); rec.Code != 503 {
+		t.Errorf("the journaled message: %d %s, want 503", rec.Code, rec.Body)
+	}
+	f.getJSON(t, "GET", "/api/queue/"+f.m1.String(), 200, nil)
+	if rec := f.do(t, "POST", "/api/queue/hold?all=1"); rec.Code != 500 {
+		t.Errorf("hold on a full disk: %d %s, want 500", rec.Code, rec.Body)
+	}
+
+	restore()
+	rec := f.do(t, "GET", "/api/queue")
+	if rec.Code != 200 || strings.Contains(rec.Body.String(), "unsettled") {
+		t.Errorf("/api/queue with room again: %d, still unsettled:\n%s", rec.Code, rec.Body)
+	}
+	f.getJSON(t, "GET", "/api/queue", 200, &l)
+	if l.Total != before.Total+2 {
+		t.Errorf("/api/queue with room again: total %d, want %d", l.Total, before.Total+2)
+	}
+}
+
+// fullDiskChild marks the child process runInChild starts.
+const fullDiskChild = "ADMIN_TEST_FULLDISK_CHILD"
+
+// runInChild runs the named test alone in a child process of the test
+// binary and fails if it did not pass there: a file size limit is the
+// whole process's, and go test keeps a log of the files a test opens
+// (for its cache) that would meet it.
+func runInChild(t *testing.T, name string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), fullDiskChild+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+name)) {
+		t.Fatalf("%s in a child process: %v\n%s", name, err, out)
+	}
+}
+
+// limitFileSize sets the process's file size limit (RLIMIT_FSIZE), with
+// SIGXFSZ ignored so that a write past it fails with EFBIG. The function
+// it returns restores both; it may be called more than once.
+func limitFileSize(t *testing.T, limit uint64) (restore func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	lim := old
+	lim.Cur = min(limit, old.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+			t.Error(err)
+		}
+		signal.Reset(syscall.SIGXFSZ)
+	}
+}
