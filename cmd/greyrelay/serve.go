@@ -340,7 +340,12 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
-		if st, err := q.Stats(); err == nil {
+		st, err := q.Stats()
+		var un *queue.UnsettledError
+		switch {
+		case errors.As(err, &un): // a full disk: the accepted recipients the database lacks count too
+			c.SetQueued(st.Recipients + un.Recipients)
+		case err == nil:
 			c.SetQueued(st.Recipients)
 		}
 		select {

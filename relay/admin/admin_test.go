@@ -394,6 +394,7 @@ func TestMetricsExposeQueueGauges(t *testing.T) {
 		{"greyrelay_queue_recipients_by_reason", "reason", "mailbox-full", 0},
 		{"greyrelay_queue_messages", "", "", 4},
 		{"greyrelay_queue_oldest_age_seconds", "", "", 7200},
+		{"greyrelay_queue_unsettled_recipients", "", "", 0},
 	}
 	for _, c := range checks {
 		if got := gauge(c.name, c.label, c.value); got != c.want {

@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"errors"
 	"sort"
 	"time"
 
@@ -27,6 +28,7 @@ type queueCollector struct {
 	messages   *prometheus.Desc
 	oldestAge  *prometheus.Desc
 	dbBytes    *prometheus.Desc
+	unsettled  *prometheus.Desc
 }
 
 func newQueueCollector(q *queue.Queue, now func() time.Time) *queueCollector {
@@ -42,6 +44,9 @@ func newQueueCollector(q *queue.Queue, now func() time.Time) *queueCollector {
 			"Age of the oldest message in the queue (0 when empty).", nil, nil),
 		dbBytes: prometheus.NewDesc("greyrelay_queue_db_bytes",
 			"Size of the queue database file; bbolt files never shrink.", nil, nil),
+		unsettled: prometheus.NewDesc("greyrelay_queue_unsettled_recipients",
+			"Recipients accepted (safe in the intake journal) that the queue database could not take yet, e.g. on a full disk; not in the other queue gauges.",
+			nil, nil),
 	}
 }
 
@@ -52,18 +57,31 @@ func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.messages
 	ch <- c.oldestAge
 	ch <- c.dbBytes
+	ch <- c.unsettled
 }
 
 // Collect implements prometheus.Collector. When the queue cannot be read
 // it reports an invalid metric, which makes the scrape show the error
-// instead of silently reporting an empty queue.
+// instead of silently reporting an empty queue. When the database cannot
+// take the accepted messages (a full disk), the gauges show what it holds
+// and greyrelay_queue_unsettled_recipients what it lacks: the scrape that
+// an alert on a full disk depends on keeps working.
 func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.dbBytes, prometheus.GaugeValue, float64(c.q.DBSize()))
 	st, err := c.q.Stats()
+	var un *queue.UnsettledError
+	if errors.As(err, &un) {
+		err = nil
+	}
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.messages, err)
 		return
 	}
+	pending := 0
+	if un != nil {
+		pending = un.Recipients
+	}
+	ch <- prometheus.MustNewConstMetric(c.unsettled, prometheus.GaugeValue, float64(pending))
 	// Every known status is always exported, so a status that drops to zero
 	// reads 0 rather than disappearing.
 	for _, s := range statuses() {

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +27,11 @@ func TestFullDiskReads(t *testing.T) {
 	f := newFixture(t)
 	var before ListResult
 	f.getJSON(t, "GET", "/api/queue", 200, &before)
+	beforeSt, err := f.q.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeMsgs := beforeSt.Messages
 	restore := limitFileSize(t, uint64(2*os.Getpagesize())) // bbolt's page size
 	defer restore()
 	id := enqueue(t, f.q, "alice@example.org", testNow, "x@new.test", "y@new.test")
@@ -51,6 +57,11 @@ func TestFullDiskReads(t *testing.T) {
 	}
 	if rec := f.do(t, "GET", "/"); rec.Code != 200 || !strings.Contains(rec.Body.String(), "2 recipients accepted and journaled") {
 		t.Errorf("status page: %d, without the note:\n%s", rec.Code, rec.Body)
+	}
+	if rec := f.do(t, "GET", "/metrics", "Accept", "text/plain"); rec.Code != 200 ||
+		!strings.Contains(rec.Body.String(), "\ngreyrelay_queue_unsettled_recipients 2\n") ||
+		!strings.Contains(rec.Body.String(), fmt.Sprintf("\ngreyrelay_queue_messages %d\n", beforeMsgs)) {
+		t.Errorf("/metrics on a full disk: %d, without the database's counts and 2 unsettled recipients:\n%s", rec.Code, rec.Body)
 	}
 	if rec := f.do(t, "GET", "/api/queue/"+id.String()); rec.Code != 503 {
 		t.Errorf("the journaled message: %d %s, want 503", rec.Code, rec.Body)
