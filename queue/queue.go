@@ -427,7 +427,8 @@ func validateNew(m *NewMessage) error {
 func (q *Queue) writer() {
 	defer q.wg.Done()
 	defer close(q.stopped)
-	busy := false // requests were waiting when the last commit ended
+	busy := false         // requests were waiting when the last commit ended
+	var retry *time.Timer // while stuck: when to try the journaled inserts again
 	for {
 		if len(q.pending) > 0 && !q.stuck {
 			// Journaled messages left over by a commit's budget go on
@@ -435,7 +436,15 @@ func (q *Queue) writer() {
 			q.commit(q.gatherMore(nil))
 			continue
 		}
+		retry = q.retryTimer(retry)
+		var retryC <-chan time.Time
+		if retry != nil {
+			retryC = retry.C
+		}
 		select {
+		case <-retryC:
+			retry = nil
+			q.commit(nil)
 		case r := <-q.reqs:
 			batch := []request{r}
 			if busy {
@@ -447,6 +456,29 @@ func (q *Queue) writer() {
 			return
 		}
 	}
+}
+
+// stuckRetry is how often the writer tries again to insert journaled
+// messages after a commit holding them failed (a full disk).
+const stuckRetry = time.Second
+
+// retryTimer returns the timer of the writer's next try while a failed
+// commit left journaled messages out of the database (q.stuck), creating
+// it if t is nil, and nil (t stopped) otherwise. Every request tries them
+// again too, but an idle relay sends none: without the timer, messages
+// accepted as the disk filled would stay out of the database, where the
+// scheduler and the operator's actions cannot see them, until the next
+// message or read of the queue came, however long after the disk had room.
+func (q *Queue) retryTimer(t *time.Timer) *time.Timer {
+	switch {
+	case q.stuck && len(q.pending) > 0 && t == nil:
+		return time.NewTimer(stuckRetry)
+	case q.stuck && len(q.pending) > 0:
+		return t
+	case t != nil:
+		t.Stop()
+	}
+	return nil
 }
 
 // linger waits Options.CommitDelay (or until Close, or until a settle

@@ -6,6 +6,7 @@ import (
 	"os/signal"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // On a full disk the writer's commits fail while the intake journal, whose
@@ -103,6 +104,38 @@ func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
 	}
 	if st, err := q.Stats(); err != nil || st.Recipients != 4 || st.Messages != 3 {
 		t.Errorf("Stats with room again: %+v, %v", st, err)
+	}
+}
+
+// Once the disk has room again, the journaled messages enter the database
+// without any request to the queue: an idle relay sends none.
+func TestUnsettled_RetriedWhenIdle(t *testing.T) {
+	if os.Getenv(fsizeChild) == "" {
+		runInChild(t, "TestUnsettled_RetriedWhenIdle")
+		return
+	}
+	q, _ := newQ(t)
+	mustEnqueue(t, q, msg("s@x.test", "a@a.test"))
+	if _, err := q.Stats(); err != nil {
+		t.Fatal(err)
+	}
+	restore := limitFileSize(t, uint64(2*q.db.Info().PageSize))
+	defer restore()
+	mustEnqueue(t, q, msg("s@x.test", "b@b.test", "c@b.test"))
+	var ue *UnsettledError
+	if _, err := q.Stats(); !errors.As(err, &ue) { // the commit holding it failed
+		t.Fatalf("Stats on a full disk: %v, want an UnsettledError", err)
+	}
+	restore()
+	deadline := time.Now().Add(10 * stuckRetry)
+	for q.inflight.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the journaled recipients were not inserted within %v of the disk having room", 10*stuckRetry)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st, err := q.Stats(); err != nil || st.Recipients != 3 {
+		t.Errorf("Stats: %+v, %v; want 3 recipients", st, err)
 	}
 }
 
