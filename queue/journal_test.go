@@ -3,16 +3,14 @@ package queue
 import (
 	"bytes"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"reflect"
 	"strconv"
-	"syscall"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/greyrelay/greyrelay/internal/fulldisk"
 	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
@@ -348,12 +346,7 @@ func TestJournal_InsertBudget(t *testing.T) {
 // journal goes on within the size it has, starting again at the front,
 // instead of failing or giving up.
 func TestJournal_CannotGrow(t *testing.T) {
-	if os.Getenv(fsizeChild) == "" {
-		// The file-size limit below is the whole process's, and go test
-		// keeps a log of the files a test opens (for its cache) that grows
-		// past it when the package runs whole: the test runs in a child
-		// process of its own.
-		runInChild(t, "TestJournal_CannotGrow")
+	if !fulldisk.RunAlone(t) {
 		return
 	}
 	q, _ := newQ(t)
@@ -363,21 +356,9 @@ func TestJournal_CannotGrow(t *testing.T) {
 	if q.jrnl.Size() != journal.Step {
 		t.Fatalf("journal size %d, want %d", q.jrnl.Size(), journal.Step)
 	}
-	// No file of this process may grow past the journal's size now
-	// (EFBIG instead of SIGXFSZ). The database stays below it: every
-	// round is deleted before the next.
-	signal.Ignore(syscall.SIGXFSZ)
-	defer signal.Reset(syscall.SIGXFSZ)
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Fatal(err)
-	}
-	lim := old
-	lim.Cur = journal.Step
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old)
+	// No file of this process may grow past the journal's size now. The
+	// database stays below it: every round is deleted before the next.
+	fulldisk.Limit(t, uint64(journal.Step))
 	for round := range 10 { // about 1.3 MiB of records in all
 		for range 30 {
 			mustEnqueue(t, q, m)
@@ -391,20 +372,5 @@ func TestJournal_CannotGrow(t *testing.T) {
 	}
 	if q.jrnl.seq < 300 {
 		t.Errorf("%d records written; the journal was left for the database", q.jrnl.seq)
-	}
-}
-
-// fsizeChild marks the child process runInChild starts.
-const fsizeChild = "QUEUE_TEST_FSIZE_CHILD"
-
-// runInChild runs the named test alone in a child process of the test
-// binary and fails if it did not pass there.
-func runInChild(t *testing.T, name string) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), fsizeChild+"=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+name)) {
-		t.Fatalf("%s in a child process: %v\n%s", name, err, out)
 	}
 }

@@ -2,11 +2,11 @@ package queue
 
 import (
 	"errors"
-	"os"
-	"os/signal"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/internal/fulldisk"
 )
 
 // On a full disk the writer's commits fail while the intake journal, whose
@@ -17,8 +17,7 @@ import (
 // disk: below the database's data pages (every commit writes one: EFBIG)
 // and above the journal's write position (its records are written).
 func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
-	if os.Getenv(fsizeChild) == "" {
-		runInChild(t, "TestUnsettled_ReadsOnFullDisk") // the limit is the process's (see TestJournal_CannotGrow)
+	if !fulldisk.RunAlone(t) {
 		return
 	}
 	q, _ := newQ(t)
@@ -30,7 +29,7 @@ func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
 	if off := q.jrnl.Offset(); off+4<<10 > int64(limit) {
 		t.Fatalf("the journal writes at %d, too close to the limit %d for the test", off, limit)
 	}
-	restore := limitFileSize(t, limit)
+	restore := fulldisk.Limit(t, limit)
 	defer restore()
 	ids := []ID{
 		mustEnqueue(t, q, msg("s@x.test", "b@b.test", "c@b.test")),
@@ -110,8 +109,7 @@ func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
 // Once the disk has room again, the journaled messages enter the database
 // without any request to the queue: an idle relay sends none.
 func TestUnsettled_RetriedWhenIdle(t *testing.T) {
-	if os.Getenv(fsizeChild) == "" {
-		runInChild(t, "TestUnsettled_RetriedWhenIdle")
+	if !fulldisk.RunAlone(t) {
 		return
 	}
 	q, _ := newQ(t)
@@ -119,7 +117,7 @@ func TestUnsettled_RetriedWhenIdle(t *testing.T) {
 	if _, err := q.Stats(); err != nil {
 		t.Fatal(err)
 	}
-	restore := limitFileSize(t, uint64(2*q.db.Info().PageSize))
+	restore := fulldisk.Limit(t, uint64(2*q.db.Info().PageSize))
 	defer restore()
 	mustEnqueue(t, q, msg("s@x.test", "b@b.test", "c@b.test"))
 	var ue *UnsettledError
@@ -136,28 +134,5 @@ func TestUnsettled_RetriedWhenIdle(t *testing.T) {
 	}
 	if st, err := q.Stats(); err != nil || st.Recipients != 3 {
 		t.Errorf("Stats: %+v, %v; want 3 recipients", st, err)
-	}
-}
-
-// limitFileSize sets the process's file size limit (RLIMIT_FSIZE), with
-// SIGXFSZ ignored so that a write past it fails with EFBIG. The function
-// it returns restores both; it may be called more than once.
-func limitFileSize(t *testing.T, limit uint64) (restore func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Fatal(err)
-	}
-	signal.Ignore(syscall.SIGXFSZ)
-	lim := old
-	lim.Cur = min(limit, old.Max)
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-			t.Error(err)
-		}
-		signal.Reset(syscall.SIGXFSZ)
 	}
 }

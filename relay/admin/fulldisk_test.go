@@ -1,14 +1,12 @@
 package admin
 
 import (
-	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/greyrelay/greyrelay/internal/fulldisk"
 )
 
 // On a full disk, where the queue's database cannot take the messages its
@@ -20,8 +18,7 @@ import (
 // fails with EFBIG, while the journal, already allocated, writes its few
 // records below it.
 func TestFullDiskReads(t *testing.T) {
-	if os.Getenv(fullDiskChild) == "" {
-		runInChild(t, "TestFullDiskReads")
+	if !fulldisk.RunAlone(t) {
 		return
 	}
 	f := newFixture(t)
@@ -32,7 +29,7 @@ func TestFullDiskReads(t *testing.T) {
 		t.Fatal(err)
 	}
 	beforeMsgs := beforeSt.Messages
-	restore := limitFileSize(t, uint64(2*os.Getpagesize())) // bbolt's page size
+	restore := fulldisk.Limit(t, uint64(2*os.Getpagesize())) // bbolt's page size
 	defer restore()
 	id := enqueue(t, f.q, "alice@example.org", testNow, "x@new.test", "y@new.test")
 
@@ -79,45 +76,5 @@ func TestFullDiskReads(t *testing.T) {
 	f.getJSON(t, "GET", "/api/queue", 200, &l)
 	if l.Total != before.Total+2 {
 		t.Errorf("/api/queue with room again: total %d, want %d", l.Total, before.Total+2)
-	}
-}
-
-// fullDiskChild marks the child process runInChild starts.
-const fullDiskChild = "ADMIN_TEST_FULLDISK_CHILD"
-
-// runInChild runs the named test alone in a child process of the test
-// binary and fails if it did not pass there: a file size limit is the
-// whole process's, and go test keeps a log of the files a test opens
-// (for its cache) that would meet it.
-func runInChild(t *testing.T, name string) {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), fullDiskChild+"=1")
-	out, err := cmd.CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: "+name)) {
-		t.Fatalf("%s in a child process: %v\n%s", name, err, out)
-	}
-}
-
-// limitFileSize sets the process's file size limit (RLIMIT_FSIZE), with
-// SIGXFSZ ignored so that a write past it fails with EFBIG. The function
-// it returns restores both; it may be called more than once.
-func limitFileSize(t *testing.T, limit uint64) (restore func()) {
-	t.Helper()
-	var old syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Fatal(err)
-	}
-	signal.Ignore(syscall.SIGXFSZ)
-	lim := old
-	lim.Cur = min(limit, old.Max)
-	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
-		t.Fatal(err)
-	}
-	return func() {
-		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-			t.Error(err)
-		}
-		signal.Reset(syscall.SIGXFSZ)
 	}
 }
