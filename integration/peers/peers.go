@@ -35,6 +35,7 @@ package peers
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -108,16 +109,29 @@ func Loopback(n int) string {
 	return "127.0.0." + strconv.Itoa(n)
 }
 
-// FreePort returns a TCP port that was free on ip a moment ago: it binds
-// ip:0, closes the listener and returns the port.
+// FreePort returns a TCP port that was free on ip a moment ago: one that
+// ip:port could be bound to, and that FreePort has not returned before.
+// It picks below the kernel's ephemeral range (ip_local_port_range),
+// where binding ip:0 would choose: a port from that range may become the
+// source port of an outgoing connection from ip (a relay delivering from
+// its own address) between the moment it is returned and the moment the
+// server it is meant for binds it.
 func FreePort(t testing.TB, ip string) int {
 	t.Helper()
-	for range 100 {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-		if err != nil {
-			t.Fatalf("peers: free port on %s: %v", ip, err)
+	low := ephemeralLow()
+	for range 200 {
+		port := 0 // the kernel's choice, when no range lies below the ephemeral one
+		if low > minPort+100 {
+			port = minPort + rand.IntN(low-minPort)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		if err != nil {
+			if port == 0 {
+				t.Fatalf("peers: free port on %s: %v", ip, err)
+			}
+			continue // taken
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
 		if handOut(ip, port) {
 			return port
@@ -125,6 +139,28 @@ func FreePort(t testing.TB, ip string) int {
 	}
 	t.Fatalf("peers: no fresh free port on %s", ip)
 	return 0
+}
+
+// minPort is the lowest port FreePort returns: above the well-known and
+// most registered services' ports.
+const minPort = 10000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default, 32768, where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 32768
+	}
+	return n
 }
 
 // handedOut remembers every port FreePort returned in this test process.
