@@ -186,9 +186,12 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		log.Warn("queue journal replayed after an unclean stop", zap.Int("messages", n))
 	}
 	if checkQueue {
-		st, _ := q.Stats()
-		log.Info("queue checked: every record decoded, damaged ones quarantined",
-			zap.Int("messages", st.Messages), zap.Int("recipients", st.Recipients))
+		st, err := q.Stats()
+		fields := []zap.Field{zap.Int("messages", st.Messages), zap.Int("recipients", st.Recipients)}
+		if err != nil { // on a full disk the counts are the database's, without what the journal holds
+			fields = append(fields, zap.Error(err))
+		}
+		log.Info("queue checked: every record decoded, damaged ones quarantined", fields...)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
