@@ -239,8 +239,11 @@ func TestRobustDiskFull(t *testing.T) {
 
 // rbFullDiskReads checks that the operator's reads answer on a full
 // disk: each lists or counts what the database holds and counts what it
-// lacks, which together are the accepted recipients (the database may
-// take some of them between two reads: a commit can reuse its free pages).
+// lacks, which together account for every accepted recipient. The count
+// of what it lacks is taken before the read, so a commit in between (it
+// can reuse free pages) makes it count a recipient twice, never miss one:
+// the database holds at most the accepted ones, and with the count at
+// least all of them.
 func rbFullDiskReads(t *testing.T, r *peers.Relay, accepted int) {
 	t.Helper()
 	var answer struct {
@@ -258,8 +261,9 @@ func rbFullDiskReads(t *testing.T, r *peers.Relay, accepted int) {
 		if err := json.Unmarshal([]byte(body), &answer); err != nil {
 			t.Fatalf("GET %s: %v\n%s", path, err, body)
 		}
-		if n := answer.Total + answer.Recipients + answer.Unsettled; n != accepted {
-			t.Errorf("GET %s on a full disk accounts for %d recipients, want %d:\n%s", path, n, accepted, body)
+		if held := answer.Total + answer.Recipients; held > accepted || held+answer.Unsettled < accepted {
+			t.Errorf("GET %s on a full disk: %d recipients held, %d not yet; want %d accepted in all:\n%s",
+				path, held, answer.Unsettled, accepted, body)
 		}
 		t.Logf("GET %s on a full disk: %d not in the database yet", path, answer.Unsettled)
 	}
@@ -278,9 +282,9 @@ func rbFullDiskReads(t *testing.T, r *peers.Relay, accepted int) {
 		}
 	}
 	t.Logf("greyrelay queue list on a full disk: %d not in the list yet", unsettled)
-	if n := strings.Count(stdout.String(), "user@dest.test") + unsettled; n != accepted {
-		t.Errorf("greyrelay queue list on a full disk accounts for %d recipients, want %d:\n%s%s",
-			n, accepted, stdout.String(), stderr.String())
+	if held := strings.Count(stdout.String(), "user@dest.test"); held > accepted || held+unsettled < accepted {
+		t.Errorf("greyrelay queue list on a full disk: %d recipients listed, %d not yet; want %d accepted in all:\n%s%s",
+			held, unsettled, accepted, stdout.String(), stderr.String())
 	}
 }
 

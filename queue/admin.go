@@ -184,7 +184,7 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 	if err := sel.validate(); err != nil {
 		return nil, err
 	}
-	unsettled := q.settleRead()
+	unsettled := q.unsettled(q.settle())
 	var out []Recipient
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {

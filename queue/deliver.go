@@ -31,7 +31,7 @@ const (
 // does not hold may be among them: Message then fails with an
 // *UnsettledError instead of ErrNotFound (so do Show, Body and OpenBody).
 func (q *Queue) Message(id ID) (Message, error) {
-	unsettled := q.settleReadID(id)
+	unsettled := q.unsettled(q.settleID(id))
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -60,7 +60,7 @@ func getMessage(tx *bolt.Tx, id ID, ps *[]problem) (Message, error) {
 // A message that has finished is shown from its finished record (with
 // Message.Finished set) while it is kept (Options.History).
 func (q *Queue) Show(id ID) (Message, error) {
-	unsettled := q.settleReadID(id)
+	unsettled := q.unsettled(q.settleID(id))
 	var m Message
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
@@ -112,7 +112,7 @@ func (q *Queue) Body(id ID) ([]byte, error) {
 // a large message does not copy it onto the heap. Close it when done.
 // Errors are as for Body.
 func (q *Queue) OpenBody(id ID) (*Content, error) {
-	unsettled := q.settleReadID(id)
+	unsettled := q.unsettled(q.settleID(id))
 	var body []byte
 	var spooled string
 	var m Message

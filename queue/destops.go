@@ -17,7 +17,7 @@ import (
 // mail that is waiting. Like List, it may return what the database holds
 // with an *UnsettledError.
 func (q *Queue) Waiting(domain string, except []Key) (bool, error) {
-	unsettled := q.settleRead()
+	unsettled := q.unsettled(q.settle())
 	want := []byte(strings.ToLower(strings.TrimSuffix(domain, ".")))
 	skip := make(map[Key]bool, len(except))
 	for _, k := range except {

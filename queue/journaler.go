@@ -44,7 +44,7 @@ import (
 // delivery workers never wait). The scheduler's reads (DueCursor, NextDue)
 // do not: the commit that inserts a message wakes it. When that commit
 // fails (a full disk), the pure reads answer from the database all the
-// same and say what it lacks (settleRead, UnsettledError): the messages
+// same and say what it lacks (unsettled, UnsettledError): the messages
 // are safe in the journal, and the operator needs to look at the queue
 // most when the disk is full. The writes still fail.
 
@@ -422,31 +422,17 @@ func (q *Queue) settle() error {
 	return nil
 }
 
-// settleRead is settle for a read that can answer from the database
-// alone. When the database cannot take what the journal acknowledged, it
-// returns the *UnsettledError the read returns with its answer, or nil
-// when no acknowledged recipient is missing (a record whose write failed
-// is marked applied without messages, and holds none). The count is read
+// unsettled turns the failure of a settle (or settleID) before a read
+// that can answer from the database alone into the *UnsettledError the
+// read returns with its answer: nil when the settle succeeded, or when no
+// acknowledged recipient is missing (a record whose write failed is
+// marked applied without messages, and holds none). The count is read
 // before the read's transaction: a recipient inserted in between is in
 // the answer and counted, so it is never missed, only overcounted.
-func (q *Queue) settleRead() error {
-	err := q.settle()
-	if err == nil {
-		return nil
-	}
-	return q.unsettled(err)
-}
-
-// settleReadID is settleRead for a read of message id (settleID).
-func (q *Queue) settleReadID(id ID) error {
-	err := q.settleID(id)
-	if err == nil {
-		return nil
-	}
-	return q.unsettled(err)
-}
-
 func (q *Queue) unsettled(err error) error {
+	if err == nil {
+		return nil
+	}
 	n := q.inflight.Load()
 	if n <= 0 {
 		return nil
@@ -454,7 +440,7 @@ func (q *Queue) unsettled(err error) error {
 	return &UnsettledError{Recipients: int(n), Err: err}
 }
 
-// readOne is the error of a read of one message after settleReadID
+// readOne is the error of a read of one message after q.unsettled(q.settleID(id))
 // returned unsettled: the database holds a message whole or not at all,
 // so only an answer that it does not exist is in doubt.
 func readOne(err, unsettled error) error {

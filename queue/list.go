@@ -23,7 +23,7 @@ import (
 // When the database cannot take every message Enqueue acknowledged, List
 // returns what it holds with an *UnsettledError (see there).
 func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
-	unsettled := q.settleRead()
+	unsettled := q.unsettled(q.settle())
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
@@ -47,7 +47,7 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 // every row. Like List, it may return an *UnsettledError after walking
 // what the database holds.
 func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
-	unsettled := q.settleRead()
+	unsettled := q.unsettled(q.settle())
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
@@ -208,7 +208,7 @@ func (f *Filter) matchesMessage(m *Message) bool {
 // first (Arrival is as the caller passed it). Like List, it may return the
 // database's counts with an *UnsettledError.
 func (q *Queue) Stats() (Stats, error) {
-	unsettled := q.settleRead()
+	unsettled := q.unsettled(q.settle())
 	q.mu.Lock()
 	s := q.counts.stats()
 	q.mu.Unlock()

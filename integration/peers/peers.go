@@ -148,19 +148,13 @@ const minPort = 10000
 // ephemeralLow is the first port of the kernel's ephemeral range (Linux's
 // default, 32768, where it cannot be read).
 func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
+	var low int
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if _, err := fmt.Sscan(string(b), &low); err == nil {
+			return low
+		}
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	n, err := strconv.Atoi(f[0])
-	if err != nil {
-		return 32768
-	}
-	return n
+	return 32768
 }
 
 // handedOut remembers every port FreePort returned in this test process.

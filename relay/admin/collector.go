@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"errors"
 	"sort"
 	"time"
 
@@ -69,19 +68,12 @@ func (c *queueCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.dbBytes, prometheus.GaugeValue, float64(c.q.DBSize()))
 	st, err := c.q.Stats()
-	var un *queue.UnsettledError
-	if errors.As(err, &un) {
-		err = nil
-	}
+	unsettled, err := unsettledOf(err)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.messages, err)
 		return
 	}
-	pending := 0
-	if un != nil {
-		pending = un.Recipients
-	}
-	ch <- prometheus.MustNewConstMetric(c.unsettled, prometheus.GaugeValue, float64(pending))
+	ch <- prometheus.MustNewConstMetric(c.unsettled, prometheus.GaugeValue, float64(unsettled.Recipients))
 	// Every known status is always exported, so a status that drops to zero
 	// reads 0 rather than disappearing.
 	for _, s := range statuses() {
