@@ -117,7 +117,7 @@ func TestDANE(t *testing.T) {
 		Hostname: "mx-ee.dane.test", ServerCert: cert, DeliverTo: final.Addr,
 		RelayDomains: []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "out.dane.test"}})
 	r := n.relay("delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=false",
-		"tls_reporting.enabled=true", "delivery.tls_ca_file="+caFile)
+		"tls_reporting.enabled=true", "tls_reporting.allow_private_rua=true", "delivery.tls_ca_file="+caFile)
 
 	ids := map[string]string{}
 	for _, dom := range []string{"ee.dane.test", "ta.dane.test", "pkix.dane.test", "bad.dane.test", "bogus.dane.test", "plain.test", "cname.dane.test", "out.dane.test"} {

@@ -5,9 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -77,7 +75,8 @@ func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *z
 	// verified with the relay's roots, bounded in time; no redirects.
 	hc := &http.Client{Timeout: t.Timeout,
 		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}, Proxy: nil,
-			DialContext: resolverDial(router.Resolver), DisableKeepAlives: true},
+			DialContext:       (&tlsrpt.Dialer{Resolver: router.Resolver, AllowPrivate: t.AllowPrivateRUA}).DialContext,
+			DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	r := &tlsReports{agg: tlsrpt.NewAggregator(), log: log, store: q, sender: &tlsrpt.Sender{
 		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}
@@ -104,30 +103,6 @@ func (r *tlsReports) save() {
 	defer r.mu.Unlock()
 	if err := r.agg.Save(r.store); err != nil {
 		r.log.Warn("TLS report counts not saved", zap.Error(err))
-	}
-}
-
-// resolverDial dials the report host through the relay's resolver (the one
-// that found the rua), not the system's.
-func resolverDial(r mx.Resolver) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, _, addr string) (net.Conn, error) {
-		host, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			return nil, err
-		}
-		addrs, err := r.LookupAddrs(ctx, host, true, true)
-		if err != nil {
-			return nil, err
-		}
-		var d net.Dialer
-		err = fmt.Errorf("report host %s: no address", host)
-		for _, a := range addrs {
-			var c net.Conn
-			if c, err = d.DialContext(ctx, "tcp", net.JoinHostPort(a.String(), port)); err == nil {
-				return c, nil
-			}
-		}
-		return nil, err
 	}
 }
 

@@ -326,6 +326,10 @@ type TLSReporting struct {
 	Contact      string        `yaml:"contact"`      // "": the postmaster
 	From         string        `yaml:"from"`         // "": noreply-tlsrpt@hostname
 	Timeout      time.Duration `yaml:"timeout"`
+	// AllowPrivateRUA lets https: reports go to addresses that are not
+	// public (loopback, private, link-local): off, a domain's record
+	// cannot aim the relay at a service inside its network.
+	AllowPrivateRUA bool `yaml:"allow_private_rua"`
 }
 
 // Events configures the delivery events for applications (relay/events).

@@ -103,7 +103,7 @@ func (r *Router) literal(domain string) (Route, error) {
 	}
 	hop := Hop{Host: ip.Unmap().String(), Port: r.port()}
 	for _, a := range r.families([]netip.Addr{ip}) {
-		if !r.AllowPrivate && private(a) {
+		if !r.AllowPrivate && Private(a) {
 			hop.Refused = append(hop.Refused, a)
 		} else {
 			hop.Addrs = append(hop.Addrs, a)
@@ -162,7 +162,7 @@ func (r *Router) viaMX(ctx context.Context, domain string) (Route, error) {
 		hop.Err = err
 		for _, a := range r.families(addrs) {
 			switch {
-			case !r.AllowPrivate && private(a):
+			case !r.AllowPrivate && Private(a):
 				hop.Refused = append(hop.Refused, a)
 			case r.MaxAddrs == 0 || found < r.MaxAddrs:
 				hop.Addrs = append(hop.Addrs, a)
@@ -237,8 +237,13 @@ func (r *Router) families(addrs []netip.Addr) []netip.Addr {
 	return out
 }
 
-// private reports addresses we must not deliver MX traffic to.
-func private(a netip.Addr) bool {
+// Private reports the addresses greyrelay sends nothing to unless the
+// operator allows it (delivery.allow_private_destinations for MX targets,
+// tls_reporting.allow_private_rua for TLS reports): loopback, private (RFC
+// 1918, RFC 4193), link-local, unspecified and multicast. A name in a
+// stranger's DNS must not aim the relay at its own network.
+func Private(a netip.Addr) bool {
+	a = a.Unmap()
 	return a.IsLoopback() || a.IsPrivate() || a.IsLinkLocalUnicast() ||
 		a.IsUnspecified() || a.IsMulticast() || a.IsLinkLocalMulticast() ||
 		a.IsInterfaceLocalMulticast()
