@@ -19,13 +19,17 @@ const sharedTTL = 30 * 24 * time.Hour
 // record is the shared part of a queue.Destination: what another node's
 // first message to the domain should know (the greylisting window, the
 // throttle and its learned pace, dead hosts). Per-node counters and probes
-// stay local.
+// stay local. The pace goes whole: the gap between starts is its interval
+// doubled for each refusal since the last accepted message, so a node
+// given the interval without the refusals would start faster than the
+// node that was refused.
 type record struct {
 	Greylists      bool                 `json:"greylists,omitempty"`
 	LearnedDelay   time.Duration        `json:"learned_delay,omitempty"`
 	GreylistLow    time.Duration        `json:"greylist_low,omitempty"`
 	PaceInterval   time.Duration        `json:"pace_interval,omitempty"`
 	PaceBase       time.Duration        `json:"pace_base,omitempty"`
+	PaceRefusals   int                  `json:"pace_refusals,omitempty"`
 	LastGreylisted time.Time            `json:"last_greylisted,omitzero"`
 	ThrottleLevel  int                  `json:"throttle_level,omitempty"`
 	ThrottledUntil time.Time            `json:"throttled_until,omitzero"`
@@ -57,7 +61,7 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 		return queue.Destination{}, false
 	}
 	return queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
-		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase,
+		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
 		LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
 		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated}, true
 }
@@ -70,7 +74,7 @@ func (c *Cluster) Publish(d queue.Destination) {
 		return
 	}
 	r := record{Greylists: d.Greylists, LearnedDelay: d.LearnedDelay, LastGreylisted: d.LastGreylisted,
-		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase,
+		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase, PaceRefusals: d.PaceRefusals,
 		ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
 		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name}
 	b, err := json.Marshal(r)

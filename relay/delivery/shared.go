@@ -47,7 +47,8 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 			rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
 		}
 		if sh.PaceInterval > 0 {
-			rec.PaceInterval, rec.PaceBase = sh.PaceInterval, sh.PaceBase
+			// The refusals too: they double the gap (backoff.Pace).
+			rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = sh.PaceInterval, sh.PaceBase, sh.PaceRefusals
 		}
 		rec.Greylists = rec.Greylists || sh.Greylists
 		if sh.LastGreylisted.After(rec.LastGreylisted) {

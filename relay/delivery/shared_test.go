@@ -116,6 +116,12 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 			checks: []check{{time.Second, true}, {3999 * time.Millisecond, true}, {4 * time.Second, false}},
 		},
 		{
+			name:   "a shared pace refused twice since its last success: kept for twice its interval",
+			local:  queue.Destination{PaceInterval: time.Second, PaceBase: time.Second, Updated: old},
+			sh:     queue.Destination{PaceInterval: 2 * time.Second, PaceBase: 2 * time.Second, PaceRefusals: 2, Updated: recent},
+			checks: []check{{3999 * time.Millisecond, true}, {4 * time.Second, false}},
+		},
+		{
 			name:   "an older shared pace is not adopted: the local gap stands",
 			local:  queue.Destination{PaceInterval: time.Second, PaceBase: time.Second, Updated: recent},
 			sh:     queue.Destination{PaceInterval: 4 * time.Second, PaceBase: 4 * time.Second, Updated: old},
