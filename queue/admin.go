@@ -184,7 +184,15 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 	if err := sel.validate(); err != nil {
 		return nil, err
 	}
-	unsettled := q.unsettled(q.settle())
+	// By ID, like Show: only a message that may still be on its way to the
+	// database waits for it, and only its absence is in doubt.
+	var serr error
+	if sel.ID != 0 {
+		serr = q.settleID(sel.ID)
+	} else {
+		serr = q.settle()
+	}
+	unsettled := q.unsettled(serr)
 	var out []Recipient
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {

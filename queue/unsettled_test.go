@@ -63,6 +63,13 @@ func TestUnsettled_ReadsOnFullDisk(t *testing.T) {
 	if len(rs) != 1 {
 		t.Errorf("Select: %d recipients, want 1", len(rs))
 	}
+	// By ID, a message the database holds is answered whole; one it does
+	// not hold is in doubt.
+	if rs, err := q.Select(Selector{ID: stored}); err != nil || len(rs) != 1 {
+		t.Errorf("Select(stored): %d recipients, %v; want 1, nil", len(rs), err)
+	}
+	_, err = q.Select(Selector{ID: ids[0]})
+	wantUnsettled("Select(journaled)", err)
 	waiting, err := q.Waiting("b.test", nil)
 	wantUnsettled("Waiting b.test", err)
 	if waiting {
