@@ -46,26 +46,34 @@ func RunAlone(t *testing.T) bool {
 // may be called more than once, and runs when the test ends anyway.
 func Limit(t testing.TB, limit uint64) (restore func()) {
 	t.Helper()
+	restore, err := Set(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
+// Set is Limit for a goroutine other than the test's (a peer's script),
+// where a test may not stop: it returns the error instead, and the caller
+// lifts the limit itself (restore may be called more than once).
+func Set(limit uint64) (restore func(), err error) {
 	var old syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	signal.Ignore(syscall.SIGXFSZ)
 	lim := old
 	lim.Cur = min(limit, old.Max)
 	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
 		signal.Reset(syscall.SIGXFSZ)
-		t.Fatal(err)
+		return nil, err
 	}
 	var once sync.Once
-	restore = func() {
+	return func() {
 		once.Do(func() {
-			if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
-				t.Error(err)
-			}
+			_ = syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old)
 			signal.Reset(syscall.SIGXFSZ)
 		})
-	}
-	t.Cleanup(restore)
-	return restore
+	}, nil
 }
