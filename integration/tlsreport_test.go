@@ -139,7 +139,7 @@ func TestTLSReport(t *testing.T) {
 		Hostname: "mx.ok.test", ServerCert: mxCert, DeliverTo: final.Addr,
 		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test", "nopolicy.test"}})
 	r := n.relay("delivery.mta_sts=true", "delivery.tls_ca_file="+caFile,
-		"tls_reporting.enabled=true", "tls_reporting.organization=Relay Test", "postmaster=pm@relay.test")
+		"tls_reporting.enabled=true", "tls_reporting.allow_private_rua=true", "tls_reporting.organization=Relay Test", "postmaster=pm@relay.test")
 
 	ok := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@ok.test"}, Data: message("a@src.test", "u@ok.test", "ok")})
 	bad := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@badcert.test"}, Data: message("a@src.test", "u@badcert.test", "bad")})
