@@ -79,6 +79,7 @@ func TestHeldOutcomeStoredOnceRoomReturns(t *testing.T) {
 		if err != nil {
 			t.Error(err) // not Fatal: this is the peer's goroutine
 		}
+		t.Cleanup(lift) // also if the test ends early
 		restore <- lift
 		return relaytest.Reply("550 5.1.1 no such user")
 	}}})

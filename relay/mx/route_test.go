@@ -299,7 +299,7 @@ func TestPrivate(t *testing.T) {
 		{"127.0.0.1", true}, {"10.1.2.3", true}, {"172.16.0.1", true}, {"192.168.1.1", true},
 		{"169.254.169.254", true}, {"0.0.0.0", true}, {"224.0.0.1", true},
 		{"::1", true}, {"fd00::1", true}, {"fe80::1", true}, {"::", true}, {"ff02::1", true},
-		{"::ffff:10.0.0.1", true}, {"::ffff:127.0.0.1", true},
+		{"::ffff:10.0.0.1", true}, {"::ffff:127.0.0.1", true}, {"::ffff:0.0.0.0", true},
 		{"192.0.2.1", false}, {"8.8.8.8", false}, {"2001:db8::1", false}, {"::ffff:8.8.8.8", false},
 	} {
 		if got := mx.Private(netip.MustParseAddr(tc.addr)); got != tc.want {

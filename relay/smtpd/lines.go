@@ -42,10 +42,11 @@ import (
 // line (always likely under TLS, whose bound is large), go-smtp's reader
 // hands over the part already read as if it were a whole line before it
 // sees the error (conn.cutShort). MAIL, RCPT, AUTH and DATA check for
-// that and answer it with the 500 alone. The commands go-smtp answers
-// without asking the session (NOOP, HELP, VRFY, RSET, QUIT) get their own
-// reply to the cut line first, then the 500: an extra line, and nothing
-// taken or changed that the 500 and the close do not undo.
+// that and answer it with the 500 alone. What go-smtp answers without
+// asking the session (NOOP, HELP, VRFY, RSET, QUIT, and a MAIL or RCPT
+// whose cut arguments it cannot parse) gets its own reply to the cut line
+// first, then the 500: an extra line, and nothing taken or changed that
+// the 500 and the close do not undo.
 
 // maxLineLength is the longest command line, CRLF included: go-smtp's
 // default MaxLineLength. RFC 5321 §4.5.3.1.4 allows 512 octets; RFC 4954
