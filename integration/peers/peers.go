@@ -14,6 +14,10 @@
 //   - A missing program skips the test (Require), unless
 //     GREYRELAY_REQUIRE_PEERS is set: CI sets it so that a broken image fails
 //     loudly instead of skipping quietly.
+//   - `go test -short` is the inner loop: it skips every test that starts a
+//     real peer or the real binary (Require, Binary), whatever the
+//     environment says, so that it stays under a minute. The full suite,
+//     which CI runs, never passes -short.
 //   - When a peer fails to start, the failure message carries its log, so that
 //     a refused config (Postfix says why only in its log) is visible in the
 //     test output.
@@ -60,6 +64,7 @@ var rootOnly = map[string]bool{"postfix": true, "postgrey": true}
 // fails the test instead.
 func Require(t testing.TB, bins ...string) {
 	t.Helper()
+	SkipShort(t)
 	var missing []string
 	for _, b := range bins {
 		if _, err := lookPath(b); err != nil {
@@ -76,6 +81,15 @@ func Require(t testing.TB, bins ...string) {
 		t.Fatalf("%s (%s is set)", msg, RequireEnv)
 	}
 	t.Skipf("%s (set %s=1 to fail instead)", msg, RequireEnv)
+}
+
+// SkipShort skips the test under `go test -short`: real peers and the real
+// binary belong to the full suite, not to the one-minute inner loop.
+func SkipShort(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("peers: real peers and the real binary run in the full suite, not under -short")
+	}
 }
 
 // lookPath finds a program on PATH or in the sbin directories, which are

@@ -44,6 +44,7 @@ var built struct {
 // runs do not leave binaries behind.
 func Binary(t testing.TB) string {
 	t.Helper()
+	SkipShort(t)
 	if p := os.Getenv(BinaryEnv); p != "" {
 		if _, err := os.Stat(p); err != nil {
 			t.Fatalf("peers: %s: %v", BinaryEnv, err)
