@@ -19,15 +19,15 @@ type authReport struct {
 	Auth *struct {
 		Domain string `json:"domain"`
 		SPF    []struct {
-			Address, Result, Verdict, Fix string
+			Address, Result, Verdict, Error, Fix string
 		} `json:"spf"`
 		DKIM []struct {
 			Selector, Verdict, Error, Fix string
 		} `json:"dkim"`
 		DMARC struct {
-			Name, Policy, Verdict, Fix string
-			SPFAligned                 bool `json:"spf_aligned"`
-			DKIMAligned                bool `json:"dkim_aligned"`
+			Name, Policy, Verdict, Error, Fix string
+			SPFAligned                        bool `json:"spf_aligned"`
+			DKIMAligned                       bool `json:"dkim_aligned"`
 		} `json:"dmarc"`
 		Verdict string `json:"verdict"`
 	} `json:"auth"`
@@ -60,6 +60,7 @@ func TestProbeSenderAuthentication(t *testing.T) {
 	n.dns.TXT("soft.test", "v=spf1 a ~all").A("soft.test", "192.0.2.2")
 	n.dns.TXT("perm.test", "v=spf1 ip4:not-an-address -all")
 	n.dns.ServFail("temp.test")
+	n.dns.TXT("badpolicy.test", "v=spf1 ip4:"+ip+" -all").TXT("_dmarc.badpolicy.test", "v=DMARC1; p=maybe")
 	n.dns.TXT("include.test", "v=spf1 include:pass.test -all").TXT("neutral.test", "v=spf1 ?all")
 	cfg := filepath.Join(t.TempDir(), "greyrelay.yaml")
 	yml := n.relayYAML(ip, "dkim={domains: {pass.test: {selectors: ["+strings.Join(sels, ", ")+"]}}}")
@@ -90,7 +91,7 @@ func TestProbeSenderAuthentication(t *testing.T) {
 		{"a@perm.test", "permerror", "is invalid"},
 		{"a@include.test", "pass", ""},
 		{"a@neutral.test", "neutral", "add ip4:" + ip},
-		{"a@temp.test", "temperror", "failed temporarily"},
+		{"a@temp.test", "temperror", "DNS lookup of temp.test failed temporarily"},
 	}
 	for _, tc := range spfCases {
 		t.Run("spf "+tc.result+" "+tc.from, func(t *testing.T) {
@@ -124,6 +125,44 @@ func TestProbeSenderAuthentication(t *testing.T) {
 		none := probe(t, "a@none.test").Auth
 		if d := none.DMARC; d.Verdict != "none" || !strings.Contains(d.Fix, "_dmarc.none.test TXT \"v=DMARC1; p=none") {
 			t.Errorf("no DMARC record: %+v", d)
+		}
+		// A record receivers cannot parse is named as such (go-msgauth's parser).
+		bad := probe(t, "a@badpolicy.test").Auth
+		if d := bad.DMARC; d.Verdict != "fail" || d.Error == "" || !strings.Contains(d.Fix, "correct the record at _dmarc.badpolicy.test") {
+			t.Errorf("invalid DMARC record: %+v", d)
+		}
+	})
+	// With the resolver down, nothing is advised to be published: a failed
+	// lookup is not a missing record.
+	t.Run("dns outage", func(t *testing.T) {
+		dead := filepath.Join(t.TempDir(), "greyrelay.yaml")
+		// No source_ipv4: with no connection made, SPF has no address to
+		// evaluate, and the failed lookup is what the line must name.
+		down := n.relayYAML(ip, "delivery.resolver="+peers.FreeAddr(t, "127.0.0.1"), "delivery.source_ipv4=",
+			"dkim={domains: {pass.test: {selectors: ["+strings.Join(sels, ", ")+"]}}}")
+		if err := os.WriteFile(dead, []byte(down), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		res := runGreyrelay(t, t.TempDir(), "", nil, "probe", "-config", dead, "-json", "-from", "a@pass.test", "user@sink.test")
+		var rep authReport
+		if err := json.Unmarshal([]byte(res.Stdout), &rep); err != nil || rep.Auth == nil {
+			t.Fatalf("probe with the resolver down: %v\n%s", err, res)
+		}
+		a := rep.Auth
+		for _, d := range a.DKIM {
+			if d.Verdict != "fail" || !strings.Contains(d.Error, "lookup failed") || strings.Contains(d.Fix, "publish") {
+				t.Errorf("DKIM with the resolver down: %+v, want a failed lookup and no advice to publish", d)
+			}
+		}
+		if len(a.SPF) != 1 || a.SPF[0].Result != "temperror" || !strings.Contains(a.SPF[0].Fix, "DNS lookup of pass.test failed temporarily") {
+			t.Errorf("SPF with the resolver down: %+v, want temperror naming the failed lookup", a.SPF)
+		}
+		if d := a.DMARC; d.Verdict != "fail" || !strings.Contains(d.Fix, "lookup failed") {
+			t.Errorf("DMARC with the resolver down: %+v", d)
+		}
+		text := runGreyrelay(t, t.TempDir(), "", nil, "probe", "-config", dead, "-from", "a@pass.test", "user@sink.test")
+		if !strings.Contains(text.Stdout, "SPF of pass.test for an unknown source address: temperror") {
+			t.Errorf("text report names neither the domain nor the failed lookup:\n%s", text.Stdout)
 		}
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"blitiri.com.ar/go/spf"
+	"github.com/emersion/go-msgauth/dmarc"
 	"golang.org/x/net/publicsuffix"
 
 	"github.com/greyrelay/greyrelay/classifier"
@@ -104,8 +105,7 @@ func (p *prober) auth(ctx context.Context) {
 		a.SPF = append(a.SPF, p.spf(ctx, s.addr, domain))
 	}
 	if len(srcs) == 0 {
-		a.SPF = append(a.SPF, SPFResult{Result: "unknown", Verdict: AuthFail,
-			Fix: "the source address is unknown (no connection was made): set delivery.source_ipv4"})
+		a.SPF = append(a.SPF, p.spfNoSource(ctx, domain))
 	}
 	a.DKIM = p.dkimKeys(ctx, domain)
 	a.DMARC = p.dmarc(ctx, domain, a)
@@ -148,9 +148,29 @@ func (p *prober) spf(ctx context.Context, addr netip.Addr, domain string) SPFRes
 		r.Fix = fmt.Sprintf("the SPF record of %s is invalid (%s); receivers treat it as a failure: correct it", domain, r.Error)
 	default: // temperror
 		r.Verdict = AuthFail
-		r.Fix = "the SPF lookup failed temporarily (" + r.Error + "): check the domain's name servers"
+		r.Fix = "the DNS lookup of " + domain + " failed temporarily (" + r.Error + "): check the domain's name servers and delivery.resolver, then probe again"
 	}
 	return r
+}
+
+// spfNoSource is the SPF line when no source address is known (no
+// connection was made): the record can still be read, and a failed lookup
+// is the thing to fix, not the missing address.
+func (p *prober) spfNoSource(ctx context.Context, domain string) SPFResult {
+	r := SPFResult{Result: "unknown", Verdict: AuthFail,
+		Fix: "the source address is unknown (no connection was made): set delivery.source_ipv4"}
+	if _, err := p.res.LookupTXT(ctx, domain); err != nil && !isNXDomain(err) {
+		r.Result, r.Error = string(spf.TempError), dnsWhat(err)
+		r.Fix = "the DNS lookup of " + domain + " failed temporarily (" + r.Error + "): check the domain's name servers and delivery.resolver, then probe again"
+	}
+	return r
+}
+
+// isNXDomain reports whether err says the name does not exist: an answer,
+// unlike a server failure or a timeout, which say nothing about the record.
+func isNXDomain(err error) bool {
+	var de *classifier.DNSError
+	return errors.As(err, &de) && de.Kind == classifier.DNSNXDomain
 }
 
 // dkimKeys compares each selector the relay signs with for domain with its
@@ -172,12 +192,15 @@ func (p *prober) dkimKey(ctx context.Context, s dkim.Selector) DKIMResult {
 	r := DKIMResult{Selector: s.Name, Name: s.Name + "._domainkey." + s.Domain, Algorithm: s.Algorithm()}
 	publish := fmt.Sprintf("publish %s TXT \"%s\"", r.Name, s.Record())
 	txts, err := p.res.LookupTXT(ctx, r.Name)
-	if err != nil || len(txts) == 0 {
-		r.Verdict, r.Fix = AuthFail, publish
-		r.Error = "no key record"
-		if err != nil {
-			r.Error = dnsWhat(err)
-		}
+	if err != nil && !isNXDomain(err) {
+		// A server failure or timeout says nothing about the record:
+		// advising to publish it would send the operator the wrong way.
+		r.Verdict, r.Error = AuthFail, "lookup failed: "+dnsWhat(err)
+		r.Fix = "the DNS lookup failed, so whether the key record is there is unknown: check the domain's name servers and delivery.resolver, then probe again"
+		return r
+	}
+	if len(txts) == 0 {
+		r.Verdict, r.Fix, r.Error = AuthFail, publish, "no key record"
 		return r
 	}
 	if len(txts) > 1 {
@@ -264,18 +287,16 @@ func (p *prober) dmarc(ctx context.Context, domain string, a *AuthReport) DMARCR
 		return r
 	}
 	r.Record = rec
-	tags := parseTags(rec)
-	r.Policy = tags["p"]
-	if sp := tags["sp"]; sp != "" && fromOrg {
-		r.Policy = sp // RFC 7489 §6.3: sp= applies to subdomains of the organisational domain
-	}
-	switch r.Policy {
-	case "none", "quarantine", "reject":
-	default:
+	parsed, err := dmarc.Parse(rec)
+	if err != nil {
 		r.Verdict = AuthFail
-		r.Error = fmt.Sprintf("p=%q is not none, quarantine or reject", tags["p"])
+		r.Error = err.Error()
 		r.Fix = "correct the record at " + r.Name + " (receivers ignore an invalid one)"
 		return r
+	}
+	r.Policy = string(parsed.Policy)
+	if parsed.SubdomainPolicy != "" && fromOrg {
+		r.Policy = string(parsed.SubdomainPolicy) // RFC 7489 §6.3: sp= applies to subdomains of the organisational domain
 	}
 	if r.SPFAligned || r.DKIMAligned {
 		r.Verdict = AuthPass
@@ -294,8 +315,7 @@ func (p *prober) dmarc(ctx context.Context, domain string, a *AuthReport) DMARCR
 // (RFC 7489 §6.6.3 step 3: other records are discarded). NXDOMAIN is none.
 func (p *prober) dmarcRecords(ctx context.Context, name string) ([]string, error) {
 	txts, err := p.res.LookupTXT(ctx, name)
-	var de *classifier.DNSError
-	if errors.As(err, &de) && de.Kind == classifier.DNSNXDomain {
+	if isNXDomain(err) {
 		return nil, nil
 	}
 	if err != nil {
@@ -353,13 +373,13 @@ func (s spfResolver) err(err error, name string) error {
 	if !errors.As(err, &de) {
 		return &net.DNSError{Err: err.Error(), Name: name, IsTemporary: true}
 	}
-	switch de.Kind {
-	case classifier.DNSNXDomain:
+	if de.Kind == classifier.DNSNXDomain {
 		return &net.DNSError{Err: "no such host", Name: name, IsNotFound: true}
-	case classifier.DNSServFail, classifier.DNSTimeout:
-		return &net.DNSError{Err: err.Error(), Name: name, IsTemporary: true, IsTimeout: de.Kind == classifier.DNSTimeout}
 	}
-	return &net.DNSError{Err: err.Error(), Name: name}
+	// Anything else (a server failure, a timeout, a resolver that cannot be
+	// reached) says nothing about the record: temporary, so SPF answers
+	// temperror (RFC 7208 §2.6.6) rather than blaming the record.
+	return &net.DNSError{Err: err.Error(), Name: name, IsTemporary: true, IsTimeout: de.Kind == classifier.DNSTimeout}
 }
 
 func (s spfResolver) LookupTXT(ctx context.Context, name string) ([]string, error) {
@@ -431,7 +451,11 @@ func (a *AuthReport) write(p *printer) {
 		if s.Error != "" {
 			detail += " (" + s.Error + ")"
 		}
-		p.f("   %-4s SPF for %s: %s%s", mark(s.Verdict), s.Address, s.Result, detail)
+		src := s.Address
+		if src == "" {
+			src = "an unknown source address"
+		}
+		p.f("   %-4s SPF of %s for %s: %s%s", mark(s.Verdict), a.Domain, src, s.Result, detail)
 		fix(s.Fix)
 	}
 	for _, d := range a.DKIM {
