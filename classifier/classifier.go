@@ -65,16 +65,6 @@ func (s Stage) String() string {
 	return fmt.Sprintf("stage(%d)", int(s))
 }
 
-// ParseStage is the inverse of Stage.String.
-func ParseStage(name string) (Stage, error) {
-	for i, n := range stageNames {
-		if n == name {
-			return Stage(i), nil
-		}
-	}
-	return 0, fmt.Errorf("classifier: unknown stage %q", name)
-}
-
 // Outcome says whether greyrelay retries (Deferred) or bounces (Failed).
 type Outcome int
 

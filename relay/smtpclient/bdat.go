@@ -47,7 +47,6 @@ type chunk struct {
 // newChunk scans body (bytes.IndexByte, vectorised) for its canonical
 // size: a CR without LF becomes a space (same size), an LF without CR
 // gains a CR, and a body not ending in a line break gains CRLF.
-func newChunk(body []byte) *chunk { return newFoldedChunk(body, 0) }
 
 // newFoldedChunk is newChunk with lines longer than fold octets folded
 // (bodyEncoder.fold; 0: none). A body with such a line is not canonical,

@@ -116,7 +116,7 @@ func TestNewChunk(t *testing.T) {
 		{"x\r\n.\r\nMAIL FROM:<a@b>\r\n", "x\r\n.\r\nMAIL FROM:<a@b>\r\n", true}, // the size, not a dot, ends it
 	}
 	for _, tt := range tests {
-		ch := newChunk([]byte(tt.body))
+		ch := newFoldedChunk([]byte(tt.body), 0)
 		got, _ := readChunk(t, ch)
 		if string(got) != tt.want || ch.size != int64(len(tt.want)) || ch.canonical != tt.canonical {
 			t.Errorf("chunk(%q) = %q, size %d, canonical %v; want %q, %d, %v",
@@ -131,7 +131,7 @@ func TestChunkPieces(t *testing.T) {
 	line := strings.Repeat("x", 70)
 	for _, sep := range []string{"\r\n", "\n"} {
 		body := []byte(strings.Repeat(line+sep, 3*dataPiece/len(line)))
-		ch := newChunk(body)
+		ch := newFoldedChunk(body, 0)
 		got, sizes := readChunk(t, ch)
 		want := strings.ReplaceAll(string(body), "\r\n", "\n")
 		want = strings.ReplaceAll(want, "\n", "\r\n")
@@ -152,7 +152,7 @@ func FuzzChunk(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		ch := newChunk(body)
+		ch := newFoldedChunk(body, 0)
 		got, _ := readChunk(t, ch)
 		if want := unstuffed(referenceEncode(body)); string(got) != want {
 			t.Fatalf("chunk(%q) = %q, DATA delivers %q", body, got, want)

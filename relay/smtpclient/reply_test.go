@@ -11,6 +11,19 @@ import (
 	"github.com/greyrelay/greyrelay/classifier"
 )
 
+// encodeBody, for tests, returns the whole DATA payload of body (see bodyEncoder).
+func encodeBody(body []byte) []byte {
+	var out []byte
+	enc := newBodyEncoder(body)
+	for {
+		n := len(out)
+		out = enc.next(out, n+64<<10)
+		if len(out) == n {
+			return out
+		}
+	}
+}
+
 func TestReadReply(t *testing.T) {
 	tests := []struct {
 		name string

@@ -394,19 +394,6 @@ func xtext(s string) string {
 	return b.String()
 }
 
-// encodeBody returns the whole DATA payload of body (see bodyEncoder).
-func encodeBody(body []byte) []byte {
-	var out []byte
-	enc := newBodyEncoder(body)
-	for {
-		n := len(out)
-		out = enc.next(out, n+64<<10)
-		if len(out) == n {
-			return out
-		}
-	}
-}
-
 // bodyEncoder turns a message into DATA payload, a part at a time: every
 // line ends in CRLF, a bare LF becomes CRLF and a bare CR becomes a space
 // (Postfix cleanup_replace_stray_cr_lf), so we never carry the stray line

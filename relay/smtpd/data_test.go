@@ -208,8 +208,8 @@ func TestCountReceived(t *testing.T) {
 		{"X-Received: a\r\nReceivedx: b\r\n", 0},
 	}
 	for _, tc := range tests {
-		if got := countReceived([]byte(tc.in)); got != tc.want {
-			t.Errorf("countReceived(%q) = %d, want %d", tc.in, got, tc.want)
+		if got := scanHeader([]byte(tc.in)).received; got != tc.want {
+			t.Errorf("scanHeader(%q).received = %d, want %d", tc.in, got, tc.want)
 		}
 	}
 }

@@ -145,10 +145,6 @@ type headerFacts struct {
 	tlsOptional bool // "TLS-Required: No" (RFC 8689 §5)
 }
 
-// countReceived counts Received fields in the header section of msg (up to
-// the first empty line).
-func countReceived(msg []byte) int { return scanHeader(msg).received }
-
 // scanHeader reads the header section of msg (up to the first empty line).
 func scanHeader(msg []byte) headerFacts {
 	var h headerFacts

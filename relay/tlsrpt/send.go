@@ -52,16 +52,6 @@ type Result struct {
 	Errors []string `json:"errors,omitempty"` // why a rua, or the domain, got nothing
 }
 
-// Send sends the report of each day, and returns one Result per day.
-func (s *Sender) Send(ctx context.Context, days []Day, now time.Time) []Result {
-	var out []Result
-	for _, d := range days {
-		res, _ := s.sendDay(ctx, d, nil, now)
-		out = append(out, res)
-	}
-	return out
-}
-
 // Deliver sends the reports of days, and of the reports in owed whose
 // time has come; it returns one Result per report tried and the reports
 // still owed: those that failed, to be tried again later with a growing

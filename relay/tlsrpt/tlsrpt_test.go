@@ -175,7 +175,7 @@ func TestSendMail(t *testing.T) {
 	s := &Sender{Submitter: sub, From: "tlsrpt@relay.test", Queue: q, Rand: strings.NewReader(strings.Repeat("r", 64)),
 		TXT: fakeTXT{"_smtp._tls.dane.test": {"v=spf1 -all", "v=TLSRPTv1; rua=mailto:reports@sink.test"}}}
 	now := day1.Add(25 * time.Hour)
-	res := s.Send(context.Background(), a.Take(now, false), now)
+	res, _ := s.Deliver(context.Background(), a.Take(now, false), nil, now)
 	if len(res) != 2 || len(res[0].Sent) != 1 || len(res[1].Errors) != 1 || len(q.mails) != 1 {
 		t.Fatalf("Send = %+v, %d mails; want one sent to dane.test, sts.test without record", res, len(q.mails))
 	}
@@ -266,7 +266,7 @@ func TestSendHTTPS(t *testing.T) {
 	s := &Sender{Submitter: sub, HTTP: srv.Client(), Rand: strings.NewReader(""),
 		TXT: fakeTXT{"_smtp._tls.sts.test": {"v=TLSRPTv1;rua=" + srv.URL + "/tlsrpt"}}}
 	now := day1.Add(25 * time.Hour)
-	res := s.Send(context.Background(), a.Take(now, false), now)
+	res, _ := s.Deliver(context.Background(), a.Take(now, false), nil, now)
 	if len(res) != 1 || len(res[0].Sent) != 1 || len(res[0].Errors) != 0 {
 		t.Fatalf("Send = %+v", res)
 	}
@@ -279,7 +279,7 @@ func TestSendHTTPS(t *testing.T) {
 	// A server the roots do not trust gets nothing.
 	a.Success(sts, day1.Add(time.Hour))
 	s.HTTP = &http.Client{Timeout: 5 * time.Second}
-	res = s.Send(context.Background(), a.Take(now, false), now)
+	res, _ = s.Deliver(context.Background(), a.Take(now, false), nil, now)
 	if len(res) != 1 || len(res[0].Sent) != 0 || len(res[0].Errors) != 1 {
 		t.Errorf("untrusted server: Send = %+v, want an error", res)
 	}
