@@ -484,3 +484,25 @@ func TestFailedIntroExpiry(t *testing.T) {
 		}
 	}
 }
+
+// TestCleanHeader: a returned header line follows safetext's rule for
+// control characters in both kinds of DSN (C1 controls such as NEL and CSI
+// included, which an SMTPUTF8 DSN would otherwise carry to a reader).
+func TestCleanHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		ascii    bool
+		want     string
+	}{
+		{"tab kept", "Subject:\tx", true, "Subject:\tx"},
+		{"C0 and DEL", "Subject: a\x00b\x1bc\x7f", false, "Subject: a?b?c?"},
+		{"C1 in SMTPUTF8", "Subject: a\u0085b\u009bc", false, "Subject: a?b?c"},
+		{"UTF-8 kept in SMTPUTF8", "Subject: héllo", false, "Subject: héllo"},
+		{"UTF-8 in ASCII", "Subject: héllo", true, "Subject: h?llo"},
+		{"invalid UTF-8", "Subject: a\xffb", false, "Subject: a?b"},
+	} {
+		if got := string(cleanHeader([]byte(tc.in), tc.ascii)); got != tc.want {
+			t.Errorf("%s: cleanHeader(%q, %v) = %q, want %q", tc.name, tc.in, tc.ascii, got, tc.want)
+		}
+	}
+}

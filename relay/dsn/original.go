@@ -3,6 +3,8 @@ package dsn
 import (
 	"fmt"
 	"unicode/utf8"
+
+	"github.com/greyrelay/greyrelay/internal/safetext"
 )
 
 // wrapAt is where over-long lines of the returned original are broken, well
@@ -110,14 +112,15 @@ func nextLine(raw []byte) (line, rest []byte) {
 }
 
 // cleanHeader makes one returned header line safe: control characters
-// other than TAB (NUL included) become '?', and so does every non-ASCII
-// octet in an ASCII DSN, or invalid UTF-8 in an SMTPUTF8 one.
+// other than TAB (safetext's rule: C0, DEL and C1, NUL included) become
+// '?', and so does every non-ASCII octet in an ASCII DSN, or invalid UTF-8
+// in an SMTPUTF8 one.
 func cleanHeader(line []byte, ascii bool) []byte {
 	out := make([]byte, 0, len(line))
 	for len(line) > 0 {
 		r, n := utf8.DecodeRune(line)
 		switch {
-		case r < 0x20 && r != '\t', r == 0x7f:
+		case r != '\t' && safetext.IsControl(r):
 			out = append(out, '?')
 		case r >= utf8.RuneSelf && (ascii || r == utf8.RuneError && n == 1):
 			out = append(out, '?') // one '?' per character or invalid octet
