@@ -10,16 +10,16 @@ import (
 	"testing"
 )
 
-// TestReadmeLayout: README's Layout section names every Go package of the
-// module, and nothing else.
-func TestReadmeLayout(t *testing.T) {
-	b, err := os.ReadFile("../README.md")
+// TestLayoutNamesEveryPackage: the Layout section of docs/development.md
+// names every Go package of the module, and nothing else.
+func TestLayoutNamesEveryPackage(t *testing.T) {
+	b, err := os.ReadFile("../docs/development.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, sec, ok := strings.Cut(string(b), "\n## Layout\n")
 	if !ok {
-		t.Fatal("README.md has no Layout section")
+		t.Fatal("docs/development.md has no Layout section")
 	}
 	sec, _, _ = strings.Cut(sec, "\n## ")
 	var named []string
@@ -49,12 +49,12 @@ func TestReadmeLayout(t *testing.T) {
 	named = slices.Compact(named)
 	for _, p := range pkgs {
 		if !slices.Contains(named, p) {
-			t.Errorf("package %s is missing from README's Layout section", p)
+			t.Errorf("package %s is missing from docs/development.md's Layout section", p)
 		}
 	}
 	for _, n := range named {
 		if !slices.Contains(pkgs, n) {
-			t.Errorf("README's Layout section names %s, which is not a package", n)
+			t.Errorf("docs/development.md's Layout section names %s, which is not a package", n)
 		}
 	}
 }

@@ -3,7 +3,7 @@ package integration
 // The admin API against web pages, with the real binary: a cross-site form
 // POST as a browser sends it and a request through a rebound DNS name are
 // refused and change nothing, while the CLI, curl-like clients, Prometheus
-// and the names README.md's admin.allowed_hosts example lists keep working.
+// and the names docs/security.md's admin.allowed_hosts example lists keep working.
 
 import (
 	"io"
@@ -19,7 +19,7 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// readmeAllowedHosts returns admin.allowed_hosts from README.md's example,
+// readmeAllowedHosts returns admin.allowed_hosts from docs/security.md's example,
 // so that the snippet is run as written.
 func readmeAllowedHosts(t *testing.T) []string {
 	t.Helper()
@@ -30,7 +30,7 @@ func readmeAllowedHosts(t *testing.T) []string {
 		} `yaml:"admin"`
 	}
 	if err := yaml.Unmarshal([]byte(block), &v); err != nil || len(v.Admin.AllowedHosts) == 0 {
-		t.Fatalf("README.md's admin.allowed_hosts example: %v %q", err, block)
+		t.Fatalf("docs/security.md's admin.allowed_hosts example: %v %q", err, block)
 	}
 	return v.Admin.AllowedHosts
 }
@@ -113,7 +113,7 @@ func TestAdminRefusesWebPages(t *testing.T) {
 		t.Fatalf("refused requests changed the queue: %+v", rows)
 	}
 
-	// What operators use keeps working: the names README lists, the CLI,
+	// What operators use keeps working: the names docs/security.md lists, the CLI,
 	// a plain POST as curl sends it, and a Prometheus scrape.
 	for _, h := range hosts {
 		if code, body = adminRequest(t, r, "GET", "/api/queue", h+":"+port, ""); code != http.StatusOK || !strings.Contains(body, id) {

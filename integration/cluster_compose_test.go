@@ -13,12 +13,12 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// TestClusterComposeFiles checks configs/cluster as README's "Run several
+// TestClusterComposeFiles checks configs/cluster as docs/cluster.md's "Run several
 // nodes" uses it: the compose file has Redis, HAProxy and three nodes on
 // their own queue volumes; HAProxy's backends are the nodes' addresses and
 // its own address is the one the nodes believe PROXY headers from; each
 // node's configuration (the shared file plus its environment) passes
-// `greyrelay config check`; `haproxy -c` accepts haproxy.cfg; README shows
+// `greyrelay config check`; `haproxy -c` accepts haproxy.cfg; docs/cluster.md shows
 // the node configuration as it is in the file.
 func TestClusterComposeFiles(t *testing.T) {
 	peers.Require(t, "haproxy")
@@ -102,6 +102,6 @@ func TestClusterComposeFiles(t *testing.T) {
 
 	blocks := recipeBlocks(t, "TestClusterComposeFiles")
 	if len(blocks) != 1 || blocks[0].Text != string(nodeCfg) {
-		t.Error(`README's "Run several nodes" configuration differs from configs/cluster/greyrelay.yaml`)
+		t.Errorf("%s's configuration differs from configs/cluster/greyrelay.yaml", blocks[0].File)
 	}
 }

@@ -24,7 +24,7 @@ import (
 // TestDamagedQueueSalvage damages a real relay's queue file the way a
 // failing disk would (the element array of the recipients' branch page
 // overwritten), then checks what an operator sees and does: serve exits
-// with status 3 and a message naming the file and the remedy, README's
+// with status 3 and a message naming the file and the remedy, docs/operations.md's
 // salvage recipe run as written recovers every message, and the relay
 // started again delivers every recipient, each message unaltered.
 func TestDamagedQueueSalvage(t *testing.T) {
@@ -166,7 +166,7 @@ func runDamaged(t *testing.T, r *peers.Relay) (string, int) {
 	return string(out), ee.ExitCode()
 }
 
-// runSalvageRecipe runs README's block under "A damaged queue file" as
+// runSalvageRecipe runs docs/operations.md's block under "A damaged queue file" as
 // written, with the unit's paths pointing at the test relay's, and start
 // standing for `systemctl start greyrelay`.
 func runSalvageRecipe(t *testing.T, r *peers.Relay, dbPath string, start func()) {

@@ -1,6 +1,6 @@
 package integration
 
-// DKIM signing with the real binary: keys made by README.md's
+// DKIM signing with the real binary: keys made by docs/dkim.md's
 // `greyrelay dkim keygen` commands and named by its dkim example, records
 // published in the test DNS server, and every signature checked by dkimpy
 // (python3-dkim), an implementation independent of the relay's, both at a
@@ -22,21 +22,21 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// readmeDKIM runs README.md's `greyrelay dkim keygen` lines in dir, as
-// written, publishes each printed TXT record in dns and returns README's
+// readmeDKIM runs docs/dkim.md's `greyrelay dkim keygen` lines in dir, as
+// written, publishes each printed TXT record in dns and returns docs/dkim.md's
 // dkim configuration with key_file paths made absolute in dir (the relay
 // runs in a directory of its own).
 func readmeDKIM(t *testing.T, dir string, dns *peers.DNS) map[string]any {
 	t.Helper()
 	blocks := recipeBlocks(t, "TestDKIMSignedMailVerifies")
 	if len(blocks) != 3 || !strings.HasPrefix(blocks[0].Text, "greyrelay dkim keygen") || !strings.HasPrefix(blocks[1].Text, "dkim:") {
-		t.Fatalf("README.md's blocks for TestDKIMSignedMailVerifies: want dkim keygen, the dkim configuration and probe -from: %+v", blocks)
+		t.Fatalf("docs/dkim.md's blocks for TestDKIMSignedMailVerifies: want dkim keygen, the dkim configuration and probe -from: %+v", blocks)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(blocks[0].Text), "\n") {
 		args := strings.Fields(line)[1:]
 		res := runGreyrelay(t, dir, "", nil, args...)
 		if res.Code != 0 {
-			t.Fatalf("README's %q: %s", line, res)
+			t.Fatalf("docs/dkim.md's %q: %s", line, res)
 		}
 		publishKey(t, dns, res.Stdout)
 	}
@@ -135,18 +135,18 @@ func TestDKIMSignedMailVerifies(t *testing.T) {
 		t.Errorf("a message from a domain without a key was signed:\n%s", head(got))
 	}
 
-	// README's probe line, as written, with the relay's configuration:
+	// docs/dkim.md's probe line, as written, with the relay's configuration:
 	// SPF, both keys and DMARC pass.
 	n.dns.TXT("example.com", "v=spf1 ip4:"+r.IP+" -all").TXT("_dmarc.example.com", "v=DMARC1; p=reject")
 	n.sink("example.net", peers.SinkOptions{})
 	line, ok := strings.CutPrefix(strings.TrimSpace(recipeBlocks(t, "TestDKIMSignedMailVerifies")[2].Text), "greyrelay probe -from ")
 	if !ok {
-		t.Fatal("README.md's third block for TestDKIMSignedMailVerifies is not `greyrelay probe -from`")
+		t.Fatal("docs/dkim.md's third block for TestDKIMSignedMailVerifies is not `greyrelay probe -from`")
 	}
 	res := runGreyrelay(t, r.Dir, "", []string{"GREYRELAY_CONFIG=" + r.ConfigPath}, append([]string{"probe", "-from"}, strings.Fields(line)...)...)
 	if res.Code != 0 || !strings.Contains(res.Stdout, "6. Sender authentication for example.com") ||
 		!strings.Contains(res.Stdout, "): PASS") || strings.Count(res.Stdout, "published key matches") != 2 {
-		t.Errorf("README's probe -from: want exit 0 and every check passing:\n%s", res)
+		t.Errorf("docs/dkim.md's probe -from: want exit 0 and every check passing:\n%s", res)
 	}
 }
 

@@ -185,7 +185,7 @@ func missingRecipients(msgs []peers.Received) int {
 	return n
 }
 
-// Fields of the two log lines operators grep (README documents them).
+// Fields of the two log lines operators grep (docs/operations.md documents them).
 var (
 	acceptedFields = []string{"queue_id", "client", "user", "from", "rcpts", "size", "tls"}
 	attemptFields  = []string{"queue_id", "rcpt", "domain", "mx", "source_ip", "attempt", "outcome", "reason", "code", "reply", "delay"}
@@ -669,7 +669,7 @@ func TestRecipeDocker(t *testing.T) {
 	tag, name, volume := "greyrelay-test:"+id, "greyrelay-test-"+id, "greyrelay-test-"+id+"-queue"
 	proxy := moduleProxy(t, root)
 
-	build := recipeText(t, "README.md", blocks[0].Text, "https://proxy.golang.org", proxy, "-t greyrelay .", "-t "+tag+" .")
+	build := recipeText(t, blocks[0].File, blocks[0].Text, "https://proxy.golang.org", proxy, "-t greyrelay .", "-t "+tag+" .")
 	lines := strings.SplitN(build, "\n", 2)
 	if _, err := dockerTry(context.Background(), "image", "inspect", baseImage); err != nil || !strings.Contains(lines[0], baseImage) {
 		if res := runDockerShell(t, root, lines[0]); res.Code != 0 {
@@ -704,7 +704,7 @@ func TestRecipeDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	smtpAddr, adminAddr := peers.FreeAddr(t, "127.0.0.1"), peers.FreeAddr(t, "127.0.0.1")
-	run := recipeText(t, "README.md", blocks[1].Text,
+	run := recipeText(t, blocks[1].File, blocks[1].Text,
 		"--name greyrelay ", "--name "+name+" ", "docker exec greyrelay ", "docker exec "+name+" ",
 		"greyrelay-queue:", volume+":", "/etc/greyrelay/", etc+"/",
 		"mail.example.net:587 greyrelay\n", peers.FreeAddr(t, "127.0.0.1")+" "+tag+"\n",

@@ -2,7 +2,7 @@ package integration
 
 // Delivery events for applications with the real binary: a webhook
 // receiver started here (failing for a while, hanging while the relay is
-// SIGKILLed, restarting), the event file, and README's Python verification
+// SIGKILLed, restarting), the event file, and docs/events.md's Python verification
 // snippet run as written on every POST.
 
 import (
@@ -163,20 +163,20 @@ func (h *hookReceiver) received(t *testing.T) map[string][]map[string]any {
 	return out
 }
 
-// readmeEventsYAML returns README's events example.
+// readmeEventsYAML returns docs/events.md's events example.
 func readmeEventsYAML(t *testing.T) map[string]any {
 	blocks := recipeBlocks(t, "TestEventsWebhookAndFile")
 	if len(blocks) != 2 || blocks[0].Lang != "yaml" || blocks[1].Lang != "python" {
-		t.Fatalf("README.md's blocks for TestEventsWebhookAndFile: want the events example and the Python snippet: %+v", blocks)
+		t.Fatalf("docs/events.md's blocks for TestEventsWebhookAndFile: want the events example and the Python snippet: %+v", blocks)
 	}
 	var cfg map[string]any
 	if err := yaml.Unmarshal([]byte(blocks[0].Text), &cfg); err != nil {
-		t.Fatalf("README's events example: %v", err)
+		t.Fatalf("docs/events.md's events example: %v", err)
 	}
 	return cfg["events"].(map[string]any)
 }
 
-// readmeVerify runs README's Python snippet, as written, on every POST
+// readmeVerify runs docs/events.md's Python snippet, as written, on every POST
 // (and on each POST with its body changed, which must fail).
 func readmeVerify(t *testing.T, dir string, secret []byte, posts []*hookPost) {
 	if _, err := exec.LookPath("python3"); err != nil {
@@ -208,15 +208,15 @@ for p in json.load(open(sys.argv[2])):
 	}
 	out, err := exec.Command("python3", script, secretPath, postsPath).CombinedOutput()
 	if err != nil {
-		t.Fatalf("README's snippet: %v\n%s", err, out)
+		t.Fatalf("docs/events.md's snippet: %v\n%s", err, out)
 	}
 	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 	if len(lines) != len(posts) {
-		t.Fatalf("README's snippet checked %d POSTs, want %d:\n%s", len(lines), len(posts), out)
+		t.Fatalf("docs/events.md's snippet checked %d POSTs, want %d:\n%s", len(lines), len(posts), out)
 	}
 	for i, l := range lines {
 		if l != "True False" {
-			t.Errorf("POST %d: README's snippet says %q (want the signature valid, and invalid for a changed body)", i, l)
+			t.Errorf("POST %d: docs/events.md's snippet says %q (want the signature valid, and invalid for a changed body)", i, l)
 		}
 	}
 }
@@ -227,7 +227,7 @@ for p in json.load(open(sys.argv[2])):
 // answers too slowly for a while. Every
 // event arrives (none lost) on the webhook that asked for all events and
 // in the file, the filtered webhook gets only its kinds, duplicates carry
-// the same ID and content, every signature passes README's Python check,
+// the same ID and content, every signature passes docs/events.md's Python check,
 // and the tag header (events.tag: strip) never reaches the destination.
 func TestEventsWebhookAndFile(t *testing.T) {
 	t.Parallel()
@@ -248,7 +248,7 @@ func TestEventsWebhookAndFile(t *testing.T) {
 	if err := os.WriteFile(secretFile, secret, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// README's example as written, with this test's receiver and files,
+	// docs/events.md's example as written, with this test's receiver and files,
 	// beside a webhook that takes every event.
 	readme := readmeEventsYAML(t)
 	filtered := readme["webhooks"].([]any)[0].(map[string]any)

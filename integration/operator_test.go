@@ -86,7 +86,7 @@ func TestOperatorMessageLife(t *testing.T) {
 	})
 
 	t.Run("postcat", func(t *testing.T) {
-		res := r.cli("queue", "show", waiting, "-headers") // as README writes it
+		res := r.cli("queue", "show", waiting, "-headers") // as docs/operations.md writes it
 		if res.Code != 0 || !strings.Contains(res.Stdout, "Subject: waiting one\n") ||
 			!strings.Contains(res.Stdout, "Received: from") || strings.Contains(res.Stdout, "\r") {
 			t.Errorf("queue show -headers: %s", res)

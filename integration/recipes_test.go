@@ -1,11 +1,11 @@
 package integration
 
-// Recipe tests: the files users copy (README.md's code blocks and configs/)
-// are run as written, with only host names, ports, paths and credentials
-// substituted, so that a recipe that stops working fails a test. Each
-// README block names the test that runs it in a marker on the line
-// before it: <!-- recipe: TestName -->. TestReadmeBlocksAreRecipes checks
-// that every block has one.
+// Recipe tests: the files users copy (the code blocks of README.md and
+// docs/*.md, and configs/) are run as written, with only host names,
+// ports, paths and credentials substituted, so that a recipe that stops
+// working fails a test. Each block names the test that runs it in a
+// marker on the line before it: <!-- recipe: TestName -->.
+// TestReadmeBlocksAreRecipes checks that every block has one.
 
 import (
 	"bufio"
@@ -23,8 +23,9 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// readmeBlock is one fenced code block of README.md.
+// readmeBlock is one fenced code block of README.md or of a page in docs/.
 type readmeBlock struct {
+	File   string // README.md or docs/NAME.md, relative to the module root
 	Line   int    // of the opening fence
 	Lang   string // sh, yaml, python, ...
 	Recipe string // the marker's name; "" without a marker
@@ -33,10 +34,37 @@ type readmeBlock struct {
 
 var recipeMarker = regexp.MustCompile(`^<!-- recipe: (\S+) -->$`)
 
-// readmeBlocks parses README.md's fenced code blocks and their markers.
+// docPages returns the pages whose blocks are recipes, relative to the
+// module root: README.md first, then docs/*.md by name (not docs/bench/,
+// whose dated records are kept as they were measured).
+func docPages(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join(moduleRoot(t), "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := []string{"README.md"}
+	for _, p := range pages {
+		out = append(out, filepath.ToSlash(filepath.Join("docs", filepath.Base(p))))
+	}
+	return out
+}
+
+// readmeBlocks parses the fenced code blocks of README.md and docs/*.md
+// and their markers, page by page in docPages' order.
 func readmeBlocks(t *testing.T) []readmeBlock {
 	t.Helper()
-	f, err := os.Open(filepath.Join(moduleRoot(t), "README.md"))
+	var blocks []readmeBlock
+	for _, page := range docPages(t) {
+		blocks = append(blocks, pageBlocks(t, page)...)
+	}
+	return blocks
+}
+
+// pageBlocks parses one page's fenced code blocks and their markers.
+func pageBlocks(t *testing.T, page string) []readmeBlock {
+	t.Helper()
+	f, err := os.Open(filepath.Join(moduleRoot(t), page))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +82,7 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 		case cur != nil:
 			cur.Text += line + "\n"
 		case strings.HasPrefix(line, "```"):
-			cur = &readmeBlock{Line: n, Lang: strings.TrimSpace(strings.TrimPrefix(line, "```"))}
+			cur = &readmeBlock{File: page, Line: n, Lang: strings.TrimSpace(strings.TrimPrefix(line, "```"))}
 			if m := recipeMarker.FindStringSubmatch(strings.TrimSpace(prev)); m != nil {
 				cur.Recipe = m[1]
 			}
@@ -63,10 +91,13 @@ func readmeBlocks(t *testing.T) []readmeBlock {
 			prev = line
 		}
 	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("%s: %v", page, err)
+	}
 	return blocks
 }
 
-// recipeBlocks returns the README blocks whose marker names test, in order,
+// recipeBlocks returns the blocks of README.md and docs/*.md whose marker names test, in order,
 // and fails when there are none.
 func recipeBlocks(t *testing.T, test string) []readmeBlock {
 	t.Helper()
@@ -77,12 +108,12 @@ func recipeBlocks(t *testing.T, test string) []readmeBlock {
 		}
 	}
 	if len(out) == 0 {
-		t.Fatalf("README.md has no block marked <!-- recipe: %s -->", test)
+		t.Fatalf("neither README.md nor docs/*.md has a block marked <!-- recipe: %s -->", test)
 	}
 	return out
 }
 
-// notRunHere lists the README blocks no test runs, by marker, with why.
+// notRunHere lists the blocks no test runs, by marker, with why.
 var notRunHere = map[string]string{
 	"start-here": "`go run` serves the default's fixed ports 2525 and 8025 (shared by parallel tests), " +
 		"and `go test ./...` would run this test itself",
@@ -108,7 +139,7 @@ var configsRecipes = map[string]string{
 }
 
 // TestReadmeBlocksAreRecipes: every command or configuration block of
-// README.md carries a marker naming the test that runs it (a test
+// README.md and docs/*.md carries a marker naming the test that runs it (a test
 // function of this repository that reads its blocks with recipeBlocks or
 // names the marker), or one of the few blocks that cannot run here; and
 // every file in configs/ has its test.
@@ -117,17 +148,22 @@ func TestReadmeBlocksAreRecipes(t *testing.T) {
 	tests := testFunctions(t, root)
 
 	for _, b := range readmeBlocks(t) {
-		if !recipeLangs[b.Lang] {
+		if !recipeLangs[b.Lang] && b.Recipe == "" {
 			continue
 		}
 		switch {
 		case b.Recipe == "":
-			t.Errorf("README.md:%d: a %s block without a <!-- recipe: TestName --> marker on the line before it", b.Line, b.Lang)
+			t.Errorf("%s:%d: a %s block without a <!-- recipe: TestName --> marker on the line before it", b.File, b.Line, b.Lang)
 		case notRunHere[b.Recipe] != "":
 		case tests[b.Recipe] == "":
-			t.Errorf("README.md:%d: the marker names %s, which is no test function", b.Line, b.Recipe)
+			t.Errorf("%s:%d: the marker names %s, which is no test function", b.File, b.Line, b.Recipe)
 		case !strings.Contains(readAllTests(t, root), `recipeBlocks(t, "`+b.Recipe+`")`):
-			t.Errorf("README.md:%d: no test reads the block with recipeBlocks(t, %q)", b.Line, b.Recipe)
+			t.Errorf("%s:%d: no test reads the block with recipeBlocks(t, %q)", b.File, b.Line, b.Recipe)
+		}
+	}
+	for _, page := range docPages(t) {
+		for _, line := range strayMarkers(t, filepath.Join(root, page)) {
+			t.Errorf("%s:%d: a recipe marker not on the line before a code block's opening fence", page, line)
 		}
 	}
 	entries, err := os.ReadDir(filepath.Join(root, "configs"))
@@ -148,6 +184,37 @@ func TestReadmeBlocksAreRecipes(t *testing.T) {
 			t.Errorf("configs/%s: %s does not name the file", e.Name(), test)
 		}
 	}
+}
+
+// strayMarkers returns the lines of path holding a recipe marker that
+// no code block follows (the next line that is not blank is no fence), so
+// that a marker cannot go unread.
+func strayMarkers(t *testing.T, path string) []int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stray []int
+	marker := 0 // line of a marker still waiting for its fence
+	for n, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case line == "":
+		case marker != 0 && strings.HasPrefix(line, "```"):
+			marker = 0
+		case marker != 0:
+			stray = append(stray, marker)
+			marker = 0
+		}
+		if strings.HasPrefix(line, "<!-- recipe") {
+			marker = n + 1
+		}
+	}
+	if marker != 0 {
+		stray = append(stray, marker)
+	}
+	return stray
 }
 
 // readAllTests returns the text of every _test.go file of the module.
@@ -332,7 +399,7 @@ func TestRecipeExampleConfigs(t *testing.T) {
 	}
 	bin := filepath.Join(dir, "greyrelay")
 	subst := []string{"/etc/greyrelay/", etc + "/", "-o greyrelay", "-o " + bin, "./greyrelay ", bin + " "}
-	recipeText(t, "README.md", block[0].Text, subst...)
+	recipeText(t, block[0].File, block[0].Text, subst...)
 	sh := strings.NewReplacer(subst...).Replace
 	for _, line := range lines[:2] {
 		if res := runShell(t, root, sh(strings.Split(line, "#")[0])); res.Code != 0 {
@@ -395,7 +462,7 @@ func TestRecipeExampleConfigs(t *testing.T) {
 	rc.Stop()
 
 	// README's listener for applications on other hosts.
-	app := recipeText(t, "README.md", block[1].Text, "0.0.0.0:587", peers.FreeAddr(t, ip),
+	app := recipeText(t, block[1].File, block[1].Text, "0.0.0.0:587", peers.FreeAddr(t, ip),
 		"/etc/greyrelay/", etc+"/", "192.0.2.10", ip) + "admin: {address: \"\"}\n"
 	ra := peers.StartRelay(t, app)
 	submitTLS(t, ra.SMTPAddr, "app", "app-pw")
@@ -426,7 +493,7 @@ func waitGreets(t *testing.T, addrs map[string]bool) {
 	}
 }
 
-// runShell runs one line of a README block with sh in dir.
+// runShell runs one line of a README.md or docs/ block with sh in dir.
 func runShell(t *testing.T, dir, line string) cliResult {
 	t.Helper()
 	var stdout, stderr strings.Builder
@@ -477,5 +544,36 @@ func TestRecipeSystemdUnit(t *testing.T) {
 	out, err := exec.Command(analyze, "verify", path).CombinedOutput()
 	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
 		t.Errorf("systemd-analyze verify greyrelay.service: %v\n%s", err, out)
+	}
+}
+
+// TestRecipeStartHere runs README's swaks line as written against a relay
+// set up like the embedded default (a loopback listener that relays for
+// loopback clients), with only the listener's address substituted and
+// the recipient's domain routed to a sink: the message must arrive, and
+// the status page the README sends the reader to next must answer.
+func TestRecipeStartHere(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	ip := peers.Loopback(233)
+	sink := peers.StartSink(t, ip+":0", peers.SinkOptions{})
+	cfg := rbRelay{IP: ip, Trusted: []string{"127.0.0.0/8"}, Routes: map[string]string{"example.net": sink.Addr}}
+	r := peers.StartRelay(t, cfg.YAML(t))
+
+	blocks := recipeBlocks(t, "TestRecipeStartHere")
+	if len(blocks) != 1 || blocks[0].Lang != "sh" || !strings.HasPrefix(blocks[0].Text, "swaks ") {
+		t.Fatalf("README's blocks for this test: %+v, want the one swaks line", blocks)
+	}
+	line := recipeText(t, blocks[0].File, strings.TrimSpace(blocks[0].Text), "127.0.0.1:2525", r.SMTPAddr)
+	if res := runShell(t, t.TempDir(), line); res.Code != 0 {
+		t.Fatalf("README's %q: %s", line, res)
+	}
+	m := sink.WaitFor(t, 1, 60*time.Second)[0]
+	if m.From != "you@example.com" || len(m.Rcpts) != 1 || m.Rcpts[0] != "you@example.net" ||
+		!strings.Contains(string(m.Data), "Subject: greyrelay test") {
+		t.Errorf("sink got <%s> -> %v:\n%s", m.From, m.Rcpts, m.Data)
+	}
+	if code, page := r.Get(t, "/"); code != 200 || !strings.Contains(page, "<html") {
+		t.Errorf("the status page: %d\n%.300s", code, page)
 	}
 }

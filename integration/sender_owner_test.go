@@ -1,7 +1,7 @@
 package integration
 
 // Sender ownership with the real binary and swaks as the submitter: the
-// users are made by README.md's `greyrelay user add NAME [SENDER...]`
+// users are made by docs/security.md's `greyrelay user add NAME [SENDER...]`
 // commands, run as written, and a user may not send as an address listed
 // for another user.
 
@@ -17,14 +17,14 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// runReadmeUserAdd runs README.md's `greyrelay user add` lines in dir with
+// runReadmeUserAdd runs docs/security.md's `greyrelay user add` lines in dir with
 // sh, the binary first in PATH and /etc/greyrelay/ standing for dir; each
 // NAME-password file holds NAME-pw. It returns the users file.
 func runReadmeUserAdd(t *testing.T, dir string) string {
 	t.Helper()
 	block := recipeBlocks(t, "TestSenderOwnedByAnotherUser")[0].Text
 	if !strings.HasPrefix(block, "greyrelay user add ") {
-		t.Fatalf("README.md's block for this test is not the `greyrelay user add` example:\n%s", block)
+		t.Fatalf("docs/security.md's block for this test is not the `greyrelay user add` example:\n%s", block)
 	}
 	bin := filepath.Join(dir, "bin")
 	if err := os.MkdirAll(bin, 0o755); err != nil {
@@ -43,7 +43,7 @@ func runReadmeUserAdd(t *testing.T, dir string) string {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "PATH="+bin+":"+os.Getenv("PATH"))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("README's user add commands: %v\n%s\n%s", err, script, out)
+		t.Fatalf("docs/security.md's user add commands: %v\n%s\n%s", err, script, out)
 	}
 	return filepath.Join(dir, "users")
 }
