@@ -14,7 +14,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // Paging bounds for GET /api/queue: a page is rendered in one response, so
@@ -87,10 +89,13 @@ func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 	if f.Status != "" && !slices.Contains(statuses(), f.Status) {
 		return f, badf("unknown status %q (want queued, deferred, active, held, delivered, relayed or failed)", f.Status)
 	}
+	if f.Reason != "" && !slices.Contains(classifier.Reasons(), classifier.Reason(f.Reason)) {
+		return f, badf("unknown reason %q (want one of %s)", f.Reason, reasonList())
+	}
 	if s := q.Get("older_than"); s != "" {
-		d, err := time.ParseDuration(s)
+		d, err := config.ParseDuration(s)
 		if err != nil || d < 0 {
-			return f, badf("older_than: %q is not a duration like 30m or 2h", s)
+			return f, badf("older_than: %q is not a duration like 30m, 2h or 2d", s)
 		}
 		f.ArrivedBefore = now.Add(-d)
 	}
@@ -102,6 +107,16 @@ func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 		return f, err
 	}
 	return f, nil
+}
+
+// reasonList names every reason a recipient can have, for an error that
+// shows the operator what to type instead of a typo that matches nothing.
+func reasonList() string {
+	var names []string
+	for _, r := range classifier.Reasons() {
+		names = append(names, string(r))
+	}
+	return strings.Join(names, ", ")
 }
 
 func intParam(q url.Values, name string, def, lo, hi int) (int, error) {

@@ -1,18 +1,22 @@
 package admincli
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // healthTimeout bounds `greyrelay health`, which container runtimes call
@@ -54,10 +58,21 @@ func RunQueue(args []string, c *adminclient.Client, stdout, stderr io.Writer) er
 // parseArgs parses flags that may come before or after positional
 // arguments ("show ID -json" and "show -json ID") and returns the
 // positional ones.
+//
+// A parse error is returned, not printed: the caller prints it once, where
+// the flag package alone would print it, the usage text, and then the
+// caller would print it again. The flags are printed only for -h.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	out := fs.Output()
+	var usage bytes.Buffer
+	fs.SetOutput(&usage)
+	defer fs.SetOutput(out)
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				_, _ = io.Copy(out, &usage)
+			}
 			return nil, err
 		}
 		if fs.NArg() == 0 {
@@ -78,10 +93,23 @@ func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 	fs := newFlags("queue list", stderr)
 	var lq admin.ListQuery
 	fs.Func("status", "only recipients with this status", func(v string) error { lq.Status = queue.Status(v); return nil })
-	fs.StringVar(&lq.Reason, "reason", "", "only recipients with this reason")
+	fs.Func("reason", "only recipients with this reason ("+reasonNames()+")", func(v string) error {
+		if !slices.Contains(classifier.Reasons(), classifier.Reason(v)) {
+			return fmt.Errorf("unknown reason %q (want one of %s)", v, reasonNames())
+		}
+		lq.Reason = v
+		return nil
+	})
 	fs.StringVar(&lq.Domain, "domain", "", "only recipients with this domain")
 	fs.StringVar(&lq.Sender, "sender", "", "only recipients with this sender")
-	fs.DurationVar(&lq.OlderThan, "older-than", 0, "only messages that arrived at least this long ago (e.g. 2h)")
+	fs.Func("older-than", "only messages that arrived at least this long ago (e.g. 2h or 2d)", func(v string) error {
+		d, err := config.ParseDuration(v)
+		if err == nil && d < 0 {
+			err = fmt.Errorf("%q is negative", v)
+		}
+		lq.OlderThan = d
+		return err
+	})
 	fs.IntVar(&lq.Offset, "offset", 0, "skip this many matching recipients")
 	fs.IntVar(&lq.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", admin.MaxLimit))
 	asJSON := fs.Bool("json", false, "print the API's JSON")
@@ -106,6 +134,15 @@ func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 		return admin.EncodeJSON(stdout, l)
 	}
 	return printList(stdout, &l)
+}
+
+// reasonNames lists every reason, for the flag's help and its error.
+func reasonNames() string {
+	var names []string
+	for _, r := range classifier.Reasons() {
+		names = append(names, string(r))
+	}
+	return strings.Join(names, ", ")
 }
 
 func printList(out io.Writer, l *admin.ListResult) error {

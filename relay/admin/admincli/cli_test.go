@@ -259,3 +259,30 @@ func TestCLIHealth(t *testing.T) {
 		t.Errorf("disabled admin: %v", err)
 	}
 }
+
+// TestCLIQueueListFilterValues: a filter value that can match nothing (a
+// typo) is an error naming the valid values, said once, and a duration
+// takes d as the configuration does.
+func TestCLIQueueListFilterValues(t *testing.T) {
+	_, c := cliFixture(t)
+	var out, errOut strings.Builder
+	err := RunQueue([]string{"list", "-reason", "greylist"}, c, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), `unknown reason "greylist"`) || !strings.Contains(err.Error(), "greylisted") {
+		t.Errorf("-reason greylist: %v, want an error listing the reasons", err)
+	}
+	if errOut.Len() != 0 || out.Len() != 0 {
+		t.Errorf("-reason greylist printed %q and %q besides the error (the caller prints it once)", out.String(), errOut.String())
+	}
+	got, err := runQueue(c, "list", "-older-than", "2d")
+	if err != nil || !strings.Contains(got, "no recipients match") {
+		t.Errorf("-older-than 2d: %v %q", err, got)
+	}
+	if _, err := runQueue(c, "list", "-older-than", "2 days"); err == nil || !strings.Contains(err.Error(), "e.g. 90s") {
+		t.Errorf("-older-than '2 days': %v, want the duration hint", err)
+	}
+	out.Reset()
+	errOut.Reset()
+	if err := RunQueue([]string{"list", "-h"}, c, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String(), "-older-than") {
+		t.Errorf("list -h: %v, flags %q", err, errOut.String())
+	}
+}

@@ -72,7 +72,7 @@ func TestLocalRefusesWhatTheAPIRefuses(t *testing.T) {
 	f, c := cliFixture(t)
 	l := admin.NewLocal(f.q, nil)
 	ctx := context.Background()
-	for _, lq := range []admin.ListQuery{{Status: "bogus"}, {Limit: admin.MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
+	for _, lq := range []admin.ListQuery{{Status: "bogus"}, {Reason: "greylist"}, {Limit: admin.MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
 		_, err1 := c.List(ctx, lq)
 		_, err2 := l.List(ctx, lq)
 		// relay/admin's TestLocalRefusesBadQueries checks that err2 is the
