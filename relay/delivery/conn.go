@@ -12,6 +12,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
+	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
@@ -38,6 +39,17 @@ type target struct {
 	policy        string
 	authenticated bool
 	report        tlsrpt.Policy // the policy as TLS reports name it; Domain "" when not reported
+	// check verifies a session under an MTA-STS policy in testing mode,
+	// for the report only (tlspolicy.Rule.Check).
+	check func(*tls.ConnectionState) error
+	// base is the TLS mode before any policy: delivery.tls, or the
+	// configured route's; configured says the route is the operator's
+	// (smarthost, per-domain route, address literal), not an MX. rule is
+	// the destination's policy for host (nil when none was asked). A later
+	// message on a connection to t is shaped from these (session.rides).
+	base       smtpclient.TLSPolicy
+	configured bool
+	rule       *tlspolicy.Rule
 }
 
 func (t target) addrString() string {
@@ -47,18 +59,63 @@ func (t target) addrString() string {
 	return t.addr.String()
 }
 
-// session is an open connection and what it has carried.
+// session is an open connection, the TLS policy it was opened under
+// (t), and what it has carried.
 type session struct {
 	c     *smtpclient.Client
 	t     target
 	relay bool // the peer relays further (smarthost)
 	count int  // transactions sent
+	// tls: STARTTLS succeeded, so the handshake passed t's verification
+	// (WebPKI under "verify", the TLSA records under DANE); false when
+	// opportunistic TLS went on in plaintext.
+	tls bool
 }
 
 // carries reports whether j may go over s: j's recipients are not bound to
 // another MX address by greylisting.
 func (s *session) carries(j *job) bool {
 	return j.want == "" || j.want == s.t.addr.String()
+}
+
+// rides returns the target msg would have had, had it opened a
+// connection to s's host under the same policy decision, and whether s
+// gives msg every TLS guarantee that target demands, so that msg may go
+// over s. A connection is never a way around a message's own policy: one
+// opened for a "TLS-Required: No" message (RFC 8689 §5) in plaintext to an
+// MX that MTA-STS or DANE holds to TLS carries no other message, and a
+// REQUIRETLS message rides only an authenticated connection whose peer
+// offers REQUIRETLS (RFC 8689 §4.2.1). The returned target names the rule
+// that applies to msg, for its attempt's record.
+func (s *session) rides(msg queue.Message) (target, bool) {
+	m, ok := shape(s.t.unshaped(), s.t.rule, msg)
+	if !ok {
+		return m, false
+	}
+	if msg.RequireTLS {
+		if offered, _ := s.c.Extension("REQUIRETLS"); !offered || !s.tls {
+			return m, false
+		}
+	}
+	m.source, m.report = s.t.source, tlsrpt.Policy{}
+	switch {
+	case m.authenticated:
+		// The same authentication (DANE, MTA-STS, a verified configured
+		// hop), and it held at the handshake.
+		return m, s.tls && s.t.authenticated && s.t.policy == m.policy
+	case m.tls == smtpclient.TLSVerify:
+		return m, s.tls && s.t.tls == smtpclient.TLSVerify && s.t.tlsConfig == m.tlsConfig
+	case m.tls == smtpclient.TLSEncrypt:
+		return m, s.tls
+	}
+	return m, true // "may" or "none": nothing is promised
+}
+
+// unshaped is t as targets built it, before any TLS policy (shape).
+func (t target) unshaped() target {
+	t.tls, t.tlsConfig, t.policy, t.authenticated, t.check = t.base, nil, "", false, nil
+	t.report, t.rule = tlsrpt.Policy{}, nil
+	return t
 }
 
 // leftover is what a host left undone in an attempt: the recipients that
@@ -141,8 +198,8 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			continue
 		}
 		sessions++ // greeting and EHLO done: a session, as Postfix counts them
-		var s *session
-		if s, rest = e.transact(ctx, d, a, e.opened(d, c, t, rt.Kind), rest.rcpts); len(rest.rcpts) == 0 || ctx.Err() != nil {
+		s := e.opened(d, c, t, rt.Kind)
+		if s, rest = e.transact(ctx, d, a, s, s.t, rest.rcpts); len(rest.rcpts) == 0 || ctx.Err() != nil {
 			return s
 		}
 		if rest.noRequireTLS {
@@ -218,6 +275,7 @@ func (e *Engine) targets(d *dest, rt mx.Route, want string, now time.Time) []tar
 	if rt.Kind == mx.KindSmarthost {
 		mode = e.cfg.Delivery.Smarthost.TLS
 	}
+	configured := rt.Kind != mx.KindMX && rt.Kind != mx.KindImplicitMX
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var ts []target
@@ -233,7 +291,8 @@ func (e *Engine) targets(d *dest, rt mx.Route, want string, now time.Time) []tar
 			if !deadUntil(&d.rec, addr.String(), now).IsZero() {
 				continue
 			}
-			ts = append(ts, target{host: h.Host, addr: addr, port: h.Port, source: src, tls: smtpclient.TLSPolicy(mode)})
+			ts = append(ts, target{host: h.Host, addr: addr, port: h.Port, source: src, tls: smtpclient.TLSPolicy(mode),
+				base: smtpclient.TLSPolicy(mode), configured: configured})
 		}
 	}
 	if k := slices.IndexFunc(ts, func(t target) bool { return t.addr.String() == want }); k > 0 {
@@ -290,7 +349,7 @@ func (e *Engine) opened(d *dest, c *smtpclient.Client, t target, kind string) *s
 		tlsLabel = "yes"
 	}
 	e.m.TLSOut.WithLabelValues(tlsLabel).Inc()
-	return &session{c: c, t: t, relay: kind == mx.KindSmarthost}
+	return &session{c: c, t: t, relay: kind == mx.KindSmarthost, tls: tlsLabel == "yes"}
 }
 
 // closeSession ends s politely with QUIT. The wait for the reply ends

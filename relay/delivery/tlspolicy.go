@@ -54,14 +54,16 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 	if len(ts) == 0 {
 		return ts, nil
 	}
-	if rt.Kind != mx.KindMX && rt.Kind != mx.KindImplicitMX {
-		return requireTLSConfigured(ts, msg)
-	}
-	if e.opt.TLSPolicy == nil {
-		if msg.RequireTLS {
+	if rt.Kind != mx.KindMX && rt.Kind != mx.KindImplicitMX || e.opt.TLSPolicy == nil {
+		for _, t := range ts {
+			if st, ok := shape(t, nil, msg); ok {
+				out = append(out, st)
+			}
+		}
+		if len(out) == 0 && msg.RequireTLS {
 			return nil, errRequireTLS
 		}
-		return ts, nil
+		return out, nil
 	}
 	var hosts []string
 	for _, h := range rt.Hops {
@@ -72,27 +74,18 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 	var transient error
 	for _, t := range ts {
 		r := dec.Rule(t.host)
-		t.policy = r.Label
+		st, ok := shape(t, &r, msg)
 		switch {
-		case msg.TLSOptional && !msg.RequireTLS:
-			// RFC 8689 §5: the sender asks that policies not hold the
-			// message back: delivery.tls applies.
-			t.policy = labelTLSOptional
+		case ok:
+			if st.policy != labelTLSOptional {
+				st.report = reportPolicy(dec, t.host, r.Label)
+			}
+			out = append(out, st)
 		case r.Refuse != nil:
 			transient, a.tried.policy = r.Refuse, r.Label
 			e.reportRefusal(reportPolicy(dec, t.host, r.Label), t, r)
 			e.m.TLSPolicy.WithLabelValues(r.Label, "refused").Inc()
-			continue
-		case msg.RequireTLS && !r.Authenticated:
-			continue
-		default:
-			if r.Mode != "" {
-				t.tls = r.Mode
-			}
-			t.tlsConfig, t.authenticated = r.Config, r.Authenticated
-			t.report = reportPolicy(dec, t.host, r.Label)
 		}
-		out = append(out, t)
 	}
 	switch {
 	case len(out) > 0:
@@ -105,29 +98,46 @@ func (e *Engine) applyTLSPolicy(ctx context.Context, rt mx.Route, ts []target, a
 	return out, nil
 }
 
-// requireTLSConfigured keeps, for a REQUIRETLS message, only configured next
-// hops whose certificate is verified (RFC 8689 §4.2.1 allows a relay to
-// trust a configured, verified smarthost).
-func requireTLSConfigured(ts []target, msg queue.Message) ([]target, error) {
-	if !msg.RequireTLS {
-		return ts, nil
+// shape returns t as msg must reach it under r, the policy of t's host
+// (nil when none was asked: a configured route, or no policy checker), and
+// false when msg may not go to t at all: the policy refuses the host, or
+// msg requires TLS (REQUIRETLS) and t's identity will not be
+// authenticated. t comes as targets built it, with delivery.tls or the
+// route's own mode. The rule is kept in the result, so that a later message
+// on the same connection is held to its own policy (session.rides).
+func shape(t target, r *tlspolicy.Rule, msg queue.Message) (target, bool) {
+	t.rule = r
+	if r == nil {
+		// RFC 8689 §4.2.1 allows a relay to trust a configured next hop
+		// whose certificate is verified; an MX without a policy is not
+		// authenticated.
+		t.authenticated = t.configured && t.tls == smtpclient.TLSVerify
+		return t, t.authenticated || !msg.RequireTLS
 	}
-	var out []target
-	for _, t := range ts {
-		if t.tls == smtpclient.TLSVerify {
-			t.authenticated = true
-			out = append(out, t)
-		}
+	t.policy = r.Label
+	switch {
+	case msg.TLSOptional && !msg.RequireTLS:
+		// RFC 8689 §5: the sender asks that policies not hold the
+		// message back: delivery.tls applies.
+		t.policy = labelTLSOptional
+		return t, true
+	case r.Refuse != nil:
+		return t, false
+	case msg.RequireTLS && !r.Authenticated:
+		return t, false
 	}
-	if len(out) == 0 {
-		return nil, errRequireTLS
+	if r.Mode != "" {
+		t.tls = r.Mode
 	}
-	return out, nil
+	t.tlsConfig, t.authenticated, t.check = r.Config, r.Authenticated, r.Check
+	return t, true
 }
 
 // countTLSPolicy counts a dial's outcome under its target's policy. A
 // session without a policy that stayed in plaintext is no TLS session and
-// is not reported (RFC 8460 §4.4 counts TLS sessions).
+// is not reported (RFC 8460 §4.4 counts TLS sessions). A host under an
+// MTA-STS policy in testing mode is reported as the policy would have
+// judged it (testingResult), whatever became of the delivery.
 func (e *Engine) countTLSPolicy(t target, c *smtpclient.Client, err error) {
 	if t.policy == "" {
 		return
@@ -136,16 +146,47 @@ func (e *Engine) countTLSPolicy(t target, c *smtpclient.Client, err error) {
 	switch {
 	case err == nil:
 		e.m.TLSPolicy.WithLabelValues(t.policy, "ok").Inc()
-		if e.opt.TLSReport != nil && c != nil && isTLS(c) {
+		if e.opt.TLSReport == nil || c == nil {
+			return
+		}
+		if t.check != nil && t.tls != smtpclient.TLSNone {
+			if cerr := testingResult(t, c); cerr != nil {
+				e.reportFailure(t, cerr)
+				return
+			}
+			e.opt.TLSReport.Success(t.report, e.now())
+		} else if isTLS(c) {
 			e.opt.TLSReport.Success(t.report, e.now())
 		}
 	case errors.As(err, &te):
 		e.m.TLSPolicy.WithLabelValues(t.policy, "failed").Inc()
 		if e.opt.TLSReport != nil {
-			e.opt.TLSReport.Failure(t.report, tlsrpt.Failure{ResultType: tlsrpt.ResultType(t.report.Type, err),
-				MXHost: t.host, ReceivingIP: t.addrString()}, e.now())
+			e.reportFailure(t, err)
 		}
 	}
+}
+
+// reportFailure counts a failed session with t for its TLS report.
+func (e *Engine) reportFailure(t target, err error) {
+	e.opt.TLSReport.Failure(t.report, tlsrpt.Failure{ResultType: tlsrpt.ResultType(t.report.Type, err),
+		MXHost: t.host, ReceivingIP: t.addrString()}, e.now())
+}
+
+// errSTARTTLSFailed: STARTTLS was offered but the handshake failed, and
+// opportunistic TLS went on in plaintext (smtpclient.DialWithFallback).
+var errSTARTTLSFailed = errors.New("the STARTTLS handshake failed; the session went on in plaintext")
+
+// testingResult is what t's testing policy says of the session c (RFC 8461
+// §5: verified and reported as if enforced, never acted on).
+func testingResult(t target, c *smtpclient.Client) error {
+	if cs, ok := c.TLS(); ok {
+		return t.check(&cs)
+	}
+	err := t.check(nil)
+	if offered, _ := c.Extension("STARTTLS"); offered && errors.Is(err, smtpclient.ErrNoSTARTTLS) {
+		return errSTARTTLSFailed // RFC 8460 §4.3.1 has no better name: validation-failure
+	}
+	return err
 }
 
 // reportSTSError counts an MTA-STS policy that was announced but could not

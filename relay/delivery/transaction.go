@@ -16,10 +16,13 @@ import (
 // follow-up transactions for those right away on the same connection (RFC
 // 5321 §4.5.3.1.10; the first one completed, so no RSET goes between).
 // Each transaction's definite outcomes are settled before the next starts.
-// It returns s if it can be reused, and what is left for the next host
-// when the connection failed before some recipients got their answer.
-func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, rcpts []queue.Recipient) (*session, leftover) {
-	a.t, a.tried, a.relay = s.t, s.t, s.relay
+// t is s's target as the message's own TLS policy shapes it (s.t for the
+// message that opened s, session.rides for a later one): the attempt
+// records the rule that applied to this message. It returns s if it can
+// be reused, and what is left for the next host when the connection failed
+// before some recipients got their answer.
+func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, t target, rcpts []queue.Recipient) (*session, leftover) {
+	a.t, a.tried, a.relay = t, t, s.relay
 	for round := 0; ; round++ {
 		res, err := send(ctx, s, envelope(a.msg, rcpts), e.opt.Events.Wire(a.body))
 		s.count++

@@ -135,12 +135,16 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 		return s
 	}
 	defer release()
-	// RFC 8689 §4.2.1: a REQUIRETLS message never rides a connection whose
-	// server was not authenticated by DANE or MTA-STS.
-	if s != nil && (!s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection ||
-		(msg.RequireTLS && !s.t.authenticated)) {
-		e.closeSession(ctx, s)
-		s = nil
+	// The open connection carries j only if it gives j's message every TLS
+	// guarantee its own policy demands (session.rides); otherwise the
+	// message opens its own, under its own policy.
+	var t target
+	if s != nil {
+		var ok bool
+		if t, ok = s.rides(msg); !ok || !s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection {
+			e.closeSession(ctx, s)
+			s = nil
+		}
 	}
 	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
@@ -155,7 +159,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	if !e.begin(j, a, s.t, 1+maxTargets) {
 		return s
 	}
-	s, rest := e.transact(ctx, d, a, s, j.rcpts)
+	s, rest := e.transact(ctx, d, a, s, t, j.rcpts)
 	if len(rest.rcpts) == 0 || ctx.Err() != nil {
 		return s
 	}

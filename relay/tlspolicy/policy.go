@@ -74,6 +74,12 @@ type Rule struct {
 	// Authenticated: the server will be authenticated by DANE or MTA-STS
 	// (what REQUIRETLS needs, RFC 8689 §4.2.1).
 	Authenticated bool
+	// Check, set for a host under an MTA-STS policy in testing mode, tells
+	// whether a session that was set up would have satisfied the policy
+	// had it been enforced: cs is the session's TLS state, nil for a
+	// session in plaintext. Its error is for the TLS report only (RFC 8461
+	// §5: a testing policy reports failures and delivers anyway).
+	Check func(cs *tls.ConnectionState) error
 }
 
 // Decision is the policy of one destination for one attempt.
@@ -117,7 +123,7 @@ func (c *Checker) Decide(ctx context.Context, domain string, hosts []string) Dec
 	for _, h := range pending {
 		switch {
 		case p.Mode == ModeTesting:
-			d.Hosts[h] = Rule{Label: LabelSTSTesting}
+			d.Hosts[h] = Rule{Label: LabelSTSTesting, Check: c.stsCheck(p, h, domain)}
 		case !p.Allows(h):
 			// RFC 8461 §4.1: an MX not in an enforced policy is not used.
 			d.Hosts[h] = refuse(LabelSTS, fmt.Errorf("MX %s is not listed in the MTA-STS policy of %s", h, domain))
@@ -127,6 +133,24 @@ func (c *Checker) Decide(ctx context.Context, domain string, hosts []string) Dec
 		}
 	}
 	return d
+}
+
+// stsCheck is the verification an enforced policy p would make of a
+// session with MX host h (RFC 8461 §4.1, §4.2): h listed in p, STARTTLS,
+// and a certificate valid for h that chains to a trusted root. A policy in
+// testing mode runs it after the fact, so that its failures can be
+// reported (RFC 8460 §4.3.1 names them) while delivery goes on as
+// delivery.tls allows.
+func (c *Checker) stsCheck(p *STSPolicy, h, domain string) func(*tls.ConnectionState) error {
+	return func(cs *tls.ConnectionState) error {
+		switch {
+		case !p.Allows(h):
+			return fmt.Errorf("MX %s is not listed in the MTA-STS policy of %s", h, domain)
+		case cs == nil:
+			return fmt.Errorf("MX %s: %w", h, smtpclient.ErrNoSTARTTLS)
+		}
+		return VerifyWebPKI(c.opt.Roots, h, cs.PeerCertificates, c.opt.Now())
+	}
 }
 
 // dane fills d's rules for hosts under DANE and returns the hosts DANE does

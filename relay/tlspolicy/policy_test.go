@@ -2,12 +2,15 @@ package tlspolicy
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +18,8 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
+	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
 // stsEnv is a policy server for example.com (httptest's certificate is
@@ -140,6 +145,65 @@ func TestSTSFetchRefusesRedirectsAndOtherTypes(t *testing.T) {
 	for _, h := range []string{"redirect", "html", "big"} {
 		if p, err := f.Fetch(context.Background(), h+".example.com"); err == nil {
 			t.Errorf("%s: fetched %+v", h, p)
+		}
+	}
+}
+
+// TestDecideTesting: under an MTA-STS policy in testing mode no host is
+// refused and delivery.tls applies, but each host's rule verifies a session
+// as the enforced policy would (RFC 8461 §5), so that its failures can be
+// reported: an unlisted MX, no STARTTLS, a certificate from an unknown
+// authority or for another name.
+func TestDecideTesting(t *testing.T) {
+	e := newSTSEnv(t)
+	e.policy.Store("version: STSv1\nmode: testing\nmx: mx.example.com\nmax_age: 3600\n")
+	now := time.Now() // the certificates made below are valid from now on
+	dec := e.checker(t, "one", &now).Decide(context.Background(), "example.com", []string{"MX.example.com.", "other.test"})
+	leaf := func(c tls.Certificate, err error) []*x509.Certificate {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []*x509.Certificate{x}
+	}
+	selfSigned := func(name string) []*x509.Certificate {
+		c, _, err := relaytest.SelfSigned(name)
+		return leaf(c, err)
+	}
+	trusted := []*x509.Certificate{e.srv.Certificate()} // valid for *.example.com
+	var (
+		hostErr x509.HostnameError
+		authErr x509.UnknownAuthorityError
+	)
+	tests := []struct {
+		name  string
+		host  string
+		chain []*x509.Certificate // nil: a session in plaintext
+		ok    func(error) bool
+	}{
+		{"valid", "mx.example.com", trusted, func(err error) bool { return err == nil }},
+		{"plaintext", "mx.example.com", nil, func(err error) bool { return errors.Is(err, smtpclient.ErrNoSTARTTLS) }},
+		{"self-signed", "mx.example.com", selfSigned("mx.example.com"), func(err error) bool { return errors.As(err, &authErr) }},
+		{"other name", "mx.example.com", selfSigned("wrong.example.com"), func(err error) bool { return errors.As(err, &hostErr) }},
+		{"unlisted", "other.test", trusted, func(err error) bool {
+			return err != nil && !errors.As(err, &hostErr) && !errors.As(err, &authErr) && strings.Contains(err.Error(), "not listed")
+		}},
+	}
+	for _, tc := range tests {
+		r := dec.Rule(tc.host)
+		if r.Label != LabelSTSTesting || r.Refuse != nil || r.Mode != "" || r.Authenticated || r.Check == nil {
+			t.Fatalf("%s: rule %+v, want mta-sts-testing, not refused, delivery.tls, with a check", tc.host, r)
+		}
+		var cs *tls.ConnectionState
+		if tc.chain != nil {
+			cs = &tls.ConnectionState{PeerCertificates: tc.chain}
+		}
+		if err := r.Check(cs); !tc.ok(err) {
+			t.Errorf("%s: check says %v", tc.name, err)
 		}
 	}
 }

@@ -112,3 +112,21 @@ func DANEConfig(base *tls.Config, h HostDANE, now func() time.Time) *tls.Config 
 	}
 	return cfg
 }
+
+// VerifyWebPKI checks a server's chain as MTA-STS requires (RFC 8461
+// §4.2): the leaf is valid for host and chains, through the certificates
+// the server sent, to one of roots (the system's when nil) at now. Its
+// errors are crypto/x509's, which tell a name mismatch
+// (x509.HostnameError), an expired certificate and an unknown authority
+// apart for TLS reports.
+func VerifyWebPKI(roots *x509.CertPool, host string, chain []*x509.Certificate, now time.Time) error {
+	if len(chain) == 0 {
+		return errors.New("server sent no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range chain[1:] {
+		inter.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, DNSName: host, CurrentTime: now})
+	return err
+}
