@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -467,5 +468,102 @@ func TestRequireTLS(t *testing.T) {
 	}
 	if !sawOK {
 		t.Errorf("the sink did not get the REQUIRETLS message")
+	}
+}
+
+// TestTLSPolicyConnectionReuse is the TLS downgrade through the connection
+// cache, with the real binary: sts.test publishes an MTA-STS "enforce"
+// policy (fetched over HTTPS) and dane.test DNSSEC-signed TLSA records
+// (through NSD and a validating Unbound), and their MX, a real Postfix,
+// offers no STARTTLS. A "TLS-Required: No" message to each (RFC 8689 §5)
+// is delivered in plaintext over a connection the relay keeps open; the
+// ordinary and REQUIRETLS messages that follow to the same MX while it is
+// open, several in flight, must not ride it: each opens its own connection
+// under its own policy and is deferred with reason tls, its attempt
+// recorded under mta-sts or dane, and Postfix sees none of them.
+func TestTLSPolicyConnectionReuse(t *testing.T) {
+	peers.Require(t, "postfix", "nsd", "unbound", "ldns-signzone")
+	t.Parallel()
+	n := newMailNet(t)
+	mxIP, policyIP := n.host(""), n.host("")
+	daneCert := peers.NewCert(t, "mx.dane.test") // what the TLSA record names; Postfix has no certificate
+	tlsa := "_" + strconv.Itoa(n.port) + "._tcp."
+	dns := peers.StartDNSSEC(t, n.host(""), n.host(""),
+		peers.Zone{Name: "dane.test", Signed: true, Records: []string{"@ MX 10 mx", "mx A " + mxIP,
+			tlsa + "mx TLSA 3 1 1 " + tlsaHash(t, daneCert, 1)}},
+		peers.Zone{Name: "sts.test", Records: []string{"@ MX 10 mx", "mx A " + mxIP, "mta-sts A " + policyIP,
+			`_mta-sts TXT "v=STSv1; id=20261204;"`}},
+		peers.Zone{Name: "relay.test"})
+	stsCert := stsServer(t, policyIP, map[string]string{
+		"sts.test": "version: STSv1\r\nmode: enforce\r\nmx: mx.sts.test\r\nmax_age: 86400\r\n"})
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, readFile(t, stsCert.CertFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	px := peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
+		Hostname: "mx.sts.test", DeliverTo: final.Addr, RelayDomains: []string{"sts.test", "dane.test"}})
+	ip := n.host("")
+	intakeCert := peers.NewCert(t, "relay.test")
+	addr := peers.FreeAddr(t, ip)
+	// The connection cache is kept longer than its 2 s default so that the
+	// connection is surely still open when the next messages come, however
+	// slow this machine is: the seam under test is that reuse.
+	yml := n.relayYAML(ip, "delivery.resolver="+dns.Resolver, "delivery.dnssec=trust-ad", "delivery.mta_sts=true",
+		"delivery.tls_ca_file="+caFile, "delivery.connection_cache_time=30s",
+		fmt.Sprintf("listeners=[{address: %q, mode: smtp, tls_cert: %q, tls_key: %q}]", addr, intakeCert.CertFile, intakeCert.KeyFile))
+	r := &testRelay{Relay: peers.StartRelay(t, yml), t: t, IP: ip}
+	body := func(to, extra string) []byte {
+		return []byte("From: <a@src.test>\r\nTo: <" + to + ">\r\nSubject: reuse\r\n" + extra + "\r\nbody\r\n")
+	}
+
+	optional := map[string]string{}
+	for _, dom := range []string{"sts.test", "dane.test"} {
+		to := "optional@" + dom
+		optional[dom] = submitOverTLS(t, addr, to, body(to, "TLS-Required: No\r\n"), false)
+	}
+	final.WaitFor(t, 2, 60*time.Second) // both delivered, in plaintext; their connections stay open
+	held := map[string]string{}         // queue id -> the policy its attempt must name
+	for _, dom := range []string{"sts.test", "dane.test"} {
+		policy := map[string]string{"sts.test": "mta-sts", "dane.test": "dane"}[dom]
+		for _, rc := range []string{"a", "b", "c"} {
+			to := rc + "@" + dom
+			held[submitOverTLS(t, addr, to, body(to, ""), false)] = policy
+		}
+		to := "rt@" + dom
+		held[submitOverTLS(t, addr, to, body(to, ""), true)] = policy
+	}
+	for dom, id := range optional {
+		if got := lastPolicy(t, r, id); got != "tls-required-no" {
+			t.Errorf("TLS-Required: No message to %s: attempt under TLS policy %q, want tls-required-no", dom, got)
+		}
+	}
+	for id, policy := range held {
+		var atts []logEntry
+		eventually(t, 60*time.Second, "an attempt for "+id, func() error {
+			if atts = r.attempts(id); len(atts) == 0 {
+				return errors.New("none yet")
+			}
+			return nil
+		})
+		if a := atts[0]; a.str("outcome") != "deferred" || a.str("reason") != "tls" || a.str("enhanced") != "4.7.5" {
+			t.Errorf("%s: first attempt %v, want deferred with reason tls, 4.7.5", id, a)
+		}
+		if got := lastPolicy(t, r, id); got != policy {
+			t.Errorf("%s: attempt under TLS policy %q, want %q", id, got, policy)
+		}
+	}
+	for _, m := range final.Messages() {
+		if len(m.Rcpts) != 1 || !strings.HasPrefix(m.Rcpts[0], "optional@") {
+			t.Errorf("%v was delivered in plaintext despite its domain's TLS policy", m.Rcpts)
+		}
+	}
+	log := px.Log()
+	for _, dom := range []string{"sts.test", "dane.test"} {
+		for _, rc := range []string{"a", "b", "c", "rt"} {
+			if strings.Contains(log, "<"+rc+"@"+dom+">") {
+				t.Errorf("Postfix saw an envelope for %s@%s against its domain's TLS policy:\n%s", rc, dom, log)
+			}
+		}
 	}
 }

@@ -98,7 +98,12 @@ func reportFromMail(t *testing.T, data []byte) (string, tlsReport) {
 // TestTLSReport delivers under MTA-STS policies to a real Postfix: one
 // domain whose MX certificate is valid, one whose MX certificate is not
 // valid for its name, one whose MX the policy does not list, one whose
-// policy host's certificate is not valid (the policy fetch fails). The
+// policy host's certificate is not valid (the policy fetch fails). Four
+// more domains publish policies in testing mode (RFC 8461 §5): their
+// messages are delivered, and their reports name what the enforced policy
+// would have refused: a certificate for another name, a self-signed
+// certificate the relay does not trust (a second Postfix), an MX the
+// policy does not list, an MX without STARTTLS (a third Postfix). The
 // relay restarts, keeping its counts. `greyrelay tls-report send` then sends each domain
 // its RFC 8460 report: by mail, through the relay's own queue, to the sink
 // that is the MX of the rua's domain, and by HTTPS POST to a report server
@@ -113,10 +118,25 @@ func TestTLSReport(t *testing.T) {
 		"ok.test":       "version: STSv1\r\nmode: enforce\r\nmx: mx.ok.test\r\nmax_age: 86400\r\n",
 		"badcert.test":  "version: STSv1\r\nmode: enforce\r\nmx: *.badcert.test\r\nmax_age: 86400\r\n",
 		"unlisted.test": "version: STSv1\r\nmode: enforce\r\nmx: other.unlisted.test\r\nmax_age: 86400\r\n",
+		// Testing mode: delivered whatever the MX is like, failures reported.
+		"testing.test":      "version: STSv1\r\nmode: testing\r\nmx: mx.testing.test\r\nmax_age: 86400\r\n",
+		"untrusted.test":    "version: STSv1\r\nmode: testing\r\nmx: mx.untrusted.test\r\nmax_age: 86400\r\n",
+		"testunlisted.test": "version: STSv1\r\nmode: testing\r\nmx: other.testunlisted.test\r\nmax_age: 86400\r\n",
+		"nostarttls.test":   "version: STSv1\r\nmode: testing\r\nmx: mx.nostarttls.test\r\nmax_age: 86400\r\n",
 	}
+	untrustedIP, plainIP := n.host(""), n.host("")
+	mxOf := map[string]string{"untrusted.test": untrustedIP, "nostarttls.test": plainIP}
 	for dom := range policies {
-		n.dns.MX(dom, 10, "mx."+dom).A("mx."+dom, mxIP).A("mta-sts."+dom, policyIP).
+		ip := mxIP
+		if mxOf[dom] != "" {
+			ip = mxOf[dom]
+		}
+		n.dns.MX(dom, 10, "mx."+dom).A("mx."+dom, ip).A("mta-sts."+dom, policyIP).
 			TXT("_mta-sts."+dom, "v=STSv1; id=20261201;")
+	}
+	testingDomains := []string{"testing.test", "untrusted.test", "testunlisted.test", "nostarttls.test"}
+	for _, dom := range testingDomains {
+		n.dns.TXT("_smtp._tls."+dom, "v=TLSRPTv1; rua=mailto:tlsrpt@reports.test")
 	}
 	postPort := peers.FreePort(t, postIP)
 	n.dns.A("tlsrpt.reports.test", postIP)
@@ -137,7 +157,12 @@ func TestTLSReport(t *testing.T) {
 	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
 	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(mxIP, strconv.Itoa(n.port)),
 		Hostname: "mx.ok.test", ServerCert: mxCert, DeliverTo: final.Addr,
-		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test", "nopolicy.test"}})
+		RelayDomains: []string{"ok.test", "badcert.test", "unlisted.test", "nopolicy.test", "testing.test", "testunlisted.test"}})
+	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(untrustedIP, strconv.Itoa(n.port)),
+		Hostname: "mx.untrusted.test", ServerCert: peers.NewCert(t, "mx.untrusted.test"), DeliverTo: final.Addr,
+		RelayDomains: []string{"untrusted.test"}})
+	peers.StartPostfix(t, peers.PostfixConfig{Listen: net.JoinHostPort(plainIP, strconv.Itoa(n.port)),
+		Hostname: "mx.nostarttls.test", DeliverTo: final.Addr, RelayDomains: []string{"nostarttls.test"}})
 	r := n.relay("delivery.mta_sts=true", "delivery.tls_ca_file="+caFile,
 		"tls_reporting.enabled=true", "tls_reporting.allow_private_rua=true", "tls_reporting.organization=Relay Test", "postmaster=pm@relay.test")
 
@@ -145,6 +170,17 @@ func TestTLSReport(t *testing.T) {
 	bad := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@badcert.test"}, Data: message("a@src.test", "u@badcert.test", "bad")})
 	unlisted := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@unlisted.test"}, Data: message("a@src.test", "u@unlisted.test", "unlisted")})
 	nopolicy := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@nopolicy.test"}, Data: message("a@src.test", "u@nopolicy.test", "nopolicy")})
+	var testingIDs []string
+	for _, dom := range testingDomains {
+		to := "u@" + dom
+		testingIDs = append(testingIDs, r.send(peers.SwaksMessage{From: "a@src.test", To: []string{to}, Data: message("a@src.test", to, dom)}))
+	}
+	for _, id := range testingIDs {
+		r.waitAttempts(id, "delivered", 60*time.Second)
+		if got := lastPolicy(t, r, id); got != "mta-sts-testing" {
+			t.Errorf("%s: attempt under TLS policy %q, want mta-sts-testing", id, got)
+		}
+	}
 	r.waitAttempts(ok, "delivered", 60*time.Second)
 	r.waitAttempts(nopolicy, "delivered", 60*time.Second)
 	r.waitAttempts(bad, "deferred", 60*time.Second)
@@ -156,7 +192,7 @@ func TestTLSReport(t *testing.T) {
 	}
 
 	reports := map[string]tlsReport{}
-	for _, m := range sink.WaitFor(t, 4, 60*time.Second) {
+	for _, m := range sink.WaitFor(t, 4+len(testingDomains), 60*time.Second) {
 		if len(m.Rcpts) != 1 || m.Rcpts[0] != "tlsrpt@reports.test" {
 			t.Errorf("report sent to %v", m.Rcpts)
 		}
@@ -169,7 +205,11 @@ func TestTLSReport(t *testing.T) {
 			t.Fatalf("%s: report %+v", dom, rep)
 		}
 		p := rep.Policies[0]
-		if p.Policy.Type != "sts" || p.Policy.Domain != dom || len(p.Policy.MX) != 1 || !strings.Contains(strings.Join(p.Policy.String, "\n"), "mode: enforce") {
+		mode := "mode: enforce"
+		if strings.Contains(policies[dom], "mode: testing") {
+			mode = "mode: testing"
+		}
+		if p.Policy.Type != "sts" || p.Policy.Domain != dom || len(p.Policy.MX) != 1 || !strings.Contains(strings.Join(p.Policy.String, "\n"), mode) {
 			t.Errorf("%s: policy %+v", dom, p.Policy)
 		}
 		switch wantFailure {
@@ -187,6 +227,12 @@ func TestTLSReport(t *testing.T) {
 	check("ok.test", reports["ok.test"], "")
 	check("badcert.test", reports["badcert.test"], "certificate-host-mismatch")
 	check("unlisted.test", reports["unlisted.test"], "validation-failure") // refused before any connection
+	// Testing mode: delivered, and reported as the enforced policy would
+	// have judged each session (RFC 8460 §4.3.1).
+	check("testing.test", reports["testing.test"], "certificate-host-mismatch")
+	check("untrusted.test", reports["untrusted.test"], "certificate-not-trusted")
+	check("testunlisted.test", reports["testunlisted.test"], "validation-failure")
+	check("nostarttls.test", reports["nostarttls.test"], "starttls-not-supported")
 	// nopolicy.test: the policy fetch failed WebPKI validation, and the
 	// message went out under delivery.tls (may), over TLS.
 	got := map[string]string{}

@@ -226,7 +226,6 @@ func TestSessionRides(t *testing.T) {
 	}
 }
 
-
 // TestTLSReport_Testing: under an MTA-STS policy in testing mode the
 // message is delivered whatever the session was like, and the TLS report
 // counts what the enforced policy would have found (RFC 8461 §5, RFC 8460
