@@ -18,6 +18,13 @@
 //     keeps the connection open for delivery.connection_cache_time, and
 //     the scheduler hands it the destination's next job directly, so a
 //     message arriving meanwhile neither waits for a dial nor for a scan.
+//     A connection remembers the TLS policy it was opened under (the
+//     destination's rule for that host, the mode, whether STARTTLS and
+//     its verification held), and a later message rides it only when that
+//     gives it everything its own policy demands (session.rides): a
+//     connection opened in plaintext for a "TLS-Required: No" message never
+//     carries one held to MTA-STS, DANE or REQUIRETLS. Each attempt records
+//     the rule that applied to its own message.
 //     delivery.max_connections caps workers in all and
 //     delivery.max_per_destination caps them per domain (1 while the domain
 //     throttles us), and domains get workers round-robin, so a slow or dead

@@ -34,6 +34,11 @@
 //     (§3.3), bounded in size and time, and kept in a Cache (the queue
 //     database) until its max_age; a changed TXT id fetches it again (§5.1).
 //     Refresh fetches, in the background, policies close to their end.
+//   - A policy in "testing" mode holds nothing back (RFC 8461 §5: deliver
+//     as without a policy), but each host's Rule carries the check the
+//     enforced policy would make (listed MX, STARTTLS, a WebPKI-valid
+//     certificate for the MX name), which delivery runs on the session it
+//     got so that TLS reports (RFC 8460 §4.3.1) count its failures.
 //   - The policy fetch happens before any MX is contacted, so a freshly
 //     fetched "enforce" policy already governs this attempt: we never
 //     deliver through an MX that the policy forbids (§5.1).
