@@ -37,6 +37,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
+	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 // serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
@@ -154,7 +155,7 @@ type relayParts struct {
 	engine *delivery.Engine
 	admin  *admin.Server
 	policy *tlspolicy.Checker // nil without DANE and MTA-STS
-	report *tlsReports        // nil without tls_reporting
+	report *tlsrpt.Reporter   // nil without tls_reporting
 }
 
 // runRelay runs the relay until ctx ends. checkQueue makes the queue
@@ -221,7 +222,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 			return nil
 		}}
 	if p.report != nil {
-		aopt.TLSReport = p.report.adminFunc()
+		aopt.TLSReport = tlsReportFunc(p.report)
 	}
 	p.admin, err = admin.New(aopt)
 	if err != nil {
@@ -243,7 +244,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 		go refreshPolicies(engineCtx, p.policy, log)
 	}
 	if p.report != nil {
-		go p.report.run(engineCtx)
+		go p.report.Run(engineCtx)
 	}
 	if err := p.smtp.Start(); err != nil {
 		stopEngine()
@@ -278,7 +279,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	stopEngine()
 	<-engineDone
 	if p.report != nil {
-		p.report.save() // the day's counts so far, for the next start
+		p.report.Save() // the day's counts so far, for the next start
 	}
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
@@ -359,7 +360,7 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	}
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, *tlsReports, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, nil, nil, err
@@ -390,7 +391,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 		opt.Shared = c
 	}
 	if report != nil {
-		opt.TLSReport = report.agg
+		opt.TLSReport = report.Agg
 	}
 	e, err := delivery.New(opt)
 	return e, policy, report, err

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -20,16 +19,6 @@ import (
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
-
-// tlsReports counts TLS sessions and sends the reports (RFC 8460).
-type tlsReports struct {
-	agg    *tlsrpt.Aggregator
-	sender *tlsrpt.Sender
-	store  tlsrpt.Store // the queue database: counts and reports owed survive a restart
-	log    *zap.Logger
-	mu     sync.Mutex    // one send at a time: the daily one or the operator's
-	owed   []tlsrpt.Owed // reports not yet delivered everywhere; under mu
-}
 
 // queueReports enqueues mailed reports. They are marked as DSNs so that
 // an undeliverable report is dropped rather than bounced to our own
@@ -48,7 +37,7 @@ func (r queueReports) EnqueueReport(m tlsrpt.Mail) error {
 }
 
 // newTLSReports builds the TLS reporting of cfg, or nil when it is off.
-func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *zap.Logger) (*tlsReports, error) {
+func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *zap.Logger) (*tlsrpt.Reporter, error) {
 	t := cfg.TLSReporting
 	if !t.Enabled {
 		return nil, nil
@@ -78,85 +67,18 @@ func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *z
 			DialContext:       (&tlsrpt.Dialer{Resolver: router.Resolver, AllowPrivate: t.AllowPrivateRUA}).DialContext,
 			DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	r := &tlsReports{agg: tlsrpt.NewAggregator(), log: log, store: q, sender: &tlsrpt.Sender{
+	r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: log, Store: q, Now: time.Now, Sender: &tlsrpt.Sender{
 		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}
-	if err := r.load(); err != nil {
+	if err := r.Load(); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-// load reads the counts and the reports owed that the last run saved.
-func (r *tlsReports) load() error {
-	if err := r.agg.Load(r.store); err != nil {
-		return err
-	}
-	owed, err := tlsrpt.LoadOwed(r.store)
-	r.owed = owed
-	return err
-}
-
-// save stores the counts (when they changed); it runs every minute and
-// once more after the delivery engine stopped.
-func (r *tlsReports) save() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if err := r.agg.Save(r.store); err != nil {
-		r.log.Warn("TLS report counts not saved", zap.Error(err))
-	}
-}
-
-// send sends the reports of the finished days, or of everything counted
-// when all is set, and tries again the reports owed whose time has come.
-// The reports still owed are saved before the counts they were taken
-// from are dropped from the store: a crash in between sends a report
-// twice rather than never.
-func (r *tlsReports) send(ctx context.Context, all bool) []tlsrpt.Result {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	res, owed := r.sender.Deliver(ctx, r.agg.Take(now, all), r.owed, now)
-	r.owed = owed
-	for _, x := range res {
-		r.log.Info("TLS report", zap.String("domain", x.Domain), zap.Strings("sent", x.Sent), zap.Strings("errors", x.Errors))
-	}
-	if len(res) == 0 {
-		return res
-	}
-	if err := tlsrpt.SaveOwed(r.store, owed); err != nil {
-		r.log.Warn("TLS reports owed not saved", zap.Error(err))
-	}
-	if err := r.agg.Save(r.store); err != nil {
-		r.log.Warn("TLS report counts not saved", zap.Error(err))
-	}
-	return res
-}
-
-// reportTick is how often counts are saved and due reports are sent: Take
-// hands out only finished days, so a day's report leaves within a tick
-// of midnight UTC.
-const reportTick = time.Minute
-
-// run saves the counts and sends the reports that are due, every
-// reportTick until ctx ends.
-func (r *tlsReports) run(ctx context.Context) {
-	t := time.NewTicker(reportTick)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			r.send(ctx, false)
-			r.save()
-		}
-	}
-}
-
-// adminFunc is the admin API's POST /api/tls-report/send.
-func (r *tlsReports) adminFunc() func(context.Context) (any, error) {
+// tlsReportFunc is the admin API's POST /api/tls-report/send.
+func tlsReportFunc(r *tlsrpt.Reporter) func(context.Context) (any, error) {
 	return func(ctx context.Context) (any, error) {
-		res := r.send(ctx, true)
+		res := r.Send(ctx, true)
 		if res == nil {
 			res = []tlsrpt.Result{}
 		}

@@ -26,6 +26,9 @@
 //     report (§3). mailto: reports go through the relay's own queue as a
 //     multipart/report message (§5.3); https: reports are POSTed (§5.2)
 //     with the relay's CA settings and a time bound.
+//   - The Reporter runs all of this: one loop that sends what is due and
+//     saves the counts every minute, and the operator's "send now"; the
+//     command only builds it from the configuration and starts it.
 package tlsrpt
 
 import (

@@ -1,4 +1,4 @@
-package main
+package tlsrpt_test
 
 import (
 	"bytes"
@@ -55,15 +55,15 @@ func (b *mailbox) count() int {
 func TestTLSReportsDaily(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		box := &mailbox{}
-		r := &tlsReports{agg: tlsrpt.NewAggregator(), log: zap.NewNop(), store: memStore{}, sender: &tlsrpt.Sender{
+		r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: zap.NewNop(), Store: memStore{}, Now: time.Now, Sender: &tlsrpt.Sender{
 			Submitter: tlsrpt.Submitter{Organization: "o", Contact: "c", Host: "relay.test"}, From: "r@relay.test",
 			TXT: txtMap{"_smtp._tls.d.test": {"v=TLSRPTv1; rua=mailto:rep@sink.test"}}, Queue: box,
 			Rand: strings.NewReader(strings.Repeat("x", 1000))}}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go r.run(ctx)
+		go r.Run(ctx)
 		start := time.Now().UTC()
-		r.agg.Success(tlsrpt.Policy{Type: tlsrpt.TypeNoPolicy, Domain: "d.test"}, start)
+		r.Agg.Success(tlsrpt.Policy{Type: tlsrpt.TypeNoPolicy, Domain: "d.test"}, start)
 		endOfDay := start.Truncate(24 * time.Hour).Add(24 * time.Hour)
 		time.Sleep(endOfDay.Sub(start) - time.Minute)
 		synctest.Wait()
@@ -91,12 +91,12 @@ func TestTLSReportsRestart(t *testing.T) {
 		return q
 	}
 	box := &mailbox{}
-	newReports := func(q *queue.Queue) *tlsReports {
-		r := &tlsReports{agg: tlsrpt.NewAggregator(), log: zap.NewNop(), store: q, sender: &tlsrpt.Sender{
+	newReports := func(q *queue.Queue) *tlsrpt.Reporter {
+		r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: zap.NewNop(), Store: q, Now: time.Now, Sender: &tlsrpt.Sender{
 			Submitter: tlsrpt.Submitter{Organization: "o", Contact: "c", Host: "relay.test"}, From: "r@relay.test",
 			TXT: txtMap{"_smtp._tls.d.test": {"v=TLSRPTv1; rua=mailto:rep@sink.test"}}, Queue: box,
 			Rand: strings.NewReader(strings.Repeat("x", 1000))}}
-		if err := r.load(); err != nil {
+		if err := r.Load(); err != nil {
 			t.Fatal(err)
 		}
 		return r
@@ -104,17 +104,17 @@ func TestTLSReportsRestart(t *testing.T) {
 	q := open()
 	r := newReports(q)
 	p := tlsrpt.Policy{Type: tlsrpt.TypeNoPolicy, Domain: "d.test"}
-	r.agg.Success(p, time.Now())
-	r.agg.Success(p, time.Now())
-	r.save() // as at shutdown
+	r.Agg.Success(p, time.Now())
+	r.Agg.Success(p, time.Now())
+	r.Save() // as at shutdown
 	if err := q.Close(); err != nil {
 		t.Fatal(err)
 	}
 	q = open()
 	defer q.Close()
 	r = newReports(q)
-	r.agg.Success(p, time.Now())
-	if res := r.send(context.Background(), true); len(res) != 1 || len(res[0].Sent) != 1 {
+	r.Agg.Success(p, time.Now())
+	if res := r.Send(context.Background(), true); len(res) != 1 || len(res[0].Sent) != 1 {
 		t.Fatalf("send = %+v", res)
 	}
 	b := box.mails[0].Body
