@@ -164,10 +164,17 @@ type ProxyProto struct {
 
 // Limits bounds what one client or all clients together may use.
 type Limits struct {
-	MaxMessageBytes      int64         `yaml:"max_message_bytes"`
-	MaxRecipients        int           `yaml:"max_recipients"`
-	MaxConnections       int           `yaml:"max_connections"`
-	MaxConnectionsPerIP  int           `yaml:"max_connections_per_ip"`
+	MaxMessageBytes     int64 `yaml:"max_message_bytes"`
+	MaxRecipients       int   `yaml:"max_recipients"`
+	MaxConnections      int   `yaml:"max_connections"`
+	MaxConnectionsPerIP int   `yaml:"max_connections_per_ip"`
+	// Share of MaxConnections (percent) strangers cannot take: kept for
+	// trusted_networks and authenticated sessions.
+	ReservedConnectionsPercent int `yaml:"reserved_connections_percent"`
+	// From this share of MaxConnections (percent), idle strangers get
+	// StressCommandTimeout instead of CommandTimeout.
+	StressPercent        int           `yaml:"stress_percent"`
+	StressCommandTimeout time.Duration `yaml:"stress_command_timeout"`
 	CommandTimeout       time.Duration `yaml:"command_timeout"`
 	MinDataRate          int           `yaml:"min_data_rate"`
 	SessionLifetime      time.Duration `yaml:"session_lifetime"`
@@ -175,7 +182,12 @@ type Limits struct {
 	MaxReceivedHeaders   int           `yaml:"max_received_headers"`
 	MaxAuthFailures      int           `yaml:"max_auth_failures"`
 	MaxAuthFailuresPerIP int           `yaml:"max_auth_failures_per_ip"`
-	IPv6PrefixLength     int           `yaml:"ipv6_prefix_length"`
+	// Failures per (address, user name) per hour before that user is
+	// locked for that address.
+	MaxAuthFailuresPerUser int `yaml:"max_auth_failures_per_user"`
+	// How long each AUTH reply to an address past MaxAuthFailuresPerIP waits.
+	AuthDelay        time.Duration `yaml:"auth_delay"`
+	IPv6PrefixLength int           `yaml:"ipv6_prefix_length"`
 }
 
 // Problems returns what is wrong with l, one message per limit in a fixed
@@ -194,6 +206,8 @@ func (l Limits) Problems() []string {
 		{"session_lifetime", int64(l.SessionLifetime)}, {"max_junk_commands", int64(l.MaxJunkCommands)},
 		{"max_received_headers", int64(l.MaxReceivedHeaders)}, {"max_auth_failures", int64(l.MaxAuthFailures)},
 		{"max_auth_failures_per_ip", int64(l.MaxAuthFailuresPerIP)},
+		{"max_auth_failures_per_user", int64(l.MaxAuthFailuresPerUser)}, {"auth_delay", int64(l.AuthDelay)},
+		{"stress_percent", int64(l.StressPercent)}, {"stress_command_timeout", int64(l.StressCommandTimeout)},
 	} {
 		if f.v <= 0 {
 			ps = append(ps, "limits."+f.key+": must be greater than 0 (0 would mean unlimited or never)")
@@ -202,6 +216,13 @@ func (l Limits) Problems() []string {
 	if l.IPv6PrefixLength < 1 || l.IPv6PrefixLength > 128 {
 		ps = append(ps, fmt.Sprintf("limits.ipv6_prefix_length: %d, want 1 to 128", l.IPv6PrefixLength))
 	}
+	if l.ReservedConnectionsPercent < 0 || l.ReservedConnectionsPercent > 90 {
+		ps = append(ps, fmt.Sprintf("limits.reserved_connections_percent: %d, want 0 to 90 (strangers need some room)", l.ReservedConnectionsPercent))
+	}
+	if l.StressPercent > 100 {
+		ps = append(ps, fmt.Sprintf("limits.stress_percent: %d, want 1 to 100", l.StressPercent))
+	}
+
 	return ps
 }
 

@@ -276,9 +276,21 @@ func TestValidate_AdminAllowedHosts(t *testing.T) {
 // the same message Validate and smtpd.New give.
 func TestLimitsProblems(t *testing.T) {
 	ps := Limits{}.Problems()
-	if len(ps) != 12 || !strings.HasPrefix(ps[0], "limits.max_message_bytes:") ||
-		!strings.HasPrefix(ps[11], "limits.ipv6_prefix_length:") {
+	if len(ps) != 16 || !strings.HasPrefix(ps[0], "limits.max_message_bytes:") ||
+		!strings.HasPrefix(ps[15], "limits.ipv6_prefix_length:") {
 		t.Errorf("Problems() = %q", ps)
+	}
+	for _, tt := range []struct {
+		l    Limits
+		want string
+	}{
+		{Limits{ReservedConnectionsPercent: -1}, "reserved_connections_percent: -1, want 0 to 90"},
+		{Limits{ReservedConnectionsPercent: 91}, "reserved_connections_percent: 91, want 0 to 90"},
+		{Limits{StressPercent: 101}, "stress_percent: 101, want 1 to 100"},
+	} {
+		if ps := tt.l.Problems(); !strings.Contains(strings.Join(ps, "\n"), tt.want) {
+			t.Errorf("%+v: Problems() = %q, want %q", tt.l, ps, tt.want)
+		}
 	}
 	if ps := (Limits{IPv6PrefixLength: 129}).Problems(); !strings.Contains(ps[len(ps)-1], "129, want 1 to 128") {
 		t.Errorf("Problems() = %q", ps)

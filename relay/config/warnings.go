@@ -15,6 +15,9 @@ func (c *Config) Warnings() []string {
 		if w := c.unusableListener(l); w != "" {
 			out = append(out, fmt.Sprintf("listeners[%d]: %s", i, w))
 		}
+		if w := c.clearAuthBehindProxy(l); w != "" {
+			out = append(out, fmt.Sprintf("listeners[%d]: %s", i, w))
+		}
 	}
 	if w := c.unnamedNode(); w != "" {
 		out = append(out, w)
@@ -79,6 +82,21 @@ func (c *Config) unusableListener(l Listener) string {
 			"holds no network beyond loopback, and AUTH is offered only after STARTTLS, which needs tls_cert and tls_key", l.Address)
 	}
 	return ""
+}
+
+// clearAuthBehindProxy warns of a PROXY listener that offers password
+// AUTH without TLS: the balancer forwards clients from anywhere, so the
+// listener's own address (often loopback, next to the balancer) says
+// nothing about who reads the password on the way. Without
+// allow_plaintext_auth the relay offers AUTH in clear only to clients the
+// PROXY header names as loopback.
+func (c *Config) clearAuthBehindProxy(l Listener) string {
+	if !l.ProxyProtocol || !l.AllowPlaintextAuth || c.UsersFile == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s has proxy_protocol and allow_plaintext_auth: AUTH PLAIN/LOGIN is offered before STARTTLS "+
+		"to every client the balancer forwards, so passwords cross the network in clear unless the balancer itself "+
+		"terminates TLS (drop allow_plaintext_auth: AUTH is then offered after STARTTLS)", l.Address)
 }
 
 // isLoopbackHost reports whether a listener's host accepts only local

@@ -80,9 +80,15 @@ func TestAuth_FailuresPerConnection(t *testing.T) {
 	}
 }
 
-func TestAuth_FailuresPerIP(t *testing.T) {
+// TestAuth_LockoutPerAddressAndUser: failures lock one user from one
+// address; the address as a whole is only slowed (every AUTH reply to it
+// waits auth_delay, right or wrong), so other users behind it (a NAT)
+// still log in.
+func TestAuth_LockoutPerAddressAndUser(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.Limits.MaxAuthFailuresPerIP = 4
+	cfg.Limits.MaxAuthFailuresPerUser = 4
+	cfg.Limits.MaxAuthFailuresPerIP = 6
+	cfg.Limits.AuthDelay = 300 * time.Millisecond
 	var now atomic.Int64
 	now.Store(time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
 	e := authEnv(t, cfg, func(o *Options) { o.Now = func() time.Time { return time.Unix(0, now.Load()) } })
@@ -94,17 +100,45 @@ func TestAuth_FailuresPerIP(t *testing.T) {
 	c = dial(t, e.addr(0))
 	c.hello()
 	c.cmd(bad, "535 5.7.8")
-	c.cmd(bad, "421 4.7.0") // the fourth from this address
+	c.cmd(bad, "421 4.7.0") // the fourth for alice from this address
 	c.expectClosed()
 	c = dial(t, e.addr(0))
 	c.hello()
 	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "421 4.7.0") // even the right password
 	c.expectClosed()
-	// Another address is not affected.
+	// Another user from the same address is not locked, nor slowed yet.
+	timed := func(c *client, user, pw, want string) time.Duration {
+		t.Helper()
+		start := time.Now()
+		c.cmd("AUTH PLAIN "+plainAuth("", user, pw), want)
+		return time.Since(start)
+	}
+	c = dial(t, e.addr(0))
+	c.hello()
+	timed(c, "bob", "bob-pw", "235 ")
+	// Two more failures (for a user that does not exist) put the address
+	// over its ceiling: replies to it now wait, whoever they are for.
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "carol", "x"), "535 5.7.8")
+	c.cmd("AUTH PLAIN "+plainAuth("", "carol", "x"), "535 5.7.8")
+	c = dial(t, e.addr(0))
+	c.hello()
+	if d := timed(c, "bob", "bob-pw", "235 "); d < cfg.Limits.AuthDelay {
+		t.Errorf("AUTH from an address over its ceiling answered after %v, want at least %v", d, cfg.Limits.AuthDelay)
+	}
+	c = dial(t, e.addr(0))
+	c.hello()
+	if d := timed(c, "bob", "wrong", "535 "); d < cfg.Limits.AuthDelay {
+		t.Errorf("a failure answered after %v, want at least %v like a success", d, cfg.Limits.AuthDelay)
+	}
+	// Another address is not affected at all.
 	c = dialFrom(t, e.addr(0), "127.0.0.2")
 	c.hello()
-	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
-	// An hour later the address may try again.
+	if d := timed(c, "alice", "alice-pw", "235 "); d >= cfg.Limits.AuthDelay {
+		t.Errorf("another address was slowed (%v)", d)
+	}
+	// An hour later alice may log in from the first address again.
 	now.Add(int64(time.Hour))
 	c = dial(t, e.addr(0))
 	c.hello()

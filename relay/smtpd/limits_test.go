@@ -223,3 +223,76 @@ func TestLimits_IPv6Prefix(t *testing.T) {
 		}
 	}
 }
+
+// TestAdmission_ReservedSlots: strangers (neither trusted nor
+// authenticated) cannot take the reserved share of max_connections; a
+// trusted client still gets in when they hold all of theirs, and a
+// stranger that authenticates leaves the strangers' share.
+func TestAdmission_ReservedSlots(t *testing.T) {
+	cfg := testConfig(t) // trusted: 127.0.0.99
+	cfg.Limits.MaxConnections = 10
+	cfg.Limits.MaxConnectionsPerIP = 10
+	cfg.Limits.ReservedConnectionsPercent = 20 // strangers: 8
+	e := authEnv(t, cfg)
+	var strangers []*client
+	for i := range 8 {
+		c := dialFrom(t, e.addr(0), fmt.Sprintf("127.0.0.%d", 1+i%4))
+		c.expect("220 ")
+		strangers = append(strangers, c)
+	}
+	x := dialFrom(t, e.addr(0), "127.0.0.5")
+	x.expect("421 4.7.0 Too many connections")
+	x.expectClosed()
+	trusted := dialFrom(t, e.addr(0), "127.0.0.99")
+	trusted.hello()
+	if got := trusted.sendMessage("app@example.org", []string{"x@target.example"}, "Subject: x\r\n\r\nx\r\n"); !strings.HasPrefix(got, "250 ") {
+		t.Fatalf("trusted client with the strangers' share full: %q", got)
+	}
+	// A stranger authenticates: its connection moves to the reserved
+	// share, and another stranger fits in again.
+	strangers[0].cmd("EHLO client.example", "250 ")
+	strangers[0].cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
+	y := dialFrom(t, e.addr(0), "127.0.0.6")
+	y.expect("220 ")
+	// The whole server is now full (8 strangers, 2 privileged): even a
+	// trusted client waits.
+	z := dialFrom(t, e.addr(0), "127.0.0.99")
+	z.expect("421 4.7.0 Too many connections")
+}
+
+// TestAdmission_StressTimeout: once the open connections reach
+// stress_percent of max_connections, idle strangers are cut after
+// stress_command_timeout (421 4.4.2, as go-smtp says on an idle timeout),
+// including those already waiting; trusted and authenticated sessions
+// keep command_timeout.
+func TestAdmission_StressTimeout(t *testing.T) {
+	cfg := testConfig(t) // trusted: 127.0.0.99
+	cfg.Limits.MaxConnections = 10
+	cfg.Limits.MaxConnectionsPerIP = 10
+	cfg.Limits.StressPercent = 50 // from 5 connections
+	cfg.Limits.CommandTimeout = 10 * time.Second
+	cfg.Limits.StressCommandTimeout = 300 * time.Millisecond
+	e := authEnv(t, cfg)
+	trusted := dialFrom(t, e.addr(0), "127.0.0.99")
+	trusted.hello()
+	authed := dialFrom(t, e.addr(0), "127.0.0.1")
+	authed.hello()
+	authed.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
+	idle := dialFrom(t, e.addr(0), "127.0.0.2")
+	idle.hello()
+	// Below stress, an idle stranger keeps command_timeout.
+	time.Sleep(2 * cfg.Limits.StressCommandTimeout) // must not be cut: there is no event to wait for
+	idle.cmd("NOOP", "250 ")
+	// Two more strangers: five connections, stress.
+	more := []*client{dialFrom(t, e.addr(0), "127.0.0.3"), dialFrom(t, e.addr(0), "127.0.0.4")}
+	for _, c := range append(more, idle) {
+		if c != idle {
+			c.expect("220 ")
+		}
+		c.conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		c.expect("421 4.4.2")
+		c.expectClosed()
+	}
+	trusted.cmd("NOOP", "250 ")
+	authed.cmd("NOOP", "250 ")
+}

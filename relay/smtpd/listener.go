@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+	"go.uber.org/zap"
 )
 
 // errJunkLimit ends a connection that used up max_junk_commands. It wraps
@@ -20,49 +21,104 @@ var errJunkLimit = fmt.Errorf("smtpd: too many junk commands: %w", net.ErrClosed
 
 // limiter admits connections under the global and per-IP caps (go-smtp has
 // none) and keeps the set of live connections for Shutdown.
+//
+// Strangers must not be able to starve the clients the relay is for
+// (Postfix's anvil and its stress mode are the model):
+//
+//   - Reserved slots. Clients neither in trusted_networks nor
+//     authenticated ("strangers") may hold at most max_connections minus
+//     reserved_connections_percent of it; the rest is kept for trusted
+//     clients and for sessions that authenticated (an AUTH moves its
+//     connection out of the strangers' share, making room there). A
+//     client's trust is known at connect time from its address (behind
+//     PROXY, the header's); whether it will authenticate is not, so a
+//     submitting client from an untrusted address enters through the
+//     strangers' share.
+//   - Stress. While the open connections are at least stress_percent of
+//     max_connections, a stranger waiting for its next command is given
+//     stress_command_timeout instead of command_timeout (Postfix's
+//     smtpd_timeout of 10 s under stress instead of 300 s), and those
+//     already idle when stress begins get the same from the start of
+//     their wait. Outside stress everyone keeps command_timeout: RFC 5321
+//     §4.5.3.2.7 asks a server for at least five minutes.
 type limiter struct {
-	srv   *Server
-	mu    sync.Mutex
-	perIP map[netip.Addr]int // by clientKey
-	conns map[*conn]struct{}
-	drain bool // set by Shutdown: admit nothing more
+	srv       *Server
+	strangers int // connections' share cap for strangers
+	stressAt  int // connections from which the server is under stress
+	mu        sync.Mutex
+	perIP     map[netip.Addr]int // by clientKey
+	conns     map[*conn]struct{}
+	unknown   int  // connections of strangers (see conn.privileged)
+	drain     bool // set by Shutdown: admit nothing more
 	// released is signalled after a connection left conns (capacity 1):
 	// Shutdown waits on it for the sessions to end.
 	released chan struct{}
 }
 
 func newLimiter(srv *Server) *limiter {
+	lim := srv.cfg.Limits
 	return &limiter{srv: srv, perIP: make(map[netip.Addr]int), conns: make(map[*conn]struct{}),
-		released: make(chan struct{}, 1)}
+		strangers: lim.MaxConnections - lim.MaxConnections*lim.ReservedConnectionsPercent/100,
+		stressAt:  max(1, (lim.MaxConnections*lim.StressPercent+99)/100),
+		released:  make(chan struct{}, 1)}
 }
 
 // admit wraps raw, or returns a reply reason if a cap is reached.
 func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
-	ip := clientKey(remoteIP(raw), l.srv.cfg.Limits.IPv6PrefixLength)
+	rip := remoteIP(raw)
+	ip := clientKey(rip, l.srv.cfg.Limits.IPv6PrefixLength)
+	trusted := l.srv.isTrusted(rip)
 	lim := l.srv.cfg.Limits
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
 	case l.drain:
 		return nil, "421 4.3.2 Service shutting down"
-	case len(l.conns) >= lim.MaxConnections:
+	case len(l.conns) >= lim.MaxConnections, !trusted && l.unknown >= l.strangers:
 		return nil, "421 4.7.0 Too many connections, try again later"
 	case l.perIP[ip] >= lim.MaxConnectionsPerIP:
 		return nil, "421 4.7.0 Too many connections from your address, try again later"
 	}
 	now := time.Now()
-	c := &conn{Conn: raw, lim: l, ip: ip, implicitTLS: implicitTLS,
-		end: now.Add(lim.SessionLifetime), in: bufio.NewReaderSize(raw, readBuffer)}
+	c := &conn{Conn: raw, lim: l, ip: ip, implicitTLS: implicitTLS, privileged: trusted,
+		end: now.Add(lim.SessionLifetime), in: bufio.NewReaderSize(raw, readBuffer), gone: make(chan struct{})}
 	c.out.nc = raw
 	c.out.deadline, c.out.applied = c.end, c.end
 	c.lines.tls = implicitTLS
 	l.perIP[ip]++
 	l.conns[c] = struct{}{}
+	if !trusted {
+		l.unknown++
+	}
 	l.srv.metrics.ConnectionsIn.Inc()
 	// Until go-smtp sets its own deadlines, the session lifetime bounds the
 	// connection (a TLS handshake that never starts, for instance).
 	raw.SetDeadline(c.end)
+	if len(l.conns) == l.stressAt {
+		l.srv.log.Info("under stress: idle strangers get limits.stress_command_timeout",
+			zap.Int("connections", len(l.conns)))
+		for o := range l.conns {
+			o.stressed(now)
+		}
+	}
 	return c, ""
+}
+
+// underStress reports whether strangers get the short idle timeout now.
+func (l *limiter) underStress() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns) >= l.stressAt
+}
+
+// promote moves an authenticated connection out of the strangers' share.
+func (l *limiter) promote(c *conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.conns[c]; ok && !c.privileged {
+		c.privileged = true
+		l.unknown--
+	}
 }
 
 func (l *limiter) release(c *conn) {
@@ -72,6 +128,9 @@ func (l *limiter) release(c *conn) {
 		return
 	}
 	delete(l.conns, c)
+	if !c.privileged {
+		l.unknown--
+	}
 	if l.perIP[c.ip]--; l.perIP[c.ip] <= 0 {
 		delete(l.perIP, c.ip)
 	}
@@ -196,6 +255,13 @@ type conn struct {
 	ip          netip.Addr
 	implicitTLS bool
 	end         time.Time // session lifetime
+	// privileged: trusted or authenticated, not a stranger (limiter);
+	// guarded by lim.mu.
+	privileged bool
+
+	// waitStart is when go-smtp began to wait for the current command;
+	// guarded by mu.
+	waitStart time.Time
 
 	mu           sync.Mutex
 	replyConn    net.Conn // where our own replies go: this conn or the *tls.Conn; nil if unknown
@@ -212,6 +278,7 @@ type conn struct {
 	linger       bool // the read error is our over-long line: Close lingers
 	closed       bool // Close has run
 	closeOnce    sync.Once
+	gone         chan struct{} // closed by kill
 }
 
 func (c *conn) setReplyConn(rc net.Conn) {
@@ -278,6 +345,17 @@ func (c *conn) closeAfterReply() {
 	c.mu.Lock()
 	c.closeAfter = true
 	c.mu.Unlock()
+}
+
+// pause waits for d, or until the connection is closed (Shutdown does not
+// wait for it).
+func (c *conn) pause(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.gone:
+	}
 }
 
 func (c *conn) authFailed() int {
@@ -433,6 +511,7 @@ func (c *conn) kill() error {
 	var err error
 	c.closeOnce.Do(func() {
 		err = c.Conn.Close()
+		close(c.gone)
 		c.lim.release(c)
 	})
 	return err
@@ -444,11 +523,17 @@ func (c *conn) kill() error {
 // answered; after one more the connection is closed with 421 4.7.0 before
 // the next command is read.
 func (c *conn) SetReadDeadline(t time.Time) error {
-	max := c.lim.srv.cfg.Limits.MaxJunkCommands
+	limits := c.lim.srv.cfg.Limits
+	max := limits.MaxJunkCommands
+	now := time.Now()
+	if c.lim.underStress() && !c.isPrivileged() {
+		t = minTime(t, now.Add(limits.StressCommandTimeout))
+	}
 	c.mu.Lock()
 	junk := c.reads - c.useful
 	c.reads++
 	draining := c.draining
+	c.waitStart = now
 	c.lines.commandStarted()
 	c.mu.Unlock()
 	switch {
@@ -462,6 +547,29 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 		return errJunkLimit
 	}
 	return c.Conn.SetReadDeadline(minTime(t, c.end))
+}
+
+func (c *conn) isPrivileged() bool {
+	c.lim.mu.Lock()
+	defer c.lim.mu.Unlock()
+	return c.privileged
+}
+
+// stressed is called, with lim.mu held, when stress begins: a stranger
+// waiting for a command gets stress_command_timeout from the start of its
+// wait (at once if that has passed: go-smtp then says 421 4.4.2 and
+// closes). A connection inside a message is left alone: its deadline
+// follows the data rate (Read).
+func (c *conn) stressed(now time.Time) {
+	if c.privileged {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inData || !c.dataDeadline.IsZero() || c.waitStart.IsZero() {
+		return
+	}
+	c.Conn.SetReadDeadline(minTime(c.waitStart.Add(c.lim.srv.cfg.Limits.StressCommandTimeout), c.end))
 }
 
 // SetDeadline clamps the read deadline to the session lifetime. Write

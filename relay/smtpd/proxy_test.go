@@ -137,3 +137,58 @@ func TestProxyProtocolPerClientLimit(t *testing.T) {
 	again.write(header(t, 2, "192.0.2.1"))
 	again.expect("421 4.7.0")
 }
+
+// Behind a balancer on loopback, AUTH without TLS is decided by the client
+// the PROXY header names: a stranger is neither offered AUTH before
+// STARTTLS nor accepted (523 5.7.10), while a loopback client still is.
+// Lockouts count the header's address too: a client locked out does not
+// lock out another client of the same balancer.
+func TestProxyProtocolAuthUsesRealClient(t *testing.T) {
+	cert, key := writeCert(t)
+	cfg := testConfig(t)
+	cfg.Listeners[0].ProxyProtocol = true
+	cfg.Listeners[0].TLSCert, cfg.Listeners[0].TLSKey = cert, key
+	cfg.ProxyProtocol.Trusted = []string{"127.0.0.1/32"}
+	cfg.ProxyProtocol.HeaderTimeout = time.Second
+	cfg.Limits.MaxAuthFailures = 10
+	cfg.Limits.MaxAuthFailuresPerUser = 2
+	e := authEnv(t, cfg)
+	open := func(version byte, client string) *client {
+		c := dialFrom(t, e.addr(0), "127.0.0.1")
+		c.write(header(t, version, client))
+		return c
+	}
+	for _, version := range []byte{1, 2} {
+		c := open(version, "203.0.113.9")
+		if ehlo := strings.Join(c.hello(), "\n"); strings.Contains(ehlo, "AUTH") {
+			t.Errorf("v%d: AUTH offered in clear to 203.0.113.9 behind a loopback balancer:\n%s", version, ehlo)
+		}
+		c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "523 5.7.10")
+		c.startTLS()
+		c.cmd("EHLO client.example", "250 ")
+		c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
+
+		local := open(version, "127.0.0.5")
+		if ehlo := strings.Join(local.hello(), "\n"); !strings.Contains(ehlo, "AUTH PLAIN LOGIN") {
+			t.Errorf("v%d: AUTH not offered to a loopback client:\n%s", version, ehlo)
+		}
+	}
+
+	// Lockouts: alice is guessed from 203.0.113.9 until locked there.
+	c := open(1, "203.0.113.9")
+	c.hello()
+	c.startTLS()
+	c.cmd("EHLO client.example", "250 ")
+	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "wrong"), "535 ")
+	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "wrong"), "421 4.7.0")
+	c = open(1, "203.0.113.9")
+	c.hello()
+	c.startTLS()
+	c.cmd("EHLO client.example", "250 ")
+	c.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "421 4.7.0")
+	other := open(2, "203.0.113.10")
+	other.hello()
+	other.startTLS()
+	other.cmd("EHLO client.example", "250 ")
+	other.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
+}

@@ -40,9 +40,12 @@
 //   - Durability. 250 is sent only after queue.Enqueue returned, and
 //     Shutdown never turns a session in DATA into a 250 it did not commit.
 //
-// AUTH (PLAIN, LOGIN) is offered only under TLS or on loopback listeners
-// (or with allow_plaintext_auth); passwords and AUTH payloads are never
-// logged.
+// AUTH (PLAIN, LOGIN) is offered only under TLS, to a loopback client on
+// a loopback listener, or with allow_plaintext_auth. Behind the PROXY
+// protocol the client is the one the header names, for this decision as
+// for every other (trusted networks, per-address limits, AUTH lockouts):
+// a balancer on loopback does not make its clients local. Passwords and
+// AUTH payloads are never logged.
 package smtpd
 
 import (
@@ -198,7 +201,8 @@ func New(opt Options) (*Server, error) {
 	if err := s.setPostmaster(); err != nil {
 		return nil, err
 	}
-	s.authLim = newAuthLimiter(s.cfg.Limits.MaxAuthFailuresPerIP, time.Hour, s.cfg.Limits.IPv6PrefixLength)
+	lim := s.cfg.Limits
+	s.authLim = newAuthLimiter(lim.MaxAuthFailuresPerUser, lim.MaxAuthFailuresPerIP, time.Hour, lim.IPv6PrefixLength)
 	s.lim = newLimiter(s)
 	return s, nil
 }
@@ -302,7 +306,7 @@ func (s *Server) Start() error {
 // newSMTPServer configures go-smtp for listener i, bound at addr. Every
 // limit is set explicitly: go-smtp reads a zero limit or timeout as none.
 func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Server {
-	info := &listenerInfo{mode: l.Mode}
+	info := &listenerInfo{mode: l.Mode, plainAuth: l.AllowPlaintextAuth, loopback: isLoopback(addr)}
 	srv := smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
 		return s.newSession(info, c)
 	}))
@@ -316,7 +320,11 @@ func (s *Server) newSMTPServer(i int, l config.Listener, addr net.Addr) *smtp.Se
 	srv.ReadTimeout = lim.CommandTimeout
 	srv.WriteTimeout = lim.CommandTimeout
 	srv.TLSConfig = s.tls[i]
-	srv.AllowInsecureAuth = l.AllowPlaintextAuth || isLoopback(addr)
+	// go-smtp decides per server; a loopback listener may still carry a
+	// stranger (a load balancer's PROXY header names the real client), so
+	// the session decides per client (session.plainAuthOK) where this
+	// lets it.
+	srv.AllowInsecureAuth = info.plainAuth || info.loopback
 	srv.EnableSMTPUTF8 = true
 	srv.EnableDSN = true
 	// RFC 8689 §4.1: go-smtp advertises REQUIRETLS on TLS sessions only.

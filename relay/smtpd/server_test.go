@@ -189,27 +189,41 @@ func TestEscaping(t *testing.T) {
 }
 
 func TestAuthLimiter_Bounded(t *testing.T) {
-	a := newAuthLimiter(3, time.Hour, 64)
+	a := newAuthLimiter(3, 5, time.Hour, 64)
 	now := time.Unix(1_700_000_000, 0)
 	ip := netip.MustParseAddr("2001:db8::1")
 	for range 10 {
-		a.fail(ip, now)
+		a.fail(ip, "alice", now)
 	}
-	if n := len(a.fails[clientKey(ip, 64)]); n != 3 {
-		t.Errorf("kept %d timestamps", n)
+	if n, m := len(a.users[a.key(ip, "alice")]), len(a.addrs[clientKey(ip, 64)]); n != 3 || m != 5 {
+		t.Errorf("kept %d timestamps for the pair, %d for the address", n, m)
 	}
-	if !a.blocked(netip.MustParseAddr("2001:db8::ffff"), now) {
-		t.Error("same /64 not blocked")
+	if !a.locked(netip.MustParseAddr("2001:db8::ffff"), "alice", now) || !a.slowed(netip.MustParseAddr("2001:db8::ffff"), now) {
+		t.Error("same /64 not locked or slowed")
 	}
-	if a.blocked(netip.MustParseAddr("2001:db8:0:1::1"), now) {
-		t.Error("other /64 blocked")
+	if a.locked(ip, "bob", now) {
+		t.Error("another user locked")
+	}
+	if a.locked(netip.MustParseAddr("2001:db8:0:1::1"), "alice", now) || a.slowed(netip.MustParseAddr("2001:db8:0:1::1"), now) {
+		t.Error("other /64 locked or slowed")
 	}
 	for i := range 100 {
-		a.fail(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), now)
+		a.fail(netip.AddrFrom4([4]byte{10, 0, 0, byte(i)}), strings.Repeat("x", 10000)+string(rune('a'+i%26)), now)
 	}
-	a.fail(ip, now.Add(2*time.Hour)) // sweeps everything older than the window
-	if len(a.fails) != 1 {
-		t.Errorf("%d addresses kept after the sweep", len(a.fails))
+	for k := range a.users {
+		if len(k.name) > maxNameLen+1 {
+			t.Fatalf("kept a %d-octet name", len(k.name))
+		}
+	}
+	for i := range maxUserKeys + 10 {
+		a.fail(ip, fmt.Sprint("guess", i), now)
+	}
+	if len(a.users) > maxUserKeys {
+		t.Errorf("%d pairs kept, at most %d", len(a.users), maxUserKeys)
+	}
+	a.fail(ip, "alice", now.Add(2*time.Hour)) // sweeps everything older than the window
+	if len(a.addrs) != 1 || len(a.users) != 1 {
+		t.Errorf("%d addresses, %d pairs kept after the sweep", len(a.addrs), len(a.users))
 	}
 }
 

@@ -20,7 +20,9 @@ import (
 
 // listenerInfo is what a session needs to know about its listener.
 type listenerInfo struct {
-	mode config.ListenerMode
+	mode      config.ListenerMode
+	plainAuth bool // allow_plaintext_auth
+	loopback  bool // bound to a loopback address
 }
 
 // session implements smtp.Session and smtp.AuthSession for one client
@@ -41,7 +43,10 @@ type session struct {
 	clientIP string               // client.Addr().String(), for the queue
 	tlsState *tls.ConnectionState // nil without TLS
 	trusted  bool                 // client address in trusted_networks
-	greeted  string               // the last EHLO/HELO name greetingOK passed
+	// plainAuthOK: AUTH may be offered and taken on this connection as it
+	// is (see newSession).
+	plainAuthOK bool
+	greeted     string // the last EHLO/HELO name greetingOK passed
 
 	// The last HELO name Mail checked, and what it found: the name only
 	// changes with a new EHLO. Used by Mail only (one goroutine).
@@ -134,6 +139,10 @@ func (s *Server) newSession(li *listenerInfo, c *smtp.Conn) (smtp.Session, error
 	if st, ok := c.TLSConnectionState(); ok {
 		sess.tlsState = &st
 	}
+	// Passwords in clear only where nobody can read them on the way: a
+	// loopback client of a loopback listener. The client is the real one
+	// (behind PROXY, the header's), not the balancer next door.
+	sess.plainAuthOK = sess.tlsState != nil || li.plainAuth || li.loopback && sess.client.Addr().IsLoopback()
 	if tc.isDraining() {
 		return nil, sess.refuseAndClose(reasonShutdown, replyShutdown())
 	}
