@@ -72,7 +72,17 @@
 //	POST /api/destinations/forget?domain=D|all=1  forget what was learned about
 //	                          a destination or all of them; answers
 //	                          {"action": "forget", "destinations": n}
-//	GET  /api/probe?target=X  only when Options.Probe is set: its result as JSON
+//	POST /api/probe?target=X  only when Options.Probe is set: its result as JSON
+//	                          (target may also come as a form body); 429 with
+//	                          Retry-After past admin.probe_concurrency probes at
+//	                          once or admin.probe_per_minute per client address
+//
+// Every GET and HEAD only reads: whatever changes the queue, what was
+// learned, or reaches outside the relay (the probe, TLS report sending) is
+// a POST, which the cross-origin guard and the bearer-only token rule
+// cover. (A read may still settle the intake journal into the database or
+// quarantine a record it finds corrupt: the queue's own upkeep, which its
+// next read would do anyway.)
 //
 // A full disk does not stop the reads: when the queue's database cannot be
 // written, so that messages accepted (safe in the intake journal) cannot
@@ -133,7 +143,8 @@ type Options struct {
 	Registry *prometheus.Registry // nil: a private registry with only the queue gauges
 	Logger   *zap.Logger          // nil: no logging
 	Now      func() time.Time     // nil: time.Now
-	// Probe, when set, is exposed as GET /api/probe?target=X.
+	// Probe, when set, is exposed as POST /api/probe (target=X), within
+	// admin.probe_concurrency and admin.probe_per_minute (probe.go).
 	Probe func(ctx context.Context, target string) (any, error)
 	// Recent, when set, gives the status page its charts of outcomes per
 	// minute (relay/metrics keeps it; the delivery engine feeds it).
@@ -157,6 +168,7 @@ type Server struct {
 	hasTok  bool
 	handler http.Handler
 	page    *template.Template
+	probes  *probeGate
 
 	mu  sync.Mutex
 	srv *http.Server
@@ -200,7 +212,8 @@ func New(opt Options) (*Server, error) {
 	if err := opt.Registry.Register(newQueueCollector(opt.Queue, opt.Now)); err != nil {
 		return nil, fmt.Errorf("admin: register queue gauges: %w", err)
 	}
-	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Now), log: opt.Logger.Named("admin"), page: page}
+	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Now), log: opt.Logger.Named("admin"), page: page,
+		probes: newProbeGate(a.ProbeConcurrency, a.ProbePerMinute, opt.Now)}
 	if a.Token != "" {
 		s.token, s.hasTok = sha256.Sum256([]byte(a.Token)), true
 	}
@@ -241,7 +254,9 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/destinations/{domain}", s.destination)
 	mux.HandleFunc("POST /api/destinations/forget", s.forget)
 	if s.opt.Probe != nil {
-		mux.HandleFunc("GET /api/probe", s.probe)
+		// It sends SMTP: a POST, so that a web page cannot make a
+		// browser run it (guard.go), and limited (probe.go).
+		mux.HandleFunc("POST /api/probe", s.probe)
 	}
 	if s.opt.TLSReport != nil {
 		mux.HandleFunc("POST /api/tls-report/send", s.tlsReport)

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -461,7 +463,7 @@ func TestStatusPageEmptyQueue(t *testing.T) {
 
 func TestProbeHook(t *testing.T) {
 	f := newFixture(t)
-	f.getJSON(t, "GET", "/api/probe?target=x.test", http.StatusNotFound, nil)
+	f.getJSON(t, "POST", "/api/probe?target=x.test", http.StatusNotFound, nil)
 	g := newFixture(t, func(o *Options) {
 		o.Probe = func(_ context.Context, target string) (any, error) {
 			if target == "broken.test" {
@@ -471,12 +473,175 @@ func TestProbeHook(t *testing.T) {
 		}
 	})
 	var res map[string]string
-	g.getJSON(t, "GET", "/api/probe?target=x.test", http.StatusOK, &res)
+	g.getJSON(t, "POST", "/api/probe?target=x.test", http.StatusOK, &res)
 	if res["target"] != "x.test" {
 		t.Errorf("probe %v", res)
 	}
-	g.getJSON(t, "GET", "/api/probe", http.StatusBadRequest, nil)
-	g.getJSON(t, "GET", "/api/probe?target=broken.test", http.StatusBadGateway, nil)
+	g.getJSON(t, "POST", "/api/probe", http.StatusBadRequest, nil)
+	g.getJSON(t, "POST", "/api/probe?target=broken.test", http.StatusBadGateway, nil)
+	// A form body, as curl -d sends it.
+	req := httptest.NewRequest("POST", "/api/probe", strings.NewReader("target=form.test"))
+	req.Host = "127.0.0.1:8025"
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	rec := httptest.NewRecorder()
+	g.srv.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "form.test") {
+		t.Errorf("form POST: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestProbeIsGuarded: the probe sends SMTP, so a GET (what a link, an
+// <img> or a cross-site fetch without CORS makes a browser send) does not
+// run it, and neither does a cross-site POST.
+func TestProbeIsGuarded(t *testing.T) {
+	var calls atomic.Int64
+	f := newFixture(t, func(o *Options) {
+		o.Probe = func(context.Context, string) (any, error) { calls.Add(1); return "ok", nil }
+	})
+	if rec := f.do(t, "GET", "/api/probe?target=victim@example.test", "Sec-Fetch-Site", "cross-site"); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("cross-site GET: %d, want 405", rec.Code)
+	}
+	if rec := f.do(t, "GET", "/api/probe?target=victim@example.test"); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("GET: %d, want 405", rec.Code)
+	}
+	for _, h := range [][]string{{"Sec-Fetch-Site", "cross-site"}, {"Origin", "http://evil.example"}} {
+		if rec := f.do(t, "POST", "/api/probe?target=victim@example.test", h...); rec.Code != http.StatusForbidden {
+			t.Errorf("POST with %v: %d, want 403", h, rec.Code)
+		}
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("the probe ran %d times", n)
+	}
+	// With a token, only the bearer form acts: a browser's cached Basic
+	// credentials do not.
+	g := newFixture(t, func(o *Options) {
+		o.Config.Admin.Token = "s3cret"
+		o.Probe = func(context.Context, string) (any, error) { calls.Add(1); return "ok", nil }
+	})
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("x:s3cret"))
+	if rec := g.do(t, "POST", "/api/probe?target=x.test", "Authorization", basic); rec.Code != http.StatusUnauthorized {
+		t.Errorf("POST with Basic: %d, want 401", rec.Code)
+	}
+	if rec := g.do(t, "POST", "/api/probe?target=x.test", "Authorization", "Bearer s3cret"); rec.Code != http.StatusOK {
+		t.Errorf("POST with the bearer token: %d", rec.Code)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("the probe ran %d times, want 1", n)
+	}
+}
+
+// TestProbeLimits: admin.probe_concurrency probes at once in all, and
+// admin.probe_per_minute per client address; beyond either, 429 with
+// Retry-After, and the probe does not run.
+func TestProbeLimits(t *testing.T) {
+	var now atomic.Int64
+	now.Store(testNow.UnixNano())
+	release := make(chan struct{})
+	started := make(chan struct{}, 10)
+	var calls atomic.Int64
+	f := newFixture(t, func(o *Options) {
+		o.Config.Admin.ProbeConcurrency = 2
+		o.Config.Admin.ProbePerMinute = 3
+		o.Now = func() time.Time { return time.Unix(0, now.Load()) }
+		o.Probe = func(_ context.Context, target string) (any, error) {
+			calls.Add(1)
+			if target == "tarpit.test" {
+				started <- struct{}{}
+				<-release
+			}
+			return "ok", nil
+		}
+	})
+	from := func(client, target string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("POST", "/api/probe?target="+target, nil)
+		req.Host, req.RemoteAddr = "127.0.0.1:8025", client+":40000"
+		rec := httptest.NewRecorder()
+		f.srv.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	// Two probes of a tarpit hold both places.
+	done := make(chan int, 2)
+	for _, c := range []string{"127.0.0.1", "127.0.0.2"} {
+		go func() { done <- from(c, "tarpit.test").Code }()
+	}
+	<-started
+	<-started
+	rec := from("127.0.0.3", "ok.test")
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "1" {
+		t.Errorf("third probe at once: %d, Retry-After %q; want 429, 1", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	close(release)
+	for range 2 {
+		if c := <-done; c != http.StatusOK {
+			t.Errorf("tarpit probe: %d", c)
+		}
+	}
+	// The refused probe cost 127.0.0.3 nothing: it has its 3 per minute.
+	for i := range 3 {
+		if rec := from("127.0.0.3", "ok.test"); rec.Code != http.StatusOK {
+			t.Fatalf("probe %d of 3 in a minute: %d", i+1, rec.Code)
+		}
+	}
+	rec = from("127.0.0.3", "ok.test")
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "20" {
+		t.Errorf("fourth probe in a minute: %d, Retry-After %q; want 429, 20 (one probe per 20 s)", rec.Code, rec.Header().Get("Retry-After"))
+	}
+	if rec := from("127.0.0.4", "ok.test"); rec.Code != http.StatusOK {
+		t.Errorf("another client: %d", rec.Code)
+	}
+	now.Add(int64(20 * time.Second))
+	if rec := from("127.0.0.3", "ok.test"); rec.Code != http.StatusOK {
+		t.Errorf("after Retry-After: %d", rec.Code)
+	}
+	if n := calls.Load(); n != 2+3+1+1 {
+		t.Errorf("the probe ran %d times, want 7", n)
+	}
+}
+
+// TestGetsHaveNoEffect asks every route, and every action path, with GET
+// and HEAD: nothing may reach the engine, the probe or the TLS reporter,
+// and the queue stays as it was.
+func TestGetsHaveNoEffect(t *testing.T) {
+	var effects atomic.Int64
+	f := newFixture(t, func(o *Options) {
+		o.Probe = func(context.Context, string) (any, error) { effects.Add(1); return "ok", nil }
+		o.TLSReport = func(context.Context) (any, error) { effects.Add(1); return "ok", nil }
+	})
+	list := func() string {
+		rows, _, err := f.q.List(queue.Filter{Limit: 1000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(rows)
+	}
+	before := list()
+	id := f.m1.String()
+	reads := []string{"/", "/healthz", "/readyz", "/metrics", "/api/stats", "/api/queue", "/api/queue/" + id,
+		"/api/queue/" + id + "/headers", "/api/queue/" + id + "/body", "/api/shape", "/api/destinations",
+		"/api/destinations/example.com"}
+	acts := []string{"/api/probe?target=x.test", "/api/tls-report/send", "/api/destinations/forget?all=1"}
+	for _, a := range []string{"retry", "hold", "release", "delete", "bounce"} {
+		acts = append(acts, "/api/queue/"+id+"/"+a, "/api/queue/"+a+"?all=1")
+	}
+	for _, m := range []string{"GET", "HEAD"} {
+		for _, p := range reads {
+			f.do(t, m, p)
+		}
+		for _, p := range acts {
+			// 405, or a read of the same path (GET /api/queue/{id} with
+			// id "retry": 400), never the action.
+			if rec := f.do(t, m, p); rec.Code < 400 {
+				t.Errorf("%s %s: %d, want 405 (or a read's error)", m, p, rec.Code)
+			}
+		}
+	}
+	after := list()
+	if n := effects.Load(); n != 0 || len(f.engine.Retried())+len(f.engine.Bounced())+len(f.engine.Forgotten())+f.engine.Kicks() != 0 {
+		t.Errorf("GETs had effects: probe/report %d, engine %v %v %v %d", n, f.engine.Retried(), f.engine.Bounced(), f.engine.Forgotten(), f.engine.Kicks())
+	}
+	if before != after {
+		t.Errorf("GETs changed the queue:\n%v\n%v", before, after)
+	}
 }
 
 func TestStartServesAndShutsDown(t *testing.T) {

@@ -273,17 +273,3 @@ func (s *Server) destination(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, Destinations{Now: s.opt.Now(), Destinations: []Destination{*d}})
 }
-
-func (s *Server) probe(w http.ResponseWriter, r *http.Request) {
-	target := strings.TrimSpace(r.URL.Query().Get("target"))
-	if target == "" {
-		s.fail(w, r, badf("target is required (an address or a domain)"))
-		return
-	}
-	res, err := s.opt.Probe(r.Context(), target)
-	if err != nil {
-		writeError(w, http.StatusBadGateway, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
-}

@@ -246,6 +246,9 @@ type Admin struct {
 	Token        string   `yaml:"token"`
 	TokenFile    string   `yaml:"token_file"`
 	AllowedHosts []string `yaml:"allowed_hosts"`
+	// POST /api/probe: probes running at once, and per client per minute.
+	ProbeConcurrency int `yaml:"probe_concurrency"`
+	ProbePerMinute   int `yaml:"probe_per_minute"`
 }
 
 // Log configures zap.

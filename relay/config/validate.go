@@ -163,6 +163,8 @@ func (v *validator) limits(l Limits) {
 }
 
 func (v *validator) admin(a Admin) {
+	v.positive("admin.probe_concurrency", int64(a.ProbeConcurrency))
+	v.positive("admin.probe_per_minute", int64(a.ProbePerMinute))
 	for _, h := range a.AllowedHosts {
 		v.check(hostNameRE.MatchString(h) || isIP(h),
 			"admin.allowed_hosts: %q is not a host name or IP address (no port, scheme or wildcard)", h)
