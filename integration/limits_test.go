@@ -18,19 +18,19 @@ import (
 // above the rate, for longer than command_timeout, is not: the deadline is
 // a data rate, not a fixed read timeout); an AUTH brute force
 // ends with 421 and a close after limits.max_auth_failures, and the
-// per-address AUTH limit then refuses even the right password from that
-// address, but not from another.
+// (address, user) AUTH limit then refuses even the right password for
+// that user from that address, but not from another.
 func TestRobustLimits(t *testing.T) {
 	t.Parallel()
 	relayIP, sinkIP := peers.Loopback(205), peers.Loopback(216)
 	floodIP, slowIP, bruteIP, goodIP := peers.Loopback(206), peers.Loopback(207), peers.Loopback(214), peers.Loopback(215)
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
-	const perIP, authFailures, authPerIP = 5, 3, 5
+	const perIP, authFailures, authPerUser = 5, 3, 5
 	cfg := rbRelay{IP: relayIP, Routes: map[string]string{"dest.test": sink.Addr},
 		UsersFile: rbUsersFile(t, "alice", "right-password", ""),
 		Limits: map[string]string{
 			"max_connections_per_ip": fmt.Sprint(perIP), "command_timeout": "2s", "min_data_rate": "500",
-			"max_auth_failures": fmt.Sprint(authFailures), "max_auth_failures_per_ip": fmt.Sprint(authPerIP),
+			"max_auth_failures": fmt.Sprint(authFailures), "max_auth_failures_per_user": fmt.Sprint(authPerUser),
 		}}
 	r := peers.StartRelay(t, cfg.YAML(t))
 
@@ -159,16 +159,16 @@ func TestRobustLimits(t *testing.T) {
 			t.Errorf("the connection stayed open after 421: %v", err)
 		}
 		c.Close()
-		// More connections from the same address until the per-address
-		// limit (5 failures an hour) is used up; then even the right
+		// More connections from the same address until alice's limit
+		// there (5 failures an hour) is used up; then even her right
 		// password is refused from there.
 		total := fails + 1
-		for total < authPerIP {
+		for total < authPerUser {
 			c, err := rbDialSMTP(r.SMTPAddr, bruteIP, false, "brute.test")
 			if err != nil {
 				t.Fatal(err)
 			}
-			for total < authPerIP {
+			for total < authPerUser {
 				rep, err := c.Cmd(plain("alice", "wrong"))
 				if err != nil || rep.Code/100 == 2 {
 					t.Fatalf("failure %d: %v %v", total+1, rep, err)

@@ -28,6 +28,11 @@ type HAProxyConfig struct {
 	// Source is the address HAProxy connects to the backends from: the
 	// address the nodes' proxy_protocol.trusted must hold. Default 127.0.0.1.
 	Source string
+	// ClientAddr, when set, is the client address HAProxy puts in its
+	// PROXY headers instead of the real one (tcp-request connection
+	// set-src): how a test on loopback shows the relay a client from
+	// elsewhere.
+	ClientAddr string
 }
 
 // StartHAProxy writes the configuration, starts `haproxy -db` in the
@@ -88,11 +93,15 @@ defaults
     timeout server 5m
 frontend smtp_in
     bind %s
-    default_backend relays
+`, c.Listen)
+	if c.ClientAddr != "" {
+		fmt.Fprintf(&b, "    tcp-request connection set-src ipv4(%s)\n", c.ClientAddr)
+	}
+	fmt.Fprintf(&b, `    default_backend relays
 backend relays
     balance roundrobin
     source %s
-`, c.Listen, c.Source)
+`, c.Source)
 	for i, addr := range c.Backends {
 		fmt.Fprintf(&b, "    server node%d %s send-proxy-v2 check inter 1s\n", i+1, addr)
 	}
