@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,5 +138,140 @@ func TestAdminRefusesWebPages(t *testing.T) {
 	}
 	if rows := r.rowsOf(id); len(rows) != 0 {
 		t.Errorf("queue delete through the CLI left %+v", rows)
+	}
+}
+
+// TestAdminProbeIsGuarded: the probe makes the relay speak SMTP from its
+// pinned address, so a web page must not be able to start it and nobody
+// may start many. A cross-site GET (what a link or an <img> makes a
+// browser send) is 405 and a cross-site POST 403, and neither reaches the
+// destination; a curl-like POST works. Twenty probes at once of a tarpit
+// (a host that accepts and never greets) open at most
+// admin.probe_concurrency (2) connections to it, the others answered 429
+// with Retry-After at once; and one client's probes in a row are cut at
+// admin.probe_per_minute (10) with 429 and Retry-After.
+func TestAdminProbeIsGuarded(t *testing.T) {
+	t.Parallel()
+	n := newMailNet(t)
+	sink := n.sink("ok.test", peers.SinkOptions{})
+	tarpit, err := net.Listen("tcp", n.mxAddr("tarpit.test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var open, most int
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := tarpit.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			open++
+			most = max(most, open)
+			mu.Unlock()
+			go func() { // held without a word until the client gives up
+				io.Copy(io.Discard, c)
+				mu.Lock()
+				open--
+				mu.Unlock()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		tarpit.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	r := n.relay()
+
+	code, body := adminRequest(t, r, "GET", "/api/probe?target=victim@ok.test", "", "",
+		"Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "no-cors", "Sec-Fetch-Dest", "image", "User-Agent", "Mozilla/5.0")
+	if code != http.StatusMethodNotAllowed {
+		t.Errorf("cross-site GET /api/probe: HTTP %d %q, want 405", code, guardExcerpt(body))
+	}
+	code, body = adminRequest(t, r, "POST", "/api/probe", "", "target=victim@ok.test",
+		"Origin", "http://evil.example", "Sec-Fetch-Site", "cross-site", "User-Agent", "Mozilla/5.0")
+	if code != http.StatusForbidden {
+		t.Errorf("cross-site POST /api/probe: HTTP %d %q, want 403", code, guardExcerpt(body))
+	}
+	if c := sink.Connections(); c != 0 {
+		t.Fatalf("refused probes reached the destination: %d connections", c)
+	}
+	code, body = adminRequest(t, r, "POST", "/api/probe?target=someone@ok.test", "", "", "User-Agent", "curl/8.5.0")
+	if code != http.StatusOK || sink.Commands()["RCPT"] != 1 {
+		t.Fatalf("curl-like POST /api/probe: HTTP %d %q, sink saw %v; want 200 and one RCPT", code, guardExcerpt(body), sink.Commands())
+	}
+
+	// Twenty at once against the tarpit.
+	type answer struct {
+		code  int
+		retry string
+	}
+	answers := make(chan answer, 20)
+	for range 20 {
+		go func() {
+			req, _ := http.NewRequest("POST", "http://"+r.AdminAddr+"/api/probe?target=x@tarpit.test", nil)
+			resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+			if err != nil {
+				answers <- answer{code: -1}
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			answers <- answer{resp.StatusCode, resp.Header.Get("Retry-After")}
+		}()
+	}
+	ran := 0
+	for range 20 {
+		a := <-answers
+		switch {
+		case a.code == http.StatusTooManyRequests:
+			if s, err := strconv.Atoi(a.retry); err != nil || s < 1 || s > 60 {
+				t.Errorf("429 with Retry-After %q, want 1 to 60 seconds", a.retry)
+			}
+		case a.code == http.StatusOK || a.code == http.StatusBadGateway:
+			ran++
+		default:
+			t.Errorf("probe of the tarpit: HTTP %d", a.code)
+		}
+	}
+	mu.Lock()
+	peak := most
+	mu.Unlock()
+	if ran > 2 || peak > 2 || peak == 0 {
+		t.Errorf("%d probes ran and the tarpit saw up to %d connections at once; want at most admin.probe_concurrency (2) of each", ran, peak)
+	}
+
+	// One client in a row: refused with 429 and Retry-After before long.
+	before := sink.Commands()["RCPT"]
+	ok, limited := 0, false
+	for range 12 {
+		req, _ := http.NewRequest("POST", "http://"+r.AdminAddr+"/api/probe?target=someone@ok.test", nil)
+		resp, err := (&http.Client{Timeout: 60 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err != nil || s < 1 || s > 60 {
+				t.Errorf("429 with Retry-After %q, want 1 to 60 seconds", resp.Header.Get("Retry-After"))
+			}
+			limited = true
+			break
+		}
+		ok++
+	}
+	if !limited || ok > 10 {
+		t.Errorf("%d probes in a row answered, none refused; want 429 within admin.probe_per_minute (10)", ok)
+	}
+	if got := sink.Commands()["RCPT"] - before; got != ok {
+		t.Errorf("the destination saw %d RCPTs for %d answered probes", got, ok)
 	}
 }
