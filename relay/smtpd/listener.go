@@ -104,11 +104,12 @@ func (l *limiter) admit(raw net.Conn, implicitTLS bool) (*conn, string) {
 	return c, ""
 }
 
-// underStress reports whether strangers get the short idle timeout now.
-func (l *limiter) underStress() bool {
+// stressedStranger reports whether c gets the short idle timeout now: a
+// stranger while the server is under stress.
+func (l *limiter) stressedStranger(c *conn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.conns) >= l.stressAt
+	return !c.privileged && len(l.conns) >= l.stressAt
 }
 
 // promote moves an authenticated connection out of the strangers' share.
@@ -526,7 +527,7 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 	limits := c.lim.srv.cfg.Limits
 	max := limits.MaxJunkCommands
 	now := time.Now()
-	if c.lim.underStress() && !c.isPrivileged() {
+	if c.lim.stressedStranger(c) {
 		t = minTime(t, now.Add(limits.StressCommandTimeout))
 	}
 	c.mu.Lock()
@@ -547,12 +548,6 @@ func (c *conn) SetReadDeadline(t time.Time) error {
 		return errJunkLimit
 	}
 	return c.Conn.SetReadDeadline(minTime(t, c.end))
-}
-
-func (c *conn) isPrivileged() bool {
-	c.lim.mu.Lock()
-	defer c.lim.mu.Unlock()
-	return c.privileged
 }
 
 // stressed is called, with lim.mu held, when stress begins: a stranger
