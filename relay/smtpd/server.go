@@ -17,8 +17,11 @@
 //     unlimited there). Connection caps (go-smtp has none), the session
 //     lifetime, the DATA data-rate deadline (go-smtp's read timeout is not
 //     refreshed during DATA) and the junk-command limit (NOOP/RSET are not
-//     counted) live in the connection wrapper (listener.go); AUTH failure
-//     limits (go-smtp counts none) in auth.go.
+//     counted) live in the connection wrapper (listener.go), with the
+//     slots kept for trusted and authenticated clients and the short idle
+//     timeout of strangers under stress; AUTH failure limits (go-smtp
+//     counts none: locked per address and user, slowed per address) in
+//     auth.go.
 //   - Line lengths (lines.go). Body lines are taken up to the message
 //     size; command lines are held to 2000 octets by the connection, and
 //     an over-long one gets a 500 the client can read before the close.
