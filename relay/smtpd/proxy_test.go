@@ -192,3 +192,24 @@ func TestProxyProtocolAuthUsesRealClient(t *testing.T) {
 	other.cmd("EHLO client.example", "250 ")
 	other.cmd("AUTH PLAIN "+plainAuth("", "alice", "alice-pw"), "235 ")
 }
+
+// The slots kept for trusted clients go by the header's address too: the
+// balancer's own address (127.0.0.1) is no more trusted than any other.
+func TestProxyProtocolReservedSlots(t *testing.T) {
+	cfg := testConfig(t) // trusted: 127.0.0.99
+	cfg.Listeners[0].ProxyProtocol = true
+	cfg.ProxyProtocol.Trusted = []string{"127.0.0.1/32"}
+	cfg.ProxyProtocol.HeaderTimeout = time.Second
+	cfg.Limits.MaxConnections = 2
+	cfg.Limits.ReservedConnectionsPercent = 50 // strangers: 1
+	p := &startedProxy{e: startServer(t, cfg)}
+	a := dialFrom(t, p.e.addr(0), "127.0.0.1")
+	a.write(header(t, 2, "192.0.2.1"))
+	a.expect("220")
+	b := dialFrom(t, p.e.addr(0), "127.0.0.1")
+	b.write(header(t, 1, "192.0.2.2"))
+	b.expect("421 4.7.0 Too many connections")
+	c := dialFrom(t, p.e.addr(0), "127.0.0.1")
+	c.write(header(t, 1, "127.0.0.99"))
+	c.expect("220")
+}
