@@ -279,10 +279,15 @@ func (s *session) checkHelo(helo string) (ok bool, safe string) {
 // means any sender (other users' addresses are refused separately, by
 // Users.ownedByOther); "<>" allows the null sender, "@domain" any address at
 // that domain, and a full address itself (local part compared without
-// case, since mail systems hardly ever distinguish it).
+// case, since mail systems hardly ever distinguish it). Domains are
+// compared in their canonical form (address.DomainKey).
 func senderAllowed(allowed []string, from string, a address.Address) bool {
 	if len(allowed) == 0 {
 		return true
+	}
+	key := ""
+	if from != "" {
+		key = ownerKey(a)
 	}
 	for _, e := range allowed {
 		switch {
@@ -292,12 +297,11 @@ func senderAllowed(allowed []string, from string, a address.Address) bool {
 			}
 		case from == "":
 		case strings.HasPrefix(e, "@"):
-			if a.Domain == e[1:] {
+			if domainOwnerKey(a.Domain) == entryKey(e) {
 				return true
 			}
 		default:
-			local, domain, _ := cutLast(e, "@")
-			if domain == a.Domain && strings.EqualFold(local, a.Local) {
+			if key == entryKey(e) {
 				return true
 			}
 		}
