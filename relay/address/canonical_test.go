@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"golang.org/x/net/idna"
+	"github.com/greyrelay/greyrelay/internal/spelling"
 )
 
 func TestCanonicalDomain(t *testing.T) {
@@ -43,21 +43,6 @@ func TestCanonicalDomain(t *testing.T) {
 	}
 }
 
-// spellings returns ways of writing the canonical domain d that mail and
-// configurations use: U-labels, A-labels, upper and lower case, a trailing
-// dot.
-func spellings(d string) []string {
-	u, err := idna.Registration.ToUnicode(d)
-	if err != nil {
-		u = d
-	}
-	var out []string
-	for _, s := range []string{d, u} {
-		out = append(out, s, strings.ToUpper(s), s+".", strings.ToUpper(s)+".", strings.ToTitle(s))
-	}
-	return out
-}
-
 // FuzzCanonicalDomain: every spelling of a domain has the canonical form
 // of the domain, the canonical form is a fixed point, and every spelling
 // is the same domain by SameDomain and DomainKey.
@@ -80,7 +65,7 @@ func FuzzCanonicalDomain(f *testing.F) {
 		if strings.HasPrefix(d, "[") {
 			return
 		}
-		for _, sp := range spellings(d) {
+		for _, sp := range spelling.Of(d) {
 			got, err := CanonicalDomain(sp)
 			if err == nil && got != d {
 				t.Fatalf("spelling %q of %q is canonically %q", sp, d, got)

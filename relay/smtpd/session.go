@@ -65,6 +65,7 @@ type envelope struct {
 	heloOK   bool   // helo is a valid domain or address literal
 	heloSafe string // sanitizeHelo(helo)
 	user     string
+	allowed  []string // the user's allowed senders, as at MAIL
 	utf8     bool
 	eightBit bool
 	ret      string
@@ -221,7 +222,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
 		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
-	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user}
+	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, allowed: s.allowed}
 	env.rcpts = env.first[:0]
 	env.heloOK, env.heloSafe = s.checkHelo(env.helo)
 	if opts != nil {
