@@ -16,6 +16,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -181,7 +182,7 @@ func (s *Server) actionMany(w http.ResponseWriter, r *http.Request) {
 	var sel queue.Selector
 	switch {
 	case dom != "" && all == "":
-		sel.Domain = dom
+		sel.Domain = address.DomainKey(dom) // the queue keeps domains canonical
 	case dom == "" && (all == "1" || all == "true"):
 		sel.All = true
 	default:

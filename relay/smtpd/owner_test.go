@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/greyrelay/greyrelay/internal/spelling"
 	"github.com/greyrelay/greyrelay/relay/address"
 )
 
@@ -218,4 +219,68 @@ func TestAuth_OwnerIDNSpellings(t *testing.T) {
 	c.hello()
 	c.cmd("AUTH PLAIN "+plainAuth("", "carol", "pw"), "235 ")
 	c.cmd("MAIL FROM:<carol@xn--bcher-kva.test>", "250 ")
+}
+
+// FuzzOwnerSpellings: a domain owned in the users file in one spelling is
+// owned in every spelling, for the owner (allowed) and for everyone else
+// (refused), and a recipient in any spelling has the one canonical domain.
+func FuzzOwnerSpellings(f *testing.F) {
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"example.com", "bücher.test", "XN--MNCHEN-3YA.test.", "日本語.jp", "Straße.test"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, d string) {
+		canon, err := address.CanonicalDomain(d)
+		if err != nil || strings.HasPrefix(canon, "[") || strings.ContainsAny(d, ",:\n\r") {
+			return
+		}
+		u, err := ParseUsers(strings.NewReader("carol:" + string(h) + ":*@" + d + ",Boss@" + d + "\nbob:" + string(h) + "\n"))
+		if err != nil {
+			return
+		}
+		_, allowed := u.Authenticate("carol", "pw")
+		for _, sp := range spelling.Of(d) {
+			for _, local := range []string{"x", "boss"} {
+				a, err := address.Parse(local+"@"+strings.TrimSuffix(sp, "."), address.Options{SMTPUTF8: true, Sender: true, Decoded: true})
+				if err != nil {
+					t.Fatalf("%s@%s: %v", local, sp, err)
+				}
+				if !u.ownedByOther("bob", a) {
+					t.Fatalf("bob may send as %s (carol owns *@%s)", a, d)
+				}
+				if u.ownedByOther("carol", a) || !senderAllowed(allowed, a.String(), a) {
+					t.Fatalf("carol may not send as %s (she owns *@%s)", a, d)
+				}
+				if address.DomainKey(a.Domain) != canon {
+					t.Fatalf("recipient domain of %s is %q, want %q", a, address.DomainKey(a.Domain), canon)
+				}
+			}
+		}
+	})
+}
+
+// Recipients in two spellings of one domain are one destination: the
+// queue gets the canonical domain for both, and each address as written.
+func TestRcpt_CanonicalDomain(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@app.test> SMTPUTF8", "250 ")
+	for _, r := range []string{"x@bücher.test", "y@XN--BCHER-KVA.test", "z@Bücher.Test"} {
+		c.cmd("RCPT TO:<"+r+">", "250 ")
+	}
+	c.cmd("DATA", "354 ")
+	c.write("Subject: s\r\n\r\nx\r\n.\r\n")
+	c.expect("250 ")
+	var got []string
+	for _, r := range e.q.messages()[0].To {
+		got = append(got, r.Addr+" "+r.Domain)
+	}
+	want := "x@bücher.test xn--bcher-kva.test,y@xn--bcher-kva.test xn--bcher-kva.test,z@bücher.test xn--bcher-kva.test"
+	if strings.Join(got, ",") != want {
+		t.Errorf("recipients %q, want %q", got, want)
+	}
 }

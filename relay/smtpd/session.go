@@ -336,7 +336,11 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		// RFC 5321 §4.5.3.1.10: too many recipients is 452, not 552.
 		return s.refuse(reasonRecipients, reply(452, 4, 5, 3, "Too many recipients"))
 	}
-	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: a.Domain, Notify: notify, ORCPT: orcpt})
+	// The address keeps its spelling (an SMTPUTF8 destination gets the
+	// U-labels it was given); the domain that routes it, keys its
+	// destination record and finds its TLS policy is canonical, so both
+	// spellings of one domain are one destination.
+	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: address.DomainKey(a.Domain), Notify: notify, ORCPT: orcpt})
 	return nil
 }
 
