@@ -138,3 +138,25 @@ func TestValidate_IdentityKeys(t *testing.T) {
 		})
 	}
 }
+
+// A trusted network no dkim.trusted_clients entry covers is warned about
+// when there are keys: its mail goes out unsigned.
+func TestWarnings_UnsignedTrustedNetwork(t *testing.T) {
+	good := writeEd25519Key(t)
+	keys := "dkim:\n  domains:\n    example.com: {selectors: [{selector: s1, key_file: " + good + "}]}\n"
+	for _, tc := range []struct{ file, want string }{
+		{keys, ""},
+		{keys + "trusted_networks: [127.0.0.0/8, 10.1.0.0/16]\n", "clients from 10.1.0.0/16 relay without AUTH"},
+		{keys + "  trusted_clients: [{networks: [10.0.0.0/8], domains: [example.com]}]\ntrusted_networks: [10.1.0.0/16]\n", ""},
+		{"trusted_networks: [10.1.0.0/16]\n", ""},
+	} {
+		c, err := load(t, tc.file, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := strings.Join(c.Warnings(), "\n")
+		if tc.want == "" && strings.Contains(got, "dkim.trusted_clients") || tc.want != "" && !strings.Contains(got, tc.want) {
+			t.Errorf("%q: warnings %q, want %q", tc.file, got, tc.want)
+		}
+	}
+}
