@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
@@ -80,8 +82,26 @@ func TestDKIMHeaderFromIsIdentity(t *testing.T) {
 	sink := n.sink("sink.test", peers.SinkOptions{})
 	users := usersFile(t, []string{"bob", "bob@b.test"}, []string{"alice", "alice@a.test"})
 	granted, ungranted := n.host(""), n.host("")
+	// docs/dkim.md's trusted_clients, its web servers' network standing
+	// for granted and their shop's domain for b.test.
+	block := recipeBlocks(t, "TestDKIMHeaderFromIsIdentity")[0].Text
+	if !strings.Contains(block, "10.1.0.0/16") || !strings.Contains(block, "shop.example.com") {
+		t.Fatalf("docs/dkim.md's trusted_clients block changed:\n%s", block)
+	}
+	block = strings.NewReplacer("10.1.0.0/16", granted+"/32", "shop.example.com", "B.TEST").Replace(block)
+	var doc struct {
+		DKIM map[string]any `yaml:"dkim"`
+	}
+	if err := yaml.Unmarshal([]byte(block), &doc); err != nil {
+		t.Fatal(err)
+	}
+	var domains map[string]any
+	if err := yaml.Unmarshal([]byte(keys), &domains); err != nil {
+		t.Fatal(err)
+	}
+	doc.DKIM["domains"] = domains
 	cfg := []string{"users_file=" + users, "trusted_networks=[" + granted + "/32, " + ungranted + "/32]",
-		"dkim={domains: " + keys + ", trusted_clients: [{networks: [" + granted + "/32], domains: [B.TEST]}]}"}
+		"dkim=" + yamlOf(t, doc.DKIM)}
 	r := n.relay(cfg...)
 
 	asBob := func(r *testRelay, from, subject string) (string, int) {
