@@ -103,7 +103,9 @@ func dkimCmd(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 2 {
 		return &exitError{2, errors.New(use)}
 	}
-	domain, err := address.ParseDomain(strings.TrimSuffix(pos[0], "."), address.Options{})
+	// The canonical (A-label) form: the name the TXT record is published
+	// under and the key file is named by, whichever spelling was typed.
+	domain, err := address.CanonicalDomain(pos[0])
 	if err != nil || strings.HasPrefix(domain, "[") {
 		return &exitError{2, fmt.Errorf("dkim keygen: %q is not a domain", pos[0])}
 	}

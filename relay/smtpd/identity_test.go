@@ -145,13 +145,23 @@ func TestData_HeaderFromUnsigned(t *testing.T) {
 	}
 }
 
-// A spooled message's header is checked as well.
+// A spooled message's header is checked as well, and one whose header
+// section is too long to read whole is refused: a From past the part read
+// would go unchecked.
 func TestSpool_HeaderFromIsIdentity(t *testing.T) {
 	e, _ := startSpoolServer(t, func(e *testEnv) { e.srv.users = identityUsers(t) })
 	c := authed(t, e, "bob")
 	got := c.sendMessage("bob@b.test", []string{"r@example.net"}, "From: alice@a.test\r\n"+bigBody(queue.SpoolThreshold*2))
 	if !strings.HasPrefix(got, "550 5.7.1 ") {
 		t.Errorf("spooled forgery: %q", got)
+	}
+	if got := c.sendMessage("bob@b.test", []string{"r@example.net"}, "From: bob@b.test\r\n"+bigBody(queue.SpoolThreshold*2)); !strings.HasPrefix(got, "250 ") {
+		t.Errorf("spooled own message: %q", got)
+	}
+	filler := strings.Repeat("X-Filler: "+strings.Repeat("x", 70)+"\r\n", queue.SpoolThreshold/80+10)
+	got = c.sendMessage("bob@b.test", []string{"r@example.net"}, filler+"From: alice@a.test\r\n\r\nx\r\n")
+	if !strings.HasPrefix(got, "550 5.7.1 Header From/Sender (header section too long to check)") {
+		t.Errorf("From past the part read: %q", got)
 	}
 }
 

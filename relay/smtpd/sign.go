@@ -61,7 +61,8 @@ func (s *session) sign(env *envelope, rb readResult) (readResult, error) {
 	}
 	entitled := true
 	if authed {
-		if foreign := s.foreignAuthor(env, head); foreign != "" {
+		whole := rb.file == nil || int64(len(head)) >= rb.file.Len()
+		if foreign := s.foreignAuthor(env, head, whole); foreign != "" {
 			if s.srv.cfg.ForeignHeaderFrom != "unsigned" {
 				// RFC 3463 X.7.1 "Delivery not authorized, message
 				// refused"; permanent: the same message would be refused
@@ -106,8 +107,13 @@ func (s *session) sign(env *envelope, rb readResult) (readResult, error) {
 // section in head that env's user may not send as, described for the
 // reply ("From <alice@a.test>"), or "" when there is none. A field that
 // does not parse counts as foreign: what the relay cannot read, a receiver
-// may read as someone else's address.
-func (s *session) foreignAuthor(env *envelope, head []byte) string {
+// may read as someone else's address. So does a header section that does
+// not end within head when head is not the whole message (whole): a From
+// beyond it would go unchecked.
+func (s *session) foreignAuthor(env *envelope, head []byte, whole bool) string {
+	if !whole && !bytes.Contains(head, []byte("\r\n\r\n")) {
+		return "From/Sender (header section too long to check)"
+	}
 	authors, err := dkim.Authors(head)
 	if err != nil {
 		return "From/Sender (not a list of addresses)"
