@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -54,6 +55,22 @@ func TestDKIMKeygen(t *testing.T) {
 	} {
 		if _, _, err := runCmd(t, "", args...); exitCode(err) != 2 {
 			t.Errorf("%v: exit %d (%v), want 2", args, exitCode(err), err)
+		}
+	}
+}
+
+// A domain typed with U-labels, capitals or a final dot gets its key and
+// record under the canonical A-label name, the one DNS is asked for.
+func TestDKIMKeygen_CanonicalDomain(t *testing.T) {
+	dir := t.TempDir()
+	for i, d := range []string{"Bücher.test.", "XN--BCHER-KVA.test"} {
+		path := filepath.Join(dir, strconv.Itoa(i)+".key")
+		out, _, err := runCmd(t, "", "dkim", "keygen", "-algorithm", "ed25519", "-out", path, d, "s1")
+		if err != nil {
+			t.Fatalf("%s: %v", d, err)
+		}
+		if !strings.Contains(out, "s1._domainkey.xn--bcher-kva.test. IN TXT ( ") {
+			t.Errorf("%s: record not under the A-label name:\n%s", d, out)
 		}
 	}
 }

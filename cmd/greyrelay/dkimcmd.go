@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,7 +38,19 @@ func dkimKeys(c config.DKIM) (*dkim.Keys, error) {
 			sels = append(sels, dkim.Selector{Domain: dom, Name: s.Selector, Key: k})
 		}
 	}
-	return dkim.NewKeys(sels, c.WithoutKey == "refuse"), nil
+	var grants []dkim.Grant
+	for i, g := range c.TrustedClients {
+		gr := dkim.Grant{Domains: g.Domains}
+		for _, n := range g.Networks {
+			p, err := netip.ParsePrefix(n)
+			if err != nil {
+				return nil, fmt.Errorf("dkim.trusted_clients[%d].networks: %w", i, err)
+			}
+			gr.Networks = append(gr.Networks, p.Masked())
+		}
+		grants = append(grants, gr)
+	}
+	return dkim.NewKeys(sels, c.WithoutKey == "refuse").WithGrants(grants), nil
 }
 
 // reloadDKIM re-reads the configuration file and swaps in its dkim section
@@ -90,7 +103,9 @@ func dkimCmd(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 2 {
 		return &exitError{2, errors.New(use)}
 	}
-	domain, err := address.ParseDomain(strings.TrimSuffix(pos[0], "."), address.Options{})
+	// The canonical (A-label) form: the name the TXT record is published
+	// under and the key file is named by, whichever spelling was typed.
+	domain, err := address.CanonicalDomain(pos[0])
 	if err != nil || strings.HasPrefix(domain, "[") {
 		return &exitError{2, fmt.Errorf("dkim keygen: %q is not a domain", pos[0])}
 	}

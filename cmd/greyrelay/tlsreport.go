@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/mx"
@@ -30,7 +31,7 @@ func (r queueReports) EnqueueReport(m tlsrpt.Mail) error {
 	nm := queue.NewMessage{From: m.From, Body: m.Body, Arrival: time.Now(), DSN: true}
 	for _, to := range m.To {
 		_, dom, _ := strings.Cut(to, "@")
-		nm.To = append(nm.To, queue.NewRecipient{Addr: to, Domain: strings.ToLower(dom)})
+		nm.To = append(nm.To, queue.NewRecipient{Addr: to, Domain: address.DomainKey(dom)})
 	}
 	_, err := r.q.Enqueue(nm)
 	return err

@@ -391,7 +391,13 @@ func ParseDomain(s string, opt Options) (string, error) {
 	// must not look like a dotted number): refusing a last label that does
 	// not start with a letter stops 127.0.0.1 and 0x7f000001 written as
 	// domains, which some resolvers (inet_aton) would take as addresses.
-	if first, _ := utf8.DecodeRuneInString(s[strings.LastIndexByte(s, '.')+1:]); !unicode.IsLetter(first) {
+	// An A-label is judged by the U-label it stands for, so that both
+	// spellings of one name get the same answer.
+	last := strings.ToLower(s[strings.LastIndexByte(s, '.')+1:])
+	if u, ok := decodeALabel(last); ok {
+		last = u
+	}
+	if first, _ := utf8.DecodeRuneInString(last); !unicode.IsLetter(first) {
 		return "", syntaxErr(opt, "Bad domain: the last label must start with a letter")
 	}
 	return strings.ToLower(s), nil

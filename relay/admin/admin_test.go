@@ -737,3 +737,18 @@ func TestForgetDestinations(t *testing.T) {
 	f = newFixture(t, func(o *Options) { o.Engine = nil })
 	f.getJSON(t, "POST", "/api/destinations/forget?all=1", http.StatusServiceUnavailable, nil)
 }
+
+// The admin API takes a domain in any spelling and acts on the canonical
+// one, the form recipients and destinations are kept under.
+func TestDomainSpellings(t *testing.T) {
+	f := newFixture(t)
+	f.getJSON(t, "POST", "/api/destinations/forget?domain="+url.QueryEscape("Bücher.Test."), http.StatusOK, nil)
+	if want := []string{"xn--bcher-kva.test"}; !slices.Equal(f.engine.Forgotten(), want) {
+		t.Errorf("engine forgot %v, want %v", f.engine.Forgotten(), want)
+	}
+	var one Destinations
+	f.getJSON(t, "GET", "/api/destinations/slow.test.", http.StatusOK, &one)
+	if len(one.Destinations) != 1 {
+		t.Errorf("slow.test. %+v", one)
+	}
+}

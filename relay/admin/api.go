@@ -16,6 +16,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -86,6 +87,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 	f := queue.Filter{Status: queue.Status(q.Get("status")), Reason: q.Get("reason"),
 		Domain: q.Get("domain"), Sender: q.Get("sender"), Limit: DefaultLimit}
+	if f.Domain != "" {
+		f.Domain = address.DomainKey(f.Domain) // recipients are queued under it
+	}
 	if f.Status != "" && !slices.Contains(statuses(), f.Status) {
 		return f, badf("unknown status %q (want queued, deferred, active, held, delivered, relayed or failed)", f.Status)
 	}
@@ -181,7 +185,7 @@ func (s *Server) actionMany(w http.ResponseWriter, r *http.Request) {
 	var sel queue.Selector
 	switch {
 	case dom != "" && all == "":
-		sel.Domain = dom
+		sel.Domain = address.DomainKey(dom) // the queue keeps domains canonical
 	case dom == "" && (all == "1" || all == "true"):
 		sel.All = true
 	default:
@@ -262,7 +266,7 @@ func (s *Server) destinations(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) destination(w http.ResponseWriter, r *http.Request) {
-	dom := r.PathValue("domain")
+	dom := address.DomainKey(r.PathValue("domain")) // destinations are kept under it
 	d, err := s.local.Destination(r.Context(), dom)
 	if err == nil && d == nil {
 		err = fmt.Errorf("nothing learned about %q yet: %w", dom, queue.ErrNotFound)

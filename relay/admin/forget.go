@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // ForgetResult is the answer to POST /api/destinations/forget.
@@ -29,6 +31,9 @@ func (s *Server) forget(w http.ResponseWriter, r *http.Request) {
 	if s.opt.Engine == nil {
 		writeError(w, http.StatusServiceUnavailable, errors.New("forget is not available: no delivery engine"))
 		return
+	}
+	if dom != "" {
+		dom = address.DomainKey(dom) // destinations are kept under it
 	}
 	n, err := s.opt.Engine.Forget(dom, isAll, s.opt.Now())
 	if err != nil {

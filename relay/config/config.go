@@ -97,26 +97,31 @@ func (p BareCRPolicy) Valid() bool { return p == BareCRNormalize || p == BareCRR
 
 // Config is the whole configuration. Field names mirror the YAML keys.
 type Config struct {
-	Hostname        string       `yaml:"hostname"`
-	Listeners       []Listener   `yaml:"listeners"`
-	TrustedNetworks []string     `yaml:"trusted_networks"`
-	ProxyProtocol   ProxyProto   `yaml:"proxy_protocol"`
-	UsersFile       string       `yaml:"users_file"`
-	Limits          Limits       `yaml:"limits"`
-	BareCR          BareCRPolicy `yaml:"bare_cr"`
-	Postmaster      string       `yaml:"postmaster"`
-	Queue           Queue        `yaml:"queue"`
-	History         History      `yaml:"history"`
-	Admin           Admin        `yaml:"admin"`
-	Log             Log          `yaml:"log"`
-	Delivery        Delivery     `yaml:"delivery"`
-	Retry           Retry        `yaml:"retry"`
-	DSN             DSN          `yaml:"dsn"`
-	Probe           Probe        `yaml:"probe"`
-	DKIM            DKIM         `yaml:"dkim"`
-	Events          Events       `yaml:"events"`
-	TLSReporting    TLSReporting `yaml:"tls_reporting"`
-	Cluster         Cluster      `yaml:"cluster"`
+	Hostname        string     `yaml:"hostname"`
+	Listeners       []Listener `yaml:"listeners"`
+	TrustedNetworks []string   `yaml:"trusted_networks"`
+	ProxyProtocol   ProxyProto `yaml:"proxy_protocol"`
+	UsersFile       string     `yaml:"users_file"`
+	// ForeignHeaderFrom is what happens to a message from an authenticated
+	// user whose From or Sender header names an address the user may not
+	// send as (relay/smtpd): refuse, or unsigned (relayed without a DKIM
+	// signature).
+	ForeignHeaderFrom string       `yaml:"foreign_header_from"`
+	Limits            Limits       `yaml:"limits"`
+	BareCR            BareCRPolicy `yaml:"bare_cr"`
+	Postmaster        string       `yaml:"postmaster"`
+	Queue             Queue        `yaml:"queue"`
+	History           History      `yaml:"history"`
+	Admin             Admin        `yaml:"admin"`
+	Log               Log          `yaml:"log"`
+	Delivery          Delivery     `yaml:"delivery"`
+	Retry             Retry        `yaml:"retry"`
+	DSN               DSN          `yaml:"dsn"`
+	Probe             Probe        `yaml:"probe"`
+	DKIM              DKIM         `yaml:"dkim"`
+	Events            Events       `yaml:"events"`
+	TLSReporting      TLSReporting `yaml:"tls_reporting"`
+	Cluster           Cluster      `yaml:"cluster"`
 
 	warnings []string // what Load changed or ignored (Warnings)
 }
@@ -328,7 +333,17 @@ type Probe struct {
 // DKIM configures signing at intake (relay/dkim).
 type DKIM struct {
 	WithoutKey string                `yaml:"without_key"` // relay | refuse
-	Domains    map[string]DKIMDomain `yaml:"domains"`
+	Domains    map[string]DKIMDomain `yaml:"domains"`     // keys canonical after Load
+	// TrustedClients says which From domains a client that relays without
+	// AUTH (from trusted_networks) gets signed.
+	TrustedClients []DKIMGrant `yaml:"trusted_clients"`
+}
+
+// DKIMGrant lets unauthenticated clients from Networks have mail From
+// Domains signed; "*" is every domain with a key.
+type DKIMGrant struct {
+	Networks []string `yaml:"networks"`
+	Domains  []string `yaml:"domains"` // canonical after Load, or "*"
 }
 
 // DKIMDomain is the signing configuration of one sender (From) domain.
@@ -424,6 +439,7 @@ func Load(src Source) (*Config, error) {
 		c.Hostname = h
 	}
 	c.dropLateWarnings()
+	errs = append(errs, c.canonicalDomains()...)
 	return &c, errors.Join(errs...)
 }
 

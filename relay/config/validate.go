@@ -27,6 +27,7 @@ func (c *Config) Validate() error {
 	v.trusted(c.TrustedNetworks)
 	v.proxyProtocol(c.ProxyProtocol, c.Listeners)
 	v.readable("users_file", c.UsersFile)
+	v.oneOf("foreign_header_from", c.ForeignHeaderFrom, "refuse", "unsigned")
 	v.limits(c.Limits)
 	v.check(c.BareCR.Valid(), "bare_cr: %q is not one of %v", c.BareCR, []BareCRPolicy{BareCRNormalize, BareCRReject})
 	if c.Postmaster != "" {
@@ -269,9 +270,11 @@ func (v *validator) dkim(d DKIM) {
 	v.oneOf("dkim.without_key", d.WithoutKey, "relay", "refuse")
 	v.check(d.WithoutKey != "refuse" || len(d.Domains) > 0,
 		"dkim.without_key: refuse with no dkim.domains would refuse every message")
+	v.dkimGrants(d.TrustedClients)
 	for dom, dd := range d.Domains {
 		key := "dkim.domains." + dom
-		v.check(hostNameRE.MatchString(dom) && !strings.HasPrefix(dom, "["), "%s: not a domain name", key)
+		_, err := address.CanonicalDomain(dom)
+		v.check(err == nil && !strings.HasPrefix(dom, "["), "%s: not a domain name", key)
 		v.check(len(dd.Selectors) > 0, "%s.selectors: at least one is needed", key)
 		seen := map[string]bool{}
 		for i, s := range dd.Selectors {
@@ -289,6 +292,27 @@ func (v *validator) dkim(d DKIM) {
 			if _, err := dkim.ReadKey(s.KeyFile, s.Algorithm); err != nil {
 				v.check(false, "%s.key_file: %v", sk, err)
 			}
+		}
+	}
+}
+
+// dkimGrants checks dkim.trusted_clients: networks that parse, and
+// domains that are "*" or domain names.
+func (v *validator) dkimGrants(gs []DKIMGrant) {
+	for i, g := range gs {
+		key := fmt.Sprintf("dkim.trusted_clients[%d]", i)
+		v.check(len(g.Networks) > 0, "%s.networks: at least one is needed", key)
+		for _, n := range g.Networks {
+			_, err := netip.ParsePrefix(n)
+			v.check(err == nil, "%s.networks: %q: %v", key, n, err)
+		}
+		v.check(len(g.Domains) > 0, "%s.domains: at least one is needed (\"*\": every domain with a key)", key)
+		for _, d := range g.Domains {
+			if d == "*" {
+				continue
+			}
+			_, err := address.CanonicalDomain(d)
+			v.check(err == nil && !strings.HasPrefix(d, "["), "%s.domains: %q is not a domain name or \"*\"", key, d)
 		}
 	}
 }

@@ -22,7 +22,46 @@ func (c *Config) Warnings() []string {
 	if w := c.unnamedNode(); w != "" {
 		out = append(out, w)
 	}
+	out = append(out, c.unsignedTrusted()...)
 	return out
+}
+
+// unsignedTrusted warns of trusted_networks whose clients get no DKIM
+// signature although keys are configured: no dkim.trusted_clients entry
+// covers the network. That is the safe default for a network the
+// operator did not mean to sign for, but a relay upgraded from a version
+// that signed for every trusted client would go quiet about it.
+func (c *Config) unsignedTrusted() []string {
+	if len(c.DKIM.Domains) == 0 {
+		return nil
+	}
+	var out []string
+	for _, s := range c.TrustedNetworks {
+		n, err := netip.ParsePrefix(s)
+		if err != nil {
+			continue
+		}
+		if !c.grantCovers(n.Masked()) {
+			out = append(out, fmt.Sprintf("trusted_networks: clients from %s relay without AUTH but no "+
+				"dkim.trusted_clients entry covers them: their mail is not DKIM-signed (list the network and its "+
+				"domains there to sign it)", s))
+		}
+	}
+	return out
+}
+
+// grantCovers reports whether some dkim.trusted_clients network contains
+// all of n.
+func (c *Config) grantCovers(n netip.Prefix) bool {
+	for _, g := range c.DKIM.TrustedClients {
+		for _, s := range g.Networks {
+			p, err := netip.ParsePrefix(s)
+			if err == nil && p.Bits() <= n.Bits() && p.Contains(n.Addr()) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // unnamedNode warns of a cluster node without cluster.node_name: it

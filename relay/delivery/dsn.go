@@ -9,6 +9,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/dsn"
 )
 
@@ -167,13 +168,14 @@ func (e *Engine) dsnMessageID(id queue.ID, action dsn.Action, now time.Time) str
 	return fmt.Sprintf("%s.%s.%d.dsn@%s", id, action, now.UnixNano(), e.cfg.Hostname)
 }
 
-// domainOf returns the lower-cased domain of addr.
+// domainOf returns the domain of addr in its canonical form (a DSN's
+// recipient is a destination like any other).
 func domainOf(addr string) (string, bool) {
 	i := strings.LastIndexByte(addr, '@')
 	if i < 0 || i == len(addr)-1 {
 		return "", false
 	}
-	return strings.ToLower(addr[i+1:]), true
+	return address.DomainKey(addr[i+1:]), true
 }
 
 // replyLine renders a reply as one line: "451 4.7.1 text".

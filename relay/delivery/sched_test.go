@@ -16,6 +16,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/configs"
+	"github.com/greyrelay/greyrelay/internal/spelling"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
@@ -148,4 +149,21 @@ func TestScheduler_IdleNoPolling(t *testing.T) {
 			t.Fatalf("attempts %v, want one at the enqueue (%v)", attempts, now)
 		}
 	})
+}
+
+// TestDomainKey_Spellings: every spelling of a domain is one destination
+// (one record, one connection limit, one route and TLS policy), also for a
+// recipient an older version queued with its U-label domain.
+func TestDomainKey_Spellings(t *testing.T) {
+	for _, d := range []string{"example.com", "bücher.test", "xn--mnchen-3ya.test"} {
+		want := domainKey(d)
+		for _, sp := range spelling.Of(d) {
+			if got := domainKey(sp); got != want {
+				t.Errorf("domainKey(%q) = %q, domainKey(%q) = %q", sp, got, d, want)
+			}
+		}
+	}
+	if domainKey("bücher.test") != "xn--bcher-kva.test" {
+		t.Errorf("domainKey(bücher.test) = %q", domainKey("bücher.test"))
+	}
 }

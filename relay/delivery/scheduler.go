@@ -3,7 +3,6 @@ package delivery
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // Scheduler limits. A scan reads the due index incrementally (a
@@ -458,7 +458,10 @@ func stickyAddr(r queue.Recipient) string {
 	return r.MXAddr
 }
 
-func domainKey(domain string) string { return strings.ToLower(strings.TrimSuffix(domain, ".")) }
+// domainKey is the destination a recipient's domain belongs to: its
+// canonical form, so that a message queued by an older version with a
+// U-label domain joins the A-label destination of the same name.
+func domainKey(domain string) string { return address.DomainKey(domain) }
 
 // dispatch starts workers, one per destination per round-robin pass, until
 // every destination has the workers it wants or the global cap is reached.

@@ -29,6 +29,15 @@
 //     and Content-Type are "oversigned": h= names them once more than the
 //     message has them, so a header of that name added after signing breaks
 //     the signature (RFC 6376 §5.4.2, §8.15).
+//   - Domains are compared in their canonical form (address.DomainKey: the
+//     A-label spelling, lower case, no final dot), so a key configured for
+//     "bücher.test" signs mail From "xn--bcher-kva.test" and the reverse,
+//     and d= is always the A-label form, the name verifiers look up in
+//     DNS (RFC 6376 §3.5 d= is a domain name; RFC 8616 §4 leaves A-labels
+//     the form every verifier understands).
+//   - Who may have which domain signed is the caller's decision, except for
+//     the grants to unauthenticated clients of trusted networks (Grant),
+//     which are kept with the keys because they change with them.
 //   - Keys are swapped whole (Signer.Store) when the relay re-reads its
 //     configuration; a session takes one Keys value and uses it throughout.
 package dkim
@@ -45,11 +54,14 @@ import (
 	"fmt"
 	"io"
 	"net/mail"
+	"net/netip"
 	"os"
 	"strings"
 	"sync/atomic"
 
 	msgauth "github.com/emersion/go-msgauth/dkim"
+
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // Algorithms, as the a= tag names them.
@@ -60,7 +72,7 @@ const (
 
 // Selector is one signing key of a domain.
 type Selector struct {
-	Domain string // signing domain (d=), lower case
+	Domain string // signing domain (d=), canonical (address.CanonicalDomain)
 	Name   string // selector (s=)
 	Key    crypto.Signer
 }
@@ -160,18 +172,78 @@ func ParseKey(b []byte) (crypto.Signer, error) {
 type Keys struct {
 	domains map[string][]Selector
 	refuse  bool
+	grants  []Grant
 }
+
+// Grant lets clients from Networks that did not authenticate (they relay
+// because they are in trusted_networks) have mail From Domains signed.
+// Domains are canonical (address.DomainKey); "*" stands for every domain
+// with a key, as OpenDKIM signs everything from its InternalHosts.
+type Grant struct {
+	Networks []netip.Prefix
+	Domains  []string
+}
+
+// AnyDomain in Grant.Domains grants every domain that has a key.
+const AnyDomain = "*"
 
 // NewKeys groups sels by domain, in the order given. refuseUnsigned makes
 // a message that no key can sign a refusal rather than relayed unsigned.
 func NewKeys(sels []Selector, refuseUnsigned bool) *Keys {
 	k := &Keys{domains: map[string][]Selector{}, refuse: refuseUnsigned}
 	for _, s := range sels {
-		d := strings.ToLower(strings.TrimSuffix(s.Domain, "."))
+		d := address.DomainKey(s.Domain)
 		s.Domain = d
 		k.domains[d] = append(k.domains[d], s)
 	}
 	return k
+}
+
+// WithGrants returns k with the grants to unauthenticated trusted clients
+// replaced by g (domains canonicalised).
+func (k *Keys) WithGrants(g []Grant) *Keys {
+	c := *k
+	c.grants = make([]Grant, len(g))
+	for i, gr := range g {
+		c.grants[i].Networks = append([]netip.Prefix(nil), gr.Networks...)
+		for _, d := range gr.Domains {
+			if d != AnyDomain {
+				d = address.DomainKey(d)
+			}
+			c.grants[i].Domains = append(c.grants[i].Domains, d)
+		}
+	}
+	return &c
+}
+
+// Granted reports whether an unauthenticated client at addr may have mail
+// From domain signed: some grant covers both. Without grants nobody may.
+func (k *Keys) Granted(addr netip.Addr, domain string) bool {
+	if k == nil {
+		return false
+	}
+	domain = address.DomainKey(domain)
+	addr = addr.Unmap()
+	for _, g := range k.grants {
+		if !containsAddr(g.Networks, addr) {
+			continue
+		}
+		for _, d := range g.Domains {
+			if d == AnyDomain || d == domain {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // Active reports whether intake has anything to do: some key, or a policy
@@ -181,12 +253,13 @@ func (k *Keys) Active() bool { return k != nil && (len(k.domains) > 0 || k.refus
 // RefuseUnsigned reports whether a message no key signs is refused.
 func (k *Keys) RefuseUnsigned() bool { return k != nil && k.refuse }
 
-// For returns the selectors of domain (case-insensitive), or nil.
+// For returns the selectors of domain (in any spelling: address.DomainKey),
+// or nil.
 func (k *Keys) For(domain string) []Selector {
 	if k == nil {
 		return nil
 	}
-	return k.domains[strings.ToLower(strings.TrimSuffix(domain, "."))]
+	return k.domains[address.DomainKey(domain)]
 }
 
 // Domains returns the number of domains with keys.
@@ -234,7 +307,8 @@ var ErrNoAuthor = errors.New("no single From address")
 // Match finds the signing domain of a message from its start head (which
 // must hold the whole header section to count headers exactly; a longer
 // header section only oversigns less). It returns the plan, or a nil plan
-// and the author domain when no key signs for it.
+// and the author domain when no key signs for it. The domain is canonical
+// (address.DomainKey).
 func (k *Keys) Match(head []byte) (*Plan, string, error) {
 	hs := parseHeaders(head)
 	from := hs.values["from"]
@@ -249,12 +323,38 @@ func (k *Keys) Match(head []byte) (*Plan, string, error) {
 	if at < 0 {
 		return nil, "", ErrNoAuthor
 	}
-	domain := strings.ToLower(addrs[0].Address[at+1:])
+	domain := address.DomainKey(addrs[0].Address[at+1:])
 	sels := k.For(domain)
 	if len(sels) == 0 {
 		return nil, domain, nil
 	}
 	return &Plan{Domain: domain, Selectors: sels, Headers: signedHeaders(hs.count)}, domain, nil
+}
+
+// ErrBadAuthor is returned by Authors when a From or Sender field does
+// not parse as a list of addresses.
+var ErrBadAuthor = errors.New("a From or Sender field is not a list of addresses")
+
+// Authors returns the address of every mailbox in the From and Sender
+// fields of the header section at the start of head: whom a reader, and
+// DMARC for From (RFC 7489 §3.1), takes the message to come from. The
+// fields are found as Match finds From, so a message cannot show Match
+// one author and Authors another. An empty From group has no address.
+func Authors(head []byte) ([]string, error) {
+	hs := parseHeaders(head)
+	var out []string
+	for _, name := range []string{"from", "sender"} {
+		for _, v := range hs.values[name] {
+			addrs, err := mail.ParseAddressList(v)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s: %v", ErrBadAuthor, name, err)
+			}
+			for _, a := range addrs {
+				out = append(out, a.Address)
+			}
+		}
+	}
+	return out, nil
 }
 
 // Sign reads the whole message from msg and returns the DKIM-Signature
@@ -399,7 +499,7 @@ func parseHeaders(msg []byte) headers {
 		}
 		n := strings.ToLower(string(bytes.TrimRight(name, " \t")))
 		h.count[n]++
-		if n == "from" {
+		if n == "from" || n == "sender" {
 			last = n
 			h.values[n] = append(h.values[n], strings.TrimSpace(string(value)))
 		}

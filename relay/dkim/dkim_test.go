@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,6 +17,9 @@ import (
 	"testing"
 
 	msgauth "github.com/emersion/go-msgauth/dkim"
+
+	"github.com/greyrelay/greyrelay/internal/spelling"
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 func testKeys(t *testing.T) (rsaKey *rsa.PrivateKey, edKey ed25519.PrivateKey) {
@@ -261,6 +265,101 @@ func TestSectionEnd(t *testing.T) {
 		}
 		if e.seen != tc.want {
 			t.Errorf("%q: seen %v, want %v", tc.chunks, e.seen, tc.want)
+		}
+	}
+}
+
+// TestMatch_Spellings: a key configured under one spelling of a domain
+// signs mail From any other spelling, and d= is the A-label form.
+func TestMatch_Spellings(t *testing.T) {
+	_, ek := testKeys(t)
+	for _, configured := range []string{"bücher.test", "XN--BCHER-KVA.test.", "Bücher.Test"} {
+		keys := NewKeys([]Selector{{Domain: configured, Name: "e1", Key: ek}}, false)
+		for _, from := range spelling.Of("bücher.test") {
+			if strings.HasSuffix(from, ".") {
+				continue // not an RFC 5322 addr-spec: no From domain at all
+			}
+			plan, dom, err := keys.Match([]byte("From: a@" + from + "\r\n\r\n"))
+			if err != nil || plan == nil || plan.Domain != "xn--bcher-kva.test" || dom != plan.Domain {
+				t.Errorf("key for %q, From a@%s: plan %v, domain %q, %v", configured, from, plan != nil, dom, err)
+			}
+		}
+	}
+}
+
+// FuzzKeysSpellings: whatever domain a key is configured under, every
+// spelling of it finds the key, and so does every spelling in a From field.
+func FuzzKeysSpellings(f *testing.F) {
+	for _, s := range []string{"example.com", "bücher.test", "xn--mnchen-3ya.test", "日本語.jp", "Straße.test"} {
+		f.Add(s)
+	}
+	_, ek, _ := ed25519.GenerateKey(rand.Reader)
+	f.Fuzz(func(t *testing.T, d string) {
+		canon, err := address.CanonicalDomain(d)
+		if err != nil || strings.HasPrefix(canon, "[") {
+			return
+		}
+		keys := NewKeys([]Selector{{Domain: d, Name: "e1", Key: ek}}, false)
+		grant := keys.WithGrants([]Grant{{Networks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, Domains: []string{d}}})
+		for _, sp := range spelling.Of(d) {
+			if len(keys.For(sp)) != 1 {
+				t.Fatalf("key for %q not found as %q", d, sp)
+			}
+			if plan, _, _ := keys.Match([]byte("From: <a@" + sp + ">\r\n\r\n")); !strings.HasSuffix(sp, ".") && (plan == nil || plan.Domain != canon) {
+				t.Fatalf("key for %q: From a@%s has no plan for %q", d, sp, canon)
+			}
+			if !grant.Granted(netip.MustParseAddr("127.0.0.1"), sp) {
+				t.Fatalf("grant for %q does not cover %q", d, sp)
+			}
+		}
+	})
+}
+
+func TestGranted(t *testing.T) {
+	_, ek := testKeys(t)
+	keys := NewKeys([]Selector{{Domain: "a.test", Name: "e1", Key: ek}, {Domain: "bücher.test", Name: "e1", Key: ek}}, false)
+	if keys.Granted(netip.MustParseAddr("127.0.0.1"), "a.test") {
+		t.Error("granted without grants")
+	}
+	keys = keys.WithGrants([]Grant{
+		{Networks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, Domains: []string{AnyDomain}},
+		{Networks: []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}, Domains: []string{"xn--bcher-kva.test"}},
+	})
+	for _, c := range []struct {
+		addr, domain string
+		want         bool
+	}{
+		{"127.0.0.1", "a.test", true},
+		{"::1", "anything.test", true},
+		{"::ffff:127.0.0.1", "a.test", true},
+		{"10.1.2.3", "bücher.test", true},
+		{"10.1.2.3", "BÜCHER.test.", true},
+		{"10.1.2.3", "a.test", false},
+		{"10.2.0.1", "bücher.test", false},
+	} {
+		if got := keys.Granted(netip.MustParseAddr(c.addr), c.domain); got != c.want {
+			t.Errorf("Granted(%s, %s) = %v, want %v", c.addr, c.domain, got, c.want)
+		}
+	}
+}
+
+func TestAuthors(t *testing.T) {
+	for _, c := range []struct {
+		head string
+		want []string
+		err  bool
+	}{
+		{"From: A <a@a.test>\r\nSubject: x\r\n\r\n", []string{"a@a.test"}, false},
+		{"From: a@a.test, b@b.test\r\nSender: s@s.test\r\n\r\n", []string{"a@a.test", "b@b.test", "s@s.test"}, false},
+		{"From: a@a.test\r\nFROM : b@b.test\r\n\r\n", []string{"a@a.test", "b@b.test"}, false},
+		{"Subject: x\r\n\r\nFrom: a@a.test\r\n", nil, false},
+		{"From: Alice\r\n <alice@a.test>\r\n\r\n", []string{"alice@a.test"}, false},
+		{"From: undisclosed\r\n\r\n", nil, true},
+		{"From: a@a.test\r\nSender: <\r\n\r\n", nil, true},
+	} {
+		got, err := Authors([]byte(c.head))
+		if (err != nil) != c.err || !slices.Equal(got, c.want) {
+			t.Errorf("%q: %q, %v; want %q (error %v)", c.head, got, err, c.want, c.err)
 		}
 	}
 }

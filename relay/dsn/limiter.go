@@ -4,6 +4,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // maxSenders bounds the Limiter's memory. A backscatter storm hits few
@@ -39,13 +41,17 @@ func NewLimiter(perHour int) *Limiter {
 }
 
 // Allow reports whether a DSN to sender may be sent at now, and if so counts
-// it. Senders are compared case-insensitively, which can only merge
-// windows, never split them. A nil Limiter allows everything.
+// it. Senders are compared case-insensitively and with their domain in
+// canonical form, which can only merge windows, never split them. A nil
+// Limiter allows everything.
 func (l *Limiter) Allow(sender string, now time.Time) bool {
 	if l == nil || l.perHour <= 0 {
 		return true
 	}
 	key := strings.ToLower(sender)
+	if i := strings.LastIndexByte(key, '@'); i >= 0 {
+		key = key[:i+1] + address.DomainKey(key[i+1:])
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	w, ok := l.senders[key]

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/relay/address"
 )
 
 // Route kinds.
@@ -43,7 +44,7 @@ type Route struct {
 // (never looked up in DNS), then DNS MX records.
 type Router struct {
 	Resolver     Resolver
-	Routes       map[string]string // domain → host:port (Postfix transport-map style); keys lower case
+	Routes       map[string]string // domain → host:port (Postfix transport-map style); keys canonical (address.CanonicalDomain)
 	Smarthost    string            // host:port; if set, everything goes there
 	Port         int               // port for MX delivery and for routes without a port; 0 = 25
 	AllowPrivate bool              // keep loopback/private/link-local/ULA/unspecified MX addresses
@@ -67,7 +68,10 @@ type Router struct {
 // When no hop has a usable address, Route returns an error together with
 // the Route it found, so callers such as `greyrelay probe` can show why.
 func (r *Router) Route(ctx context.Context, domain string) (Route, error) {
-	domain = normHost(domain)
+	// Routes' keys are canonical (relay/config), and so is the name looked
+	// up: any spelling of a routed domain takes its route, and DNS is
+	// asked for A-labels.
+	domain = address.DomainKey(domain)
 	if r.Smarthost != "" {
 		return r.fixed(ctx, KindSmarthost, domain, r.Smarthost)
 	}

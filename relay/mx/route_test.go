@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/spelling"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
 )
@@ -306,4 +308,32 @@ func TestPrivate(t *testing.T) {
 			t.Errorf("Private(%s) = %v, want %v", tc.addr, got, tc.want)
 		}
 	}
+}
+
+// FuzzRouteSpellings: a route configured for a domain (keys are canonical,
+// as relay/config writes them) is taken for every spelling of the domain,
+// and an MX lookup is made for the A-label form only.
+func FuzzRouteSpellings(f *testing.F) {
+	for _, s := range []string{"example.test", "bücher.test", "xn--mnchen-3ya.test", "日本語.jp"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, d string) {
+		canon, err := address.CanonicalDomain(d)
+		if err != nil || strings.HasPrefix(canon, "[") {
+			return
+		}
+		res := fakeResolver{mxs: map[string][]mx.MX{canon: {{Host: "mx." + canon, Pref: 10}}}}
+		routed := mx.Router{Resolver: res, Routes: map[string]string{canon: "127.0.0.1:2526"}, AllowPrivate: true, IPv4: true}
+		viaMX := mx.Router{Resolver: res, AllowPrivate: true, IPv4: true}
+		for _, sp := range spelling.Of(d) {
+			rt, err := routed.Route(context.Background(), sp)
+			if err != nil || rt.Kind != mx.KindRoute || rt.Domain != canon {
+				t.Fatalf("route for %q not taken for %q: %+v, %v", canon, sp, rt, err)
+			}
+			rt, err = viaMX.Route(context.Background(), sp)
+			if err != nil || rt.Kind != mx.KindMX || rt.Domain != canon {
+				t.Fatalf("MX of %q not found for %q: %+v, %v", canon, sp, rt, err)
+			}
+		}
+	})
 }

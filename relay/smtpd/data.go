@@ -78,7 +78,7 @@ func (s *session) Data(r io.Reader) error {
 		rb.discard()
 		return err
 	}
-	if rb, err = s.sign(rb); err != nil {
+	if rb, err = s.sign(env, rb); err != nil {
 		rb.discard()
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/greyrelay/greyrelay/internal/spelling"
 	"github.com/greyrelay/greyrelay/relay/address"
 )
 
@@ -150,4 +151,136 @@ func FuzzUsersSenders(f *testing.F) {
 			}
 		}
 	})
+}
+
+// idnUsers: carol owns *@bücher.test (written with a U-label), dora owns
+// *@xn--mnchen-3ya.test (written with its A-label), and bob has no list.
+func idnUsers(t testing.TB) *Users {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := "carol:" + string(h) + ":*@bücher.test\n" +
+		"dora:" + string(h) + ":*@XN--MNCHEN-3YA.test,Dora@Post.bücher.test.\n" +
+		"bob:" + string(h) + "\n"
+	u, err := ParseUsers(strings.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// TestUsers_OwnerIDNSpellings: a domain owned in one spelling is owned in
+// every other: U-label or A-label, any case, with or without the final
+// dot. Before domains were compared canonically, bob could send as
+// x@xn--bcher-kva.test although carol owns *@bücher.test.
+func TestUsers_OwnerIDNSpellings(t *testing.T) {
+	u := idnUsers(t)
+	for _, from := range []string{"x@bücher.test", "x@xn--bcher-kva.test", "x@XN--BCHER-KVA.TEST", "x@BÜCHER.test",
+		"x@münchen.test", "x@xn--mnchen-3ya.test", "dora@post.xn--bcher-kva.test"} {
+		a, err := address.Parse(from, address.Options{SMTPUTF8: true, Sender: true, Decoded: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !u.ownedByOther("bob", a) {
+			t.Errorf("bob may send as %s", from)
+		}
+	}
+	for _, c := range []struct{ user, from string }{
+		{"carol", "x@xn--bcher-kva.test"}, {"carol", "x@Bücher.test"},
+		{"dora", "x@münchen.test"}, {"dora", "x@xn--mnchen-3ya.test"}, {"dora", "DORA@post.bücher.test"},
+	} {
+		a, err := address.Parse(c.from, address.Options{SMTPUTF8: true, Sender: true, Decoded: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, allowed := u.Authenticate(c.user, "pw")
+		if u.ownedByOther(c.user, a) || !senderAllowed(allowed, a.String(), a) {
+			t.Errorf("%s may not send as %s (list %q)", c.user, c.from, allowed)
+		}
+	}
+}
+
+// TestAuth_OwnerIDNSpellings is the attack at the SMTP level: bob's MAIL
+// FROM in the other spelling of carol's domain is refused too.
+func TestAuth_OwnerIDNSpellings(t *testing.T) {
+	e := startServer(t, testConfig(t), withUsers(idnUsers(t)))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "bob", "pw"), "235 ")
+	c.cmd("MAIL FROM:<x@xn--bcher-kva.test>", "553 5.7.1")
+	c.cmd("MAIL FROM:<x@bücher.test> SMTPUTF8", "553 5.7.1")
+	c.cmd("MAIL FROM:<x@münchen.test> SMTPUTF8", "553 5.7.1")
+	c.cmd("MAIL FROM:<x@xn--mnchen-3ya.test>", "553 5.7.1")
+	c.cmd("MAIL FROM:<bob@b.test>", "250 ")
+
+	c = dial(t, e.addr(0))
+	c.hello()
+	c.cmd("AUTH PLAIN "+plainAuth("", "carol", "pw"), "235 ")
+	c.cmd("MAIL FROM:<carol@xn--bcher-kva.test>", "250 ")
+}
+
+// FuzzOwnerSpellings: a domain owned in the users file in one spelling is
+// owned in every spelling, for the owner (allowed) and for everyone else
+// (refused), and a recipient in any spelling has the one canonical domain.
+func FuzzOwnerSpellings(f *testing.F) {
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		f.Fatal(err)
+	}
+	for _, s := range []string{"example.com", "bücher.test", "XN--MNCHEN-3YA.test.", "日本語.jp", "Straße.test"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, d string) {
+		canon, err := address.CanonicalDomain(d)
+		if err != nil || strings.HasPrefix(canon, "[") || strings.ContainsAny(d, ",:\n\r") {
+			return
+		}
+		u, err := ParseUsers(strings.NewReader("carol:" + string(h) + ":*@" + d + ",Boss@" + d + "\nbob:" + string(h) + "\n"))
+		if err != nil {
+			return
+		}
+		_, allowed := u.Authenticate("carol", "pw")
+		for _, sp := range spelling.Of(d) {
+			for _, local := range []string{"x", "boss"} {
+				a, err := address.Parse(local+"@"+strings.TrimSuffix(sp, "."), address.Options{SMTPUTF8: true, Sender: true, Decoded: true})
+				if err != nil {
+					t.Fatalf("%s@%s: %v", local, sp, err)
+				}
+				if !u.ownedByOther("bob", a) {
+					t.Fatalf("bob may send as %s (carol owns *@%s)", a, d)
+				}
+				if u.ownedByOther("carol", a) || !senderAllowed(allowed, a.String(), a) {
+					t.Fatalf("carol may not send as %s (she owns *@%s)", a, d)
+				}
+				if address.DomainKey(a.Domain) != canon {
+					t.Fatalf("recipient domain of %s is %q, want %q", a, address.DomainKey(a.Domain), canon)
+				}
+			}
+		}
+	})
+}
+
+// Recipients in two spellings of one domain are one destination: the
+// queue gets the canonical domain for both, and each address as written.
+func TestRcpt_CanonicalDomain(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@app.test> SMTPUTF8", "250 ")
+	for _, r := range []string{"x@bücher.test", "y@XN--BCHER-KVA.test", "z@Bücher.Test"} {
+		c.cmd("RCPT TO:<"+r+">", "250 ")
+	}
+	c.cmd("DATA", "354 ")
+	c.write("Subject: s\r\n\r\nx\r\n.\r\n")
+	c.expect("250 ")
+	var got []string
+	for _, r := range e.q.messages()[0].To {
+		got = append(got, r.Addr+" "+r.Domain)
+	}
+	want := "x@bücher.test xn--bcher-kva.test,y@xn--bcher-kva.test xn--bcher-kva.test,z@bücher.test xn--bcher-kva.test"
+	if strings.Join(got, ",") != want {
+		t.Errorf("recipients %q, want %q", got, want)
+	}
 }

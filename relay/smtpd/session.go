@@ -70,6 +70,7 @@ type envelope struct {
 	heloOK   bool   // helo is a valid domain or address literal
 	heloSafe string // sanitizeHelo(helo)
 	user     string
+	allowed  []string // the user's allowed senders, as at MAIL
 	utf8     bool
 	eightBit bool
 	ret      string
@@ -230,7 +231,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
 		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
-	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user}
+	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, allowed: s.allowed}
 	env.rcpts = env.first[:0]
 	env.heloOK, env.heloSafe = s.checkHelo(env.helo)
 	if opts != nil {
@@ -288,10 +289,15 @@ func (s *session) checkHelo(helo string) (ok bool, safe string) {
 // means any sender (other users' addresses are refused separately, by
 // Users.ownedByOther); "<>" allows the null sender, "@domain" any address at
 // that domain, and a full address itself (local part compared without
-// case, since mail systems hardly ever distinguish it).
+// case, since mail systems hardly ever distinguish it). Domains are
+// compared in their canonical form (address.DomainKey).
 func senderAllowed(allowed []string, from string, a address.Address) bool {
 	if len(allowed) == 0 {
 		return true
+	}
+	key := ""
+	if from != "" {
+		key = ownerKey(a)
 	}
 	for _, e := range allowed {
 		switch {
@@ -301,12 +307,11 @@ func senderAllowed(allowed []string, from string, a address.Address) bool {
 			}
 		case from == "":
 		case strings.HasPrefix(e, "@"):
-			if a.Domain == e[1:] {
+			if domainOwnerKey(a.Domain) == entryKey(e) {
 				return true
 			}
 		default:
-			local, domain, _ := cutLast(e, "@")
-			if domain == a.Domain && strings.EqualFold(local, a.Local) {
+			if key == entryKey(e) {
 				return true
 			}
 		}
@@ -340,7 +345,11 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		// RFC 5321 §4.5.3.1.10: too many recipients is 452, not 552.
 		return s.refuse(reasonRecipients, reply(452, 4, 5, 3, "Too many recipients"))
 	}
-	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: a.Domain, Notify: notify, ORCPT: orcpt})
+	// The address keeps its spelling (an SMTPUTF8 destination gets the
+	// U-labels it was given); the domain that routes it, keys its
+	// destination record and finds its TLS policy is canonical, so both
+	// spellings of one domain are one destination.
+	env.addRcpt(queue.NewRecipient{Addr: a.String(), Domain: address.DomainKey(a.Domain), Notify: notify, ORCPT: orcpt})
 	return nil
 }
 

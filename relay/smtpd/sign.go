@@ -8,25 +8,47 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/dkim"
 )
 
 // DKIM signing at intake (relay/dkim has the policy). The signatures go in
 // front of the stored message, above our Received header, which they do
 // not cover; they are made once, before the commit, so every delivery
-// attempt sends the same ones. Without any key or refusal policy nothing
-// here reads the message; with keys, a message whose From domain has none
-// costs one scan of its header section and no copy.
+// attempt sends the same ones. Without any key, refusal policy or
+// authenticated user nothing here reads the message; otherwise a message
+// costs one scan of its header section, and no copy unless it is signed.
+//
+// Who gets what signed. A signature d=example.com tells every receiver
+// (DMARC, RFC 7489 §3.1) that example.com vouches for the From address, so
+// the relay signs only for clients entitled to that From:
+//
+//   - An authenticated user's From and Sender addresses are held to the
+//     same rule as MAIL FROM (senderAllowed, Users.ownedByOther): a message
+//     naming an address the user may not send as is refused with 550 5.7.1
+//     (foreign_header_from: refuse) or relayed unsigned (unsigned). The
+//     envelope alone is not enough: MAIL FROM:<bob@b.test> with
+//     From: alice@a.test would otherwise leave signed d=a.test.
+//   - A client relaying without AUTH (trusted_networks) gets signatures
+//     only for the From domains dkim.trusted_clients grants its network
+//     (dkim.Keys.Granted), as OpenDKIM signs only for its InternalHosts.
+//   - A message nobody may have signed is treated as one whose domain has
+//     no key: relayed unsigned, or refused under dkim.without_key: refuse.
+//
+// Bounces and DSNs the relay makes itself never pass through here.
 
 // maxSignHead is how much of a spooled body is read to find its header
 // section: what intake held in memory before spooling it.
 const maxSignHead = queue.SpoolThreshold
 
-// sign adds the DKIM signatures for rb's From domain, or refuses the
-// message when no key signs it and dkim.without_key is refuse.
-func (s *session) sign(rb readResult) (readResult, error) {
+// sign checks the header From and Sender of an authenticated user's
+// message, then adds the DKIM signatures for rb's From domain when the
+// client may have it signed, or refuses the message when no key signs it
+// and dkim.without_key is refuse.
+func (s *session) sign(env *envelope, rb readResult) (readResult, error) {
 	keys := s.srv.dkim.Keys()
-	if !keys.Active() {
+	authed := env.user != "" && s.srv.users != nil
+	if !keys.Active() && !authed {
 		return rb, nil
 	}
 	head := rb.body
@@ -37,7 +59,32 @@ func (s *session) sign(rb readResult) (readResult, error) {
 			return rb, s.refuse(reasonStorage, replyLocalError())
 		}
 	}
+	entitled := true
+	if authed {
+		whole := rb.file == nil || int64(len(head)) >= rb.file.Len()
+		if foreign := s.foreignAuthor(env, head, whole); foreign != "" {
+			if s.srv.cfg.ForeignHeaderFrom != "unsigned" {
+				// RFC 3463 X.7.1 "Delivery not authorized, message
+				// refused"; permanent: the same message would be refused
+				// again.
+				return rb, s.refuse(reasonSender, reply(550, 5, 7, 1,
+					printable("Header "+foreign+": Sender address rejected: not owned by user "+env.user)))
+			}
+			s.srv.log.Info("header sender not owned by the user: relayed unsigned", zap.String("client", s.clientS),
+				zap.String("user", printable(env.user)), zap.String("header", printable(foreign)))
+			entitled = false
+		}
+	}
+	if !keys.Active() {
+		return rb, nil
+	}
 	plan, domain, err := keys.Match(head)
+	if plan != nil && !authed && !keys.Granted(s.client.Addr(), domain) {
+		plan = nil // a trusted network without a grant for this domain
+	}
+	if !entitled {
+		plan = nil
+	}
 	if plan == nil {
 		if !keys.RefuseUnsigned() {
 			return rb, nil
@@ -45,11 +92,46 @@ func (s *session) sign(rb readResult) (readResult, error) {
 		// RFC 3463 X.7.1: not authorised. Permanent: the same message
 		// would be refused again.
 		text := "No DKIM key for the From domain " + domain + "; not relayed"
-		if errors.Is(err, dkim.ErrNoAuthor) {
+		switch {
+		case errors.Is(err, dkim.ErrNoAuthor):
 			text = "Message has no single From address to sign for; not relayed"
+		case domain != "" && len(keys.For(domain)) > 0:
+			text = "This client may not have the From domain " + domain + " signed; not relayed"
 		}
 		return rb, s.refuse(reasonDKIM, reply(550, 5, 7, 1, printable(text)))
 	}
+	return s.addSignatures(rb, plan, domain)
+}
+
+// foreignAuthor returns the first From or Sender address of the header
+// section in head that env's user may not send as, described for the
+// reply ("From <alice@a.test>"), or "" when there is none. A field that
+// does not parse counts as foreign: what the relay cannot read, a receiver
+// may read as someone else's address. So does a header section that does
+// not end within head when head is not the whole message (whole): a From
+// beyond it would go unchecked.
+func (s *session) foreignAuthor(env *envelope, head []byte, whole bool) string {
+	if !whole && !bytes.Contains(head, []byte("\r\n\r\n")) {
+		return "From/Sender (header section too long to check)"
+	}
+	authors, err := dkim.Authors(head)
+	if err != nil {
+		return "From/Sender (not a list of addresses)"
+	}
+	for _, raw := range authors {
+		a, err := address.Parse(raw, address.Options{SMTPUTF8: true, Sender: true, Decoded: true})
+		if err != nil {
+			return "From/Sender <" + raw + "> (not a valid address)"
+		}
+		if !senderAllowed(env.allowed, a.String(), a) || s.srv.users.ownedByOther(env.user, a) {
+			return "From/Sender <" + a.String() + ">"
+		}
+	}
+	return ""
+}
+
+// addSignatures signs rb by plan and puts the signatures in front of it.
+func (s *session) addSignatures(rb readResult, plan *dkim.Plan, domain string) (readResult, error) {
 	var msg io.Reader = bytes.NewReader(rb.body)
 	if rb.file != nil {
 		msg = io.NewSectionReader(rb.file, 0, rb.file.Len())

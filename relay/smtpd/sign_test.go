@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -14,13 +15,17 @@ import (
 	"github.com/greyrelay/greyrelay/relay/dkim"
 )
 
+// loopbackGrant is the default dkim.trusted_clients: loopback clients
+// may have every domain with a key signed.
+var loopbackGrant = []dkim.Grant{{Networks: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}, Domains: []string{dkim.AnyDomain}}}
+
 func testSigner(t *testing.T, refuse bool) (*dkim.Signer, map[string]string) {
 	t.Helper()
 	_, k, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys := dkim.NewKeys([]dkim.Selector{{Domain: "example.org", Name: "s1", Key: k}}, refuse)
+	keys := dkim.NewKeys([]dkim.Selector{{Domain: "example.org", Name: "s1", Key: k}}, refuse).WithGrants(loopbackGrant)
 	return dkim.NewSigner(keys), map[string]string{"s1._domainkey.example.org": dkim.Record(k.Public())}
 }
 

@@ -78,7 +78,7 @@ func ParseUsers(r io.Reader) (*Users, error) {
 		u.byName[name] = acc
 		for _, e := range acc.allowed {
 			if e != "<>" {
-				k := ownerKey(e)
+				k := entryKey(e)
 				u.owners[k] = append(u.owners[k], name)
 			}
 		}
@@ -136,12 +136,13 @@ func checkName(name string) error {
 
 // parseSenders normalises allowed-sender entries: addresses in the form
 // address.Address.String gives, domains lowercased after "@" ("*@domain"
-// is written "@domain").
+// is written "@domain"), without a final dot. Domains keep the spelling
+// given (U-labels stay readable); they are compared canonically.
 func parseSenders(list []string) ([]string, error) {
 	var out []string
 	opt := address.Options{SMTPUTF8: true, Sender: true}
 	for _, e := range list {
-		e = strings.TrimSpace(e)
+		e = strings.TrimSuffix(strings.TrimSpace(e), ".")
 		switch {
 		case e == "":
 			continue
@@ -210,9 +211,28 @@ func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) 
 }
 
 // ownerKey is the form in which sender entries and MAIL FROM addresses are
-// compared for ownership: addresses as address.Address.String writes them,
-// without case (mail systems hardly ever distinguish the local part's).
-func ownerKey(addr string) string { return strings.ToLower(addr) }
+// compared for ownership: the local part as address.Address.String writes
+// it, without case (mail systems hardly ever distinguish the local part's),
+// and the domain in its one canonical form (address.DomainKey), so that
+// neither U-label against A-label nor case nor a final dot makes two
+// spellings of one address two addresses.
+func ownerKey(a address.Address) string {
+	return strings.ToLower(address.Address{Local: a.Local}.String()) + "@" + address.DomainKey(a.Domain)
+}
+
+// domainOwnerKey is the key of the "@domain" entry covering domain.
+func domainOwnerKey(domain string) string { return "@" + address.DomainKey(domain) }
+
+// entryKey is the key of a sender entry as parseSenders wrote it (not <>).
+func entryKey(e string) string {
+	if d, ok := strings.CutPrefix(e, "@"); ok {
+		return domainOwnerKey(d)
+	}
+	local, domain, _ := cutLast(e, "@")
+	// parseSenders wrote the local part as Address.String does: quoted
+	// when it is not a dot-string, which is already ownerKey's form.
+	return strings.ToLower(local) + "@" + address.DomainKey(domain)
+}
 
 // ownedByOther reports whether from, a MAIL FROM address other than <>, is
 // listed in the users file for users that do not include name, and so may
@@ -220,9 +240,9 @@ func ownerKey(addr string) string { return strings.ToLower(addr) }
 // its domain's "@domain" entry otherwise; an address nobody lists is owned
 // by nobody.
 func (u *Users) ownedByOther(name string, from address.Address) bool {
-	owners, ok := u.owners[ownerKey(from.String())]
+	owners, ok := u.owners[ownerKey(from)]
 	if !ok {
-		owners, ok = u.owners["@"+ownerKey(from.Domain)]
+		owners, ok = u.owners[domainOwnerKey(from.Domain)]
 	}
 	return ok && !slices.Contains(owners, name)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
 
@@ -108,7 +109,7 @@ func refuse(label string, err error) Rule {
 // Decide finds the policy of domain, whose MX hosts are hosts, before any of
 // them is contacted.
 func (c *Checker) Decide(ctx context.Context, domain string, hosts []string) Decision {
-	domain = strings.TrimSuffix(strings.ToLower(domain), ".")
+	domain = address.DomainKey(domain) // one policy for every spelling
 	d := Decision{Domain: domain, Hosts: map[string]Rule{}}
 	pending := c.dane(ctx, &d, hosts)
 	if len(pending) == 0 || !c.opt.STS {

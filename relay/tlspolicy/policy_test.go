@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greyrelay/greyrelay/internal/spelling"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/mx/mxtest"
@@ -204,6 +205,31 @@ func TestDecideTesting(t *testing.T) {
 		}
 		if err := r.Check(cs); !tc.ok(err) {
 			t.Errorf("%s: check says %v", tc.name, err)
+		}
+	}
+}
+
+// TestDecide_CanonicalDomain: the decision (its policy lookups, the cache
+// key and the TLS report's policy-domain) is made for the canonical
+// domain, whatever spelling the recipient used; every spelling of an
+// MTA-STS domain gets its enforced policy.
+func TestDecide_CanonicalDomain(t *testing.T) {
+	e := newSTSEnv(t)
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	c := e.checker(t, "one", &now)
+	for _, sp := range spelling.Of("example.com") {
+		d := c.Decide(context.Background(), sp, []string{"MX.example.com."})
+		if d.Domain != "example.com" || d.Rule("mx.example.com").Label != LabelSTS {
+			t.Errorf("%q: domain %q, rule %q", sp, d.Domain, d.Rule("mx.example.com").Label)
+		}
+	}
+	plain, err := New(Options{Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sp := range spelling.Of("bücher.test") {
+		if d := plain.Decide(context.Background(), sp, nil); d.Domain != "xn--bcher-kva.test" {
+			t.Errorf("%q: decided for %q", sp, d.Domain)
 		}
 	}
 }

@@ -1,0 +1,78 @@
+package address
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/greyrelay/greyrelay/internal/spelling"
+)
+
+func TestCanonicalDomain(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"example.com", "example.com"},
+		{"Example.COM.", "example.com"},
+		{"bücher.test", "xn--bcher-kva.test"},
+		{"BÜCHER.test", "xn--bcher-kva.test"},
+		{"bücher.test.", "xn--bcher-kva.test"},
+		{"xn--bcher-kva.test", "xn--bcher-kva.test"},
+		{"XN--BCHER-KVA.TEST.", "xn--bcher-kva.test"},
+		{"mail.bücher.xn--bcher-kva.test", "mail.xn--bcher-kva.xn--bcher-kva.test"},
+		{"[192.0.2.1]", "[192.0.2.1]"},
+		{"[IPv6:2001:DB8::1]", "[IPv6:2001:db8::1]"},
+	} {
+		got, err := CanonicalDomain(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("CanonicalDomain(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+		if k := DomainKey(c.in); k != c.want {
+			t.Errorf("DomainKey(%q) = %q, want %q", c.in, k, c.want)
+		}
+	}
+	for _, bad := range []string{"", ".", "a..b", "xn--zz.test", "bu\u0308cher.test", "a.b..", "x.123"} {
+		if got, err := CanonicalDomain(bad); err == nil {
+			t.Errorf("CanonicalDomain(%q) = %q, want an error", bad, got)
+		}
+	}
+	// An invalid name still equals its case and trailing-dot spellings,
+	// and no valid name.
+	if DomainKey("Under_Score.test.") != "under_score.test" {
+		t.Errorf("DomainKey of an invalid name: %q", DomainKey("Under_Score.test."))
+	}
+	if got := UnicodeDomain("xn--bcher-kva.test"); got != "bücher.test" {
+		t.Errorf("UnicodeDomain = %q", got)
+	}
+}
+
+// FuzzCanonicalDomain: every spelling of a domain has the canonical form
+// of the domain, the canonical form is a fixed point, and every spelling
+// is the same domain by SameDomain and DomainKey.
+func FuzzCanonicalDomain(f *testing.F) {
+	for _, s := range []string{"example.com", "bücher.test", "xn--bcher-kva.test", "Straße.test", "ñandú.test",
+		"العربية.test", "日本語.jp", "a.xn--fiqs8s", "[192.0.2.1]", "x.test."} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		d, err := CanonicalDomain(s)
+		if err != nil {
+			return
+		}
+		if again, err := CanonicalDomain(d); err != nil || again != d {
+			t.Fatalf("CanonicalDomain(%q) = %q, but again %q, %v", s, d, again, err)
+		}
+		if !isASCII(d) || d != strings.ToLower(d) || strings.HasSuffix(d, ".") {
+			t.Fatalf("CanonicalDomain(%q) = %q: not ASCII, lower case, without a final dot", s, d)
+		}
+		if strings.HasPrefix(d, "[") {
+			return
+		}
+		for _, sp := range spelling.Of(d) {
+			got, err := CanonicalDomain(sp)
+			if err == nil && got != d {
+				t.Fatalf("spelling %q of %q is canonically %q", sp, d, got)
+			}
+			if !SameDomain(sp, s) || DomainKey(sp) != d {
+				t.Fatalf("spelling %q of %q (from %q): DomainKey %q", sp, d, s, DomainKey(sp))
+			}
+		}
+	})
+}
