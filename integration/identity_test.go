@@ -6,7 +6,6 @@ package integration
 // swaks, or with a raw SMTPUTF8 dialogue where swaks cannot speak it.
 
 import (
-	"encoding/base64"
 	"fmt"
 	"net"
 	"net/textproto"
@@ -79,10 +78,6 @@ func rawSMTP(t *testing.T, addr string, cmds ...string) []string {
 	return out
 }
 
-func authPlain(user string) string {
-	return "AUTH PLAIN " + base64.StdEncoding.EncodeToString([]byte("\x00"+user+"\x00"+user+"-pw"))
-}
-
 // TestSenderOwnerIDNSpellings: carol owns *@bücher.test (U-label in the
 // users file), dora *@xn--mnchen-3ya.test (A-label). bob may use neither
 // domain in any spelling: the A-label of carol's (swaks, plain ASCII) and
@@ -121,7 +116,7 @@ func TestSenderOwnerIDNSpellings(t *testing.T) {
 		{"bob", "x@MÜNCHEN.test", "553 5.7.1"},
 		{"dora", "dora@münchen.test", "250 "},
 	} {
-		got := rawSMTP(t, r.SMTPAddr, "EHLO client.test", authPlain(c.user), "MAIL FROM:<"+c.from+"> SMTPUTF8", "QUIT")
+		got := rawSMTP(t, r.SMTPAddr, "EHLO client.test", authPlain(c.user, c.user+"-pw"), "MAIL FROM:<"+c.from+"> SMTPUTF8", "QUIT")
 		if !strings.HasPrefix(got[2], c.want) {
 			t.Errorf("%s as %s: MAIL got %q, want %q", c.user, c.from, got[2], c.want)
 		}
