@@ -415,7 +415,7 @@ func TestRecipeExampleConfigs(t *testing.T) {
 	a25, a587, a465 := peers.FreeAddr(t, ip), peers.FreeAddr(t, ip), peers.FreeAddr(t, ip)
 	edited := recipeText(t, "configs/greyrelay.example.yaml", string(b),
 		"127.0.0.1:25\n", a25+"\n", "0.0.0.0:587", a587, "0.0.0.0:465", a465,
-		"/etc/greyrelay/", etc+"/", "/var/spool/greyrelay/", dir+"/", "127.0.0.1:8025", peers.FreeAddr(t, ip), "192.0.2.10", ip)
+		"/etc/greyrelay/", etc+"/", "/var/lib/greyrelay/", dir+"/", "127.0.0.1:8025", peers.FreeAddr(t, ip), "192.0.2.10", ip)
 	if err := os.WriteFile(conf, []byte(edited), 0o600); err != nil {
 		t.Fatal(err)
 	}

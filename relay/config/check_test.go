@@ -142,9 +142,18 @@ func TestWarnings(t *testing.T) {
 		{"cluster node without a name", "hostname: relay.test\ncluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n", `cluster.node_name is empty: this node registers as "relay.test"`},
 		{"named cluster node", "cluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n  node_name: a\n", ""},
 		{"late delay warning", "retry:\n  lifetime: 12h\n  delay_warnings: [4h, 1d]\n", "retry.delay_warnings: 24h0m0s is not before retry.lifetime (12h0m0s), when the message bounces: dropped"},
+		// The EHLO name: the embedded default sets none.
+		{"hostname unset", "hostname: \"\"\n", `hostname is not set: the relay names itself "relay.test" (the system's host name; in a container, its ID)`},
+		{"hostname not qualified", "hostname: vm\n", `hostname: "vm" is not a fully qualified domain name`},
+		{"hostname an address", "hostname: 192.0.2.1\n", `hostname: "192.0.2.1" is not a fully qualified domain name`},
+		{"hostname with a trailing dot", "hostname: relay.test.\n", ""},
 	}
 	for _, tc := range cases {
-		c, err := load(t, tc.file, nil)
+		file := tc.file
+		if !strings.Contains(file, "hostname:") {
+			file = "hostname: relay.test\n" + file // the other cases test one warning each
+		}
+		c, err := load(t, file, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
