@@ -170,7 +170,9 @@ type preflight struct {
 	errs     []error
 }
 
-func (p *preflight) fail(format string, args ...any) { p.errs = append(p.errs, fmt.Errorf(format, args...)) }
+func (p *preflight) fail(format string, args ...any) {
+	p.errs = append(p.errs, fmt.Errorf(format, args...))
+}
 
 // listen binds addr and releases it at once.
 func (p *preflight) listen(key, addr string) {
