@@ -148,4 +148,3 @@ func TestPreflight(t *testing.T) {
 		t.Errorf("clean configuration: warnings %q, err %v", warnings, err)
 	}
 }
-
