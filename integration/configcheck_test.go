@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strconv"
@@ -290,5 +291,105 @@ func TestServeQueueInStateDirectory(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(r.Dir, "greyrelay-data")); err == nil {
 		t.Errorf("queue created in the working directory %s too", r.Dir)
+	}
+}
+
+// TestRecipeSystemdCredentials runs docs/operations.md's LoadCredential=
+// recipe: the drop-in, beside configs/greyrelay.service, passes
+// systemd-analyze verify; and the configuration naming the copies checks
+// as systemd leaves them (owned by the service's user, mode 0400) with
+// `config check -user`, while the same files as keygen leaves them (0600,
+// another owner) are refused with the way out.
+func TestRecipeSystemdCredentials(t *testing.T) {
+	t.Parallel()
+	blocks := recipeBlocks(t, "TestRecipeSystemdCredentials")
+	if len(blocks) != 2 || blocks[0].Lang != "ini" || blocks[1].Lang != "yaml" {
+		t.Fatalf("want the drop-in (ini) and the configuration (yaml), got %d blocks", len(blocks))
+	}
+	analyze, err := exec.LookPath("systemd-analyze")
+	switch {
+	case err != nil && os.Getenv("GREYRELAY_REQUIRE_PEERS") != "":
+		t.Fatal("systemd-analyze is not installed (GREYRELAY_REQUIRE_PEERS is set)")
+	case err == nil:
+		b, err := os.ReadFile(filepath.Join(moduleRoot(t), "configs", "greyrelay.service"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		units := t.TempDir()
+		unit := filepath.Join(units, "greyrelay.service")
+		dropIn := filepath.Join(units, "greyrelay.service.d", "credentials.conf")
+		if err := os.MkdirAll(filepath.Dir(dropIn), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(unit, []byte(recipeText(t, "configs/greyrelay.service", string(b), "/usr/local/bin/greyrelay", peers.Binary(t))), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dropIn, []byte(blocks[0].Text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(analyze, "verify", unit).CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) > 0 {
+			t.Errorf("systemd-analyze verify with the drop-in: %v\n%s", err, out)
+		}
+	}
+
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skip("no user nobody on this host")
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	creds := t.TempDir() // stands for /run/credentials/greyrelay.service
+	for _, d := range []string{filepath.Dir(creds), creds} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if res := runGreyrelay(t, creds, "", nil, "dkim", "keygen", "-out", filepath.Join(creds, "dkim.key"), "example.com", "s2026"); res.Code != 0 {
+		t.Fatalf("dkim keygen: %s", res)
+	}
+	cert := peers.NewCert(t, "relay.example.com")
+	copyFile(t, cert.CertFile, filepath.Join(creds, "tls.crt"))
+	copyFile(t, cert.KeyFile, filepath.Join(creds, "tls.key"))
+	if err := os.Chmod(filepath.Join(creds, "tls.key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ip := peers.Loopback(235)
+	cfg := recipeText(t, blocks[1].File, blocks[1].Text, "/run/credentials/greyrelay.service/", creds+"/", "0.0.0.0:587", peers.FreeAddr(t, ip)) +
+		fmt.Sprintf("hostname: relay.example.com\nadmin:\n  address: %s\n", peers.FreeAddr(t, ip))
+	f := filepath.Join(t.TempDir(), "greyrelay.yaml")
+	if err := os.WriteFile(f, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"GREYRELAY_QUEUE_PATH=" + filepath.Join(t.TempDir(), "queue.db")}
+	res := runGreyrelay(t, creds, "", env, "config", "check", "-config", f, "-user", "nobody")
+	for _, key := range []string{"dkim.domains.example.com.selectors[0].key_file", "listeners[0].tls_key"} {
+		if res.Code != 2 || !strings.Contains(res.Stderr, key+": ") || !strings.Contains(res.Stderr, "LoadCredential=") {
+			t.Errorf("keys as keygen and openssl leave them: want %s refused, naming LoadCredential=:\n%s", key, res)
+		}
+	}
+	if os.Getuid() != 0 {
+		return // only root can give files away, as systemd does
+	}
+	for _, name := range []string{"dkim.key", "tls.crt", "tls.key"} {
+		p := filepath.Join(creds, name)
+		if err := os.Chown(p, uid, -1); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, 0o400); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The queue's directory is the unit's StateDirectory, the user's own.
+	state := t.TempDir()
+	for _, d := range []string{filepath.Dir(state), state} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(state, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	env = []string{"GREYRELAY_QUEUE_PATH=" + filepath.Join(state, "queue.db")}
+	if res := runGreyrelay(t, creds, "", env, "config", "check", "-config", f, "-user", "nobody"); res.Code != 0 {
+		t.Errorf("the copies as systemd hands them over: want valid:\n%s", res)
 	}
 }
