@@ -49,25 +49,29 @@ type Account struct {
 // LookupAccount finds a user by name or number. A user that does not
 // exist is not an error: a systemd unit with DynamicUser= has a user only
 // while it runs, so it is checked as one that owns no file and is in no
-// group, which is what the service's user is.
+// group, which is what the service's user is. A number this host does not
+// know (a container's user) is checked as that uid, in no group.
 func LookupAccount(name string) (*Account, error) {
 	u, err := user.Lookup(name)
-	if _, isNum := strconv.Atoi(name); err != nil && isNum == nil {
+	uid, numErr := strconv.Atoi(name)
+	if err != nil && numErr == nil {
 		u, err = user.LookupId(name)
 	}
 	var unknown user.UnknownUserError
 	var unknownID user.UnknownUserIdError
-	if errors.As(err, &unknown) || errors.As(err, &unknownID) {
+	switch {
+	case errors.As(err, &unknownID) || (errors.As(err, &unknown) && numErr == nil):
+		return &Account{Name: name, UID: uid}, nil
+	case errors.As(err, &unknown):
 		return &Account{Name: name, UID: -1}, nil
-	}
-	if err != nil {
+	case err != nil:
 		return nil, fmt.Errorf("user %s: %w", name, err)
 	}
 	a := &Account{Name: name}
 	a.UID, _ = strconv.Atoi(u.Uid)
 	gids, _ := u.GroupIds()
 	for _, g := range append([]string{u.Gid}, gids...) {
-		if n, err := strconv.Atoi(g); err == nil {
+		if n, err := strconv.Atoi(g); err == nil && !slices.Contains(a.Groups, n) {
 			a.Groups = append(a.Groups, n)
 		}
 	}

@@ -148,3 +148,20 @@ func TestPreflight(t *testing.T) {
 		t.Errorf("clean configuration: warnings %q, err %v", warnings, err)
 	}
 }
+
+// LookupAccount: a known user has its uid and groups; an unknown name is
+// a DynamicUser (no uid of its own); an unknown number is that uid.
+func TestLookupAccount(t *testing.T) {
+	root, err := LookupAccount("root")
+	if err != nil || root.UID != 0 || len(root.Groups) == 0 || root.Groups[0] != 0 || root.Note() != "" {
+		t.Errorf("root: %+v, %v", root, err)
+	}
+	dyn, err := LookupAccount("greyrelay-no-such-user")
+	if err != nil || dyn.UID != -1 || !strings.Contains(dyn.Note(), "DynamicUser") {
+		t.Errorf("unknown name: %+v, %v", dyn, err)
+	}
+	num, err := LookupAccount("65532")
+	if err != nil || num.UID != 65532 || len(num.Groups) != 0 {
+		t.Errorf("unknown number: %+v, %v", num, err)
+	}
+}
