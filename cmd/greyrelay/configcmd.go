@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
 	"time"
@@ -55,9 +56,12 @@ func (c configChoice) String() string {
 	return fmt.Sprintf("using configuration %s (%s)", c.path, c.why)
 }
 
+// fileExists is false only for a file that is not there: one this user
+// may not see is reported when it is read, rather than silently replaced
+// by the embedded default.
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
-	return err == nil
+	return !errors.Is(err, fs.ErrNotExist)
 }
 
 // loadConfig is the one way every subcommand reads its configuration:

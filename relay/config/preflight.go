@@ -102,19 +102,10 @@ func (a *Account) may(fi fs.FileInfo, want fs.FileMode) bool {
 	case !ok:
 	case a.UID >= 0 && uid == a.UID:
 		return perm>>6&want == want
-	case a.inGroup(gid):
+	case slices.Contains(a.Groups, gid):
 		return perm>>3&want == want
 	}
 	return perm&want == want
-}
-
-func (a *Account) inGroup(gid int) bool {
-	for _, g := range a.Groups {
-		if g == gid {
-			return true
-		}
-	}
-	return false
 }
 
 // Preflight checks what serve needs of the host: every listener and the
