@@ -44,8 +44,8 @@ COPY --from=build /out/etc /etc/greyrelay
 # A numeric user: scratch has no /etc/passwd, and a number lets Kubernetes'
 # runAsNonRoot check it.
 USER 65532:65532
-# Configuration: mount a file at /etc/greyrelay/greyrelay.yaml and set
-# GREYRELAY_CONFIG to it, or set keys through GREYRELAY_* variables (which
+# Configuration: mount a file at /etc/greyrelay/greyrelay.yaml (read from
+# there; GREYRELAY_CONFIG names another path), or set keys through GREYRELAY_* variables (which
 # win over the file's: so only what every container needs is set here; the
 # admin server keeps the default, the container's own 127.0.0.1:8025). The
 # defaults below trust no client address (behind Docker's NAT every client

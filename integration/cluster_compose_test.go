@@ -80,8 +80,10 @@ func TestClusterComposeFiles(t *testing.T) {
 				volumes = append(volumes, v)
 			}
 		}
+		// The queue volume's stand-in: config check writes in the queue's directory.
 		env := []string{"GREYRELAY_ADMIN_TOKEN_FILE=" + filepath.Join(secrets, "admin_token"),
-			"GREYRELAY_CLUSTER_REDIS_PASSWORD_FILE=" + filepath.Join(secrets, "redis_password")}
+			"GREYRELAY_CLUSTER_REDIS_PASSWORD_FILE=" + filepath.Join(secrets, "redis_password"),
+			"GREYRELAY_QUEUE_PATH=" + filepath.Join(t.TempDir(), "queue.db")}
 		for k, v := range svc.Environment {
 			if k != "GREYRELAY_CONFIG" {
 				env = append(env, k+"="+v)

@@ -276,9 +276,11 @@ func rbFullDiskReads(t *testing.T, r *peers.Relay, accepted int) {
 		return
 	}
 	unsettled := 0
-	if note, ok := strings.CutPrefix(stderr.String(), "note: "); ok {
-		if _, err := fmt.Sscanf(note, "%d recipients accepted and journaled are not in this list yet", &unsettled); err != nil {
-			t.Errorf("greyrelay queue list: unexpected note %q", stderr.String())
+	for _, line := range strings.Split(stderr.String(), "\n") { // after the line naming the configuration
+		if note, ok := strings.CutPrefix(line, "note: "); ok {
+			if _, err := fmt.Sscanf(note, "%d recipients accepted and journaled are not in this list yet", &unsettled); err != nil {
+				t.Errorf("greyrelay queue list: unexpected note %q", stderr.String())
+			}
 		}
 	}
 	t.Logf("greyrelay queue list on a full disk: %d not in the list yet", unsettled)

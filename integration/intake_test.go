@@ -145,22 +145,36 @@ func TestIntakeConfigCheck(t *testing.T) {
 		return []string{fmt.Sprintf("GREYRELAY_LISTENERS_%d_TLS_CERT=%s", i, cert.CertFile),
 			fmt.Sprintf("GREYRELAY_LISTENERS_%d_TLS_KEY=%s", i, cert.KeyFile)}
 	}
+	// config check binds the listeners and the source address and writes
+	// in the queue's directory, as serve would: hostEnv stands in for the
+	// production host's addresses (ports below 1024 need root) and state
+	// directory.
+	ip := peers.Loopback(236)
+	hostEnv := func(listeners int) []string {
+		env := []string{"GREYRELAY_QUEUE_PATH=" + filepath.Join(dir, "queue.db"), "GREYRELAY_ADMIN_ADDRESS=" + peers.FreeAddr(t, ip)}
+		for i := range listeners {
+			env = append(env, fmt.Sprintf("GREYRELAY_LISTENERS_%d_ADDRESS=%s", i, peers.FreeAddr(t, ip)))
+		}
+		return env
+	}
 	// Every YAML file in configs/ is listed here, so that a new one is
 	// either checked or explicitly not a relay configuration. missing
-	// names the keys a plain check must complain about (files that exist
-	// only on a production host); env supplies stand-ins for them.
+	// names the keys a plain check must complain about (files and
+	// addresses that exist only on a production host); env supplies
+	// stand-ins for them.
 	shipped := map[string]struct {
 		missing []string
 		env     []string
 	}{
 		"default.yaml": {},
 		"greyrelay.example.yaml": {
-			missing: []string{"listeners[1].tls_cert", "listeners[2].tls_cert", "users_file"},
-			env:     append(append(tlsEnv(1), tlsEnv(2)...), "GREYRELAY_USERS_FILE="+users),
+			missing: []string{"listeners[1].tls_cert", "listeners[2].tls_cert", "users_file", "delivery.source_ipv4: 192.0.2.10 is not bindable"},
+			env: slices.Concat(tlsEnv(1), tlsEnv(2), hostEnv(3),
+				[]string{"GREYRELAY_USERS_FILE=" + users, "GREYRELAY_DELIVERY_SOURCE_IPV4=" + ip}),
 		},
 		"container.yaml": {
 			missing: []string{"admin.token_file", "users_file", "listeners[0].tls_cert"},
-			env:     append(tlsEnv(0), "GREYRELAY_USERS_FILE="+users, "GREYRELAY_ADMIN_TOKEN_FILE="+token),
+			env:     slices.Concat(tlsEnv(0), hostEnv(1), []string{"GREYRELAY_USERS_FILE=" + users, "GREYRELAY_ADMIN_TOKEN_FILE=" + token}),
 		},
 	}
 	files, err := filepath.Glob("../configs/*.yaml")

@@ -270,7 +270,10 @@ func (c cliResult) String() string {
 }
 
 // runGreyrelay runs the binary in dir with stdin and extra environment
-// (the inherited environment loses its GREYRELAY_* variables).
+// (the inherited environment loses its GREYRELAY_* variables, and
+// GREYRELAY_CONFIG is empty unless env sets it: a command without -config
+// reads the embedded default, not a file that happens to be at
+// /etc/greyrelay/greyrelay.yaml on the test machine).
 func runGreyrelay(t *testing.T, dir, stdin string, env []string, args ...string) cliResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -282,7 +285,7 @@ func runGreyrelay(t *testing.T, dir, stdin string, env []string, args ...string)
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(append(cmd.Env, "GREYRELAY_CONFIG="), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

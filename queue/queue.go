@@ -156,6 +156,9 @@ func Open(path string, opt Options) (*Queue, error) {
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s (waited %v)", ErrLocked, path, opt.LockTimeout)
 	}
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) && pe.Path == path {
+		err = pe.Err // named once, below
+	}
 	if err != nil {
 		return nil, fmt.Errorf("queue: open %s: %w", path, err)
 	}

@@ -44,7 +44,7 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return &exitError{2, errors.New(usage)}
 	}
-	nodes, err := clusterNodes(path, "cluster.redis.addresses is empty: this node is on its own")
+	nodes, err := clusterNodes(path, stderr, "cluster.redis.addresses is empty: this node is on its own")
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func queueListCluster(args, rest []string, local *adminclient.Client, stdout, st
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
 	}
-	nodes, err := clusterNodes(path, "queue list -cluster: cluster.redis.addresses is empty")
+	nodes, err := clusterNodes(path, nil, "queue list -cluster: cluster.redis.addresses is empty")
 	if err != nil {
 		return err
 	}
@@ -148,7 +148,7 @@ func queueShowCluster(args, rest []string, local *adminclient.Client, stdout, st
 	if len(args) >= 2 && (args[0] == "-config" || args[0] == "--config") {
 		path = args[1]
 	}
-	nodes, err := clusterNodes(path, "queue show -cluster: cluster.redis.addresses is empty")
+	nodes, err := clusterNodes(path, nil, "queue show -cluster: cluster.redis.addresses is empty")
 	if err != nil {
 		return err
 	}
@@ -179,11 +179,11 @@ func queueShowCluster(args, rest []string, local *adminclient.Client, stdout, st
 	return nil
 }
 
-// clusterNodes loads the configuration at path and lists the nodes
-// registered in its shared Redis; without cluster.redis it fails with
-// status 2 and the message alone.
-func clusterNodes(path, alone string) ([]cluster.Node, error) {
-	cfg, err := loadConfig(path)
+// clusterNodes loads the configuration at path (saying which on stderr,
+// if not nil) and lists the nodes registered in its shared Redis; without
+// cluster.redis it fails with status 2 and the message alone.
+func clusterNodes(path string, stderr io.Writer, alone string) ([]cluster.Node, error) {
+	cfg, _, err := loadConfig(path, stderr)
 	if err != nil {
 		return nil, err
 	}

@@ -2,25 +2,83 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/greyrelay/greyrelay/configs"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
 )
 
-// loadConfig is the one way every subcommand reads its configuration:
-// the embedded default, the file if any, then the environment. With no
-// -config flag, GREYRELAY_CONFIG names the file (the container's way).
-func loadConfig(path string) (*config.Config, error) {
-	if path == "" {
-		path = os.Getenv(config.EnvConfigFile)
+// defaultConfigPath is where the example configuration, the systemd
+// unit and the documentation put the file: a command run on the relay's
+// host without -config finds the running relay's configuration there.
+const defaultConfigPath = "/etc/greyrelay/greyrelay.yaml"
+
+// configChoice is the configuration file a command reads ("" for the
+// embedded default) and why that one.
+type configChoice struct{ path, why string }
+
+// chooseConfig picks the file: -config, else $GREYRELAY_CONFIG (set but
+// empty: the embedded default, which is how a test or a script says "no
+// file"), else defaultConfigPath when it exists, else the embedded
+// default. The environment and the file system are passed in so that
+// tests need not own /etc.
+func chooseConfig(flagPath string, lookupEnv func(string) (string, bool), exists func(string) bool) configChoice {
+	if flagPath != "" {
+		return configChoice{flagPath, "-config"}
 	}
+	if p, ok := lookupEnv(config.EnvConfigFile); ok {
+		if p == "" {
+			return configChoice{"", "$" + config.EnvConfigFile + " is empty"}
+		}
+		return configChoice{p, "$" + config.EnvConfigFile}
+	}
+	if exists(defaultConfigPath) {
+		return configChoice{defaultConfigPath, "the default path"}
+	}
+	return configChoice{"", "no -config, no $" + config.EnvConfigFile + ", no " + defaultConfigPath}
+}
+
+// String is the line a command prints on stderr (stdout stays clean for
+// -json).
+func (c configChoice) String() string {
+	if c.path == "" {
+		return fmt.Sprintf("using the embedded default configuration (%s)", c.why)
+	}
+	return fmt.Sprintf("using configuration %s (%s)", c.path, c.why)
+}
+
+// fileExists is false only for a file that is not there: one this user
+// may not see is reported when it is read, rather than silently replaced
+// by the embedded default.
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
+// loadConfig is the one way every subcommand reads its configuration:
+// chooseConfig's file, said on stderr when stderr is not nil, read and
+// validated by readConfig.
+func loadConfig(flagPath string, stderr io.Writer) (*config.Config, configChoice, error) {
+	choice := chooseConfig(flagPath, os.LookupEnv, fileExists)
+	if stderr != nil {
+		fmt.Fprintln(stderr, "greyrelay:", choice)
+	}
+	c, err := readConfig(choice.path)
+	return c, choice, err
+}
+
+// readConfig reads the file at path ("": none) over the embedded default,
+// then the environment, and validates the result.
+func readConfig(path string) (*config.Config, error) {
 	c, err := config.LoadFile(configs.Default, path)
 	if c == nil {
 		return nil, &exitError{2, err}
@@ -34,33 +92,64 @@ func loadConfig(path string) (*config.Config, error) {
 
 func configCmd(args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return &exitError{2, errors.New("usage: greyrelay config check -config FILE | config default")}
+		return &exitError{2, errors.New("usage: greyrelay config check [-config FILE] [-user NAME] | config default")}
 	}
 	switch args[0] {
 	case "default":
 		_, err := stdout.Write(configs.Default)
 		return err
 	case "check":
-		fs := flag.NewFlagSet("config check", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		path := fs.String("config", "", "configuration file to check")
-		if err := fs.Parse(args[1:]); err != nil {
-			return &exitError{2, err}
-		}
-		if *path == "" && fs.NArg() == 1 {
-			*path = fs.Arg(0)
-		}
-		c, err := loadConfig(*path)
-		if err != nil {
-			return err
-		}
-		for _, w := range c.Warnings() {
-			fmt.Fprintln(stderr, "warning:", w)
-		}
-		fmt.Fprintf(stdout, "%s: configuration is valid\n", displayName(*path))
-		return nil
+		return configCheck(args[1:], stdout, stderr)
 	}
 	return &exitError{2, fmt.Errorf("unknown config subcommand %q", args[0])}
+}
+
+// configCheck validates a configuration and then checks it against this
+// host the way serve would use it (config.Preflight): every error of the
+// file, the environment and the host in one run, exit status 2 if any.
+func configCheck(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("config check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	path := fs.String("config", "", "configuration file to check (default: $GREYRELAY_CONFIG, else "+defaultConfigPath+" if it exists)")
+	userName := fs.String("user", "", "check the files the relay reads against this user's permissions (the user serve runs as)")
+	if err := fs.Parse(args); err != nil {
+		return &exitError{2, err}
+	}
+	if *path == "" && fs.NArg() == 1 {
+		*path = fs.Arg(0)
+	}
+	var as *config.Account
+	if *userName != "" {
+		a, err := config.LookupAccount(*userName)
+		if err != nil {
+			return &exitError{2, err}
+		}
+		as = a
+		if n := a.Note(); n != "" {
+			fmt.Fprintln(stderr, "greyrelay:", n)
+		}
+	}
+	choice := chooseConfig(*path, os.LookupEnv, fileExists)
+	c, err := config.LoadFile(configs.Default, choice.path)
+	if c == nil {
+		return &exitError{2, err}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	warnings, hostErr := c.Preflight(ctx, config.SystemHost(as))
+	if err := config.SortByLine(errors.Join(err, c.Validate(), hostErr)); err != nil {
+		printWarnings(stderr, append(c.Warnings(), warnings...))
+		return &exitError{2, fmt.Errorf("invalid configuration:\n%w", err)}
+	}
+	printWarnings(stderr, append(c.Warnings(), warnings...))
+	fmt.Fprintf(stdout, "%s: configuration is valid\n", displayName(choice.path))
+	return nil
+}
+
+func printWarnings(w io.Writer, warnings []string) {
+	for _, s := range warnings {
+		fmt.Fprintln(w, "warning:", s)
+	}
 }
 
 func displayName(path string) string {

@@ -64,7 +64,7 @@ func reloadDKIM(ctx context.Context, hup <-chan os.Signal, path string, signer *
 			return
 		case <-hup:
 		}
-		cfg, err := loadConfig(path)
+		cfg, err := readConfig(path)
 		if err != nil {
 			log.Error("SIGHUP: configuration not reloaded, DKIM keys unchanged", zap.Error(err))
 			continue

@@ -3,7 +3,7 @@
 // together. No business logic lives here.
 //
 //	greyrelay [serve] [-config FILE]     run the relay (the default subcommand)
-//	greyrelay config check -config FILE  validate a configuration (exit 2 if bad)
+//	greyrelay config check [-config FILE] [-user NAME]  validate a configuration against this host (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
 //	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
@@ -140,7 +140,9 @@ const usage = `usage:
   greyrelay [serve] [-config FILE] [-check-queue]
                                         run the relay (no file: the embedded default, loopback only);
                                         -check-queue decodes every queue record at start first
-  greyrelay config check -config FILE   validate a configuration
+  greyrelay config check [-config FILE] [-user NAME]
+                                        validate a configuration and check it against this host as serve
+                                        would use it (addresses, queue directory, files readable by NAME)
   greyrelay config default              print the complete default configuration
   greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
                                         SENDER: an address, *@domain or <> this user may send as
@@ -169,9 +171,11 @@ const usage = `usage:
   greyrelay help | -h                   this list
 
 Every command that reads the configuration takes -config FILE anywhere on
-its command line; without it, $GREYRELAY_CONFIG names the file, else the
-embedded default is used. GREYRELAY_* variables override single keys
-(GREYRELAY_RETRY_LIFETIME=3d); one that names no key is an error.
+its command line; without it, $GREYRELAY_CONFIG names the file (empty: the
+embedded default), else /etc/greyrelay/greyrelay.yaml if it exists, else
+the embedded default is used; the command says which on stderr.
+GREYRELAY_* variables override single keys (GREYRELAY_RETRY_LIFETIME=3d);
+one that names no key is an error.
 `
 
 // version reports the module version and VCS revision the binary was built from.

@@ -165,3 +165,30 @@ func TestConfigCheckReportsEverything(t *testing.T) {
 		t.Errorf("warnings: err %v\nstdout %s\nstderr %s", err, out, errOut)
 	}
 }
+
+// Every command finds the configuration the same way: -config, else
+// $GREYRELAY_CONFIG (empty: the embedded default), else the default path
+// when it exists, else the embedded default; and says which.
+func TestChooseConfig(t *testing.T) {
+	cases := []struct {
+		name        string
+		flag        string
+		env         map[string]string
+		etcExists   bool
+		path, saids string
+	}{
+		{"flag", "f.yaml", map[string]string{"GREYRELAY_CONFIG": "e.yaml"}, true, "f.yaml", "using configuration f.yaml (-config)"},
+		{"environment", "", map[string]string{"GREYRELAY_CONFIG": "e.yaml"}, true, "e.yaml", "using configuration e.yaml ($GREYRELAY_CONFIG)"},
+		{"empty environment", "", map[string]string{"GREYRELAY_CONFIG": ""}, true, "", "using the embedded default configuration ($GREYRELAY_CONFIG is empty)"},
+		{"default path", "", nil, true, defaultConfigPath, "using configuration /etc/greyrelay/greyrelay.yaml (the default path)"},
+		{"embedded", "", nil, false, "", "using the embedded default configuration (no -config, no $GREYRELAY_CONFIG, no /etc/greyrelay/greyrelay.yaml)"},
+	}
+	for _, tc := range cases {
+		lookup := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
+		exists := func(p string) bool { return tc.etcExists && p == defaultConfigPath }
+		got := chooseConfig(tc.flag, lookup, exists)
+		if got.path != tc.path || got.String() != tc.saids {
+			t.Errorf("%s: path %q, says %q; want %q, %q", tc.name, got.path, got.String(), tc.path, tc.saids)
+		}
+	}
+}

@@ -26,7 +26,7 @@ func clientFor(args []string, stderr io.Writer) (*adminclient.Client, []string, 
 		}
 		args = args[2:]
 	}
-	cfg, err := loadConfig(*path)
+	cfg, _, err := loadConfig(*path, stderr)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -76,7 +76,7 @@ func salvageCmd(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
-	cfg, err := loadConfig(*path)
+	cfg, _, err := loadConfig(*path, stderr)
 	if err != nil {
 		return err
 	}

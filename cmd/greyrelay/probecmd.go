@@ -125,7 +125,7 @@ func probeCmd(args []string, stdout, stderr io.Writer) error {
 	if len(targets) != 1 {
 		return &exitError{2, errors.New("usage: greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN")}
 	}
-	cfg, err := loadConfig(*path)
+	cfg, _, err := loadConfig(*path, stderr)
 	if err != nil {
 		return err
 	}

@@ -50,8 +50,9 @@ func serve(args []string, stderr io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return &exitError{2, err}
 	}
-	cfg, err := loadConfig(*path)
+	cfg, choice, err := loadConfig(*path, nil)
 	if err != nil {
+		fmt.Fprintln(stderr, "greyrelay:", choice) // no logger yet: the error names the file it read
 		return err
 	}
 	log, err := newLogger(cfg.Log)
@@ -59,8 +60,9 @@ func serve(args []string, stderr io.Writer) error {
 		return &exitError{2, err}
 	}
 	defer log.Sync()
+	log.Info(choice.String(), zap.String("config", displayName(choice.path)))
 	for _, w := range cfg.Warnings() {
-		log.Warn("configuration: "+w, zap.String("config", displayName(*path)))
+		log.Warn("configuration: "+w, zap.String("config", displayName(choice.path)))
 	}
 	tuneGC()
 	tuneProcs()
@@ -76,7 +78,8 @@ func serve(args []string, stderr io.Writer) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	go reloadDKIM(ctx, hup, *path, signer, log)
+	go reloadDKIM(ctx, hup, choice.path, signer, log)
+	go warnUnresolvedHostname(ctx, cfg, log)
 	err = runRelay(ctx, cfg, log, *check, signer)
 	var damaged *queue.DamagedError
 	if errors.As(err, &damaged) {
@@ -84,6 +87,17 @@ func serve(args []string, stderr io.Writer) error {
 		return &exitError{exitDamaged, err}
 	}
 	return err
+}
+
+// warnUnresolvedHostname logs a warning when the hostname does not
+// resolve (config.UnresolvedHostname). It runs beside the start, so that
+// a slow resolver delays nothing; a stop before the answer says nothing.
+func warnUnresolvedHostname(ctx context.Context, cfg *config.Config, log *zap.Logger) {
+	lookup, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if w := cfg.UnresolvedHostname(lookup, net.DefaultResolver.LookupHost); w != "" && ctx.Err() == nil {
+		log.Warn("configuration: " + w)
+	}
 }
 
 // exitDamaged is serve's exit status when the queue file is damaged:
@@ -167,6 +181,11 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if err != nil {
 		return err
 	}
+	// Said before bbolt tries: its error would be a bare mkdir or open
+	// failure, without the path's origin or what to do.
+	if err := config.QueueWritable(cfg.Queue.Path, nil); err != nil {
+		return fmt.Errorf("queue.path: %w", err)
+	}
 	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
@@ -177,7 +196,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		},
 	}))
 	if err != nil {
-		return fmt.Errorf("open queue %s: %w", cfg.Queue.Path, err)
+		return fmt.Errorf("queue.path: %w", err) // the queue's error names the file
 	}
 	defer q.Close()
 	defer runEvents(ctx, ev, q)() // stopped before the queue closes

@@ -432,12 +432,13 @@ func greets(addr string, implicitTLS bool, preamble string) error {
 	return nil
 }
 
-// CleanEnv is the process environment without GREYRELAY_* variables, so
-// that a developer's shell cannot change the relay's configuration.
+// CleanEnv is the process environment without GREYRELAY_* variables and
+// STATE_DIRECTORY (where a relative queue.path resolves), so that a
+// developer's shell or service cannot change the relay's configuration.
 func CleanEnv() []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "GREYRELAY_") {
+		if !strings.HasPrefix(kv, "GREYRELAY_") && !strings.HasPrefix(kv, "STATE_DIRECTORY=") {
 			env = append(env, kv)
 		}
 	}

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -142,9 +144,18 @@ func TestWarnings(t *testing.T) {
 		{"cluster node without a name", "hostname: relay.test\ncluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n", `cluster.node_name is empty: this node registers as "relay.test"`},
 		{"named cluster node", "cluster:\n  redis: {addresses: ['127.0.0.1:6379']}\n  node_name: a\n", ""},
 		{"late delay warning", "retry:\n  lifetime: 12h\n  delay_warnings: [4h, 1d]\n", "retry.delay_warnings: 24h0m0s is not before retry.lifetime (12h0m0s), when the message bounces: dropped"},
+		// The EHLO name: the embedded default sets none.
+		{"hostname unset", "hostname: \"\"\n", `hostname is not set: the relay names itself "relay.test" (the system's host name; in a container, its ID)`},
+		{"hostname not qualified", "hostname: vm\n", `hostname: "vm" is not a fully qualified domain name`},
+		{"hostname an address", "hostname: 192.0.2.1\n", `hostname: "192.0.2.1" is not a fully qualified domain name`},
+		{"hostname with a trailing dot", "hostname: relay.test.\n", ""},
 	}
 	for _, tc := range cases {
-		c, err := load(t, tc.file, nil)
+		file := tc.file
+		if !strings.Contains(file, "hostname:") {
+			file = "hostname: relay.test\n" + file // the other cases test one warning each
+		}
+		c, err := load(t, file, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -180,4 +191,96 @@ func FuzzLoad(f *testing.F) {
 			_ = c.Warnings()
 		}
 	})
+}
+
+// Validation errors name the line of their key (or of the nearest
+// enclosing key the file sets), or the environment variable that set it;
+// a key left at its default has no line to name.
+func TestValidate_ErrorsNameTheirLine(t *testing.T) {
+	file := "hostname: relay.test\n" + // 1
+		"listeners:\n" + // 2
+		"  - address: 127.0.0.1:2525\n" + // 3
+		"  - address: 127.0.0.1:2526\n" + // 4
+		"    mode: smtps\n" + // 5
+		"limits:\n" + // 6
+		"  max_connections: 0\n" + // 7
+		"delivery:\n" + // 8
+		"  smarthost:\n" + // 9
+		"    username: u\n" // 10
+	c, err := load(t, file, map[string]string{"GREYRELAY_QUEUE_LOCK_TIMEOUT": "0s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Validate()
+	if err == nil {
+		t.Fatal("valid")
+	}
+	for _, want := range []string{
+		`test.yaml: line 5: listeners[1].mode: "smtps" is not one of`,
+		"test.yaml: line 7: limits.max_connections: must be greater than 0",
+		"test.yaml: line 9: delivery.smarthost: username without password",
+		"environment GREYRELAY_QUEUE_LOCK_TIMEOUT: queue.lock_timeout: must be greater than 0",
+	} {
+		if !strings.Contains(err.Error()+"\n", want) {
+			t.Errorf("errors lack %q:\n%v", want, err)
+		}
+	}
+	// The default's own keys are not in the file: no line.
+	c, _ = load(t, "hostname: relay.test\n", map[string]string{"GREYRELAY_HISTORY_MAX_MESSAGES": "0"})
+	if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "environment GREYRELAY_HISTORY_MAX_MESSAGES: history.max_messages") {
+		t.Errorf("environment error: %v", err)
+	}
+}
+
+// A relative queue.path resolves against $STATE_DIRECTORY (systemd's
+// StateDirectory=), so that the relay's state does not depend on the
+// directory it was started from; without it, it stays relative.
+func TestLoad_QueuePathInStateDirectory(t *testing.T) {
+	cases := []struct {
+		file string
+		env  map[string]string
+		want string
+	}{
+		{"", map[string]string{"STATE_DIRECTORY": "/var/lib/greyrelay"}, "/var/lib/greyrelay/greyrelay-data/queue.db"},
+		{"queue:\n  path: queue.db\n", map[string]string{"STATE_DIRECTORY": "/var/lib/greyrelay:/var/lib/other"}, "/var/lib/greyrelay/queue.db"},
+		{"queue:\n  path: /srv/q/queue.db\n", map[string]string{"STATE_DIRECTORY": "/var/lib/greyrelay"}, "/srv/q/queue.db"},
+		{"", map[string]string{"STATE_DIRECTORY": "/var/lib/greyrelay", "GREYRELAY_QUEUE_PATH": "q.db"}, "/var/lib/greyrelay/q.db"},
+		{"", nil, "./greyrelay-data/queue.db"},
+		{"", map[string]string{"STATE_DIRECTORY": ""}, "./greyrelay-data/queue.db"},
+	}
+	for _, tc := range cases {
+		c, err := load(t, tc.file, tc.env)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Queue.Path != tc.want {
+			t.Errorf("%q with %v: queue.path = %q, want %q", tc.file, tc.env, c.Queue.Path, tc.want)
+		}
+	}
+}
+
+// QueueWritable names the absolute path and, for a relative one, that it
+// depends on the working directory, without repeating the path.
+func TestQueueWritable(t *testing.T) {
+	dir := t.TempDir()
+	blocker := filepath.Join(dir, "greyrelay-data")
+	if err := os.WriteFile(blocker, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(dir)
+	err := QueueWritable("./greyrelay-data/queue.db", nil)
+	if err == nil {
+		t.Fatal("a queue under a regular file: no error")
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "cannot create "+blocker+": ") || !strings.Contains(msg, "relative to the directory greyrelay was started from") ||
+		strings.Count(msg, blocker) != 1 {
+		t.Errorf("error = %q", msg)
+	}
+	if err := QueueWritable(filepath.Join(dir, "q", "queue.db"), nil); err != nil {
+		t.Errorf("a writable directory: %v", err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Errorf("the check left files behind: %v", entries)
+	}
 }

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -124,6 +125,10 @@ type Config struct {
 	Cluster           Cluster      `yaml:"cluster"`
 
 	warnings []string // what Load changed or ignored (Warnings)
+	origin   origin   // where each key was set, for errors that name their line
+	// systemHostname: hostname was empty and Load took the system's host
+	// name, which is rarely the name receivers should see in EHLO.
+	systemHostname bool
 }
 
 // Cluster configures sharing destination knowledge and limits with other
@@ -412,6 +417,15 @@ func Load(src Source) (*Config, error) {
 		return nil, fmt.Errorf("embedded default: %w", err)
 	}
 	var errs []error
+	c.origin = origin{file: src.FileName, lines: keyLines(src.File), env: map[string]bool{}}
+	getenv := src.Getenv
+	if getenv != nil {
+		getenv = func(name string) (string, bool) {
+			v, ok := src.Getenv(name)
+			c.origin.env[name] = c.origin.env[name] || ok
+			return v, ok
+		}
+	}
 	if len(bytes.TrimSpace(src.File)) > 0 {
 		// A file that sets listeners replaces the default list rather than
 		// merging index by index: yaml decodes into a fresh slice.
@@ -424,10 +438,11 @@ func Load(src Source) (*Config, error) {
 	if src.Environ != nil {
 		errs = append(errs, checkEnv(src.Environ())...)
 	}
-	if src.Getenv != nil {
-		if err := applyEnv(&c, src.Getenv); err != nil {
+	if getenv != nil {
+		if err := applyEnv(&c, getenv); err != nil {
 			errs = append(errs, err)
 		}
+		c.Queue.Path = inStateDirectory(c.Queue.Path, src.Getenv)
 	}
 	defaultListenerModes(c.Listeners)
 	readSecrets(&c, src.ReadFile)
@@ -436,11 +451,26 @@ func Load(src Source) (*Config, error) {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("hostname: %w", err))
 		}
-		c.Hostname = h
+		c.Hostname, c.systemHostname = h, true
 	}
 	c.dropLateWarnings()
 	errs = append(errs, c.canonicalDomains()...)
 	return &c, errors.Join(errs...)
+}
+
+// inStateDirectory resolves a relative queue path against
+// $STATE_DIRECTORY, which systemd sets for a unit with StateDirectory=
+// (the first of a colon-separated list), so that the relay's state does
+// not depend on the directory it was started from. Without it a relative
+// path stays relative to the working directory: `go run ./cmd/greyrelay`
+// keeps its queue beside the source.
+func inStateDirectory(path string, getenv func(string) (string, bool)) string {
+	dir, ok := getenv("STATE_DIRECTORY")
+	dir, _, _ = strings.Cut(dir, ":")
+	if !ok || dir == "" || path == "" || filepath.IsAbs(path) {
+		return path
+	}
+	return filepath.Join(dir, path)
 }
 
 // defaultListenerModes gives a listener without a mode the default one,

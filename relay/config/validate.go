@@ -51,7 +51,16 @@ func (c *Config) Validate() error {
 	v.events(c.Events)
 	v.tlsReporting(c.TLSReporting)
 	v.cluster(c.Cluster)
-	return errors.Join(v.errs...)
+	return c.located(v.errs)
+}
+
+// located joins errors, each prefixed with where its key was set (the
+// file's line or the environment variable).
+func (c *Config) located(errs []error) error {
+	for i, err := range errs {
+		errs[i] = c.origin.locate(err)
+	}
+	return errors.Join(errs...)
 }
 
 type validator struct{ errs []error }

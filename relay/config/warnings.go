@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 )
 
 // Warnings lists settings that are valid but cannot do what they seem to:
@@ -23,6 +24,9 @@ func (c *Config) Warnings() []string {
 		out = append(out, w)
 	}
 	out = append(out, c.unsignedTrusted()...)
+	if w := c.ehloName(); w != "" {
+		out = append(out, w)
+	}
 	return out
 }
 
@@ -62,6 +66,31 @@ func (c *Config) grantCovers(n netip.Prefix) bool {
 		}
 	}
 	return false
+}
+
+// ehloName warns when the name the relay gives itself in EHLO, Received
+// and DSNs is not one receivers can check: not set (the system's host
+// name, in a container its ID) or not a fully qualified domain name.
+// Receivers compare the EHLO name with DNS (RFC 5321 §4.1.4 lets them
+// record it, and many score or refuse a name that is not a domain).
+// Whether it resolves needs DNS: Preflight checks that.
+func (c *Config) ehloName() string {
+	const fix = "set hostname to this host's fully qualified name (one that resolves to its address, which the address's PTR record names)"
+	switch {
+	case c.systemHostname:
+		return fmt.Sprintf("hostname is not set: the relay names itself %q (the system's host name; in a container, "+
+			"its ID) in EHLO, Received and DSNs: %s", c.Hostname, fix)
+	case !isFQDN(c.Hostname):
+		return fmt.Sprintf("hostname: %q is not a fully qualified domain name: receivers see it in EHLO: %s", c.Hostname, fix)
+	}
+	return ""
+}
+
+// isFQDN reports whether name looks like a fully qualified domain name:
+// at least two labels, and not an IP address.
+func isFQDN(name string) bool {
+	name = strings.TrimSuffix(name, ".")
+	return strings.Contains(name, ".") && !isIP(name) && hostNameRE.MatchString(name)
 }
 
 // unnamedNode warns of a cluster node without cluster.node_name: it

@@ -279,7 +279,7 @@ func (s *Server) Start() error {
 			for _, b := range bound {
 				b.Close()
 			}
-			return fmt.Errorf("smtpd: listen %s: %w", l.Address, err)
+			return fmt.Errorf("smtpd: %w", err) // "listen tcp ADDRESS: …" names the address
 		}
 		bound = append(bound, nl)
 	}
