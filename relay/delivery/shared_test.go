@@ -83,7 +83,7 @@ type loadOnly struct{ rec queue.Destination }
 
 func (s loadOnly) Load(string) (queue.Destination, bool)          { return s.rec, true }
 func (loadOnly) Publish(queue.Destination)                        {}
-func (loadOnly) Acquire(string, int) (func(), bool)               { return func() {}, true }
+func (loadOnly) Acquire(string, int) (func(), <-chan struct{}, bool) { return func() {}, nil, true }
 func (loadOnly) Freed() <-chan string                             { return nil }
 func (loadOnly) Pace(string, time.Duration) (time.Duration, bool) { return 0, false }
 
