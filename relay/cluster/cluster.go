@@ -99,6 +99,10 @@ type Node struct {
 	// Instance names the process that wrote the entry (set by New); an
 	// entry from a version before it has none.
 	Instance string `json:"instance,omitempty"`
+	// IDTag is the tag in the low bits of this node's queue IDs (IDTag,
+	// six hex digits: the end of every ID it hands out); an entry from a
+	// version before tags has none.
+	IDTag string `json:"id_tag,omitempty"`
 	// ConflictWith is the admin URL of another running process that
 	// writes this node name's entry too, while the writer sees one.
 	ConflictWith string `json:"conflict_with,omitempty"`
@@ -149,6 +153,7 @@ func New(opt Options) (*Cluster, error) {
 		c.log = zap.NewNop()
 	}
 	c.node.Instance = c.instance
+	c.node.IDTag = fmt.Sprintf("%06x", IDTag(c.node.Name))
 	c.m = clusterMetrics{
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
 			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
