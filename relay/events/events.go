@@ -117,10 +117,10 @@ type Options struct {
 	Rand     io.Reader     // event IDs; nil: crypto/rand
 	// Node names this node in every event, so that an application fed
 	// by several nodes knows which one holds the message.
-	Node string
-	Now      func() time.Time
-	Logger   *zap.Logger
-	Metrics  *metrics.Events
+	Node    string
+	Now     func() time.Time
+	Logger  *zap.Logger
+	Metrics *metrics.Events
 }
 
 // Events encodes events for the queue's outbox and runs the sinks' readers.
