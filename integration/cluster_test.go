@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -379,15 +380,22 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 	a := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	b := n.clusterNode(rds.Addr, "delivery.max_per_destination=2")
 	const per = 10
-	var aIDs, rcpts []string
+	var aIDs, bIDs, rcpts []string
 	for i := range per {
 		ra, rb := fmt.Sprintf("a%d@dest.test", i), fmt.Sprintf("b%d@dest.test", i)
 		aIDs = append(aIDs, a.send(peers.SwaksMessage{From: "a@src.test", To: []string{ra}}))
 		if i == per/2 {
 			rds.Kill()
 		}
-		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{rb}})
+		bIDs = append(bIDs, b.send(peers.SwaksMessage{From: "a@src.test", To: []string{rb}}))
 		rcpts = append(rcpts, ra, rb)
+	}
+	// Queue IDs name their node (its tag in their low bits): the two
+	// nodes never answer 250 with the same one.
+	for _, id := range aIDs {
+		if slices.Contains(bIDs, id) {
+			t.Errorf("nodes A and B both queued a message as %s", id)
+		}
 	}
 	eventually(t, 20*time.Second, "nodes see Redis down", func() error {
 		for _, r := range []*testRelay{a, b} {
@@ -398,6 +406,21 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		return nil
 	})
 	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, a, b)
+	// A log line about a message names the node that holds it.
+	for r, id := range map[*testRelay]string{a: aIDs[0], b: bIDs[0]} {
+		named := false
+		for line := range strings.Lines(r.Log()) {
+			if strings.Contains(line, `"queue_id":"`+id+`"`) {
+				named = true
+				if !strings.Contains(line, `"node":"node-`+r.IP+`"`) {
+					t.Errorf("node %s: a line about %s does not name the node: %s", r.IP, id, line)
+				}
+			}
+		}
+		if !named {
+			t.Errorf("node %s logged nothing about %s", r.IP, id)
+		}
+	}
 	for _, r := range []*testRelay{a, b} {
 		if !strings.Contains(r.Log(), "Redis unreachable") {
 			t.Errorf("node %s logged no warning about Redis", r.IP)
@@ -440,14 +463,15 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
-	// `queue show -cluster`, run on node B, asks every node: queue IDs are
-	// per node, so both hold a message with A's first ID, each answer
-	// labelled with its node.
+	// `queue show -cluster`, run on node B, asks every node: only A holds
+	// a message with A's first ID (before IDs named their node, B held
+	// one too, its own first message), and the answer names A.
 	res := runGreyrelay(t, b.Dir, "", nil, "queue", "-config", b.ConfigPath, "show", "-cluster", "-json", aIDs[0])
 	type shownOn struct {
 		Node string `json:"node"`
 		Show struct {
 			ID         string `json:"id"`
+			Node       string `json:"node"`
 			Recipients []struct {
 				Recipient string `json:"recipient"`
 			} `json:"recipients"`
@@ -456,12 +480,13 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 	shown := map[string]string{}
 	for line := range strings.Lines(strings.TrimSpace(res.Stdout)) {
 		var s shownOn
-		if err := json.Unmarshal([]byte(line), &s); err != nil || len(s.Show.Recipients) == 0 || s.Show.ID != aIDs[0] {
+		if err := json.Unmarshal([]byte(line), &s); err != nil || len(s.Show.Recipients) == 0 || s.Show.ID != aIDs[0] ||
+			s.Show.Node != s.Node {
 			t.Fatalf("queue show -cluster: %v: %s", err, res)
 		}
 		shown[s.Node] = s.Show.Recipients[0].Recipient
 	}
-	want := map[string]string{"node-" + a.IP: "a0@dest.test", "node-" + b.IP: "b0@dest.test"}
+	want := map[string]string{"node-" + a.IP: "a0@dest.test"}
 	if res.Code != 0 || !maps.Equal(shown, want) {
 		t.Errorf("queue show -cluster %s: %v (%s), want %v", aIDs[0], shown, res, want)
 	}

@@ -352,6 +352,14 @@ func TestEventsWebhookAndFile(t *testing.T) {
 	})
 
 	rcv := hook.received(t)
+	// Every event names the node that holds the message: with no
+	// cluster.node_name, its hostname.
+	for _, e := range rcv["/all"] {
+		if e["node"] != "relay.test" {
+			t.Errorf("event %s names the node %v, want relay.test", key(e), e["node"])
+			break
+		}
+	}
 	dups := checkEvents(t, "/all", rcv["/all"], want, key, true)
 	filteredWant := map[string]string{}
 	for k, tag := range want {

@@ -270,7 +270,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	}
 	ids := make([]ID, len(ms))
 	for i := range ids {
-		ids[i] = ID(q.lastID.Add(1))
+		ids[i] = q.newID()
 	}
 	if j.bad != nil {
 		q.answer(batch, ids, q.insertDirect(ms, ids))

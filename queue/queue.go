@@ -676,7 +676,7 @@ func holdsAbove(b *insertBatch, needs ID) bool {
 // ID stored, from which Open starts counting.
 func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 	if id == 0 {
-		id = ID(w.lastID.Add(1))
+		id = w.newID()
 	}
 	if b := w.b(bMsgs); uint64(id) > b.Sequence() {
 		if err := b.SetSequence(uint64(id)); err != nil {
@@ -733,7 +733,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	var w *wtx
 	err := q.guard(func() error {
 		return q.db.Update(func(tx *bolt.Tx) error {
-			w = &wtx{tx: tx, delta: newCounts(), lastID: &q.lastID, history: q.opt.History}
+			w = &wtx{tx: tx, delta: newCounts(), newID: q.newID, history: q.opt.History}
 			w.events = eventTx{accept: q.opt.OnAccept, spool: q.spoolDir()}
 			w.setFillPercent()
 			if err := fn(w); err != nil {

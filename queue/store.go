@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -137,7 +136,7 @@ type wtx struct {
 	wake    bool           // the change may create earlier due work
 	low     []byte         // smallest non-active due key put (see DueCursor)
 	unlink  []string       // spool files to remove once the commit is done
-	lastID  *atomic.Uint64 // Queue.lastID: message IDs
+	newID   func() ID      // Queue.newID: the next message ID
 	settled []*insertBatch // journaled batches this transaction inserts
 	// history bounds the records of finished messages; finishedAt is
 	// the time of the outcomes this transaction stores (zero: none).

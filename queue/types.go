@@ -9,6 +9,10 @@ import (
 
 // ID identifies a queued message. IDs come from a bbolt bucket sequence, so
 // they increase monotonically and are never reused within one database.
+// With Options.Node set, an ID's low NodeBits bits name the node that
+// allocated it and the bits above count (id.go), so that nodes sharing
+// a cluster never hand out the same ID; IDs of a database written
+// without a node (plain counts) stay valid as they are.
 type ID uint64
 
 // String returns the ID as 16 lower-case hex digits, the form used in logs,
@@ -153,6 +157,13 @@ type Options struct {
 	// records, with their number by sink (from the writer's goroutine:
 	// it must not call back into the Queue, only signal).
 	OnEvents func(added map[string]int)
+	// Node, when not zero, is this node's tag (its low NodeBits bits are
+	// used): every new ID carries it in its low bits, so that the IDs of
+	// nodes with different tags never collide. Zero hands out plain
+	// counts (1, 2, 3...), as queues did before nodes were tagged. The
+	// caller picks the tag (relay derives it from the node's name);
+	// changing it between runs keeps IDs unique within the database.
+	Node uint32
 }
 
 // NewRecipient is one envelope recipient of a NewMessage.

@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -62,7 +64,8 @@ func clusterCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // nameConflicts is the status-2 error naming every node name that two
-// running processes share, or nil when there is none.
+// running processes share, and every queue ID tag that two nodes share,
+// or nil when there is none.
 func nameConflicts(nodes []cluster.Node) error {
 	var names []string
 	for _, n := range nodes {
@@ -70,10 +73,32 @@ func nameConflicts(nodes []cluster.Node) error {
 			names = append(names, n.Name)
 		}
 	}
-	if len(names) == 0 {
+	var errs []string
+	if len(names) > 0 {
+		errs = append(errs, "node name(s) used by two running processes: "+strings.Join(names, ", "))
+	}
+	for tag, names := range sharedTags(nodes) {
+		errs = append(errs, fmt.Sprintf("nodes %s share the queue ID tag %s", strings.Join(names, " and "), tag))
+	}
+	if len(errs) == 0 {
 		return nil
 	}
-	return &exitError{2, fmt.Errorf("cluster status: node name(s) used by two running processes: %s", strings.Join(names, ", "))}
+	slices.Sort(errs)
+	return &exitError{2, fmt.Errorf("cluster status: %s", strings.Join(errs, "; "))}
+}
+
+// sharedTags maps each queue ID tag that several nodes use to their
+// names. Tags come from hashing node names (cluster.IDTag), so two names
+// may meet: their nodes could then hand out the same queue ID.
+func sharedTags(nodes []cluster.Node) map[string][]string {
+	by := map[string][]string{}
+	for _, n := range nodes {
+		if n.IDTag != "" {
+			by[n.IDTag] = append(by[n.IDTag], n.Name)
+		}
+	}
+	maps.DeleteFunc(by, func(_ string, names []string) bool { return len(names) < 2 })
+	return by
 }
 
 // printNodes writes the registry as a table, then a line for each node
@@ -81,9 +106,9 @@ func nameConflicts(nodes []cluster.Node) error {
 // of them, so the table alone would hide the other.
 func printNodes(w io.Writer, nodes []cluster.Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADMIN\tVERSION\tQUEUED\tUP SINCE\tLAST SEEN")
+	fmt.Fprintln(tw, "NODE\tID TAG\tADMIN\tVERSION\tQUEUED\tUP SINCE\tLAST SEEN")
 	for _, n := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s ago\n", n.Name, n.AdminURL, n.Version, n.Queued,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s ago\n", n.Name, cmp.Or(n.IDTag, "-"), n.AdminURL, n.Version, n.Queued,
 			n.Started.Format(time.RFC3339), time.Since(n.Seen).Round(time.Second))
 	}
 	fmt.Fprintf(tw, "%d node(s)\n", len(nodes))
@@ -95,6 +120,10 @@ func printNodes(w io.Writer, nodes []cluster.Node) error {
 			fmt.Fprintf(w, "CONFLICT: node name %s is used by two running processes (admin %s and %s): give each node its own cluster.node_name\n",
 				n.Name, n.AdminURL, n.ConflictWith)
 		}
+	}
+	for tag, names := range sharedTags(nodes) {
+		fmt.Fprintf(w, "CONFLICT: nodes %s share the queue ID tag %s (their names hash alike) and may hand out the same queue IDs: rename one of them\n",
+			strings.Join(names, " and "), tag)
 	}
 	return nil
 }
@@ -140,7 +169,8 @@ func queueListCluster(args, rest []string, local *adminclient.Client, stdout, st
 
 // queueShowCluster runs `queue show` on every node registered in the
 // shared Redis and prints the answer of each node that holds the message
-// (queue IDs are per node: several may hold one, each answer is labelled):
+// (one: a queue ID ends with its node's tag; only an ID from before
+// tags, a plain count, may be held by several, so each answer is labelled):
 // a section per node, or with -json one object per node and line
 // ({"node", "admin_url", "show"}).
 func queueShowCluster(args, rest []string, local *adminclient.Client, stdout, stderr io.Writer) error {

@@ -16,7 +16,8 @@ import (
 // TestClusterStatusShowsNameConflict runs `greyrelay cluster status`
 // against a real Redis where real nodes registered: two running nodes
 // with one name are reported with both admin URLs and the remedy, and
-// the command exits with status 2 (with -json too), naming the node.
+// the command exits with status 2 (with -json too), naming the node. So
+// are two nodes whose queue ID tags meet.
 func TestClusterStatusShowsNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
 	clearEnv(t)
@@ -35,9 +36,15 @@ func TestClusterStatusShowsNameConflict(t *testing.T) {
 				"give each node its own cluster.node_name"}, "", 2, "relay1"},
 		{"one name, two processes, json", conflicting, []string{"-json"},
 			[]string{`"name": "relay1"`, `"conflict_with": "http://10.0.0.`}, "", 2, "relay1"},
+		// Names whose queue ID tags (cluster.IDTag) meet: found by trying
+		// relay0, relay1... until two 24-bit FNV-1a hashes were equal.
+		{"two names, one queue ID tag",
+			[]cluster.Node{{Name: "relay11859", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay27924", AdminURL: "http://10.0.0.2:8025"}}, nil,
+			[]string{"2 node(s)", "CONFLICT: nodes relay11859 and relay27924 share the queue ID tag 22a192", "rename one of them"},
+			"", 2, "share the queue ID tag 22a192"},
 		{"distinct names",
 			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay2", AdminURL: "http://10.0.0.2:8025"}}, nil,
-			[]string{"2 node(s)", "relay1", "relay2"}, "CONFLICT", 0, ""},
+			[]string{"2 node(s)", "relay1", "relay2", fmt.Sprintf("%06x", cluster.IDTag("relay2"))}, "CONFLICT", 0, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -17,9 +17,9 @@ import (
 
 // newEvents builds the delivery events of cfg.Events. It comes before the
 // queue opens: the queue calls it while it replays its journal.
-func newEvents(c config.Events, log *zap.Logger, m *metrics.Events) (*events.Events, error) {
+func newEvents(c config.Events, node string, log *zap.Logger, m *metrics.Events) (*events.Events, error) {
 	opt := events.Options{File: c.File, MaxAge: c.MaxAge, StripTag: c.Tag == "strip", Timeout: c.Timeout,
-		Batch: c.BatchSize, Logger: log, Metrics: m}
+		Batch: c.BatchSize, Logger: log, Metrics: m, Node: node}
 	for i, w := range c.Webhooks {
 		secret, err := config.ReadSecret(w.SecretFile)
 		if err != nil {

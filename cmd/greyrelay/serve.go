@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -177,7 +176,11 @@ type relayParts struct {
 func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQueue bool, signer *dkim.Signer) error {
 	var ready atomic.Bool
 	reg := prometheus.NewRegistry()
-	ev, err := newEvents(cfg.Events, log, metrics.NewEvents(reg))
+	// Every line names the node: queue IDs are unique across the nodes
+	// (their low bits are the node's tag), and the name says which node
+	// to ask about one without decoding it.
+	log = log.With(zap.String("node", cfg.NodeName()))
+	ev, err := newEvents(cfg.Events, cfg.NodeName(), log, metrics.NewEvents(reg))
 	if err != nil {
 		return err
 	}
@@ -187,6 +190,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		return fmt.Errorf("queue.path: %w", err)
 	}
 	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
+		Node:        cluster.IDTag(cfg.NodeName()),
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		FullScan:    checkQueue,
@@ -327,7 +331,7 @@ func newCluster(cfg *config.Config, log *zap.Logger, reg prometheus.Registerer) 
 		return nil, nil
 	}
 	cluster.RouteRedisLogs(log)
-	node := cluster.Node{Name: cmp.Or(c.NodeName, cfg.Hostname), AdminURL: c.AdminURL,
+	node := cluster.Node{Name: cfg.NodeName(), AdminURL: c.AdminURL,
 		Version: version(), Started: time.Now().UTC()}
 	if node.AdminURL == "" && cfg.Admin.Address != "" {
 		node.AdminURL = "http://" + cfg.Admin.Address

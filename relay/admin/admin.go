@@ -212,7 +212,7 @@ func New(opt Options) (*Server, error) {
 	if err := opt.Registry.Register(newQueueCollector(opt.Queue, opt.Now)); err != nil {
 		return nil, fmt.Errorf("admin: register queue gauges: %w", err)
 	}
-	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Now), log: opt.Logger.Named("admin"), page: page,
+	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Config.NodeName(), opt.Now), log: opt.Logger.Named("admin"), page: page,
 		probes: newProbeGate(a.ProbeConcurrency, a.ProbePerMinute, opt.Now)}
 	if a.Token != "" {
 		s.token, s.hasTok = sha256.Sum256([]byte(a.Token)), true

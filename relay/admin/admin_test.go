@@ -73,7 +73,7 @@ func TestListRowFields(t *testing.T) {
 		t.Fatalf("rows %v", l.Rows)
 	}
 	r := l.Rows[0]
-	want := Row{ID: f.m1.String(), Key: f.m1.String() + "/0", Status: "deferred", Reason: "greylisted",
+	want := Row{ID: f.m1.String(), Node: "relay.test", Key: f.m1.String() + "/0", Status: "deferred", Reason: "greylisted",
 		Attempts: 1, SourceIP: "192.0.2.10", MXHost: "mx.peer.test", MXAddr: "198.51.100.7",
 		Sender: "alice@example.org", Recipient: "bob@greylist.test", Domain: "greylist.test",
 		Arrival: t0, AgeSeconds: 7200}
@@ -109,7 +109,8 @@ func TestShowExplainsLastReply(t *testing.T) {
 	f := newFixture(t)
 	var m Message
 	f.getJSON(t, "GET", "/api/queue/"+f.m1.String(), http.StatusOK, &m)
-	if m.ID != f.m1.String() || len(m.Recipients) != 2 || m.Sender != "alice@example.org" {
+	// The node holding it (the fixture's hostname: no cluster.node_name).
+	if m.ID != f.m1.String() || m.Node != "relay.test" || len(m.Recipients) != 2 || m.Sender != "alice@example.org" {
 		t.Fatalf("message %+v", m)
 	}
 	r := m.Recipients[1]

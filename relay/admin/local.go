@@ -20,15 +20,20 @@ import (
 type Local struct {
 	q   *queue.Queue
 	now func() time.Time
+	// node names this node in every row and message (Row.Node): queue
+	// IDs are unique across a cluster's nodes, and the name says where
+	// one lives without decoding its tag.
+	node string
 }
 
-// NewLocal returns a Local over q; now is the clock of relative fields
-// (nil: time.Now).
-func NewLocal(q *queue.Queue, now func() time.Time) *Local {
+// NewLocal returns a Local over q, the queue of the node named node
+// (config.Config.NodeName; "" names none); now is the clock of relative
+// fields (nil: time.Now).
+func NewLocal(q *queue.Queue, node string, now func() time.Time) *Local {
 	if now == nil {
 		now = time.Now
 	}
-	return &Local{q: q, now: now}
+	return &Local{q: q, now: now, node: node}
 }
 
 // List returns one page of recipients, as GET /api/queue does. The query
@@ -53,6 +58,7 @@ func (l *Local) list(f queue.Filter, now time.Time) (ListResult, error) {
 		Unsettled: unsettled}
 	for i := range rows {
 		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
+		out.Rows[i].Node = l.node
 	}
 	return out, nil
 }
@@ -73,7 +79,12 @@ func (l *Local) Message(_ context.Context, id string) (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
-	return messageOf(&m, l.now()), nil
+	out := messageOf(&m, l.now())
+	out.Node = l.node
+	for i := range out.Recipients {
+		out.Recipients[i].Node = l.node
+	}
+	return out, nil
 }
 
 // Destinations returns what was learned about every destination, as GET

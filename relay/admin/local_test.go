@@ -15,7 +15,7 @@ import (
 // TestLocalRefusesWhatTheAPIRefuses compares with the HTTP answers).
 func TestLocalRefusesBadQueries(t *testing.T) {
 	f := newFixture(t)
-	l := NewLocal(f.q, nil)
+	l := NewLocal(f.q, "relay.test", nil)
 	ctx := context.Background()
 	for _, lq := range []ListQuery{{Status: "bogus"}, {Limit: MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
 		_, err := l.List(ctx, lq)

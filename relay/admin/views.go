@@ -35,9 +35,10 @@ type Explanation struct {
 // Row is one recipient of one message: a line of `queue list` and of
 // GET /api/queue.
 type Row struct {
-	ID          string     `json:"id"`   // message id
-	Key         string     `json:"key"`  // id/recipient-index
-	Rcpt        int        `json:"rcpt"` // recipient index
+	ID          string     `json:"id"`             // message id
+	Node        string     `json:"node,omitempty"` // the node that holds it (config.Config.NodeName)
+	Key         string     `json:"key"`            // id/recipient-index
+	Rcpt        int        `json:"rcpt"`           // recipient index
 	Status      string     `json:"status"`
 	Reason      string     `json:"reason,omitempty"`
 	Attempts    int        `json:"attempts"`
@@ -132,6 +133,7 @@ type Recipient struct {
 type Message struct {
 	Now        time.Time `json:"now"`
 	ID         string    `json:"id"`
+	Node       string    `json:"node,omitempty"` // the node that holds it (config.Config.NodeName)
 	Sender     string    `json:"sender"`
 	Arrival    time.Time `json:"arrival"`
 	Size       int64     `json:"size"`

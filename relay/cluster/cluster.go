@@ -25,6 +25,14 @@
 //     once: reads find nothing, writes are dropped, leases are granted (the
 //     node's own delivery.max_per_destination still holds). Sharing resumes
 //     when Redis answers again.
+//   - A lease granted while Redis was away is kept by the node, and so is
+//     every other: the first renewal after Redis answers again registers
+//     the ones Redis lacks (granted meanwhile, or lost with a Redis that
+//     restarted empty) while the domain's limit allows, and takes back the
+//     rest; their connections close at their next message boundary. So
+//     within one renewal period after Redis returns every open connection
+//     is counted again or closing, and the limit holds again once the
+//     messages in flight end.
 //   - Releasing a slot publishes the domain on one channel in the same
 //     script; every node subscribes once and a node whose domain waits
 //     for a slot tries again at once. The engine's poll after a second
@@ -91,6 +99,10 @@ type Node struct {
 	// Instance names the process that wrote the entry (set by New); an
 	// entry from a version before it has none.
 	Instance string `json:"instance,omitempty"`
+	// IDTag is the tag in the low bits of this node's queue IDs (IDTag,
+	// six hex digits: the end of every ID it hands out); an entry from a
+	// version before tags has none.
+	IDTag string `json:"id_tag,omitempty"`
 	// ConflictWith is the admin URL of another running process that
 	// writes this node name's entry too, while the writer sees one.
 	ConflictWith string `json:"conflict_with,omitempty"`
@@ -107,7 +119,7 @@ type Cluster struct {
 	queued  atomic.Int64
 	m       clusterMetrics
 	leaseMu sync.Mutex
-	leases  map[string]string // lease member → its domain's key
+	leases  map[string]*lease // lease member → the slot
 	seq     atomic.Uint64
 	// instance tells this run's leases from those of any other process,
 	// even one with the same node name (a restart, a misconfiguration).
@@ -135,12 +147,13 @@ func New(opt Options) (*Cluster, error) {
 		return nil, err
 	}
 	c := &Cluster{rdb: redis.NewUniversalClient(uo), cfg: opt.Config, node: opt.Node, log: opt.Logger,
-		leases: map[string]string{}, stop: make(chan struct{}), done: make(chan struct{}),
+		leases: map[string]*lease{}, stop: make(chan struct{}), done: make(chan struct{}),
 		instance: rand.Text()[:12], freed: make(chan string, 64), listened: make(chan struct{})}
 	if c.log == nil {
 		c.log = zap.NewNop()
 	}
 	c.node.Instance = c.instance
+	c.node.IDTag = fmt.Sprintf("%06x", IDTag(c.node.Name))
 	c.m = clusterMetrics{
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
 			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
@@ -199,8 +212,8 @@ func (c *Cluster) Close() error {
 	if c.up.Load() {
 		ctx, cancel := c.ctx()
 		c.leaseMu.Lock()
-		for member, key := range c.leases {
-			c.rdb.ZRem(ctx, key, member)
+		for member, l := range c.leases {
+			c.rdb.ZRem(ctx, l.key, member)
 		}
 		clear(c.leases)
 		c.leaseMu.Unlock()
@@ -252,17 +265,19 @@ func (c *Cluster) ping() {
 }
 
 // loop pings while Redis is down; while it is up it renews leases and the
-// registry entry every lease_ttl/3.
+// registry entry every lease_ttl/3, and at once when a ping finds Redis
+// back: the leases granted meanwhile count again from then on.
 func (c *Cluster) loop() {
 	defer close(c.done)
 	tick := time.NewTicker(max(c.cfg.LeaseTTL/3, 100*time.Millisecond))
 	defer tick.Stop()
 	for {
+		if !c.up.Load() {
+			c.ping()
+		}
 		if c.up.Load() {
 			c.renew()
 			c.heartbeat()
-		} else {
-			c.ping()
 		}
 		select {
 		case <-c.stop:

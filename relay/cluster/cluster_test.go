@@ -127,7 +127,7 @@ func TestLeasesBoundConnections(t *testing.T) {
 			nodes := []*Cluster{newNode(t, "a", addrs...), newNode(t, "b", addrs...), newNode(t, "c", addrs...)}
 			var releases []func()
 			for i := range 3 {
-				rel, ok := nodes[i].Acquire("busy.test", 2)
+				rel, _, ok := nodes[i].Acquire("busy.test", 2)
 				if ok != (i < 2) {
 					t.Fatalf("acquire %d: %v, want %v (limit 2)", i, ok, i < 2)
 				}
@@ -135,11 +135,11 @@ func TestLeasesBoundConnections(t *testing.T) {
 					releases = append(releases, rel)
 				}
 			}
-			if _, ok := nodes[2].Acquire("other.test", 2); !ok {
+			if _, _, ok := nodes[2].Acquire("other.test", 2); !ok {
 				t.Fatal("another domain's slots are separate")
 			}
 			releases[0]()
-			rel, ok := nodes[2].Acquire("busy.test", 2)
+			rel, _, ok := nodes[2].Acquire("busy.test", 2)
 			if !ok {
 				t.Fatal("no slot after a release")
 			}
@@ -154,13 +154,13 @@ func TestLeasesBoundConnections(t *testing.T) {
 			}
 			awaitRedisTime(t, nodes[0], dead)
 			for _, n := range []*Cluster{nodes[2], nodes[0]} {
-				if _, ok := n.Acquire("busy.test", 2); !ok {
+				if _, _, ok := n.Acquire("busy.test", 2); !ok {
 					t.Fatal("a stopped node's lease did not expire")
 				}
 			}
 			// Past the expiry the live nodes' leases have now: they renew them.
 			awaitRedisTime(t, nodes[0], latest(leaseExpiry(t, nodes[2], "busy.test"), leaseExpiry(t, nodes[0], "busy.test")))
-			if _, ok := nodes[2].Acquire("busy.test", 2); ok {
+			if _, _, ok := nodes[2].Acquire("busy.test", 2); ok {
 				t.Fatal("live nodes' leases expired although they renew them")
 			}
 		})
@@ -175,8 +175,8 @@ func leaseExpiry(t *testing.T, c *Cluster, domain string) time.Time {
 	key := leaseKey(domain)
 	var members []string
 	c.leaseMu.Lock()
-	for m, k := range c.leases {
-		if k == key {
+	for m, l := range c.leases {
+		if l.key == key {
 			members = append(members, m)
 		}
 	}
@@ -269,7 +269,7 @@ func TestRedisDownGrantsAndRecovers(t *testing.T) {
 		t.Fatal("still up after Redis was killed")
 	}
 	for range 3 {
-		if _, ok := c.Acquire("dest.test", 1); !ok {
+		if _, _, ok := c.Acquire("dest.test", 1); !ok {
 			t.Fatal("no slot granted with Redis down: local limits must take over")
 		}
 	}
@@ -303,11 +303,11 @@ func TestReleaseAnnouncedToWaitingNodes(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			a, b := newNode(t, "a", addrs...), newNode(t, "b", addrs...)
 			awaitSubscribers(t, a, 2) // a release before b subscribed would reach no one
-			rel, ok := a.Acquire("Busy.Test", 1)
+			rel, _, ok := a.Acquire("Busy.Test", 1)
 			if !ok {
 				t.Fatal("no slot")
 			}
-			if _, ok := b.Acquire("busy.test", 1); ok {
+			if _, _, ok := b.Acquire("busy.test", 1); ok {
 				t.Fatal("a second slot under limit 1")
 			}
 			rel()
@@ -319,7 +319,7 @@ func TestReleaseAnnouncedToWaitingNodes(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("node b heard of no released slot")
 			}
-			if _, ok := b.Acquire("busy.test", 1); !ok {
+			if _, _, ok := b.Acquire("busy.test", 1); !ok {
 				t.Fatal("no slot after the announced release")
 			}
 		})
@@ -351,5 +351,121 @@ func TestPaceHoldsAcrossNodes(t *testing.T) {
 				t.Errorf("another domain's first start waits %v (%v), want 0", wait, ok)
 			}
 		})
+	}
+}
+
+// leaseCount is how many members the lease set of domain holds in Redis.
+func leaseCount(t *testing.T, c *Cluster, domain string) int64 {
+	t.Helper()
+	n, err := c.rdb.ZCard(context.Background(), leaseKey(domain)).Result()
+	if err != nil {
+		t.Fatalf("ZCARD: %v", err)
+	}
+	return n
+}
+
+// held is how many leases on domain the nodes hold between them.
+func held(domain string, nodes ...*Cluster) int {
+	n := 0
+	for _, c := range nodes {
+		c.leaseMu.Lock()
+		for _, l := range c.leases {
+			if l.key == leaseKey(domain) {
+				n++
+			}
+		}
+		c.leaseMu.Unlock()
+	}
+	return n
+}
+
+func closed(chs []<-chan struct{}) int {
+	n := 0
+	for _, ch := range chs {
+		select {
+		case <-ch:
+			n++
+		default:
+		}
+	}
+	return n
+}
+
+// TestOutageLeasesCountAgain: three nodes share a limit of 2. Redis is
+// killed while one lease is held, the nodes grant four more on their own,
+// and Redis comes back empty (no persistence). The nodes register again
+// what they hold as far as the limit allows and take the rest back: two
+// leases in Redis, three lost channels closed, and the limit holds for a
+// new connection. Before, Redis came back with no lease at all and the
+// five connections went on uncounted.
+func TestOutageLeasesCountAgain(t *testing.T) {
+	peers.Require(t, "redis-server")
+	r := peers.StartRedis(t, "")
+	nodes := []*Cluster{newNode(t, "a", r.Addr), newNode(t, "b", r.Addr), newNode(t, "c", r.Addr)}
+	_, lost, ok := nodes[0].Acquire("busy.test", 2)
+	if !ok {
+		t.Fatal("no slot with Redis up")
+	}
+	losts := []<-chan struct{}{lost}
+	r.Kill()
+	for deadline := time.Now().Add(10 * time.Second); slices.ContainsFunc(nodes, (*Cluster).Up); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the nodes never noticed Redis was gone")
+		}
+	}
+	for _, i := range []int{0, 1, 1, 2} {
+		_, lost, ok := nodes[i].Acquire("busy.test", 2)
+		if !ok {
+			t.Fatal("no slot granted with Redis down: local limits must take over")
+		}
+		losts = append(losts, lost)
+	}
+	r.Start()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if slices.ContainsFunc(nodes, func(c *Cluster) bool { return !c.Up() }) {
+			continue
+		}
+		if leaseCount(t, nodes[0], "busy.test") == 2 && closed(losts) == 3 && held("busy.test", nodes...) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after Redis came back empty: %d leases in Redis, %d held, %d taken back; want 2, 2, 3",
+				leaseCount(t, nodes[0], "busy.test"), held("busy.test", nodes...), closed(losts))
+		}
+	}
+	if _, _, ok := nodes[2].Acquire("busy.test", 2); ok {
+		t.Error("a third slot under limit 2 after the leases were registered again")
+	}
+}
+
+// TestLostLeasesRefilled: Redis loses its data (FLUSHALL stands in for a
+// restart without persistence or a failover to a replica that lagged) while
+// two nodes hold the two slots of a domain. Their next renewal writes the
+// leases back, so a third node still finds the limit held.
+func TestLostLeasesRefilled(t *testing.T) {
+	peers.Require(t, "redis-server")
+	r := peers.StartRedis(t, "")
+	nodes := []*Cluster{newNode(t, "a", r.Addr), newNode(t, "b", r.Addr), newNode(t, "c", r.Addr)}
+	var losts []<-chan struct{}
+	for _, c := range nodes[:2] {
+		_, lost, ok := c.Acquire("busy.test", 2)
+		if !ok {
+			t.Fatal("no slot with Redis up")
+		}
+		losts = append(losts, lost)
+	}
+	if err := nodes[0].rdb.FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); leaseCount(t, nodes[0], "busy.test") != 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d leases in Redis after the flush, want the nodes' 2 back", leaseCount(t, nodes[0], "busy.test"))
+		}
+	}
+	if _, _, ok := nodes[2].Acquire("busy.test", 2); ok {
+		t.Error("a third slot under limit 2 after Redis lost the leases")
+	}
+	if n := closed(losts); n != 0 {
+		t.Errorf("%d leases taken back, want none: there was room for both", n)
 	}
 }

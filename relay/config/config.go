@@ -605,3 +605,7 @@ func readSecrets(c *Config, read func(string) ([]byte, error)) {
 		}
 	}
 }
+
+// NodeName is the name this node goes by in the cluster registry, in
+// events and in log lines: cluster.node_name, or else the hostname.
+func (c *Config) NodeName() string { return cmp.Or(c.Cluster.NodeName, c.Hostname) }

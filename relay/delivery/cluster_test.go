@@ -199,3 +199,59 @@ func TestConnectionCaps(t *testing.T) {
 		})
 	}
 }
+
+// revokingShared grants every slot; the first one's lost channel is
+// revoke, which the test closes, as relay/cluster does with a slot it
+// granted while Redis was away and then found no room for.
+type revokingShared struct {
+	loadOnly
+	revoke   chan struct{}
+	mu       sync.Mutex
+	acquired int
+}
+
+func (s *revokingShared) Acquire(string, int) (func(), <-chan struct{}, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.acquired++
+	if s.acquired == 1 {
+		return func() {}, s.revoke, true
+	}
+	return func() {}, nil, true
+}
+
+// TestLostSlotClosesAtMessageBoundary: a connection whose cluster-wide
+// slot is taken back while a message is in flight finishes that message,
+// then closes; the next message goes on a new connection under a new
+// slot. Without the check the one connection would carry all three.
+func TestLostSlotClosesAtMessageBoundary(t *testing.T) {
+	ip := relaytest.Loopback(t)
+	sh := &revokingShared{revoke: make(chan struct{})}
+	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxPerDestination = 1 })
+	h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", ip)
+	var once sync.Once
+	mx := startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Data: func(int) error {
+		once.Do(func() { close(sh.revoke) })
+		return nil
+	}}})
+	var ids []queue.ID
+	for i := range 3 {
+		ids = append(ids, h.enqueue("alice@sender.test", fmt.Sprintf("r%d@busy.test", i)))
+	}
+	h.start(func(o *Options) { o.Shared = sh })
+	eventually(t, 30*time.Second, "3 messages delivered", func() bool {
+		return !slices.ContainsFunc(ids, func(id queue.ID) bool { return !h.gone(id) })
+	})
+	txs := mx.Delivered()
+	if len(txs) != 3 {
+		t.Fatalf("%d transactions delivered, want 3", len(txs))
+	}
+	if txs[1].Conn == txs[0].Conn {
+		t.Errorf("the connection whose slot was taken back carried another message (connections %d, %d, %d)", txs[0].Conn, txs[1].Conn, txs[2].Conn)
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.acquired < 2 {
+		t.Errorf("%d slots acquired, want a new one after the first was taken back", sh.acquired)
+	}
+}

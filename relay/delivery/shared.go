@@ -19,8 +19,12 @@ type Shared interface {
 	// Publish shares rec, which this node just changed and stored.
 	Publish(rec queue.Destination)
 	// Acquire takes one of limit connection slots to domain across the
-	// nodes; false when all are taken. release gives it back.
-	Acquire(domain string, limit int) (release func(), ok bool)
+	// nodes; false when all are taken. release gives it back. lost (nil
+	// when it cannot happen) is closed when the slot is taken back: it was
+	// granted while the shared store was away and, once the store answered
+	// again, the other nodes' connections already used the limit. The
+	// worker then closes its connection at the next message boundary.
+	Acquire(domain string, limit int) (release func(), lost <-chan struct{}, ok bool)
 	// Freed delivers the domain of each slot released by any node, so a
 	// domain waiting for one asks again at once. It may miss some (the
 	// engine also asks again after leaseRetry).
@@ -94,16 +98,16 @@ func (e *Engine) loadShared(d *dest) {
 // delivery.max_per_destination, or 1 while the domain throttles us). When
 // none is free the domain is contended: one worker at a time asks again,
 // when a release is announced or after leaseRetry.
-func (e *Engine) takeSlot(d *dest) (release func(), ok bool) {
+func (e *Engine) takeSlot(d *dest) (release func(), lost <-chan struct{}, ok bool) {
 	if e.opt.Shared == nil {
-		return func() {}, true
+		return func() {}, nil, true
 	}
 	e.loadShared(d)
 	e.mu.Lock()
 	limit := d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination)
 	d.acquiring++
 	e.mu.Unlock()
-	release, ok = e.opt.Shared.Acquire(d.name, limit)
+	release, lost, ok = e.opt.Shared.Acquire(d.name, limit)
 	e.mu.Lock()
 	d.acquiring--
 	was := d.contended
@@ -116,10 +120,10 @@ func (e *Engine) takeSlot(d *dest) (release func(), ok bool) {
 		if was {
 			e.Kick() // the domain's other waiting jobs may ask too
 		}
-		return release, true
+		return release, lost, true
 	}
 	time.AfterFunc(leaseRetry, e.Kick)
-	return nil, false
+	return nil, nil, false
 }
 
 // slotFreed notes that a slot of domain was released somewhere: if the

@@ -81,11 +81,11 @@ func TestAdoptShared(t *testing.T) {
 // their own.
 type loadOnly struct{ rec queue.Destination }
 
-func (s loadOnly) Load(string) (queue.Destination, bool)          { return s.rec, true }
-func (loadOnly) Publish(queue.Destination)                        {}
-func (loadOnly) Acquire(string, int) (func(), bool)               { return func() {}, true }
-func (loadOnly) Freed() <-chan string                             { return nil }
-func (loadOnly) Pace(string, time.Duration) (time.Duration, bool) { return 0, false }
+func (s loadOnly) Load(string) (queue.Destination, bool)             { return s.rec, true }
+func (loadOnly) Publish(queue.Destination)                           {}
+func (loadOnly) Acquire(string, int) (func(), <-chan struct{}, bool) { return func() {}, nil, true }
+func (loadOnly) Freed() <-chan string                                { return nil }
+func (loadOnly) Pace(string, time.Duration) (time.Duration, bool)    { return 0, false }
 
 // A pace adopted from another node keeps a destination as one learned
 // here does (TestEvictKeepsPacedStart): forgotten before its next start

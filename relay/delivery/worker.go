@@ -21,7 +21,7 @@ const maxFollowUps = 3
 // waits for a connection slot. Its outcomes are collected by the
 // recorder (record.go), which Run stops only after every worker has ended.
 func (e *Engine) work(ctx context.Context, d *dest) {
-	release, ok := e.takeSlot(d)
+	release, lost, ok := e.takeSlot(d)
 	if !ok {
 		return
 	}
@@ -30,7 +30,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	defer func() { e.closeSession(ctx, s) }()
 	wake := make(chan struct{}, 1)
 	for served := 0; ctx.Err() == nil; served++ {
-		if !e.awaitJob(ctx, d, s, wake, served) {
+		if !e.awaitJob(ctx, d, s, wake, lost, served) {
 			return
 		}
 		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
@@ -51,11 +51,18 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 // found the worker closing its connection (a worker still counts against
 // the destination's concurrency), waited for it to end, for a scan, and
 // for a new worker to dial, greet and say EHLO. It reports false when the
-// worker should end: nothing came, ctx ended, d is paused, or another
-// domain waits for a connection slot (fairness).
-func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, served int) bool {
+// worker should end: nothing came, ctx ended, d is paused, another
+// domain waits for a connection slot (fairness), or the cluster took the
+// worker's slot back (lost is closed: Shared.Acquire). This is the
+// message boundary where a worker gives up its connection.
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, lost <-chan struct{}, served int) bool {
 	var t *time.Timer
 	for {
+		select {
+		case <-lost:
+			return false
+		default:
+		}
 		e.mu.Lock()
 		switch {
 		case d.throttle.Paused(e.now()) || (served > 0 && e.waiting):
@@ -78,6 +85,7 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan st
 		select {
 		case <-ctx.Done():
 		case <-t.C:
+		case <-lost:
 		case <-wake:
 			woken = true
 		}

@@ -65,6 +65,7 @@ type Event struct {
 	Event       Kind       `json:"event"`
 	Time        time.Time  `json:"time"`
 	QueueID     string     `json:"queue_id"`
+	Node        string     `json:"node,omitempty"` // the node that holds the message (Options.Node)
 	MessageID   string     `json:"message_id,omitempty"`
 	Tag         string     `json:"tag,omitempty"`
 	From        string     `json:"from"` // "" for the null sender
@@ -114,9 +115,12 @@ type Options struct {
 	Batch    int           // events per POST at most; 0: 100
 	Client   *http.Client  // nil: a client with Timeout
 	Rand     io.Reader     // event IDs; nil: crypto/rand
-	Now      func() time.Time
-	Logger   *zap.Logger
-	Metrics  *metrics.Events
+	// Node names this node in every event, so that an application fed
+	// by several nodes knows which one holds the message.
+	Node    string
+	Now     func() time.Time
+	Logger  *zap.Logger
+	Metrics *metrics.Events
 }
 
 // Events encodes events for the queue's outbox and runs the sinks' readers.
@@ -286,7 +290,7 @@ func (e *Events) encode(out []queue.Event, ev *Event) []queue.Event {
 		// from the time alone is still unique enough to deduplicate.
 		binary.BigEndian.PutUint64(id[:], uint64(e.opt.Now().UnixNano()))
 	}
-	ev.ID = hex.EncodeToString(id[:])
+	ev.ID, ev.Node = hex.EncodeToString(id[:]), e.opt.Node
 	js, err := json.Marshal(ev)
 	if err != nil {
 		return out // an Event always encodes

@@ -31,7 +31,7 @@ func decodeAll(t *testing.T, recs []queue.Event) (sinks []string, evs []Event) {
 }
 
 func TestOutcomeEvents(t *testing.T) {
-	ev := New(Options{Webhooks: []Webhook{{URL: "http://a.test/", Secret: []byte("s")}}})
+	ev := New(Options{Webhooks: []Webhook{{URL: "http://a.test/", Secret: []byte("s")}}, Node: "node-a"})
 	msg := queue.Message{ID: 42, From: "app@x.test", EnvID: "env-9", Size: 100}
 	head := []byte("Message-ID: <m@x>\r\n\r\n")
 	rcpt := queue.Recipient{Key: queue.Key{ID: 42}, Addr: "r@y.test", ORCPT: "rfc822;r@y.test", Attempts: 2, DelayWarnings: 0}
@@ -95,7 +95,7 @@ func TestOutcomeEvents(t *testing.T) {
 			var kinds []Kind
 			for _, e := range evs {
 				kinds = append(kinds, e.Event)
-				if e.QueueID != "000000000000002a" || e.MessageID != "<m@x>" || e.Tag != "env-9" || e.Rcpt != "r@y.test" ||
+				if e.QueueID != "000000000000002a" || e.Node != "node-a" || e.MessageID != "<m@x>" || e.Tag != "env-9" || e.Rcpt != "r@y.test" ||
 					e.ORCPT != "rfc822;r@y.test" || e.From != "app@x.test" || len(e.ID) != 32 || !e.Time.Equal(end) {
 					t.Errorf("common fields: %+v", e)
 				}
@@ -118,18 +118,19 @@ func kindNames(ks []Kind) []string {
 	return out
 }
 
-// Accepted events: one per recipient; the tag header wins over ENVID; a
-// webhook gets only the kinds it asked for, the file every kind.
+// Accepted events: one per recipient, naming the node; the tag header
+// wins over ENVID; a webhook gets only the kinds it asked for, the file
+// every kind.
 func TestAcceptEvents(t *testing.T) {
 	ev := New(Options{Webhooks: []Webhook{{URL: "http://a.test/x?token=secret", Secret: []byte("s"), Kinds: []Kind{Bounced}},
-		{URL: "http://b.test/", Secret: []byte("s")}}, File: "/nonexistent/events.jsonl"})
+		{URL: "http://b.test/", Secret: []byte("s")}}, File: "/nonexistent/events.jsonl", Node: "node-a"})
 	m := queue.NewMessage{From: "app@x.test", EnvID: "env-1", Arrival: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), Body: []byte("X-Greyrelay-Tag: t-1\r\n\r\n"),
 		To: []queue.NewRecipient{{Addr: "a@y.test"}, {Addr: "b@y.test"}}}
 	sinks, evs := decodeAll(t, ev.Accept(7, &m, m.Body))
 	if got := strings.Join(sinks, ","); got != "webhook http://b.test/,file,webhook http://b.test/,file" {
 		t.Errorf("sinks %s", got)
 	}
-	if evs[0].Tag != "t-1" || evs[0].Event != Accepted || evs[0].Rcpt != "a@y.test" || evs[2].Rcpt != "b@y.test" || evs[0].ID != evs[1].ID || evs[0].ID == evs[2].ID {
+	if evs[0].Tag != "t-1" || evs[0].Node != "node-a" || evs[0].Event != Accepted || evs[0].Rcpt != "a@y.test" || evs[2].Rcpt != "b@y.test" || evs[0].ID != evs[1].ID || evs[0].ID == evs[2].ID {
 		t.Errorf("%+v", evs)
 	}
 	m.Body = []byte("Subject: x\r\n\r\n")

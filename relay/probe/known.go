@@ -53,7 +53,7 @@ func AdminKnown(c *adminclient.Client) func(ctx context.Context, domain string) 
 // and has no reason to call its own API over HTTP. now is the clock of the
 // views' relative fields (nil: time.Now).
 func QueueKnown(q *queue.Queue, now func() time.Time) func(ctx context.Context, domain string) (*Knowledge, error) {
-	l := admin.NewLocal(q, now)
+	l := admin.NewLocal(q, "", now) // destinations only: no queue IDs
 	return func(ctx context.Context, domain string) (*Knowledge, error) {
 		return knowledgeFrom(ctx, l, domain)
 	}

@@ -220,6 +220,9 @@ func queueShow(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 func printMessage(out io.Writer, m *admin.Message) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "message\t%s\n", m.ID)
+	if m.Node != "" {
+		fmt.Fprintf(tw, "node\t%s\n", m.Node)
+	}
 	fmt.Fprintf(tw, "sender\t%s\n", admin.Cell(admin.Sender(m.Sender), 0))
 	fmt.Fprintf(tw, "arrived\t%s (%s)\n", m.Arrival.UTC().Format(time.RFC3339), admin.RelTime(m.Arrival, m.Now))
 	fmt.Fprintf(tw, "size\t%s\n", admin.HumanBytes(m.Size))

@@ -28,7 +28,7 @@ func asJSON(t *testing.T, v any) string {
 // over HTTP, byte for byte once encoded.
 func TestLocalMatchesClient(t *testing.T) {
 	f, c := cliFixture(t)
-	l := admin.NewLocal(f.q, func() time.Time { return testNow })
+	l := admin.NewLocal(f.q, "relay.test", func() time.Time { return testNow })
 	ctx := context.Background()
 	for _, lq := range []admin.ListQuery{
 		{},
@@ -70,7 +70,7 @@ func TestLocalMatchesClient(t *testing.T) {
 // and report the queue's typed errors.
 func TestLocalRefusesWhatTheAPIRefuses(t *testing.T) {
 	f, c := cliFixture(t)
-	l := admin.NewLocal(f.q, nil)
+	l := admin.NewLocal(f.q, "relay.test", nil)
 	ctx := context.Background()
 	for _, lq := range []admin.ListQuery{{Status: "bogus"}, {Reason: "greylist"}, {Limit: admin.MaxLimit + 1}, {Offset: -1}, {OlderThan: -time.Hour}} {
 		_, err1 := c.List(ctx, lq)
