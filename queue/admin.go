@@ -55,14 +55,23 @@ func selectRcpts(tx *bolt.Tx, sel Selector) ([]Recipient, []problem) {
 }
 
 // modify runs fn on every recipient sel matches, in one transaction.
-// after, if not nil, runs last in the same transaction.
+// after, if not nil, runs last in the same transaction. When journaled
+// messages cannot enter the database (a full disk), it acts on the ones
+// the database holds and returns their number with an *UnsettledError.
 func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bool, error), after func(w *wtx) error) (int, error) {
 	if err := sel.validate(); err != nil {
 		return 0, err
 	}
-	if err := q.settle(); err != nil {
-		return 0, err
+	// Like Select: a settle that fails (a full disk) leaves the action to
+	// what the database holds, which is what an operator needs to act on
+	// most then; it returns with an *UnsettledError saying what it lacks.
+	var serr error
+	if sel.ID != 0 {
+		serr = q.settleID(sel.ID)
+	} else {
+		serr = q.settle()
 	}
+	unsettled := q.unsettled(serr)
 	n := 0
 	err := q.update(func(w *wtx) error {
 		n = 0
@@ -90,9 +99,9 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 		return nil
 	})
 	if err != nil {
-		return 0, fmt.Errorf("queue: %s: %w", op, err)
+		return 0, fmt.Errorf("queue: %s: %w", op, readOne(err, unsettled))
 	}
-	return n, nil
+	return n, unsettled
 }
 
 // Retry makes the selected Queued and Deferred recipients due at now.

@@ -415,7 +415,7 @@ func (q *Queue) settle() error {
 		default:
 		}
 		// Each commit inserts some of what is pending (insertBudget).
-		if err := q.submit(0, 0, func(*wtx) error { return nil }); err != nil {
+		if err := q.submitRequest(request{fn: func(*wtx) error { return nil }, insert: true}); err != nil {
 			return err
 		}
 	}

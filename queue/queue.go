@@ -83,6 +83,7 @@ type Queue struct {
 	insertedID atomic.Uint64  // the highest message ID inserted from the journal
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
+	stuckWait  time.Duration  // writer only: the wait before the next try of the pending batches while stuck
 	replayed   int            // messages Open inserted from the journal
 
 	fresh   chan Fresh  // fresh.go
@@ -100,6 +101,7 @@ type request struct {
 	reply   chan error   // buffered 1: the writer never blocks on it
 	ins     *insertBatch // instead of fn: journaled messages to insert; no reply
 	needs   ID           // fn reads message needs: its journaled insert must be in the same transaction or before
+	insert  bool         // a settle: the transaction must try the pending journaled inserts, even while stuck
 	waited  bool         // its caller waits for the commit (submit), as opposed to ApplyAsync's
 }
 
@@ -375,10 +377,15 @@ func (q *Queue) EnqueueBatch(ms []NewMessage) ([]ID, error) {
 // submit hands fn to the writer and waits until the transaction holding it
 // has been committed (or has failed).
 func (q *Queue) submit(n, size int, fn func(w *wtx) error) error {
+	return q.submitRequest(request{fn: fn, n: n, size: size})
+}
+
+// submitRequest is submit for a request built by the caller.
+func (q *Queue) submitRequest(r request) error {
 	if q.closed.Load() {
 		return ErrClosed
 	}
-	r := request{fn: fn, n: n, size: size, reply: make(chan error, 1), waited: true}
+	r.reply, r.waited = make(chan error, 1), true
 	select {
 	case q.reqs <- r:
 	case <-q.done:
@@ -447,7 +454,7 @@ func (q *Queue) writer() {
 		select {
 		case <-retryC:
 			retry = nil
-			q.commit(nil)
+			q.commit([]request{{fn: func(*wtx) error { return nil }, insert: true, reply: make(chan error, 1)}})
 		case r := <-q.reqs:
 			batch := []request{r}
 			if busy {
@@ -461,9 +468,14 @@ func (q *Queue) writer() {
 	}
 }
 
-// stuckRetry is how often the writer tries again to insert journaled
-// messages after a commit holding them failed (a full disk).
-const stuckRetry = time.Second
+// stuckRetry is how soon the writer tries again to insert journaled
+// messages after a commit holding them failed (a full disk); each failure
+// doubles the wait, up to stuckRetryMax. Meanwhile the other requests
+// commit without them (commit), so the deliveries that free space go on.
+const (
+	stuckRetry    = time.Second
+	stuckRetryMax = 4 * time.Second
+)
 
 // retryTimer returns the timer of the writer's next try while a failed
 // commit left journaled messages out of the database (q.stuck), creating
@@ -475,7 +487,7 @@ const stuckRetry = time.Second
 func (q *Queue) retryTimer(t *time.Timer) *time.Timer {
 	switch {
 	case q.stuck && len(q.pending) > 0 && t == nil:
-		return time.NewTimer(stuckRetry)
+		return time.NewTimer(max(q.stuckWait, stuckRetry))
 	case q.stuck && len(q.pending) > 0:
 		return t
 	case t != nil:
@@ -547,7 +559,7 @@ func (q *Queue) drain() {
 			if len(q.pending) == 0 || q.stuck {
 				return // a failing database keeps them in the journal for the next Open
 			}
-			q.commit(nil)
+			q.commit([]request{{fn: func(*wtx) error { return nil }, insert: true, reply: make(chan error, 1)}})
 		}
 	}
 }
@@ -585,6 +597,14 @@ func (q *Queue) gatherMore(batch []request) []request {
 // a commit holding them succeeds). A refused request fails alone; any other
 // error rolls back the batch and fails all. It reports whether requests
 // were waiting when the transaction ended (the writer then lingers).
+//
+// While stuck (the last commit holding journaled messages failed: a full
+// disk, where inserting a message takes more room than recording an
+// outcome), the batch commits without them, unless one of its requests
+// reads one (needs) or is a settle (insert): otherwise one message the
+// database cannot take would fail every commit, and with them the
+// deliveries, whose commits are what frees space. The writer tries the
+// inserts again on its own, less and less often (retryTimer).
 func (q *Queue) commit(all []request) (waiting bool) {
 	batch := all[:0:0]
 	for _, r := range all {
@@ -596,10 +616,18 @@ func (q *Queue) commit(all []request) (waiting bool) {
 	}
 	errs := make([]error, len(batch))
 	var needs ID
+	insert := !q.stuck
 	for _, r := range batch {
 		needs = max(needs, r.needs)
+		insert = insert || r.insert
 	}
-	pending := q.pending[:insertBudget(q.pending, needs)]
+	if needs > ID(q.insertedID.Load()) {
+		insert = true
+	}
+	var pending []*insertBatch
+	if insert {
+		pending = q.pending[:insertBudget(q.pending, needs)]
+	}
 	if len(pending) > 0 {
 		// Raised before the commit, so that whoever reads it after a
 		// read transaction began gets at least what that transaction
@@ -623,7 +651,10 @@ func (q *Queue) commit(all []request) (waiting bool) {
 		}
 		return nil
 	})
-	q.stuck = err != nil && len(pending) > 0
+	if len(pending) > 0 || !q.stuck {
+		q.stuck = err != nil && len(pending) > 0
+		q.stuckWait = nextStuckWait(q.stuckWait, q.stuck)
+	}
 	if err == nil {
 		clear(pending) // the array outlives the slice: let the inserted bodies go
 		q.pending = q.pending[len(pending):]
@@ -640,6 +671,19 @@ func (q *Queue) commit(all []request) (waiting bool) {
 		}
 	}
 	return waiting
+}
+
+// nextStuckWait is the wait before the writer's next try of the journaled
+// inserts: stuckRetry after the first failure, doubled by each further
+// one up to stuckRetryMax, and reset by a success.
+func nextStuckWait(last time.Duration, stuck bool) time.Duration {
+	switch {
+	case !stuck:
+		return 0
+	case last == 0:
+		return stuckRetry
+	}
+	return min(2*last, stuckRetryMax)
 }
 
 // insertBudget is how many of the pending journaled batches (at least one)

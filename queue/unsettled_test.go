@@ -1,10 +1,13 @@
 package queue
 
 import (
+	"bytes"
 	"errors"
 	"syscall"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/greyrelay/greyrelay/internal/fulldisk"
 )
@@ -141,5 +144,64 @@ func TestUnsettled_RetriedWhenIdle(t *testing.T) {
 	}
 	if st, err := q.Stats(); err != nil || st.Recipients != 3 {
 		t.Errorf("Stats: %+v, %v; want 3 recipients", st, err)
+	}
+}
+
+// A journaled message the database cannot take (a full disk: inserting
+// it needs more room than the file has) must not stop the commits that
+// need less: recording a delivery frees space, and is how the disk stops
+// being full. The delivery of an older message commits while the new one
+// waits; once that delivery has freed its pages, the writer inserts the
+// waiting message on its own, without the disk being given more room.
+//
+// A file size limit stands in for the full disk, just above the
+// database's last page; the journal (small, so that the waiting
+// message's record starts again at its front) is written below it.
+func TestUnsettled_DeliveryGoesOnWhileInsertWaits(t *testing.T) {
+	if !fulldisk.RunAlone(t) {
+		return
+	}
+	q := openAt(t, dbPath(t), Options{JournalSize: 384 << 10})
+	big := func(size int, addr string) NewMessage {
+		m := msg("s@x.test", addr)
+		m.Body = append(m.Body, bytes.Repeat([]byte("0123456789abcde\n"), size/16)...)
+		return m
+	}
+	older := mustEnqueue(t, q, big(200<<10, "a@a.test"))
+	small := mustEnqueue(t, q, msg("s@x.test", "b@b.test"))
+	if _, err := q.Stats(); err != nil { // the database holds both
+		t.Fatal(err)
+	}
+	var used int64 // the database's pages in use, up to the last
+	if err := q.view(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	restore := fulldisk.Limit(t, uint64(used+8*int64(q.db.Info().PageSize)))
+	defer restore()
+
+	waiting := mustEnqueue(t, q, big(180<<10, "c@c.test")) // journaled at the front; the database has no room
+	var ue *UnsettledError
+	if _, err := q.Stats(); !errors.As(err, &ue) {
+		t.Fatalf("Stats: %v, want an UnsettledError (the test needs the insert to fail)", err)
+	}
+	deliver := func(id ID) error {
+		_, err := q.Apply(Update{Results: []Result{{Key: Key{id, 0}, Status: Delivered, End: t0.Add(time.Minute)}}})
+		return err
+	}
+	if err := deliver(small); err != nil {
+		t.Fatalf("recording a delivery while a journaled message waits: %v", err)
+	}
+	if err := deliver(older); err != nil {
+		t.Fatalf("recording the delivery that frees room: %v", err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for q.inflight.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting message was not inserted within %v of a delivery freeing room", 20*time.Second)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if m, err := q.Show(waiting); err != nil || len(m.Recipients) != 1 || m.Recipients[0].Status != Queued {
+		t.Errorf("Show(waiting): %+v, %v; want its recipient queued", m, err)
 	}
 }

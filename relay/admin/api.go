@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -49,8 +50,19 @@ func statusOf(err error) int {
 		// Unsettled: a message the database does not hold, while it
 		// cannot take the accepted ones (a full disk), may be among them.
 		return http.StatusServiceUnavailable
+	case noSpace(err):
+		// RFC 4918 §11.5: the write needs room the queue's disk lacks;
+		// it was not done, and may be tried again once deliveries have
+		// freed some.
+		return http.StatusInsufficientStorage
 	}
 	return http.StatusInternalServerError
+}
+
+// noSpace reports whether err is a full disk (or a file size or quota
+// limit, which stands for one).
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EFBIG) || errors.Is(err, syscall.EDQUOT)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -222,7 +234,19 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 		writeError(w, http.StatusNotFound, fmt.Errorf("unknown action %q (want retry, hold, release, delete or bounce)", action))
 		return
 	}
-	if err != nil {
+	var unsettled Unsettled
+	if sel.ID == 0 { // by ID, an unsettled message is one the action could not reach
+		unsettled, err = unsettledOf(err) // a full disk: done on what the database holds
+	}
+	switch {
+	case noSpace(err):
+		// Not done for want of room (507, as statusOf explains), also
+		// when the message is one the full disk keeps out of the database.
+		s.log.Warn("queue action not done: the queue's disk is full", zap.String("action", action),
+			zap.String("selector", selString(sel)), zap.Error(err))
+		writeError(w, http.StatusInsufficientStorage, err)
+		return
+	case err != nil:
 		s.fail(w, r, err)
 		return
 	}
@@ -231,7 +255,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 	}
 	s.log.Info("queue action", zap.String("action", action), zap.String("selector", selString(sel)),
 		zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
-	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n})
+	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n, Unsettled: unsettled})
 }
 
 func selString(sel queue.Selector) string {

@@ -178,6 +178,9 @@ type ShapeRow struct {
 type ActionResult struct {
 	Action     string `json:"action"`
 	Recipients int    `json:"recipients"` // how many recipients changed
+	// Unsettled: on a full disk the action was done on the messages the
+	// database holds; the journaled ones it lacks were left as they are.
+	Unsettled
 }
 
 // DeadHost is a host of a destination that delivery skips until Until.
