@@ -273,12 +273,12 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		ids[i] = q.newID()
 	}
 	if j.bad != nil {
-		q.answer(batch, ids, q.insertDirect(ms, ids))
+		q.answer(batch, ids, q.insertDirectKeeping(ms, ids))
 		return
 	}
 	rec, copies := encodeRecord(j.Salt(), j.seq+1, ms, ids)
 	if j.TooLarge(len(rec)) {
-		q.answer(batch, ids, q.insertDirect(ms, ids))
+		q.answer(batch, ids, q.insertDirectKeeping(ms, ids))
 		return
 	}
 	if q.inflight.Load() > maxInflightRcpts {
@@ -299,6 +299,10 @@ func (q *Queue) journalBatch(batch []jrequest) {
 		}
 		j.Rewind()
 	}
+	if err := q.keepReserve(q.journalGrowth(len(rec)), ms); err != nil {
+		q.answer(batch, nil, err)
+		return
+	}
 	if err := q.appendRecord(rec); err != nil {
 		if j.bad != nil {
 			q.disown(ids)
@@ -308,6 +312,7 @@ func (q *Queue) journalBatch(batch []jrequest) {
 	}
 	j.seq++
 	q.inflight.Add(int64(rcptsOf([]*insertBatch{{ms: copies}})))
+	q.owed.Add(insertCost([]*insertBatch{{ms: copies}}))
 	q.acked.Store(j.seq)
 	q.reqs <- request{ins: &insertBatch{seq: j.seq, ms: copies, ids: ids}}
 	q.offerFresh(copies, ids, j.seq) // after the insert request: an outcome commits after it

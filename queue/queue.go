@@ -80,6 +80,7 @@ type Queue struct {
 	acked      atomic.Uint64  // the last journal record handed to the writer
 	applied    atomic.Uint64  // the last journal record in the database
 	inflight   atomic.Int64   // recipients acknowledged by the journal, not yet in the database
+	owed       atomic.Int64   // octets the database will still write for them (reserve.go)
 	insertedID atomic.Uint64  // the highest message ID inserted from the journal
 	pending    []*insertBatch // writer only: journaled batches not inserted yet
 	stuck      bool           // writer only: the last commit holding pending batches failed
@@ -806,6 +807,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	}
 	if n := len(w.settled); n > 0 {
 		q.inflight.Add(-int64(rcptsOf(w.settled)))
+		q.owed.Add(-insertCost(w.settled))
 		// Before the signal: a woken worker reading the message must not
 		// think it is still on its way.
 		last := w.settled[n-1]

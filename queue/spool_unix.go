@@ -39,3 +39,13 @@ func copyOwner(from, to string) {
 		os.Chown(to, int(st.Uid), int(st.Gid))
 	}
 }
+
+// statfsFree is the space on dir's filesystem available to an
+// unprivileged user, in octets.
+func statfsFree(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}

@@ -143,6 +143,17 @@ type Options struct {
 	// front) ends it at once. So only work nobody waits for (ApplyAsync,
 	// the journal's inserts) gathers for the whole delay.
 	CommitDelay time.Duration
+	// Reserve, when positive, is the free space (octets) intake leaves
+	// on the queue's filesystem for everything else the queue writes:
+	// the outcomes of deliveries (each of which frees space), DSNs and the
+	// operator's actions. An Enqueue that would leave less, counting the
+	// journal's growth, the database's copy of every message not yet
+	// inserted and its own, fails with an error matching syscall.ENOSPC
+	// (which intake answers 452 4.3.1), before anything is written.
+	Reserve int64
+	// DiskFree, if set, measures the free space instead of statfs on the
+	// queue's directory.
+	DiskFree func() (uint64, error)
 	// History keeps a record of each finished message (without its body)
 	// for Show and List; the zero value keeps none (finished.go).
 	History HistoryOptions

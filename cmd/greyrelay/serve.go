@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/logrepeat"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
@@ -147,6 +148,9 @@ func newLogger(c config.Log) (*zap.Logger, error) {
 	// No "caller" field: a source location means nothing to an operator,
 	// and finding it walks the stack for every line.
 	zc.DisableCaller = true
+	// Nor a stack trace per error: on a full disk every worker fails
+	// the same way, and the traces would fill the log's disk too.
+	zc.DisableStacktrace = true
 	zc.EncoderConfig.TimeKey = "time"
 	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
 	if c.Format == "console" {
@@ -157,7 +161,9 @@ func newLogger(c config.Log) (*zap.Logger, error) {
 		return nil, err
 	}
 	zc.Level = zap.NewAtomicLevelAt(lvl)
-	return zc.Build()
+	// A warning or error that repeats is written once a minute, with the
+	// number of lines like it left out (internal/logrepeat).
+	return zc.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return logrepeat.Wrap(c, time.Minute) }))
 }
 
 // relayParts is everything runRelay starts, kept together so that the
@@ -189,8 +195,13 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if err := config.QueueWritable(cfg.Queue.Path, nil); err != nil {
 		return fmt.Errorf("queue.path: %w", err)
 	}
+	reserve, err := queueReserve(cfg.Queue.Path, cfg.Queue.ReservePercent)
+	if err != nil {
+		return err
+	}
 	q, err := queue.Open(cfg.Queue.Path, ev.QueueOptions(queue.Options{
 		Node:        cluster.IDTag(cfg.NodeName()),
+		Reserve:     reserve,
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		FullScan:    checkQueue,

@@ -241,6 +241,9 @@ type Queue struct {
 	Path        string        `yaml:"path"`
 	LockTimeout time.Duration `yaml:"lock_timeout"`
 	CommitDelay time.Duration `yaml:"commit_delay"`
+	// ReservePercent is the share of the queue's filesystem that intake
+	// leaves free for deliveries, DSNs and the operator's actions.
+	ReservePercent int `yaml:"reserve_percent"`
 }
 
 // History bounds the records kept of finished (delivered, relayed,

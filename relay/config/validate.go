@@ -36,6 +36,8 @@ func (c *Config) Validate() error {
 	}
 	v.check(c.Queue.Path != "", "queue.path: empty")
 	v.positive("queue.lock_timeout", int64(c.Queue.LockTimeout))
+	v.check(c.Queue.ReservePercent >= 1 && c.Queue.ReservePercent <= 50,
+		"queue.reserve_percent: %d, want 1 to 50", c.Queue.ReservePercent)
 	v.check(c.Queue.CommitDelay >= 0 && c.Queue.CommitDelay <= 100*time.Millisecond,
 		"queue.commit_delay: %v, want 0 (none) to 100ms", c.Queue.CommitDelay)
 	v.check(c.History.Retention >= 0, "history.retention: %v, want 0 (keep none) or more", c.History.Retention)

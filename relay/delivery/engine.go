@@ -117,6 +117,7 @@ type Options struct {
 
 // Engine delivers queued mail. Create it with New, then call Run once.
 type Engine struct {
+	pause  storagePause // after a failed Begin (a full disk): storagepause.go
 	opt    Options
 	cfg    *config.Config
 	q      *queue.Queue

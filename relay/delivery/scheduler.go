@@ -171,6 +171,9 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 		return 0, false
 	}
 	e.takeWaitingFresh()
+	if d, paused := e.pause.left(e.now()); paused {
+		return d, true
+	}
 	if err := e.scan(e.now()); err != nil {
 		e.log.Error("delivery scheduler: queue scan failed", zap.Error(err))
 		return errorPause, true

@@ -221,9 +221,11 @@ func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	}
 	if err != nil {
 		e.log.Error("delivery: recording the attempt failed", zap.String("queue_id", j.id.String()), zap.Error(err))
+		e.pause.failed(e.now())
 		e.requestRescan() // dropped without a write: behind the scan position
 		return false
 	}
+	e.pause.ok()
 	return true
 }
 
