@@ -108,6 +108,23 @@ const (
 	SMTPUTF8Unsupported Reason = "smtputf8-unsupported"
 )
 
+// The operator's actions. They are not classifications of a reply: the
+// queue and the delivery engine store them as a recipient's reason when
+// the operator acts on it (greyrelay queue bounce, hold, release, delete),
+// so that everything that explains a recipient's state explains the
+// action rather than the last reply, which is only history then.
+const (
+	OperatorBounced  Reason = "operator"
+	OperatorHeld     Reason = "held"
+	OperatorReleased Reason = "released"
+	OperatorDeleted  Reason = "deleted"
+)
+
+// OperatorReasons returns the reasons of the operator's actions.
+func OperatorReasons() []Reason {
+	return []Reason{OperatorBounced, OperatorHeld, OperatorReleased, OperatorDeleted}
+}
+
 // Reasons returns every Reason, in a fixed order.
 func Reasons() []Reason {
 	return []Reason{Greylisted, RateLimited, MailboxFull, ServerConfig, ServerError, Policy,

@@ -12,6 +12,7 @@ const (
 	FaultRelay           Fault = "relay"
 	FaultNetwork         Fault = "network"
 	FaultUnknown         Fault = "unknown"
+	FaultOperator        Fault = "operator" // the relay's operator acted; nobody is at fault
 )
 
 // Explanation tells an operator what a verdict means and what to do.
@@ -38,7 +39,14 @@ const commonAdvice = "Read the enhanced code, decide which side is misconfigured
 // advice. Greylisting and rate limiting are the exception: servers report
 // them under arbitrary codes (postgrey 4.2.0, rspamd 4.7.1, Gmail 4.2.1), so
 // for them the reason comes first. A class 4 or 5 adds what greyrelay does.
+//
+// An operator's action (OperatorReasons) is explained as itself, whatever
+// the last reply was: that reply came from an earlier attempt, and its
+// class says nothing of what greyrelay does now.
 func Explain(reason Reason, enhanced string) Explanation {
+	if x, ok := explainOperator(reason); ok {
+		return x
+	}
 	x, e, ok := entry(reason, enhanced)
 	switch {
 	case ok && e[0] == 4:
@@ -58,6 +66,29 @@ func ExplainExpired(reason Reason, enhanced string) Explanation {
 	x.Action += " The problem was temporary, but it lasted until the message expired: greyrelay gave up, " +
 		"returned the message to its sender and no longer retries."
 	return x
+}
+
+// explainOperator explains an operator's action.
+func explainOperator(reason Reason) (Explanation, bool) {
+	const earlier = " The last reply shown, if any, is from an earlier attempt."
+	x := Explanation{Fault: FaultOperator}
+	switch reason {
+	case OperatorBounced:
+		x.Meaning = "The relay's operator returned this message to its sender (greyrelay queue bounce) before it could be delivered." + earlier
+		x.Action = "greyrelay sent the sender a DSN and no longer tries this recipient. If that was not expected, ask the relay's operator why."
+	case OperatorHeld:
+		x.Meaning = "The relay's operator put this recipient on hold (greyrelay queue hold): greyrelay makes no attempt to deliver it while it is held." + earlier
+		x.Action = "Release it (greyrelay queue release) to have it delivered, or bounce or delete it."
+	case OperatorReleased:
+		x.Meaning = "The relay's operator released this recipient from hold (greyrelay queue release): it was due at once and is delivered as usual." + earlier
+		x.Action = "Nothing to do; the outcome of its next attempt replaces this."
+	case OperatorDeleted:
+		x.Meaning = "The relay's operator deleted this recipient (greyrelay queue delete): greyrelay no longer tries it, and its sender was not told (no DSN)."
+		x.Action = "If that was not expected, ask the relay's operator why; the sender may have to send the message again."
+	default:
+		return Explanation{}, false
+	}
+	return x, true
 }
 
 // entry finds the catalogue entry for a reason and an enhanced code (see

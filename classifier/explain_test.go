@@ -140,3 +140,38 @@ func TestExplainExpired(t *testing.T) {
 		}
 	}
 }
+
+// The operator's actions explain themselves, whatever the last reply of
+// the recipient was: a mailbox-full deferral that the operator then
+// bounced must not read "greyrelay keeps retrying until the message
+// expires".
+func TestExplain_OperatorActions(t *testing.T) {
+	cases := []struct {
+		reason Reason
+		says   string
+	}{
+		{OperatorBounced, "returned this message to its sender"},
+		{OperatorHeld, "on hold"},
+		{OperatorReleased, "released this recipient from hold"},
+		{OperatorDeleted, "deleted this recipient"},
+	}
+	if len(cases) != len(OperatorReasons()) {
+		t.Fatalf("%d cases for %d operator reasons", len(cases), len(OperatorReasons()))
+	}
+	for _, tc := range cases {
+		for _, enhanced := range []string{"", "4.2.2", "5.1.1", "garbage"} {
+			e := Explain(tc.reason, enhanced)
+			if !strings.Contains(e.Meaning, tc.says) || e.Fault != FaultOperator {
+				t.Errorf("Explain(%q, %q) = %+v, want the operator's action (%q)", tc.reason, enhanced, e, tc.says)
+			}
+			if strings.Contains(e.Action, "Class ") || strings.Contains(e.Meaning, "mailbox") {
+				t.Errorf("Explain(%q, %q) speaks of the last reply: %+v", tc.reason, enhanced, e)
+			}
+			for _, s := range []string{e.Meaning, e.Action, e.String()} {
+				if strings.ContainsAny(s, "\r\n") || !strings.HasSuffix(s, ".") {
+					t.Errorf("%s: not a single-line sentence: %q", tc.reason, s)
+				}
+			}
+		}
+	}
+}

@@ -125,8 +125,11 @@ func (q *Queue) Hold(sel Selector) (int, error) {
 			return false, nil
 		}
 		before := r
-		r.Status = Held
-		return true, w.putRcpt(&before, &r)
+		r.Status = Held // its reason stays: why it was not delivered (the status says held)
+		if err := w.putRcpt(&before, &r); err != nil {
+			return false, err
+		}
+		return true, w.operated(ReasonHeld, &r)
 	}, nil)
 }
 
@@ -138,11 +141,14 @@ func (q *Queue) Release(sel Selector, now time.Time) (int, error) {
 			return false, nil
 		}
 		before := r
-		r.Status, r.NextAttempt = Deferred, now
+		r.Status, r.NextAttempt, r.Reason = Deferred, now, ReasonReleased
 		if r.Attempts == 0 {
 			r.Status = Queued
 		}
-		return true, w.putRcpt(&before, &r)
+		if err := w.putRcpt(&before, &r); err != nil {
+			return false, err
+		}
+		return true, w.operated(ReasonReleased, &r)
 	}, nil)
 }
 
@@ -154,6 +160,9 @@ func (q *Queue) Delete(sel Selector) (int, error) {
 	touched := map[ID]bool{}
 	del := func(w *wtx, r Recipient) (bool, error) {
 		touched[r.Key.ID] = true
+		if err := w.operated(ReasonDeleted, &r); err != nil { // while the message is there to describe
+			return false, err
+		}
 		return true, w.deleteRcpt(&r)
 	}
 	after := func(w *wtx) error {

@@ -43,7 +43,8 @@ type OutboxRecord struct {
 
 // eventTx is what one write transaction adds to the outbox.
 type eventTx struct {
-	accept func(id ID, m *NewMessage, head []byte) []Event
+	accept   func(id ID, m *NewMessage, head []byte) []Event
+	operator func(action string, m *Message, r *Recipient, head []byte) []Event
 	spool  string         // the spool directory, to read a spooled body's head
 	added  map[string]int // records put, by sink
 }
@@ -63,6 +64,30 @@ func (w *wtx) accepted(id ID, m *NewMessage) error {
 		head = head[:headLimit]
 	}
 	return w.putEvents(w.events.accept(id, m, head))
+}
+
+// operated runs Options.OnOperator for recipient r, which the operator's
+// action changed in this transaction, and stores what it returns. A
+// message record that cannot be read gives no events: the action goes on.
+func (w *wtx) operated(action string, r *Recipient) error {
+	if w.events.operator == nil {
+		return nil
+	}
+	var ps []problem
+	m, err := getMessage(w.tx, r.Key.ID, &ps)
+	if err != nil {
+		return nil
+	}
+	var head []byte
+	if name := w.b(bSpool).Get(idKey(m.ID)); name != nil {
+		head = readHead(filepath.Join(w.events.spool, string(name)))
+	} else {
+		head = w.b(bBodies).Get(idKey(m.ID))
+	}
+	if len(head) > headLimit {
+		head = head[:headLimit]
+	}
+	return w.putEvents(w.events.operator(action, &m, r, head))
 }
 
 // readHead reads the start of a spooled body. A file that cannot be read

@@ -258,12 +258,18 @@ func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) Row {
 }
 
 // explain describes the last reply of a recipient that has one and is not
-// delivered; it returns nil otherwise.
+// delivered, or the operator's action on it (a held recipient is
+// explained as held whatever its reason: an attempt in flight when it was
+// held stores its own); it returns nil otherwise.
 func explain(r *queue.Recipient) *Explanation {
-	if r.Reason == "" || r.Status == queue.Delivered || r.Status == queue.Relayed {
+	reason := classifier.Reason(r.Reason)
+	if r.Status == queue.Held {
+		reason = classifier.OperatorHeld
+	}
+	if reason == "" || r.Status == queue.Delivered || r.Status == queue.Relayed {
 		return nil
 	}
-	e := classifier.Explain(classifier.Reason(r.Reason), r.Reply.Enhanced)
+	e := classifier.Explain(reason, r.Reply.Enhanced)
 	return &Explanation{Meaning: e.Meaning, Fault: string(e.Fault), Action: e.Action}
 }
 

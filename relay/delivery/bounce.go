@@ -20,7 +20,7 @@ const BounceStatus = "5.0.0"
 
 // reasonOperator is the stored reason (and metric label) of an operator
 // bounce.
-const reasonOperator = "operator"
+const reasonOperator = string(classifier.OperatorBounced)
 
 // Bounce fails the selected recipients now, as the operator's "bounce":
 // each becomes Failed with reason "operator", and each message gets one DSN

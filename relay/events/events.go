@@ -1,6 +1,6 @@
 // Package events tells applications what happened to their mail: one JSON
 // object per recipient and event (accepted, delivered or relayed, deferred,
-// delayed, bounced, expired), POSTed in signed batches to webhooks and
+// delayed, bounced, expired, and the operator's held, released, deleted), POSTed in signed batches to webhooks and
 // written as JSON lines to a file for log shippers.
 //
 // Durability comes from the queue, not from this package. An event is
@@ -9,7 +9,8 @@
 // queue commits in the same bbolt transaction as the change: the
 // acceptance of a message in the transaction that inserts it (also when
 // the queue replays its intake journal after a crash), a delivery
-// outcome with its result. So an event exists iff its change was stored,
+// outcome with its result, an operator's hold, release or deletion with
+// the change (queue.Options.OnOperator). So an event exists iff its change was stored,
 // and a crash loses neither. Each sink's reader (one goroutine per webhook,
 // one for the file; never one per message) takes its oldest records,
 // passes them on, and only then removes them: at-least-once. A record
@@ -57,6 +58,9 @@ const (
 	Delayed   Kind = "delayed"   // still not delivered after a retry.delay_warnings step
 	Bounced   Kind = "bounced"   // a permanent failure
 	Expired   Kind = "expired"   // the lifetime ran out (4.4.7)
+	Held      Kind = "held"      // the operator put the recipient on hold (no attempts until released)
+	Released  Kind = "released"  // the operator released it from hold (due at once)
+	Deleted   Kind = "deleted"   // the operator deleted it (no DSN; nothing more happens to it)
 )
 
 // Event is the JSON object sent for one recipient and event.
@@ -166,7 +170,7 @@ func New(opt Options) *Events {
 // a spooled body's head).
 func (e *Events) QueueOptions(o queue.Options) queue.Options {
 	if e.Enabled() {
-		o.OnAccept, o.OnEvents = e.Accept, e.Stored
+		o.OnAccept, o.OnOperator, o.OnEvents = e.Accept, e.Operator, e.Stored
 	}
 	return o
 }
@@ -194,6 +198,29 @@ func (e *Events) Accept(id queue.ID, m *queue.NewMessage, head []byte) []queue.E
 		out = e.encode(out, &ev)
 	}
 	return out
+}
+
+// Operator is queue.Options.OnOperator: the event of the operator's
+// action on recipient r of message m (queue.ReasonHeld, ReasonReleased or
+// ReasonDeleted), with its explanation. A bounce by the operator is an
+// outcome (Outcome: bounced, reason "operator").
+func (e *Events) Operator(action string, m *queue.Message, r *queue.Recipient, head []byte) []queue.Event {
+	kind, ok := map[string]Kind{queue.ReasonHeld: Held, queue.ReasonReleased: Released, queue.ReasonDeleted: Deleted}[action]
+	if !e.Enabled() || !ok || m.DSN {
+		return nil
+	}
+	msgID, tag := scanHeader(head)
+	if tag == "" {
+		tag = m.EnvID
+	}
+	ev := Event{Event: kind, Time: e.opt.Now(), QueueID: m.ID.String(), MessageID: msgID, Tag: tag,
+		From: m.From, Rcpt: r.Addr, ORCPT: r.ORCPT, EnvID: m.EnvID, Size: m.Size, Reason: action,
+		Explanation: classifier.Explain(classifier.Reason(action), "").String()}
+	if action == queue.ReasonReleased {
+		next := r.NextAttempt
+		ev.NextAttempt = &next
+	}
+	return e.encode(nil, &ev)
 }
 
 // Outcome is one recipient's stored delivery outcome.
