@@ -45,8 +45,8 @@ type OutboxRecord struct {
 type eventTx struct {
 	accept   func(id ID, m *NewMessage, head []byte) []Event
 	operator func(action string, m *Message, r *Recipient, head []byte) []Event
-	spool  string         // the spool directory, to read a spooled body's head
-	added  map[string]int // records put, by sink
+	spool    string         // the spool directory, to read a spooled body's head
+	added    map[string]int // records put, by sink
 }
 
 // accepted runs Options.OnAccept for message id, inserted by this
