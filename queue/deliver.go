@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -72,12 +73,17 @@ func (q *Queue) Show(id ID) (Message, error) {
 		if m, err = getMessage(tx, id, &ps); err != nil {
 			return err
 		}
-		hist := tx.Bucket(bHist)
+		hist, marks := tx.Bucket(bHist), tx.Bucket(bSalvaged)
 		for rec := range rcptRecords(tx, idKey(id), &ps) {
 			r, p := rec.decode()
 			if p != nil {
 				ps = append(ps, *p)
 				continue
+			}
+			if marks != nil {
+				if v := marks.Get(rec.k); len(v) == 8 {
+					r.Salvaged = time.Unix(0, int64(binary.BigEndian.Uint64(v))).UTC()
+				}
 			}
 			if hv := hist.Get(rec.k); hv != nil {
 				if r.History, err = decodeHistory(r.Key, hv, historyRef(&r)); err != nil {

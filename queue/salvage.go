@@ -27,15 +27,20 @@ import (
 // envelope's body checksum, in the database or its spool file) and at
 // least one live recipient are all intact, with its recipients' state and
 // histories; a message with a finished record is not (it left the queue).
-// Destination records, finished records and the intake journal's state
-// (so that Open replays what it holds) come along from the tree. The
-// damaged file is renamed path.damaged-TIMESTAMP and kept.
+// Destination records, finished records, the intake journal's state
+// (so that Open replays what it holds), the TLS policy cache and report
+// counts, and the nested buckets (the quarantine, and the events outbox
+// with its sequences, so that events not yet passed on still go out)
+// come along from the tree. The damaged file is renamed
+// path.damaged-TIMESTAMP and kept.
 //
 // Limits: a recipient whose current record was on a lost page comes back
 // in the state of an older copy, so it may be delivered again (never lost
-// or altered); messages that had left the queue can come back only when
-// both their envelope and their recipients lie in lost ranges and no
-// finished record names them.
+// or altered): it is marked (bSalvaged) so that Show says so
+// (Recipient.Salvaged); messages that had left the queue can come back
+// only when both their envelope and their recipients lie in lost ranges
+// and no finished record names them. Records of nested buckets under a
+// lost page are lost (no seal proves where a page-scan copy belongs).
 
 // SalvageReport is what Salvage recovered and what it could not.
 type SalvageReport struct {
@@ -44,6 +49,18 @@ type SalvageReport struct {
 	Recipients  int      // live recipients copied
 	Damage      []string // what the walk of the damaged file could not read
 	Lost        []string // messages seen but not copied, with the reason
+}
+
+// bSalvaged marks the recipients Salvage took from an older copy of
+// their record (rcptKey → the salvage's time, Unix nanoseconds). It is
+// created by Salvage only; deleteRcpt removes a recipient's mark.
+var bSalvaged = []byte("salvaged")
+
+// subtree is a nested bucket as the damaged file's tree gave it.
+type subtree struct {
+	path [][]byte
+	kv   map[string][]byte
+	seq  uint64
 }
 
 // salvaged is what the damaged file gave for one bucket.
@@ -80,10 +97,10 @@ func Salvage(path string, now time.Time) (*SalvageReport, error) {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
 	rep := &SalvageReport{DamagedPath: path + ".damaged-" + now.UTC().Format("20060102T150405Z")}
-	bs, seq := readDamaged(b, rep)
+	bs, subs, seq := readDamaged(b, rep)
 	fresh := path + ".salvage-tmp"
 	os.Remove(fresh)
-	if err := writeSalvaged(fresh, path, bs, seq, rep); err != nil {
+	if err := writeSalvaged(fresh, path, bs, subs, seq, now, rep); err != nil {
 		os.Remove(fresh)
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
@@ -105,9 +122,20 @@ func Salvage(path string, now time.Time) (*SalvageReport, error) {
 	return rep, q.Close()
 }
 
-// readDamaged walks the damaged file's tree, then its pages.
-func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, uint64) {
+// readDamaged walks the damaged file's tree, then its pages. Nested
+// buckets come from the tree only, as subtrees by path.
+func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, map[string]*subtree, uint64) {
 	bs := map[string]*salvaged{}
+	subs := map[string]*subtree{}
+	sub := func(path [][]byte) *subtree {
+		k := string(bytes.Join(path, []byte{0}))
+		st := subs[k]
+		if st == nil {
+			st = &subtree{path: clonePath(path), kv: map[string][]byte{}}
+			subs[k] = st
+		}
+		return st
+	}
 	get := func(name []byte) *salvaged {
 		s := bs[string(name)]
 		if s == nil {
@@ -120,8 +148,11 @@ func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, uint64) {
 	pf := newPageFile(b, os.Getpagesize())
 	w := &walker{f: pf, seen: map[uint64]bool{}, v: treeVisitor{
 		kv: func(path [][]byte, k, v []byte) {
-			if len(path) == 1 {
+			switch {
+			case len(path) == 1:
 				get(path[0]).tree[string(k)] = v
+			case len(path) > 1:
+				sub(path).kv[string(k)] = v
 			}
 		},
 		lost: func(path [][]byte, lo, hi []byte, err error) {
@@ -138,11 +169,22 @@ func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, uint64) {
 			if len(path) == 1 && bytes.Equal(path[0], bMsgs) {
 				seq = s
 			}
+			if len(path) > 1 {
+				sub(path).seq = s
+			}
 		},
 	}}
 	w.walk()
 	pf.scanPages(func(_ []byte, k, v []byte) { pickPaged(get, k, v) })
-	return bs, seq
+	return bs, subs, seq
+}
+
+func clonePath(path [][]byte) [][]byte {
+	out := make([][]byte, len(path))
+	for i, p := range path {
+		out[i] = bytes.Clone(p)
+	}
+	return out
 }
 
 // pickPaged files a record found by the page scan under the bucket its
@@ -224,7 +266,7 @@ func (s *salvaged) value(k []byte) []byte {
 }
 
 // writeSalvaged builds the fresh file at fresh.
-func writeSalvaged(fresh, path string, bs map[string]*salvaged, seq uint64, rep *SalvageReport) error {
+func writeSalvaged(fresh, path string, bs map[string]*salvaged, subs map[string]*subtree, seq uint64, now time.Time, rep *SalvageReport) error {
 	db, err := bolt.Open(fresh, 0o600, &bolt.Options{Timeout: DefaultLockTimeout})
 	if err != nil {
 		return err
@@ -235,8 +277,11 @@ func writeSalvaged(fresh, path string, bs map[string]*salvaged, seq uint64, rep 
 				return err
 			}
 		}
-		c := &salvageCopy{tx: tx, bs: bs, spoolDir: path + ".bodies", rep: rep, seq: seq}
-		return c.run()
+		c := &salvageCopy{tx: tx, bs: bs, spoolDir: path + ".bodies", rep: rep, seq: seq, now: now}
+		if err := c.run(); err != nil {
+			return err
+		}
+		return c.copySubtrees(subs)
 	})
 	if cerr := db.Close(); err == nil {
 		err = cerr
@@ -250,6 +295,7 @@ type salvageCopy struct {
 	spoolDir string
 	rep      *SalvageReport
 	seq      uint64
+	now      time.Time
 }
 
 func (c *salvageCopy) run() error {
@@ -271,6 +317,11 @@ func (c *salvageCopy) run() error {
 	}
 	if err := c.copyTree(bFinished, func(k, v []byte) bool { return len(k) == 16 }); err != nil {
 		return err
+	}
+	for _, n := range [][]byte{bPolicies, bReports} { // what the TLS policies and reports learned
+		if err := c.copyTree(n, func(k, v []byte) bool { return true }); err != nil {
+			return err
+		}
 	}
 	// The journal's salt and applied number, so that Open replays what
 	// the database lacks; and the format, so that Open knows the records.
@@ -423,6 +474,9 @@ func (c *salvageCopy) recipients(id ID) ([]Recipient, [][]byte) {
 				h = nil // the state is what matters; a history that does not fit is left out
 			}
 		}
+		if _, current := s.tree[k]; !current {
+			r.Salvaged = c.now // from the page scan: an older copy, perhaps
+		}
 		rs, hs = append(rs, r), append(hs, h)
 	}
 	return rs, hs
@@ -436,6 +490,15 @@ func (c *salvageCopy) putRcpt(r *Recipient, h []byte) error {
 	}
 	if h != nil {
 		if err := c.tx.Bucket(bHist).Put(k, h); err != nil {
+			return err
+		}
+	}
+	if !r.Salvaged.IsZero() {
+		b, err := c.tx.CreateBucketIfNotExists(bSalvaged)
+		if err != nil {
+			return err
+		}
+		if err := b.Put(k, binary.BigEndian.AppendUint64(nil, uint64(r.Salvaged.UnixNano()))); err != nil {
 			return err
 		}
 	}
@@ -454,6 +517,40 @@ func (c *salvageCopy) copyTree(bucket []byte, ok func(k, v []byte) bool) error {
 	for k, v := range s.tree {
 		if ok([]byte(k), v) {
 			if err := c.tx.Bucket(bucket).Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// copySubtrees copies the nested buckets the tree gave (the quarantine's,
+// the outbox's sinks), with their sequences, so that a sink's next record
+// never takes the key of one copied.
+func (c *salvageCopy) copySubtrees(subs map[string]*subtree) error {
+	keys := make([]string, 0, len(subs))
+	for k := range subs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys) // parents before children
+	for _, key := range keys {
+		st := subs[key]
+		b, err := c.tx.CreateBucketIfNotExists(st.path[0])
+		if err != nil {
+			return err
+		}
+		for _, name := range st.path[1:] {
+			if b, err = b.CreateBucketIfNotExists(name); err != nil {
+				return err
+			}
+		}
+		for k, v := range st.kv {
+			if err := b.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		if st.seq > b.Sequence() {
+			if err := b.SetSequence(st.seq); err != nil {
 				return err
 			}
 		}

@@ -269,6 +269,11 @@ func (w *wtx) deleteRcpt(r *Recipient) error {
 	if err := w.b(bHist).Delete(k); err != nil {
 		return err
 	}
+	if b := w.b(bSalvaged); b != nil {
+		if err := b.Delete(k); err != nil {
+			return err
+		}
+	}
 	return w.b(bRcpts).Delete(k)
 }
 

@@ -126,7 +126,11 @@ type Recipient struct {
 	GreylistTries   int          `json:"greylist_tries,omitempty"`
 	DelayWarnings   int          `json:"delay_warnings,omitempty"`
 	Explanation     *Explanation `json:"explanation,omitempty"`
-	History         []Attempt    `json:"history"`
+	// Salvaged: `queue salvage` recovered this recipient from an older
+	// copy of its record, so it may already have been delivered (a
+	// duplicate if it is delivered again).
+	Salvaged *time.Time `json:"salvaged,omitempty"`
+	History  []Attempt  `json:"history"`
 }
 
 // Message is one queued message: GET /api/queue/{id}.
@@ -283,7 +287,7 @@ func messageOf(m *queue.Message, now time.Time) Message {
 		rj := Recipient{Row: rowOf(m, r, now), Notify: r.Notify, ORCPT: r.ORCPT,
 			FirstAttempt: ts(r.FirstAttempt), FirstGreylisted: ts(r.FirstGreylisted),
 			GreylistTries: r.GreylistTries, DelayWarnings: r.DelayWarnings,
-			Explanation: explain(r), History: make([]Attempt, 0, len(r.History))}
+			Explanation: explain(r), Salvaged: ts(r.Salvaged), History: make([]Attempt, 0, len(r.History))}
 		for _, a := range r.History {
 			rj.History = append(rj.History, Attempt{Start: a.Start, End: ts(a.End),
 				SourceIP: a.SourceIP, MXHost: a.MXHost, MXAddr: a.MXAddr, Stage: a.Stage,

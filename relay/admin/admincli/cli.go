@@ -264,6 +264,10 @@ func printRecipient(tw *tabwriter.Writer, r *admin.Recipient, now time.Time) {
 	if e := r.Explanation; e != nil {
 		fmt.Fprintf(tw, "  meaning\t%s\n  usually at fault\t%s\n  what to do\t%s\n", e.Meaning, e.Fault, e.Action)
 	}
+	if r.Salvaged != nil {
+		fmt.Fprintf(tw, "  salvaged\t%s from an older copy of its record: it may already have been delivered, "+
+			"so delivering it may make a duplicate\n", admin.RelTime(*r.Salvaged, now))
+	}
 	if len(r.History) == 0 {
 		return
 	}
