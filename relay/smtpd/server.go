@@ -96,7 +96,7 @@ type Options struct {
 	Logger   *zap.Logger                       // nil: no logging
 	Metrics  *metrics.Metrics                  // nil: metrics are kept but not registered
 	Now      func() time.Time                  // nil: time.Now
-	DiskFree func(path string) (uint64, error) // free bytes where the queue lives; nil: statfs
+	DiskFree func(path string) (uint64, error) // free bytes where the queue lives, less its reserve; nil: statfs
 	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
 }
 
@@ -167,7 +167,8 @@ func New(opt Options) (*Server, error) {
 		s.now = time.Now
 	}
 	if s.diskFree == nil {
-		s.diskFree = statfsFree
+		pct := s.cfg.Queue.ReservePercent
+		s.diskFree = func(path string) (uint64, error) { return statfsFree(path, pct) }
 	}
 	if err := s.checkLimits(); err != nil {
 		return nil, err
@@ -454,13 +455,19 @@ func (s *Server) queueDir() string {
 }
 
 // statfsFree is the default Options.DiskFree: bytes available to an
-// unprivileged user on the filesystem holding path.
-func statfsFree(path string) (uint64, error) {
+// unprivileged user on the filesystem holding path, less the reserve of
+// reservePercent of the filesystem that intake leaves to delivery
+// (queue.reserve_percent; the queue's journaler keeps it exactly, this
+// check keeps a client from sending a message that would only be refused
+// after its DATA).
+func statfsFree(path string, reservePercent int) (uint64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(path, &st); err != nil {
 		return 0, fmt.Errorf("statfs %s: %w", path, err)
 	}
-	return st.Bavail * uint64(st.Bsize), nil
+	free := st.Bavail * uint64(st.Bsize)
+	reserve := st.Blocks * uint64(st.Bsize) * uint64(max(reservePercent, 0)) / 100
+	return free - min(free, reserve), nil
 }
 
 // errorLog sends go-smtp's internal messages to zap: panics it recovered

@@ -416,7 +416,8 @@ func dsnParams(opts *smtp.RcptOptions) (notify, orcpt string, err error) {
 }
 
 // checkDisk refuses work when the queue's filesystem has less than 1.5
-// times the largest message free (Postfix queue_minfree): 452 4.3.1, so the
+// times the largest message free (Postfix queue_minfree) besides the
+// reserve left to delivery (queue.reserve_percent): 452 4.3.1, so the
 // client tries again later. A failing statfs is a local error (451 4.3.0).
 // At MAIL a recent measurement may do (reuse, see room.go); after the
 // final dot, the last check before a 250, the disk is measured.
