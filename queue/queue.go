@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -794,7 +796,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 		if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 			return ErrClosed
 		}
-		return err
+		return resizeErrno(err)
 	}
 	q.removeFiles(w.unlink)
 	q.mu.Lock()
@@ -822,6 +824,23 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 		q.signal()
 	}
 	return nil
+}
+
+// resizeErrno gives back the errno of bbolt's failure to grow the file:
+// bbolt formats it into its message ("file resize error: %s", db.go)
+// instead of wrapping it, and callers tell a full disk (ENOSPC, or a
+// quota or file size limit) by errors.Is.
+func resizeErrno(err error) error {
+	msg := err.Error()
+	if !strings.Contains(msg, "file resize error: ") {
+		return err
+	}
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT, syscall.EFBIG} {
+		if strings.HasSuffix(msg, errno.Error()) && !errors.Is(err, errno) {
+			return fmt.Errorf("%w (%w)", err, errno)
+		}
+	}
+	return err
 }
 
 // view runs fn in a read transaction. Keep fn short: long read

@@ -188,6 +188,14 @@ func TestUnsettled_DeliveryGoesOnWhileInsertWaits(t *testing.T) {
 		_, err := q.Apply(Update{Results: []Result{{Key: Key{id, 0}, Status: Delivered, End: t0.Add(time.Minute)}}})
 		return err
 	}
+	// The operator's actions act on what the database holds, and say
+	// what it lacks; on the waiting message itself they cannot act.
+	if n, err := q.Retry(Selector{All: true}, t0); n != 2 || !errors.As(err, &ue) {
+		t.Errorf("Retry -all while a journaled message waits: %d, %v; want 2 and an UnsettledError", n, err)
+	}
+	if _, err := q.Hold(Selector{ID: waiting}); !errors.As(err, &ue) || !errors.Is(err, syscall.EFBIG) {
+		t.Errorf("Hold of the waiting message: %v, want an UnsettledError wrapping EFBIG", err)
+	}
 	if err := deliver(small); err != nil {
 		t.Fatalf("recording a delivery while a journaled message waits: %v", err)
 	}

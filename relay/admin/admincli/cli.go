@@ -311,6 +311,9 @@ func queueAction(action string, args []string, c *adminclient.Client, stdout, st
 	if *asJSON {
 		return admin.EncodeJSON(stdout, res)
 	}
+	if note := res.Unsettled.Note("the recipients it reached"); note != "" { // a full disk
+		fmt.Fprintln(stderr, note)
+	}
 	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
 	return err
 }
