@@ -144,3 +144,60 @@ func TestAcceptEvents(t *testing.T) {
 		t.Error("events without sinks")
 	}
 }
+
+// The operator's hold, release and delete each give one event, explained
+// as the operator's action; a bounce by the operator is an outcome
+// (bounced, reason "operator") explained as such, not by the last reply;
+// the relay's own DSNs and unknown actions give none.
+func TestOperatorEvents(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	ev := New(Options{Webhooks: []Webhook{{URL: "http://a.test/", Secret: []byte("s")}}, Now: func() time.Time { return now }})
+	msg := queue.Message{ID: 42, From: "app@x.test", EnvID: "env-9", Size: 100}
+	head := []byte("Message-ID: <m@x>\r\n\r\n")
+	full := queue.Reply{Code: 452, Enhanced: "4.2.2", Text: "Mailbox full"}
+	rcpt := queue.Recipient{Key: queue.Key{ID: 42}, Addr: "r@y.test", Reason: "mailbox-full", Reply: full, NextAttempt: now}
+	tests := []struct {
+		action string
+		want   Kind // "": no event
+		says   string
+	}{
+		{queue.ReasonHeld, Held, "on hold"},
+		{queue.ReasonReleased, Released, "released this recipient from hold"},
+		{queue.ReasonDeleted, Deleted, "deleted this recipient"},
+		{"renamed", "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.action, func(t *testing.T) {
+			_, evs := decodeAll(t, ev.Operator(tt.action, &msg, &rcpt, head))
+			if tt.want == "" {
+				if len(evs) != 0 {
+					t.Fatalf("%d events for an unknown action", len(evs))
+				}
+				return
+			}
+			if len(evs) != 1 {
+				t.Fatalf("%d events, want 1", len(evs))
+			}
+			e := evs[0]
+			if e.Event != tt.want || e.Reason != tt.action || !strings.Contains(e.Explanation, tt.says) ||
+				strings.Contains(e.Explanation, "Class 4") || e.QueueID != "000000000000002a" || e.MessageID != "<m@x>" ||
+				e.Tag != "env-9" || e.Rcpt != "r@y.test" || !e.Time.Equal(now) {
+				t.Errorf("%+v", e)
+			}
+			if (e.NextAttempt != nil) != (tt.want == Released) {
+				t.Errorf("next_attempt %v for %s", e.NextAttempt, tt.want)
+			}
+		})
+	}
+	dsn := msg
+	dsn.DSN = true
+	if recs := ev.Operator(queue.ReasonHeld, &dsn, &rcpt, head); len(recs) != 0 {
+		t.Errorf("%d events for the relay's own DSN", len(recs))
+	}
+	_, evs := decodeAll(t, ev.Outcome(Outcome{Msg: msg, Head: head, Rcpt: rcpt, Attempt: 0, Status: "5.0.0",
+		Result: queue.Result{Key: rcpt.Key, Status: queue.Failed, Reason: "operator", Reply: full, End: now}}))
+	if len(evs) != 1 || evs[0].Event != Bounced || !strings.Contains(evs[0].Explanation, "returned this message to its sender") ||
+		strings.Contains(evs[0].Explanation, "keeps retrying") {
+		t.Errorf("the operator's bounce: %+v", evs)
+	}
+}
