@@ -77,8 +77,19 @@ func TestDamagedQueueSalvage(t *testing.T) {
 	}
 
 	runSalvageRecipe(t, r, dbPath, func() {
-		hold.Store(false)
 		r.Restart(t)
+		// Every recipient came back from an older copy of its record
+		// (the branch page above the current ones was lost): each may
+		// already have been delivered, and `queue show` says so.
+		rows, _ := rbQueue(t, r, "")
+		if len(rows) == 0 {
+			t.Fatal("nothing queued after the salvage")
+		}
+		show := rbQueueShowCLI(t, r, rows[0].ID)
+		if !strings.Contains(show, "from an older copy of its record") || !strings.Contains(show, "may already have been delivered") {
+			t.Errorf("queue show %s after salvage does not say the recipient may be a duplicate:\n%s", rows[0].ID, show)
+		}
+		hold.Store(false)
 	})
 	// Every recipient, not every message: a message's recipients may go
 	// out in more than one transaction (their retries need not coincide).
@@ -106,6 +117,18 @@ func TestDamagedQueueSalvage(t *testing.T) {
 	if matches, _ := filepath.Glob(dbPath + ".damaged-*"); len(matches) != 1 {
 		t.Fatalf("damaged file not kept: %v", matches)
 	}
+}
+
+// rbQueueShowCLI is the output of `greyrelay queue show ID`.
+func rbQueueShowCLI(t *testing.T, r *peers.Relay, id string) string {
+	t.Helper()
+	cmd := exec.Command(peers.Binary(t), "queue", "show", "-config", r.ConfigPath, id)
+	cmd.Env = peers.CleanEnv()
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("greyrelay queue show %s: %v\n%s", id, err, out)
+	}
+	return string(out)
 }
 
 // smashRecipientsBranch overwrites the elements of the root page of the
