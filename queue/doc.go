@@ -72,6 +72,11 @@
 // it by walking the pages. Supported filesystems are local ones with
 // working fsync and flock (not NFS/CIFS).
 //
+// A full disk stops intake, never the rest: Options.Reserve is kept
+// free by the journaler, which refuses a batch that would use it
+// (reserve.go), and a journaled message the database cannot take waits
+// without failing the commits of others (journaler.go, commit).
+//
 // Bodies of SpoolThreshold octets or more are files in a spool directory
 // next to the database (path + ".bodies"), written by the caller while the
 // message is read, synced with their directory before the commit that

@@ -46,7 +46,10 @@ import (
 // fails (a full disk), the pure reads answer from the database all the
 // same and say what it lacks (unsettled, UnsettledError): the messages
 // are safe in the journal, and the operator needs to look at the queue
-// most when the disk is full. The writes still fail.
+// most when the disk is full. So do the operator's actions (they act on
+// what the database holds), and the other writes commit without the
+// waiting messages (commit): a full disk must not stop the deliveries
+// that free it. The waiting messages go in once there is room.
 
 // DefaultJournalSize is the size the journal file grows to by default.
 const DefaultJournalSize = journal.DefaultSize
