@@ -118,6 +118,12 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
 		rb.discard()
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			// The queue keeps its disk reserve (queue.reserve_percent), or
+			// the disk filled during the commit: the same condition as
+			// the free-space check's, and the same reply.
+			return s.refuse(reasonStorage, replyNoStorage())
+		}
 		s.srv.log.Error("enqueue failed", zap.String("client", s.clientS), zap.Error(err))
 		return s.refuse(reasonQueue, replyLocalError())
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -130,6 +131,19 @@ func TestData_QueueFailureIs451(t *testing.T) {
 	if len(e.logs.FilterMessage("enqueue failed").All()) != 1 {
 		t.Error("queue failure not logged")
 	}
+}
+
+// A queue that refuses for want of room (its reserve, or a disk that
+// filled during the commit) gets 452 4.3.1, as the free-space check's.
+func TestData_QueueOutOfRoomIs452(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	e.q.fail = fmt.Errorf("queue: 10 octets free, 20 needed to keep the reserve: %w", syscall.ENOSPC)
+	c := dial(t, e.addr(0))
+	c.hello()
+	if got := c.sendMessage("a@x.example", []string{"b@y.example"}, "x\r\n"); got != "452 4.3.1 Insufficient system storage" {
+		t.Fatalf("reply %q", got)
+	}
+	c.cmd("NOOP", "250 ")
 }
 
 func TestData_LowDiskIs452(t *testing.T) {
