@@ -28,8 +28,8 @@ import (
 // least one live recipient are all intact, with its recipients' state and
 // histories; a message with a finished record is not (it left the queue).
 // Destination records, finished records, the intake journal's state
-// (so that Open replays what it holds), the TLS policy cache and report
-// counts, and the nested buckets (the quarantine, and the events outbox
+// (so that Open replays what it holds), the stores (kv.go: the TLS policy
+// cache and report counts), and the nested buckets (the quarantine, and the events outbox
 // with its sequences, so that events not yet passed on still go out)
 // come along from the tree. The damaged file is renamed
 // path.damaged-TIMESTAMP and kept.
@@ -318,10 +318,8 @@ func (c *salvageCopy) run() error {
 	if err := c.copyTree(bFinished, func(k, v []byte) bool { return len(k) == 16 }); err != nil {
 		return err
 	}
-	for _, n := range [][]byte{bPolicies, bReports} { // what the TLS policies and reports learned
-		if err := c.copyTree(n, func(k, v []byte) bool { return true }); err != nil {
-			return err
-		}
+	if err := c.copyStores(); err != nil { // what the TLS policies and reports learned
+		return err
 	}
 	// The journal's salt and applied number, so that Open replays what
 	// the database lacks; and the format, so that Open knows the records.
@@ -519,6 +517,28 @@ func (c *salvageCopy) copyTree(bucket []byte, ok func(k, v []byte) bool) error {
 			if err := c.tx.Bucket(bucket).Put([]byte(k), v); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// copyStores copies the stores' buckets (kv.go) the tree gave, whoever
+// owns them.
+func (c *salvageCopy) copyStores() error {
+	names := make([]string, 0, len(c.bs))
+	for n := range c.bs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if !IsStoreName([]byte(n)) || len(c.bs[n].tree) == 0 {
+			continue
+		}
+		if _, err := c.tx.CreateBucketIfNotExists([]byte(n)); err != nil {
+			return err
+		}
+		if err := c.copyTree([]byte(n), func(k, v []byte) bool { return true }); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -11,7 +11,8 @@ import (
 // records an operator may still want to look at) and the events outbox
 // (events not yet passed on would otherwise never reach the application),
 // with the outbox's sequence, so that the next event does not take the
-// key of one kept.
+// key of one kept; and the stores (the MTA-STS policies and the TLS
+// reporting state).
 func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 	path := dbPath(t)
 	accept := func(id ID, _ *NewMessage, _ []byte) []Event {
@@ -34,6 +35,12 @@ func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	stored := map[string]string{"tlspolicy": `{"policy":1}`, "tlsreport": `[2]`}
+	for name, v := range stored {
+		if err := q.Store(name).Put("k", []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	before, err := q.Outbox("hook", 10)
 	if err != nil || len(before) != 3 {
 		t.Fatalf("outbox before: %d records, %v", len(before), err)
@@ -50,6 +57,11 @@ func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 	for i := range after {
 		if after[i].Seq != before[i].Seq || string(after[i].Data) != string(before[i].Data) {
 			t.Errorf("outbox record %d: %d %q, want %d %q", i, after[i].Seq, after[i].Data, before[i].Seq, before[i].Data)
+		}
+	}
+	for name, want := range stored {
+		if v, err := q.Store(name).Get("k"); err != nil || string(v) != want {
+			t.Errorf("store %s after salvage: %q, %v; want %q", name, v, err, want)
 		}
 	}
 	mustEnqueue(t, q, msg("s@src.test", "later@d.test"))

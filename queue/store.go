@@ -39,7 +39,7 @@ var (
 	bCounts     = []byte("counts")
 	bSpool      = []byte("spool")
 	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal,
-		bFinished, bPolicies, bReports}
+		bFinished}
 )
 
 const (

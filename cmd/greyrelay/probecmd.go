@@ -67,9 +67,9 @@ func probeOptions(cfg *config.Config, known func(context.Context, string) (*prob
 // memoryCache keeps MTA-STS policies for one probe run.
 type memoryCache struct{ m map[string][]byte }
 
-func (c *memoryCache) Policy(domain string) ([]byte, error) { return c.m[domain], nil }
+func (c *memoryCache) Get(domain string) ([]byte, error) { return c.m[domain], nil }
 
-func (c *memoryCache) PutPolicy(domain string, v []byte) error {
+func (c *memoryCache) Put(domain string, v []byte) error {
 	if c.m == nil {
 		c.m = map[string][]byte{}
 	}
@@ -77,7 +77,7 @@ func (c *memoryCache) PutPolicy(domain string, v []byte) error {
 	return nil
 }
 
-func (c *memoryCache) PolicyDomains() ([]string, error) {
+func (c *memoryCache) Keys() ([]string, error) {
 	var out []string
 	for d := range c.m {
 		out = append(out, d)
@@ -90,7 +90,7 @@ func (c *memoryCache) PolicyDomains() ([]string, error) {
 func probeFunc(cfg *config.Config, q *queue.Queue) func(ctx context.Context, target string) (any, error) {
 	known := probe.QueueKnown(q, time.Now)
 	return func(ctx context.Context, target string) (any, error) {
-		opt, err := probeOptions(cfg, known, q)
+		opt, err := probeOptions(cfg, known, q.Store(tlspolicy.StoreName))
 		if err != nil {
 			return nil, err
 		}

@@ -407,7 +407,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	policy, err := newTLSPolicy(cfg, router, q)
+	policy, err := newTLSPolicy(cfg, router, q.Store(tlspolicy.StoreName))
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -68,7 +68,7 @@ func newTLSReports(cfg *config.Config, router *mx.Router, q *queue.Queue, log *z
 			DialContext:       (&tlsrpt.Dialer{Resolver: router.Resolver, AllowPrivate: t.AllowPrivateRUA}).DialContext,
 			DisableKeepAlives: true},
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: log, Store: q, Now: time.Now, Sender: &tlsrpt.Sender{
+	r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: log, Store: q.Store(tlsrpt.StoreName), Now: time.Now, Sender: &tlsrpt.Sender{
 		Submitter: sub, From: from, TXT: router.Resolver, Queue: queueReports{q}, HTTP: hc, Rand: rand.Reader}}
 	if err := r.Load(); err != nil {
 		return nil, err

@@ -31,8 +31,8 @@
 //   - MTA-STS is used where DANE does not apply (RFC 8461 §2: DANE takes
 //     precedence). The policy is fetched over HTTPS with WebPKI verification
 //     (system roots plus an optional CA file), no redirects and no proxy
-//     (§3.3), bounded in size and time, and kept in a Cache (the queue
-//     database) until its max_age; a changed TXT id fetches it again (§5.1).
+//     (§3.3), bounded in size and time, and kept in a Cache (a store in the queue
+//     database, StoreName) until its max_age; a changed TXT id fetches it again (§5.1).
 //     Refresh fetches, in the background, policies close to their end.
 //   - A policy in "testing" mode holds nothing back (RFC 8461 §5: deliver
 //     as without a policy), but each host's Rule carries the check the

@@ -29,12 +29,19 @@ type TXTResolver interface {
 	LookupTXT(ctx context.Context, name string) ([]string, error)
 }
 
-// Cache stores MTA-STS policies per domain (*queue.Queue fits).
+// Cache stores MTA-STS policies per domain, as values this package alone
+// reads. The queue's store of StoreName fits (*queue.Store), so policies
+// survive a restart with the mail they protect.
 type Cache interface {
-	Policy(domain string) ([]byte, error)
-	PutPolicy(domain string, v []byte) error
-	PolicyDomains() ([]string, error)
+	Get(domain string) ([]byte, error)
+	Put(domain string, v []byte) error // a nil v deletes
+	Keys() ([]string, error)
 }
+
+// StoreName is the name of the queue store that keeps the Cache: the
+// bucket the queue kept policies in before it had stores, so that a
+// relay's cache outlives an upgrade.
+const StoreName = "tlspolicy"
 
 // Options configure a Checker.
 type Options struct {
@@ -240,7 +247,7 @@ func (c *Checker) STSPolicy(ctx context.Context, domain string) (*STSPolicy, err
 		return nil, err
 	}
 	if b, jerr := json.Marshal(cached{ID: id, Fetched: now, Policy: p}); jerr == nil {
-		_ = c.opt.Cache.PutPolicy(domain, b) // a policy we cannot store is used anyway
+		_ = c.opt.Cache.Put(domain, b) // a policy we cannot store is used anyway
 	}
 	return &p, nil
 }
@@ -270,7 +277,7 @@ func (c *Checker) stsID(ctx context.Context, domain string) (string, error) {
 
 // load reads the cached policy of domain.
 func (c *Checker) load(domain string) (cached, bool) {
-	b, err := c.opt.Cache.Policy(domain)
+	b, err := c.opt.Cache.Get(domain)
 	if err != nil || b == nil {
 		return cached{}, false
 	}
@@ -288,7 +295,7 @@ func (c *Checker) Refresh(ctx context.Context) error {
 	if !c.opt.STS {
 		return nil
 	}
-	domains, err := c.opt.Cache.PolicyDomains()
+	domains, err := c.opt.Cache.Keys()
 	if err != nil {
 		return err
 	}
@@ -299,7 +306,7 @@ func (c *Checker) Refresh(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case !ok || !p.valid(now):
-			_ = c.opt.Cache.PutPolicy(dom, nil)
+			_ = c.opt.Cache.Put(dom, nil)
 		case now.Sub(p.Fetched) >= refreshAge/2:
 			_, _ = c.STSPolicy(ctx, dom)
 		}

@@ -69,7 +69,7 @@ func (e *stsEnv) checker(t *testing.T, id string, now *time.Time) *Checker {
 		dns.TXT("_mta-sts.example.com", "v=STSv1; id="+id)
 	}
 	r := mx.NewDNS(dns.Addr(), time.Second)
-	c, err := New(Options{STS: true, TXT: r, Cache: e.q, Roots: e.roots, Now: func() time.Time { return *now },
+	c, err := New(Options{STS: true, TXT: r, Cache: e.q.Store(StoreName), Roots: e.roots, Now: func() time.Time { return *now },
 		Fetcher: NewFetcher(r, e.roots, e.port, 5*time.Second)})
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +110,7 @@ func TestSTSPolicyCache(t *testing.T) {
 	if err := none.Refresh(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if d, _ := e.q.PolicyDomains(); len(d) != 0 {
+	if d, _ := e.q.Store(StoreName).Keys(); len(d) != 0 {
 		t.Errorf("Refresh kept expired policies of %v", d)
 	}
 }

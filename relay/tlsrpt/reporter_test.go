@@ -26,8 +26,8 @@ func (m txtMap) LookupTXT(_ context.Context, name string) ([]string, error) { re
 // memStore is a tlsrpt.Store in memory.
 type memStore map[string][]byte
 
-func (m memStore) ReportState(key string) ([]byte, error) { return m[key], nil }
-func (m memStore) PutReportState(key string, v []byte) error {
+func (m memStore) Get(key string) ([]byte, error) { return m[key], nil }
+func (m memStore) Put(key string, v []byte) error {
 	m[key] = v
 	return nil
 }
@@ -92,7 +92,7 @@ func TestTLSReportsRestart(t *testing.T) {
 	}
 	box := &mailbox{}
 	newReports := func(q *queue.Queue) *tlsrpt.Reporter {
-		r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: zap.NewNop(), Store: q, Now: time.Now, Sender: &tlsrpt.Sender{
+		r := &tlsrpt.Reporter{Agg: tlsrpt.NewAggregator(), Log: zap.NewNop(), Store: q.Store(tlsrpt.StoreName), Now: time.Now, Sender: &tlsrpt.Sender{
 			Submitter: tlsrpt.Submitter{Organization: "o", Contact: "c", Host: "relay.test"}, From: "r@relay.test",
 			TXT: txtMap{"_smtp._tls.d.test": {"v=TLSRPTv1; rua=mailto:rep@sink.test"}}, Queue: box,
 			Rand: strings.NewReader(strings.Repeat("x", 1000))}}

@@ -8,11 +8,17 @@ import (
 	"time"
 )
 
-// Store keeps the reporting state across restarts (*queue.Queue fits).
+// Store keeps the reporting state across restarts, as values this
+// package alone reads. The queue's store of StoreName fits (*queue.Store).
 type Store interface {
-	ReportState(key string) ([]byte, error)
-	PutReportState(key string, v []byte) error
+	Get(key string) ([]byte, error)
+	Put(key string, v []byte) error // a nil v deletes
 }
+
+// StoreName is the name of the queue store that keeps the reporting
+// state: the bucket the queue kept it in before it had stores, so that
+// the day's counts and owed reports outlive an upgrade.
+const StoreName = "tlsreport"
 
 // Keys of the stored state.
 const (
@@ -71,7 +77,7 @@ func (a *Aggregator) Save(s Store) error {
 	a.mu.Unlock()
 	b, err := json.Marshal(days)
 	if err == nil {
-		err = s.PutReportState(keyCounts, b)
+		err = s.Put(keyCounts, b)
 	}
 	if err != nil {
 		a.mu.Lock()
@@ -84,7 +90,7 @@ func (a *Aggregator) Save(s Store) error {
 
 // Load adds the counts stored in s to a (at start, before any session).
 func (a *Aggregator) Load(s Store) error {
-	b, err := s.ReportState(keyCounts)
+	b, err := s.Get(keyCounts)
 	if err != nil || b == nil {
 		return err
 	}
@@ -143,7 +149,7 @@ func retryAfter(tries int) time.Duration {
 
 // LoadOwed reads the reports still owed from s.
 func LoadOwed(s Store) ([]Owed, error) {
-	b, err := s.ReportState(keyOwed)
+	b, err := s.Get(keyOwed)
 	if err != nil || b == nil {
 		return nil, err
 	}
@@ -163,7 +169,7 @@ func SaveOwed(s Store, owed []Owed) error {
 			return fmt.Errorf("tls report: %w", err)
 		}
 	}
-	if err := s.PutReportState(keyOwed, b); err != nil {
+	if err := s.Put(keyOwed, b); err != nil {
 		return fmt.Errorf("tls report: saving the reports owed: %w", err)
 	}
 	return nil

@@ -17,13 +17,13 @@ type memStore struct {
 	m  map[string][]byte
 }
 
-func (s *memStore) ReportState(key string) ([]byte, error) {
+func (s *memStore) Get(key string) ([]byte, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.m[key], nil
 }
 
-func (s *memStore) PutReportState(key string, v []byte) error {
+func (s *memStore) Put(key string, v []byte) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.m == nil {
