@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/greyrelay/greyrelay/queue/boltfile"
 	"github.com/greyrelay/greyrelay/queue/journal"
 )
 
@@ -72,20 +73,20 @@ func copyFile(t *testing.T, from string) string {
 }
 
 // bucketRoot returns the root page of a top-level bucket of the file b.
-func bucketRoot(t *testing.T, b []byte, name []byte) (uint64, *pageFile) {
+func bucketRoot(t *testing.T, b []byte, name []byte) (uint64, *boltfile.File) {
 	t.Helper()
-	f := newPageFile(b, os.Getpagesize())
-	p, err := f.page(f.meta.root)
+	f := boltfile.New(b, os.Getpagesize())
+	p, err := f.Page(f.Meta().Root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, es, err := elems(p)
+	_, es, err := boltfile.Elems(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range es {
-		if bytes.Equal(e.key, name) {
-			return binary.LittleEndian.Uint64(e.value), f
+		if bytes.Equal(e.Key, name) {
+			return binary.LittleEndian.Uint64(e.Value), f
 		}
 	}
 	t.Fatalf("no bucket %s", name)
@@ -101,16 +102,16 @@ func smashBranch(t *testing.T, path string, name []byte) {
 		t.Fatal(err)
 	}
 	root, f := bucketRoot(t, b, name)
-	p, err := f.page(root)
+	p, err := f.Page(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if binary.LittleEndian.Uint16(p[8:]) != pageBranch {
+	if binary.LittleEndian.Uint16(p[8:]) != boltfile.PageBranch {
 		t.Fatalf("bucket %s: root page %d is not a branch page (fill more)", name, root)
 	}
-	off := int(root) * f.psize
+	off := int(root) * f.PageSize()
 	n := int(binary.LittleEndian.Uint16(p[10:]))
-	for i := off + pageHeaderSize + 4; i < off+pageHeaderSize+n*pageElemSize; i++ {
+	for i := off + boltfile.PageHeaderSize + 4; i < off+boltfile.PageHeaderSize+n*boltfile.PageElemSize; i++ {
 		b[i] = byte(0xA5 ^ i)
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
@@ -226,55 +227,6 @@ func checkSalvaged(t *testing.T, path string, acc accepted, want func(ID) bool) 
 		}
 	}
 	checkStats(t, q)
-}
-
-func salvage(t *testing.T, path string) *SalvageReport {
-	t.Helper()
-	rep, err := Salvage(path, t0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(rep.DamagedPath); err != nil {
-		t.Fatalf("damaged file not kept: %v", err)
-	}
-	t.Logf("salvage: %d messages, %d recipients; %d damage notes, %d lost", rep.Messages, rep.Recipients,
-		len(rep.Damage), len(rep.Lost))
-	return rep
-}
-
-func TestSalvage(t *testing.T) {
-	all := func(ID) bool { return true }
-	cases := []struct {
-		name   string
-		damage func(t *testing.T, path string)
-		want   func(ID) bool // messages that must come back
-	}{
-		{"undamaged", func(*testing.T, string) {}, all},
-		{"recipients branch page", func(t *testing.T, p string) { smashBranch(t, p, bRcpts) }, all},
-		{"messages branch page", func(t *testing.T, p string) { smashBranch(t, p, bMsgs) }, all},
-		{"bodies branch page", func(t *testing.T, p string) { smashBranch(t, p, bBodies) }, all},
-		{"meta page 0 zeroed", func(t *testing.T, p string) { zeroMeta(t, p, 0) }, all},
-		{"both meta pages zeroed", func(t *testing.T, p string) { zeroMeta(t, p, 0); zeroMeta(t, p, 1) }, all},
-		{"truncated", func(t *testing.T, p string) {
-			fi, _ := os.Stat(p)
-			if err := os.Truncate(p, fi.Size()*6/10); err != nil {
-				t.Fatal(err)
-			}
-		}, func(ID) bool { return false }},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			q, acc := fillDamageQueue(t, dbPath(t), 400)
-			path := q.path
-			q.Close()
-			c.damage(t, path)
-			rep := salvage(t, path)
-			if rep.Messages == 0 {
-				t.Fatal("nothing recovered")
-			}
-			checkSalvaged(t, path, acc, c.want)
-		})
-	}
 }
 
 // zeroMeta zeroes meta page i (0 or 1).
@@ -459,53 +411,6 @@ func TestUnsealedRecordsStillRead(t *testing.T) {
 	if err := checkBody(&got, []byte("anything")); err != nil {
 		t.Fatalf("a body without a stored checksum is read as it is: %v", err)
 	}
-}
-
-func TestSalvageRefusesAHeldQueue(t *testing.T) {
-	q, _ := newQ(t)
-	mustEnqueue(t, q, msg("s@src.test", "a@b.test"))
-	if _, err := Salvage(q.path, t0); !errors.Is(err, ErrLocked) {
-		t.Fatalf("Salvage of an open queue: %v", err)
-	}
-}
-
-// FuzzPageFile: the page reader never panics and always ends, whatever
-// damage a real queue file takes. The input is a damage script, not the
-// file (a small input keeps the fuzzer's minimisation quick): each three
-// bytes XOR one byte of the file at a position spread over its length, and
-// a last byte left over cuts the file to that many 256ths.
-func FuzzPageFile(f *testing.F) {
-	path := filepath.Join(f.TempDir(), "q.db")
-	q, err := Open(path, Options{JournalSize: -1})
-	if err != nil {
-		f.Fatal(err)
-	}
-	for i := range 40 {
-		if _, err := q.Enqueue(msg("s@src.test", fmt.Sprintf("a%d@b.test", i), fmt.Sprintf("c%d@d.test", i))); err != nil {
-			f.Fatal(err)
-		}
-	}
-	q.Close()
-	seed, err := os.ReadFile(path)
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Add([]byte{})
-	f.Add([]byte{0x20, 0x00, 0xff})                   // a page header
-	f.Add([]byte{0x00, 0x10, 0xff, 0x00, 0x11, 0x0f}) // meta page 0
-	f.Add([]byte{0x80})                               // cut in half
-	f.Fuzz(func(t *testing.T, script []byte) {
-		b := bytes.Clone(seed)
-		for ; len(script) >= 3; script = script[3:] {
-			b[int(binary.BigEndian.Uint16(script))*len(b)>>16] ^= script[2]
-		}
-		if len(script) > 0 {
-			b = b[:len(b)*int(script[0])>>8]
-		}
-		_ = checkPages(b, 4096)
-		newPageFile(b, 4096).scanPages(func(_, _, _ []byte) {})
-		readDamaged(b, &SalvageReport{})
-	})
 }
 
 // TestJournalCarriesSpoolChecksum: a spooled body's checksum survives the

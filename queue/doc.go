@@ -93,6 +93,12 @@
 // bbolt runs under a guard that turns its panics and memory faults into a
 // *DamagedError, after which every call fails with it (guard.go); a file
 // left by an unclean stop is walked by our own bounds-checked reader
-// before bbolt walks it (pagefile.go); and Salvage copies what can still
-// be read into a fresh file (salvage.go).
+// (queue/boltfile) before bbolt walks it; and queue/salvage copies what
+// can still be read into a fresh file, through the file layout the queue
+// exports for it (layout.go). The queue imports neither salvage nor
+// anything above it.
+//
+// Other packages keep what they learned in the queue's file through
+// stores (kv.go): named buckets of opaque values, so the queue does not
+// know what an MTA-STS policy or a TLS report is.
 package queue

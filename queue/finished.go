@@ -43,7 +43,7 @@ import (
 // one transaction, so that none grows with a backlog (a shortened
 // retention, a lowered maximum): the backlog drains as new messages finish.
 
-var bFinished = []byte("finished")
+var bFinished = []byte(BucketFinished)
 
 // finishedVersion is the layout of a finished record.
 const finishedVersion = 1

@@ -9,6 +9,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/greyrelay/greyrelay/queue/boltfile"
 )
 
 // A damaged file stops the queue, not the process.
@@ -22,8 +24,8 @@ import (
 // delivered from a file that can no longer be trusted, and the caller
 // (serve) stops on Damaged. Before bbolt's Open walks the pages of a file
 // left by an unclean stop (to rebuild its freelist, in a goroutine of its
-// own where no recover reaches), checkPages walks them first with its own
-// bounds-checked reader (pagefile.go).
+// own where no recover reaches), they are walked first with a
+// bounds-checked reader of our own (queue/boltfile).
 //
 // A panic in the queue's own code inside a transaction is caught the same
 // way; its text is kept in the error.
@@ -84,7 +86,7 @@ func (q *Queue) guard(fn func() error) (err error) {
 	return fn()
 }
 
-// openBolt opens the file with bbolt, after checkPages when bbolt would
+// openBolt opens the file with bbolt, after boltfile.Check when bbolt would
 // walk the pages itself (no freelist stored: an unclean stop), and under
 // the same recover as guard.
 func openBolt(path string, opts *bolt.Options) (db *bolt.DB, err error) {
@@ -120,16 +122,16 @@ func precheck(path string) error {
 		return nil // no mapping here: bbolt's own checks, under recover, only
 	}
 	defer unmap(b)
-	pf := newPageFile(b, os.Getpagesize())
-	if !pf.valid {
+	pf := boltfile.New(b, os.Getpagesize())
+	if !pf.Valid() {
 		return &DamagedError{Path: absPath(path), Cause: "no valid meta page"}
 	}
-	if pf.meta.freelist != noFreelist && pf.meta.freelist < pf.meta.pgid {
-		if _, err := pf.page(pf.meta.freelist); err == nil {
+	if m := pf.Meta(); m.Freelist != boltfile.NoFreelist && m.Freelist < m.PGID {
+		if _, err := pf.Page(m.Freelist); err == nil {
 			return nil // a clean stop: bbolt reads the stored freelist and walks nothing
 		}
 	}
-	if err := checkPages(b, os.Getpagesize()); err != nil {
+	if err := boltfile.Check(b, os.Getpagesize()); err != nil {
 		return &DamagedError{Path: absPath(path), Cause: err.Error()}
 	}
 	return nil

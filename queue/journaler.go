@@ -83,7 +83,7 @@ type insertBatch struct {
 }
 
 var (
-	bJournal   = []byte("journal")
+	bJournal   = []byte(BucketJournal)
 	keyApplied = []byte("applied") // number of the last journal record in the database
 	keySalt    = []byte("salt")    // the salt of this database's journal
 )

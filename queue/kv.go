@@ -13,7 +13,7 @@ import (
 // (relay/tlspolicy's MTA-STS policies, relay/tlsrpt's reporting state).
 // The queue does not know what the values mean: it stores bytes under
 // keys, in a top-level bucket of the store's name, created by its first
-// Put. Salvage copies every such bucket it can read.
+// Put. queue/salvage copies every such bucket it can read (IsStoreName).
 
 // ErrReservedStore is the error of every call on a Store whose name is
 // one of the queue's own buckets.

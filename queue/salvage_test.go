@@ -1,11 +1,67 @@
-package queue
+package queue_test
 
 import (
 	"fmt"
+	"os"
 	"testing"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/queue/salvage"
 )
+
+// The tests of queue/salvage that hold the salvaged file to the queue's
+// own invariants (its counters and due index, its raw buckets): they
+// need the queue's test helpers (export_test.go), so they live beside
+// the queue, in package queue_test, which may import queue/salvage.
+
+func salvageAt(t *testing.T, path string) *salvage.Report {
+	t.Helper()
+	rep, err := salvage.Salvage(path, queue.T0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rep.DamagedPath); err != nil {
+		t.Fatalf("damaged file not kept: %v", err)
+	}
+	t.Logf("salvage: %d messages, %d recipients; %d damage notes, %d lost", rep.Messages, rep.Recipients,
+		len(rep.Damage), len(rep.Lost))
+	return rep
+}
+
+func TestSalvage(t *testing.T) {
+	all := func(queue.ID) bool { return true }
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, path string)
+		want   func(queue.ID) bool // messages that must come back
+	}{
+		{"undamaged", func(*testing.T, string) {}, all},
+		{"recipients branch page", func(t *testing.T, p string) { queue.SmashBranch(t, p, queue.BRcpts) }, all},
+		{"messages branch page", func(t *testing.T, p string) { queue.SmashBranch(t, p, queue.BMsgs) }, all},
+		{"bodies branch page", func(t *testing.T, p string) { queue.SmashBranch(t, p, queue.BBodies) }, all},
+		{"meta page 0 zeroed", func(t *testing.T, p string) { queue.ZeroMeta(t, p, 0) }, all},
+		{"both meta pages zeroed", func(t *testing.T, p string) { queue.ZeroMeta(t, p, 0); queue.ZeroMeta(t, p, 1) }, all},
+		{"truncated", func(t *testing.T, p string) {
+			fi, _ := os.Stat(p)
+			if err := os.Truncate(p, fi.Size()*6/10); err != nil {
+				t.Fatal(err)
+			}
+		}, func(queue.ID) bool { return false }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			q, acc := queue.FillDamageQueue(t, queue.DBPath(t), 400)
+			path := q.Path()
+			q.Close()
+			c.damage(t, path)
+			rep := salvageAt(t, path)
+			if rep.Messages == 0 {
+				t.Fatal("nothing recovered")
+			}
+			queue.CheckSalvaged(t, path, acc, c.want)
+		})
+	}
+}
 
 // Salvage keeps what it can besides the messages: the quarantine (the
 // records an operator may still want to look at) and the events outbox
@@ -14,25 +70,19 @@ import (
 // key of one kept; and the stores (the MTA-STS policies and the TLS
 // reporting state).
 func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
-	path := dbPath(t)
-	accept := func(id ID, _ *NewMessage, _ []byte) []Event {
-		return []Event{{Sink: "hook", Data: fmt.Appendf(nil, "accepted %s", id)}}
+	path := queue.DBPath(t)
+	accept := func(id queue.ID, _ *queue.NewMessage, _ []byte) []queue.Event {
+		return []queue.Event{{Sink: "hook", Data: fmt.Appendf(nil, "accepted %s", id)}}
 	}
-	q := openAt(t, path, Options{OnAccept: accept})
+	q := queue.OpenAt(t, path, queue.Options{OnAccept: accept})
 	for i := range 3 {
-		mustEnqueue(t, q, msg("s@src.test", fmt.Sprintf("r%d@d.test", i)))
+		queue.MustEnqueue(t, q, queue.Msg("s@src.test", fmt.Sprintf("r%d@d.test", i)))
 	}
-	if err := q.settle(); err != nil {
+	if err := q.Settle(); err != nil {
 		t.Fatal(err)
 	}
 	quarantined := []byte("a record that did not decode")
-	if err := q.update(func(w *wtx) error {
-		b, err := w.b(bQuarantine).CreateBucketIfNotExists(bRcpts)
-		if err != nil {
-			return err
-		}
-		return b.Put([]byte("0123456789ab"), quarantined)
-	}); err != nil {
+	if err := q.PutQuarantined(queue.BRcpts, []byte("0123456789ab"), quarantined); err != nil {
 		t.Fatal(err)
 	}
 	stored := map[string]string{"tlspolicy": `{"policy":1}`, "tlsreport": `[2]`}
@@ -47,9 +97,9 @@ func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 	}
 	q.Close()
 
-	salvage(t, path)
+	salvageAt(t, path)
 
-	q = openAt(t, path, Options{OnAccept: accept})
+	q = queue.OpenAt(t, path, queue.Options{OnAccept: accept})
 	after, err := q.Outbox("hook", 10)
 	if err != nil || len(after) != len(before) {
 		t.Fatalf("outbox after salvage: %d records, %v; want the %d not passed on", len(after), err, len(before))
@@ -64,20 +114,15 @@ func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 			t.Errorf("store %s after salvage: %q, %v; want %q", name, v, err, want)
 		}
 	}
-	mustEnqueue(t, q, msg("s@src.test", "later@d.test"))
-	if err := q.settle(); err != nil {
+	queue.MustEnqueue(t, q, queue.Msg("s@src.test", "later@d.test"))
+	if err := q.Settle(); err != nil {
 		t.Fatal(err)
 	}
 	if all, _ := q.Outbox("hook", 10); len(all) != 4 || all[3].Seq <= before[2].Seq {
 		t.Errorf("the next event after salvage: %+v, want a fourth record after the kept ones", all)
 	}
-	var got []byte
-	if err := q.view(func(tx *bolt.Tx) error {
-		if b := tx.Bucket(bQuarantine).Bucket(bRcpts); b != nil {
-			got = b.Get([]byte("0123456789ab"))
-		}
-		return nil
-	}); err != nil {
+	got, err := q.Quarantined(queue.BRcpts, []byte("0123456789ab"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	if string(got) != string(quarantined) {
@@ -92,17 +137,17 @@ func TestSalvageKeepsQuarantineAndOutbox(t *testing.T) {
 func TestSalvageMarksOlderCopies(t *testing.T) {
 	for _, smashed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("recipients branch page lost=%v", smashed), func(t *testing.T) {
-			q, acc := fillDamageQueue(t, dbPath(t), 400)
-			path := q.path
+			q, acc := queue.FillDamageQueue(t, queue.DBPath(t), 400)
+			path := q.Path()
 			q.Close()
 			if smashed {
-				smashBranch(t, path, bRcpts)
+				queue.SmashBranch(t, path, queue.BRcpts)
 			}
-			salvage(t, path)
-			q = openAt(t, path, Options{})
+			salvageAt(t, path)
+			q = queue.OpenAt(t, path, queue.Options{})
 			marked, shown := 0, 0
-			var one Key
-			for id := range acc.bodies {
+			var one queue.Key
+			for _, id := range acc.IDs() {
 				m, err := q.Show(id)
 				if err != nil {
 					continue // not recovered, or delivered
@@ -112,8 +157,8 @@ func TestSalvageMarksOlderCopies(t *testing.T) {
 					if !r.Salvaged.IsZero() {
 						marked++
 						one = r.Key
-						if !r.Salvaged.Equal(t0) {
-							t.Fatalf("recipient %s: salvaged at %v, want the salvage's time %v", r.Key, r.Salvaged, t0)
+						if !r.Salvaged.Equal(queue.T0) {
+							t.Fatalf("recipient %s: salvaged at %v, want the salvage's time %v", r.Key, r.Salvaged, queue.T0)
 						}
 					}
 				}
@@ -128,16 +173,11 @@ func TestSalvageMarksOlderCopies(t *testing.T) {
 			case !smashed:
 				return
 			}
-			if _, err := q.Delete(Selector{ID: one.ID}); err != nil {
+			if _, err := q.Delete(queue.Selector{ID: one.ID}); err != nil {
 				t.Fatal(err)
 			}
-			if err := q.view(func(tx *bolt.Tx) error {
-				if v := tx.Bucket(bSalvaged).Get(rcptKey(one)); v != nil {
-					return fmt.Errorf("the mark of deleted recipient %s stays", one)
-				}
-				return nil
-			}); err != nil {
-				t.Error(err)
+			if v, err := q.SalvagedMarkOf(one); err != nil || v != nil {
+				t.Errorf("the mark of deleted recipient %s stays (%v)", one, err)
 			}
 		})
 	}

@@ -114,7 +114,7 @@ func (b *BodyFile) finish() error {
 	return nil
 }
 
-func (q *Queue) spoolDir() string { return q.path + ".bodies" }
+func (q *Queue) spoolDir() string { return SpoolDir(q.path) }
 
 // finishFiles syncs and closes the spool files of ms, then the spool
 // directory once, so that every name the coming commit stores exists.

@@ -13,7 +13,7 @@ func mapFile(*os.File, int64) ([]byte, func([]byte) error, error) {
 	return nil, nil, errors.New("no mmap")
 }
 
-// lockFree cannot tell here; Salvage relies on the operator.
+// lockFree cannot tell here; queue/salvage relies on the operator.
 func lockFree(*os.File) bool { return true }
 
 // copyOwner has nothing to do here.

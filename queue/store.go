@@ -29,18 +29,23 @@ import (
 // status is Queued, Deferred or Active (flag 'a'). Held and final recipients
 // have none. Readers verify each entry against its record and drop stale ones.
 var (
-	bMsgs       = []byte("msgs")
-	bBodies     = []byte("bodies")
-	bRcpts      = []byte("rcpts")
-	bHist       = []byte("hist")
-	bDue        = []byte("due")
-	bDests      = []byte("dests")
-	bQuarantine = []byte("quarantine")
+	bMsgs       = []byte(BucketMessages)
+	bBodies     = []byte(BucketBodies)
+	bRcpts      = []byte(BucketRecipients)
+	bHist       = []byte(BucketHistory)
+	bDue        = []byte(BucketDue)
+	bDests      = []byte(BucketDests)
+	bQuarantine = []byte(BucketQuarantine)
 	bCounts     = []byte("counts")
-	bSpool      = []byte("spool")
+	bSpool      = []byte(BucketSpool)
 	allBuckets  = [][]byte{bMsgs, bBodies, bRcpts, bHist, bDue, bDests, bQuarantine, bCounts, bSpool, bJournal,
 		bFinished}
 )
+
+// bSalvaged marks the recipients queue/salvage took from an older copy of
+// their record (rcptKey → the salvage's time, Unix nanoseconds). It is
+// created by queue/salvage only; deleteRcpt removes a recipient's mark.
+var bSalvaged = []byte(BucketSalvaged)
 
 const (
 	flagDue    = 'd'

@@ -263,7 +263,7 @@ type Recipient struct {
 	SourceIP, MXHost, MXAddr    string    // sticky: where the last attempt went
 	DelayWarnings               int       // delay DSNs sent so far
 	History                     []Attempt // only filled by Show; first 3 + last 20 attempts
-	// Salvaged, filled by Show, is when Salvage recovered this recipient
+	// Salvaged, filled by Show, is when queue/salvage recovered this recipient
 	// from an older copy of its record (its current one was lost): it may
 	// already have been delivered, and may be delivered again. Zero
 	// otherwise.

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/queue/salvage"
 	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
 )
@@ -68,7 +68,7 @@ func healthCmd(args []string, stdout, stderr io.Writer) error {
 }
 
 // salvageCmd copies what can be read of a damaged queue file into a fresh
-// one (queue.Salvage), offline: it refuses a file a running relay holds.
+// one (queue/salvage), offline: it refuses a file a running relay holds.
 func salvageCmd(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("queue salvage", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -83,14 +83,14 @@ func salvageCmd(args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return &exitError{2, fmt.Errorf("queue salvage takes no arguments, only -config FILE")}
 	}
-	rep, err := queue.Salvage(cfg.Queue.Path, time.Now())
+	rep, err := salvage.Salvage(cfg.Queue.Path, time.Now())
 	if rep != nil {
 		printSalvage(stdout, cfg.Queue.Path, rep)
 	}
 	return err
 }
 
-func printSalvage(w io.Writer, path string, rep *queue.SalvageReport) {
+func printSalvage(w io.Writer, path string, rep *salvage.Report) {
 	fmt.Fprintf(w, "damaged file kept as %s\n", rep.DamagedPath)
 	for _, d := range rep.Damage {
 		fmt.Fprintf(w, "unreadable: %s\n", d)

@@ -1,22 +1,9 @@
-package queue
-
-import (
-	"bytes"
-	"encoding/binary"
-	"fmt"
-	"os"
-	"path/filepath"
-	"sort"
-	"time"
-
-	bolt "go.etcd.io/bbolt"
-)
-
-// Salvage: what can be read of a damaged file goes into a fresh one.
+// Package salvage copies what can be read of a damaged queue file into a
+// fresh one (greyrelay queue salvage).
 //
 // The daemon is stopped (a file another process holds is refused). The
-// damaged file is read with the bounds-checked reader (pagefile.go), never
-// with bbolt: first the tree from the newest valid meta page, which knows
+// damaged file is read with the bounds-checked reader (queue/boltfile),
+// never with bbolt: first the tree from the newest valid meta page, which knows
 // which record is current; every key range under a page it cannot read is
 // noted as lost. Then page by page: every page that parses as a leaf gives
 // its records, and a record is taken only for a key in a lost range of
@@ -34,27 +21,42 @@ import (
 // come along from the tree. The damaged file is renamed
 // path.damaged-TIMESTAMP and kept.
 //
+// The queue's file layout (its buckets, keys and records) is the queue's:
+// this package reads and writes it through what the queue exports for
+// it, and the queue knows nothing of salvage.
+//
 // Limits: a recipient whose current record was on a lost page comes back
 // in the state of an older copy, so it may be delivered again (never lost
-// or altered): it is marked (bSalvaged) so that Show says so
-// (Recipient.Salvaged); messages that had left the queue can come back
+// or altered): it is marked (queue.BucketSalvaged) so that Show says so
+// (queue.Recipient.Salvaged); messages that had left the queue can come back
 // only when both their envelope and their recipients lie in lost ranges
 // and no finished record names them. Records of nested buckets under a
 // lost page are lost (no seal proves where a page-scan copy belongs).
+package salvage
 
-// SalvageReport is what Salvage recovered and what it could not.
-type SalvageReport struct {
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/queue/boltfile"
+)
+
+// Report is what Salvage recovered and what it could not.
+type Report struct {
 	DamagedPath string   // where the damaged file was kept
 	Messages    int      // messages copied
 	Recipients  int      // live recipients copied
 	Damage      []string // what the walk of the damaged file could not read
 	Lost        []string // messages seen but not copied, with the reason
 }
-
-// bSalvaged marks the recipients Salvage took from an older copy of
-// their record (rcptKey → the salvage's time, Unix nanoseconds). It is
-// created by Salvage only; deleteRcpt removes a recipient's mark.
-var bSalvaged = []byte("salvaged")
 
 // subtree is a nested bucket as the damaged file's tree gave it.
 type subtree struct {
@@ -82,21 +84,19 @@ func (s *salvaged) inLost(k []byte) bool {
 // Salvage copies every intact message of the damaged queue file at path
 // into a fresh file at path, keeping the damaged one aside; now names it.
 // The relay must be stopped.
-func Salvage(path string, now time.Time) (*SalvageReport, error) {
-	f, err := os.Open(path)
+func Salvage(path string, now time.Time) (*Report, error) {
+	held, err := queue.InUse(path)
 	if err != nil {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
-	free := lockFree(f)
-	f.Close()
-	if !free {
-		return nil, fmt.Errorf("queue: salvage: %w: %s; stop greyrelay first", ErrLocked, path)
+	if held {
+		return nil, fmt.Errorf("queue: salvage: %w: %s; stop greyrelay first", queue.ErrLocked, path)
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
-	rep := &SalvageReport{DamagedPath: path + ".damaged-" + now.UTC().Format("20060102T150405Z")}
+	rep := &Report{DamagedPath: path + ".damaged-" + now.UTC().Format("20060102T150405Z")}
 	bs, subs, seq := readDamaged(b, rep)
 	fresh := path + ".salvage-tmp"
 	os.Remove(fresh)
@@ -104,18 +104,18 @@ func Salvage(path string, now time.Time) (*SalvageReport, error) {
 		os.Remove(fresh)
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
-	copyOwner(path, fresh)
+	queue.CopyOwner(path, fresh)
 	if err := os.Rename(path, rep.DamagedPath); err != nil {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
 	if err := os.Rename(fresh, path); err != nil {
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil { // the renames
 		return nil, fmt.Errorf("queue: salvage: %w", err)
 	}
 	// Open replays the journal into the fresh file and checks it opens.
-	q, err := Open(path, Options{})
+	q, err := queue.Open(path, queue.Options{})
 	if err != nil {
 		return rep, fmt.Errorf("queue: salvage: the fresh queue does not open: %w", err)
 	}
@@ -124,7 +124,7 @@ func Salvage(path string, now time.Time) (*SalvageReport, error) {
 
 // readDamaged walks the damaged file's tree, then its pages. Nested
 // buckets come from the tree only, as subtrees by path.
-func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, map[string]*subtree, uint64) {
+func readDamaged(b []byte, rep *Report) (map[string]*salvaged, map[string]*subtree, uint64) {
 	bs := map[string]*salvaged{}
 	subs := map[string]*subtree{}
 	sub := func(path [][]byte) *subtree {
@@ -136,46 +136,45 @@ func readDamaged(b []byte, rep *SalvageReport) (map[string]*salvaged, map[string
 		}
 		return st
 	}
-	get := func(name []byte) *salvaged {
-		s := bs[string(name)]
+	get := func(name string) *salvaged {
+		s := bs[name]
 		if s == nil {
 			s = &salvaged{tree: map[string][]byte{}, pages: map[string][]byte{}}
-			bs[string(name)] = s
+			bs[name] = s
 		}
 		return s
 	}
 	var seq uint64
-	pf := newPageFile(b, os.Getpagesize())
-	w := &walker{f: pf, seen: map[uint64]bool{}, v: treeVisitor{
-		kv: func(path [][]byte, k, v []byte) {
+	pf := boltfile.New(b, os.Getpagesize())
+	pf.Walk(boltfile.Visitor{
+		KV: func(path [][]byte, k, v []byte) {
 			switch {
 			case len(path) == 1:
-				get(path[0]).tree[string(k)] = v
+				get(string(path[0])).tree[string(k)] = v
 			case len(path) > 1:
 				sub(path).kv[string(k)] = v
 			}
 		},
-		lost: func(path [][]byte, lo, hi []byte, err error) {
+		Lost: func(path [][]byte, lo, hi []byte, err error) {
 			rep.Damage = append(rep.Damage, err.Error())
 			if len(path) == 0 { // the root itself: every bucket
-				for _, n := range allBuckets {
+				for _, n := range queue.Buckets() {
 					get(n).lost = append(get(n).lost, [2][]byte{nil, nil})
 				}
 			} else if len(path) == 1 {
-				get(path[0]).lost = append(get(path[0]).lost, [2][]byte{lo, hi})
+				get(string(path[0])).lost = append(get(string(path[0])).lost, [2][]byte{lo, hi})
 			}
 		},
-		seq: func(path [][]byte, s uint64) {
-			if len(path) == 1 && bytes.Equal(path[0], bMsgs) {
+		Seq: func(path [][]byte, s uint64) {
+			if len(path) == 1 && string(path[0]) == queue.BucketMessages {
 				seq = s
 			}
 			if len(path) > 1 {
 				sub(path).seq = s
 			}
 		},
-	}}
-	w.walk()
-	pf.scanPages(func(_ []byte, k, v []byte) { pickPaged(get, k, v) })
+	})
+	pf.ScanPages(func(_ []byte, k, v []byte) { pickPaged(get, k, v) })
 	return bs, subs, seq
 }
 
@@ -191,44 +190,42 @@ func clonePath(path [][]byte) [][]byte {
 // seal proves, if its key lies in a lost range there, keeping the most
 // advanced version. Bodies and spool names cannot be proved: they are
 // kept as candidates and checked against their envelope later.
-func pickPaged(get func([]byte) *salvaged, k, v []byte) {
+func pickPaged(get func(string) *salvaged, k, v []byte) {
 	switch len(k) {
 	case 8:
-		id := ID(binary.BigEndian.Uint64(k))
-		if sealed(v) {
-			if _, err := decodeMessageRec(id, v); err == nil {
-				keepPaged(get(bMsgs), k, v, nil)
+		id := queue.ID(binary.BigEndian.Uint64(k))
+		if queue.Sealed(v) {
+			if _, err := queue.DecodeMessageRecord(id, v); err == nil {
+				keepPaged(get(queue.BucketMessages), k, v, nil)
 			}
 			return
 		}
-		for _, n := range [][]byte{bBodies, bSpool} {
+		for _, n := range []string{queue.BucketBodies, queue.BucketSpool} {
 			keepPaged(get(n), k, v, func(old, v []byte) bool { return false })
 		}
-	case 16:
+	case 16: // time(8)|id(8), queue.BucketFinished
 		// Perhaps a finished-message record (time|id): used only to keep a
 		// message that left the queue from coming back, so an unproved
 		// one costs at most a message not recovered, never a duplicate.
-		get(bFinished).pages[string(k)] = nil
-	case rcptKeyLen:
-		key, _ := parseRcptKey(k)
-		if !sealed(v) {
+		get(queue.BucketFinished).pages[string(k)] = nil
+	default:
+		key, ok := queue.ParseRecipientKey(k)
+		if !ok || !queue.Sealed(v) {
 			return
 		}
-		if r, err := decodeRecipient(key, v); err == nil {
-			keepPaged(get(bRcpts), k, v, func(old, _ []byte) bool {
-				o, _ := decodeRecipient(key, old)
+		if r, err := queue.DecodeRecipientRecord(key, v); err == nil {
+			keepPaged(get(queue.BucketRecipients), k, v, func(old, _ []byte) bool {
+				o, _ := queue.DecodeRecipientRecord(key, old)
 				return ahead(&r, &o)
 			})
-		} else if h, err := decodeHistory(key, v, Attempt{}); err == nil {
-			keepPaged(get(bHist), k, v, func(old, _ []byte) bool {
-				o, _ := decodeHistory(key, old, Attempt{})
+		} else if h, err := queue.DecodeHistoryRecord(key, v, nil); err == nil {
+			keepPaged(get(queue.BucketHistory), k, v, func(old, _ []byte) bool {
+				o, _ := queue.DecodeHistoryRecord(key, old, nil)
 				return len(h) > len(o)
 			})
 		}
 	}
 }
-
-func sealed(v []byte) bool { return len(v) > sealSize && v[0]&sealedFlag != 0 }
 
 // keepPaged keeps v for k in s when k lies in a lost range and no version
 // is kept yet, or better says v is ahead of the kept one.
@@ -243,7 +240,7 @@ func keepPaged(s *salvaged, k, v []byte, better func(old, v []byte) bool) {
 }
 
 // ahead reports whether recipient a is a later state than b.
-func ahead(a, b *Recipient) bool {
+func ahead(a, b *queue.Recipient) bool {
 	if a.Status.Final() != b.Status.Final() {
 		return a.Status.Final()
 	}
@@ -266,18 +263,18 @@ func (s *salvaged) value(k []byte) []byte {
 }
 
 // writeSalvaged builds the fresh file at fresh.
-func writeSalvaged(fresh, path string, bs map[string]*salvaged, subs map[string]*subtree, seq uint64, now time.Time, rep *SalvageReport) error {
-	db, err := bolt.Open(fresh, 0o600, &bolt.Options{Timeout: DefaultLockTimeout})
+func writeSalvaged(fresh, path string, bs map[string]*salvaged, subs map[string]*subtree, seq uint64, now time.Time, rep *Report) error {
+	db, err := bolt.Open(fresh, 0o600, &bolt.Options{Timeout: queue.DefaultLockTimeout})
 	if err != nil {
 		return err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, n := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(n); err != nil {
+		for _, n := range queue.Buckets() {
+			if _, err := tx.CreateBucketIfNotExists([]byte(n)); err != nil {
 				return err
 			}
 		}
-		c := &salvageCopy{tx: tx, bs: bs, spoolDir: path + ".bodies", rep: rep, seq: seq, now: now}
+		c := &salvageCopy{tx: tx, bs: bs, spoolDir: queue.SpoolDir(path), rep: rep, seq: seq, now: now}
 		if err := c.run(); err != nil {
 			return err
 		}
@@ -293,7 +290,7 @@ type salvageCopy struct {
 	tx       *bolt.Tx
 	bs       map[string]*salvaged
 	spoolDir string
-	rep      *SalvageReport
+	rep      *Report
 	seq      uint64
 	now      time.Time
 }
@@ -309,13 +306,13 @@ func (c *salvageCopy) run() error {
 		}
 		c.seq = max(c.seq, uint64(id))
 	}
-	if err := c.tx.Bucket(bMsgs).SetSequence(c.seq); err != nil {
+	if err := c.tx.Bucket([]byte(queue.BucketMessages)).SetSequence(c.seq); err != nil {
 		return err
 	}
-	if err := c.copyTree(bDests, func(k, v []byte) bool { _, err := decodeDestination(v); return err == nil }); err != nil {
+	if err := c.copyTree(queue.BucketDests, func(k, v []byte) bool { _, err := queue.DecodeDestinationRecord(v); return err == nil }); err != nil {
 		return err
 	}
-	if err := c.copyTree(bFinished, func(k, v []byte) bool { return len(k) == 16 }); err != nil {
+	if err := c.copyTree(queue.BucketFinished, func(k, v []byte) bool { _, ok := queue.FinishedID(k); return ok }); err != nil {
 		return err
 	}
 	if err := c.copyStores(); err != nil { // what the TLS policies and reports learned
@@ -323,26 +320,26 @@ func (c *salvageCopy) run() error {
 	}
 	// The journal's salt and applied number, so that Open replays what
 	// the database lacks; and the format, so that Open knows the records.
-	return c.copyTree(bJournal, func(k, v []byte) bool { return true })
+	return c.copyTree(queue.BucketJournal, func(k, v []byte) bool { return true })
 }
 
-// messageIDs lists every message ID any recipient or envelope names.
-func (c *salvageCopy) messageIDs() []ID {
-	seen := map[ID]bool{}
-	for _, n := range [][]byte{bMsgs, bRcpts} {
-		s := c.bs[string(n)]
+// messageIDs lists every message queue.ID any recipient or envelope names.
+func (c *salvageCopy) messageIDs() []queue.ID {
+	seen := map[queue.ID]bool{}
+	for _, n := range []string{queue.BucketMessages, queue.BucketRecipients} {
+		s := c.bs[n]
 		if s == nil {
 			continue
 		}
 		for _, m := range []map[string][]byte{s.tree, s.pages} {
 			for k := range m {
-				if len(k) >= 8 {
-					seen[ID(binary.BigEndian.Uint64([]byte(k)))] = true
+				if len(k) >= 8 { // a MessageKey starts both (big-endian)
+					seen[queue.ID(binary.BigEndian.Uint64([]byte(k)))] = true
 				}
 			}
 		}
 	}
-	ids := make([]ID, 0, len(seen))
+	ids := make([]queue.ID, 0, len(seen))
 	for id := range seen {
 		ids = append(ids, id)
 	}
@@ -350,14 +347,14 @@ func (c *salvageCopy) messageIDs() []ID {
 	return ids
 }
 
-func (c *salvageCopy) finished(id ID) bool {
-	s := c.bs[string(bFinished)]
+func (c *salvageCopy) finished(id queue.ID) bool {
+	s := c.bs[queue.BucketFinished]
 	if s == nil {
 		return false
 	}
 	for _, m := range []map[string][]byte{s.tree, s.pages} {
 		for k := range m {
-			if len(k) == 16 && ID(binary.BigEndian.Uint64([]byte(k)[8:])) == id {
+			if fid, ok := queue.FinishedID([]byte(k)); ok && fid == id {
 				return true
 			}
 		}
@@ -366,16 +363,16 @@ func (c *salvageCopy) finished(id ID) bool {
 }
 
 // message copies message id; it returns why it could not (and nil).
-func (c *salvageCopy) message(id ID) (string, error) {
-	k := idKey(id)
-	mv := c.bs[string(bMsgs)].value(k)
+func (c *salvageCopy) message(id queue.ID) (string, error) {
+	k := queue.MessageKey(id)
+	mv := c.bs[queue.BucketMessages].value(k)
 	if mv == nil {
 		if c.finished(id) {
 			return "", nil // recipients left behind by a finished message
 		}
 		return "envelope lost", nil
 	}
-	m, err := decodeMessageRec(id, mv)
+	m, err := queue.DecodeMessageRecord(id, mv)
 	if err != nil {
 		return "envelope damaged: " + err.Error(), nil
 	}
@@ -390,13 +387,13 @@ func (c *salvageCopy) message(id ID) (string, error) {
 	if len(rs) == 0 {
 		return "no live recipient readable", nil
 	}
-	if err := c.tx.Bucket(bMsgs).Put(k, mv); err != nil {
+	if err := c.tx.Bucket([]byte(queue.BucketMessages)).Put(k, mv); err != nil {
 		return "", err
 	}
 	if spool != nil {
-		err = c.tx.Bucket(bSpool).Put(k, spool)
+		err = c.tx.Bucket([]byte(queue.BucketSpool)).Put(k, spool)
 	} else {
-		err = c.tx.Bucket(bBodies).Put(k, body)
+		err = c.tx.Bucket([]byte(queue.BucketBodies)).Put(k, body)
 	}
 	if err != nil {
 		return "", err
@@ -412,22 +409,22 @@ func (c *salvageCopy) message(id ID) (string, error) {
 }
 
 // body finds message m's body: in the database, or its spool file.
-func (c *salvageCopy) body(m *Message) (body, spool []byte, why string) {
-	k := idKey(m.ID)
-	check := func(b []byte) bool { return m.bodySummed && bodySum(b) == m.bodySum || !m.bodySummed }
-	if s := c.bs[string(bBodies)]; s != nil {
+func (c *salvageCopy) body(m *queue.Message) (body, spool []byte, why string) {
+	k := queue.MessageKey(m.ID)
+	check := func(b []byte) bool { return m.CheckBody(b) == nil }
+	if s := c.bs[queue.BucketBodies]; s != nil {
 		if v, ok := s.tree[string(k)]; ok {
 			if check(v) {
 				return v, nil, ""
 			}
 			return nil, nil, "body fails its checksum"
 		}
-		if v, ok := s.pages[string(k)]; ok && m.bodySummed && check(v) {
+		if v, ok := s.pages[string(k)]; ok && m.BodySummed() && check(v) {
 			return v, nil, ""
 		}
 	}
-	name := c.bs[string(bSpool)].value(k)
-	if name == nil || !bytes.HasPrefix(name, []byte(bodyFilePrefix)) {
+	name := c.bs[queue.BucketSpool].value(k)
+	if name == nil || !queue.IsSpoolName(name) {
 		return nil, nil, "body lost"
 	}
 	fb, err := os.ReadFile(filepath.Join(c.spoolDir, string(name)))
@@ -441,24 +438,24 @@ func (c *salvageCopy) body(m *Message) (body, spool []byte, why string) {
 }
 
 // recipients returns the live recipients of id with their raw histories.
-func (c *salvageCopy) recipients(id ID) ([]Recipient, [][]byte) {
-	var rs []Recipient
+func (c *salvageCopy) recipients(id queue.ID) ([]queue.Recipient, [][]byte) {
+	var rs []queue.Recipient
 	var hs [][]byte
-	s := c.bs[string(bRcpts)]
+	s := c.bs[queue.BucketRecipients]
 	if s == nil {
 		return nil, nil
 	}
 	keys := map[string]bool{}
 	for _, m := range []map[string][]byte{s.tree, s.pages} {
 		for k := range m {
-			if len(k) == rcptKeyLen && ID(binary.BigEndian.Uint64([]byte(k))) == id {
+			if key, ok := queue.ParseRecipientKey([]byte(k)); ok && key.ID == id {
 				keys[k] = true
 			}
 		}
 	}
 	for k := range keys {
-		key, _ := parseRcptKey([]byte(k))
-		r, err := decodeRecipient(key, s.value([]byte(k)))
+		key, _ := queue.ParseRecipientKey([]byte(k))
+		r, err := queue.DecodeRecipientRecord(key, s.value([]byte(k)))
 		if err != nil {
 			c.rep.Lost = append(c.rep.Lost, fmt.Sprintf("recipient %s: %v", key, err))
 			continue
@@ -466,9 +463,9 @@ func (c *salvageCopy) recipients(id ID) ([]Recipient, [][]byte) {
 		if r.Status.Final() {
 			continue
 		}
-		h := c.bs[string(bHist)].value([]byte(k))
+		h := c.bs[queue.BucketHistory].value([]byte(k))
 		if h != nil {
-			if _, err := decodeHistory(key, h, historyRef(&r)); err != nil {
+			if _, err := queue.DecodeHistoryRecord(key, h, &r); err != nil {
 				h = nil // the state is what matters; a history that does not fit is left out
 			}
 		}
@@ -481,40 +478,40 @@ func (c *salvageCopy) recipients(id ID) ([]Recipient, [][]byte) {
 }
 
 // putRcpt stores a recipient as it was, with its due entry and history.
-func (c *salvageCopy) putRcpt(r *Recipient, h []byte) error {
-	k := rcptKey(r.Key)
-	if err := c.tx.Bucket(bRcpts).Put(k, encodeRecipient(r)); err != nil {
+func (c *salvageCopy) putRcpt(r *queue.Recipient, h []byte) error {
+	k := queue.RecipientKey(r.Key)
+	if err := c.tx.Bucket([]byte(queue.BucketRecipients)).Put(k, queue.EncodeRecipientRecord(r)); err != nil {
 		return err
 	}
 	if h != nil {
-		if err := c.tx.Bucket(bHist).Put(k, h); err != nil {
+		if err := c.tx.Bucket([]byte(queue.BucketHistory)).Put(k, h); err != nil {
 			return err
 		}
 	}
 	if !r.Salvaged.IsZero() {
-		b, err := c.tx.CreateBucketIfNotExists(bSalvaged)
+		b, err := c.tx.CreateBucketIfNotExists([]byte(queue.BucketSalvaged))
 		if err != nil {
 			return err
 		}
-		if err := b.Put(k, binary.BigEndian.AppendUint64(nil, uint64(r.Salvaged.UnixNano()))); err != nil {
+		if err := b.Put(k, queue.SalvagedMark(r.Salvaged)); err != nil {
 			return err
 		}
 	}
-	if dk := expectedDueKey(r); dk != nil {
-		return c.tx.Bucket(bDue).Put(dk, dueValue(r))
+	if dk, dv := queue.DueEntry(r); dk != nil {
+		return c.tx.Bucket([]byte(queue.BucketDue)).Put(dk, dv)
 	}
 	return nil
 }
 
 // copyTree copies bucket's current records the tree gave that ok accepts.
-func (c *salvageCopy) copyTree(bucket []byte, ok func(k, v []byte) bool) error {
-	s := c.bs[string(bucket)]
+func (c *salvageCopy) copyTree(bucket string, ok func(k, v []byte) bool) error {
+	s := c.bs[bucket]
 	if s == nil {
 		return nil
 	}
 	for k, v := range s.tree {
 		if ok([]byte(k), v) {
-			if err := c.tx.Bucket(bucket).Put([]byte(k), v); err != nil {
+			if err := c.tx.Bucket([]byte(bucket)).Put([]byte(k), v); err != nil {
 				return err
 			}
 		}
@@ -522,8 +519,8 @@ func (c *salvageCopy) copyTree(bucket []byte, ok func(k, v []byte) bool) error {
 	return nil
 }
 
-// copyStores copies the stores' buckets (kv.go) the tree gave, whoever
-// owns them.
+// copyStores copies the buckets of the queue's stores (queue.Store) the
+// tree gave, whoever owns them.
 func (c *salvageCopy) copyStores() error {
 	names := make([]string, 0, len(c.bs))
 	for n := range c.bs {
@@ -531,13 +528,13 @@ func (c *salvageCopy) copyStores() error {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		if !IsStoreName([]byte(n)) || len(c.bs[n].tree) == 0 {
+		if !queue.IsStoreName([]byte(n)) || len(c.bs[n].tree) == 0 {
 			continue
 		}
 		if _, err := c.tx.CreateBucketIfNotExists([]byte(n)); err != nil {
 			return err
 		}
-		if err := c.copyTree([]byte(n), func(k, v []byte) bool { return true }); err != nil {
+		if err := c.copyTree(n, func(k, v []byte) bool { return true }); err != nil {
 			return err
 		}
 	}
@@ -580,13 +577,23 @@ func (c *salvageCopy) copySubtrees(subs map[string]*subtree) error {
 
 // keepSpoolName keeps the spool file of a message not copied (the sweep
 // at Open would remove it otherwise), under the quarantine bucket.
-func (c *salvageCopy) keepSpoolName(id ID) {
-	name := c.bs[string(bSpool)].value(idKey(id))
+func (c *salvageCopy) keepSpoolName(id queue.ID) {
+	name := c.bs[queue.BucketSpool].value(queue.MessageKey(id))
 	if name == nil {
 		return
 	}
-	qb, err := c.tx.Bucket(bQuarantine).CreateBucketIfNotExists(bSpool)
+	qb, err := c.tx.Bucket([]byte(queue.BucketQuarantine)).CreateBucketIfNotExists([]byte(queue.BucketSpool))
 	if err == nil {
-		_ = qb.Put(idKey(id), name)
+		_ = qb.Put(queue.MessageKey(id), name)
 	}
+}
+
+// syncDir makes the renames in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
