@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -51,12 +52,15 @@ func TestStorePersists(t *testing.T) {
 }
 
 // Stores keep the buckets the queue kept their values in before it knew
-// them as stores: testdata/stores.db was written by greyrelay 0b2b297 with
-// queue.Open(path, Options{JournalSize: -1}), one Enqueue,
-// PutPolicy("example.test", policy) and PutReportState for "counts" and
-// "owed". Its policy and reporting state are read back through
+// them as stores: testdata/stores.db was written by greyrelay 0b2b297
+// with queue.Open(path, Options{JournalSize: -1}), one Enqueue (to
+// a@one.test), PutPolicy("example.test", …) with relay/tlspolicy's cached
+// form of an enforce policy, and relay/tlsrpt's Aggregator.Save (a day of
+// example.test) and SaveOwed (a report owed to owed.test), both through
+// PutReportState. Its policy and reporting state are read back through
 // Store("tlspolicy") and Store("tlsreport"), and its message is still
-// there.
+// there. (relay/tlspolicy and relay/tlsrpt read the same file through
+// their own code.)
 func TestStoresReadOldBuckets(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "queue.db")
 	b, err := os.ReadFile("testdata/stores.db")
@@ -67,7 +71,7 @@ func TestStoresReadOldBuckets(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := openAt(t, path, Options{})
-	const policy = `{"ID":"20260101","Fetched":"2026-12-01T00:00:00Z","Policy":{"Mode":"enforce","MX":["mx.example.test"],"MaxAge":86400}}`
+	const policy = `{"id":"20261201T000000","fetched":"2026-12-01T08:00:00Z","policy":{"Mode":"enforce","MX":["mx.example.test"],"MaxAge":604800}}`
 	pol := q.Store("tlspolicy")
 	if v, err := pol.Get("example.test"); err != nil || string(v) != policy {
 		t.Errorf("cached policy: %q, %v; want %q", v, err, policy)
@@ -76,12 +80,15 @@ func TestStoresReadOldBuckets(t *testing.T) {
 		t.Errorf("policy domains: %q, %v", keys, err)
 	}
 	rep := q.Store("tlsreport")
-	for k, want := range map[string]string{"counts": `[{"Day":"2026-12-01"}]`, "owed": `[]`} {
-		if v, err := rep.Get(k); err != nil || string(v) != want {
-			t.Errorf("report state %s: %q, %v; want %q", k, v, err, want)
+	for k, want := range map[string]string{"counts": `"Domain":"example.test"`, "owed": `"RUAs":["mailto:tlsrpt@owed.test"]`} {
+		if v, err := rep.Get(k); err != nil || !strings.Contains(string(v), want) {
+			t.Errorf("report state %s: %q, %v; want it to hold %s", k, v, err, want)
 		}
 	}
-	if m, err := q.Show(1); err != nil || len(m.Recipients) != 1 {
+	if keys, err := rep.Keys(); err != nil || !slices.Equal(keys, []string{"counts", "owed"}) {
+		t.Errorf("report state keys: %q, %v", keys, err)
+	}
+	if m, err := q.Show(1); err != nil || len(m.Recipients) != 1 || m.Recipients[0].Addr != "a@one.test" {
 		t.Errorf("the message of the old file: %+v, %v", m, err)
 	}
 }

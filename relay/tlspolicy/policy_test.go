@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -231,5 +232,44 @@ func TestDecide_CanonicalDomain(t *testing.T) {
 		if d := plain.Decide(context.Background(), sp, nil); d.Domain != "xn--bcher-kva.test" {
 			t.Errorf("%q: decided for %q", sp, d.Domain)
 		}
+	}
+}
+
+// A relay upgraded from a greyrelay whose queue kept MTA-STS policies
+// itself still has them: queue/testdata/stores.db was written by that
+// version (see the queue's TestStoresReadOldBuckets) with a cached
+// enforce policy for example.test. With the TXT id unchanged, the cached
+// policy holds and nothing is fetched (the fetch would fail: no address
+// for mta-sts.example.test).
+func TestSTSPolicyCacheFromOldQueue(t *testing.T) {
+	b, err := os.ReadFile("../../queue/testdata/stores.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "q.db")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.Open(path, queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	dns := &mxtest.Server{}
+	dns.Start(t)
+	dns.TXT("_mta-sts.example.test", "v=STSv1; id=20261201T000000")
+	r := mx.NewDNS(dns.Addr(), time.Second)
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC) // an hour after the fetch
+	c, err := New(Options{STS: true, TXT: r, Cache: q.Store(StoreName), Now: func() time.Time { return now },
+		Fetcher: NewFetcher(r, x509.NewCertPool(), 443, time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := c.STSPolicy(context.Background(), "example.test")
+	if err != nil {
+		t.Fatalf("the cached policy of the old queue: %v", err)
+	}
+	if p.Mode != ModeEnforce || len(p.MX) != 1 || p.MX[0] != "mx.example.test" || p.MaxAge != 604800 {
+		t.Errorf("cached policy %+v, want enforce for mx.example.test, max_age 604800", p)
 	}
 }

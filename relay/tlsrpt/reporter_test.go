@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -149,4 +150,40 @@ func successes(t *testing.T, mail []byte) int64 {
 		n += p.Summary.Successful
 	}
 	return n
+}
+
+// A relay upgraded from a greyrelay whose queue kept the reporting state
+// itself keeps it: queue/testdata/stores.db was written by that version
+// (see the queue's TestStoresReadOldBuckets) with a day of counts for
+// example.test (2 sessions, 1 failure) and a report owed to owed.test.
+// Both are read back through the queue's store of StoreName.
+func TestStateFromOldQueue(t *testing.T) {
+	b, err := os.ReadFile("../../queue/testdata/stores.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "q.db")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	q, err := queue.Open(path, queue.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	st := q.Store(tlsrpt.StoreName)
+	a := tlsrpt.NewAggregator()
+	if err := a.Load(st); err != nil {
+		t.Fatal(err)
+	}
+	days := a.Take(time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC), false)
+	if len(days) != 1 || days[0].Domain != "example.test" || len(days[0].Counts) != 1 ||
+		days[0].Counts[0].Success != 2 || days[0].Counts[0].Failed() != 1 {
+		t.Errorf("counts of the old queue: %+v, want example.test's day: 2 sessions, 1 failure", days)
+	}
+	owed, err := tlsrpt.LoadOwed(st)
+	if err != nil || len(owed) != 1 || owed[0].Day.Domain != "owed.test" || owed[0].Tries != 1 ||
+		len(owed[0].RUAs) != 1 || owed[0].RUAs[0] != "mailto:tlsrpt@owed.test" {
+		t.Errorf("reports owed in the old queue: %+v, %v; want one to owed.test", owed, err)
+	}
 }
