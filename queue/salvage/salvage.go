@@ -3,22 +3,23 @@
 //
 // The daemon is stopped (a file another process holds is refused). The
 // damaged file is read with the bounds-checked reader (queue/boltfile),
-// never with bbolt: first the tree from the newest valid meta page, which knows
-// which record is current; every key range under a page it cannot read is
-// noted as lost. Then page by page: every page that parses as a leaf gives
-// its records, and a record is taken only for a key in a lost range of
-// its bucket (everywhere when no meta page is valid), only when its seal
-// proves its bucket and key (unsealed records of older formats are taken
-// from the tree only), and of several versions of a recipient the most
-// advanced. A message is copied when its envelope, its body (matching the
-// envelope's body checksum, in the database or its spool file) and at
-// least one live recipient are all intact, with its recipients' state and
-// histories; a message with a finished record is not (it left the queue).
-// Destination records, finished records, the intake journal's state
-// (so that Open replays what it holds), the stores (kv.go: the TLS policy
-// cache and report counts), and the nested buckets (the quarantine, and the events outbox
-// with its sequences, so that events not yet passed on still go out)
-// come along from the tree. The damaged file is renamed
+// never with bbolt: first the tree from the newest valid meta page, which
+// knows which record is current; every key range under a page it cannot
+// read is noted as lost. Then page by page: every page that parses as a
+// leaf gives its records, and a record is taken only for a key in a lost
+// range of its bucket (everywhere when no meta page is valid), only when
+// its seal proves its bucket and key (unsealed records of older formats
+// are taken from the tree only), and of several versions of a recipient
+// the most advanced. A message is copied when its envelope, its body
+// (matching the envelope's body checksum, in the database or its spool
+// file) and at least one live recipient are all intact, with its
+// recipients' state and histories; a message with a finished record is
+// not (it left the queue). Destination records, finished records, the
+// intake journal's state (so that Open replays what it holds), the
+// queue's stores (queue.Store: the TLS policy cache and report counts,
+// whoever owns them), and the nested buckets (the quarantine, and the
+// events outbox with its sequences, so that events not yet passed on
+// still go out) come along from the tree. The damaged file is renamed
 // path.damaged-TIMESTAMP and kept.
 //
 // The queue's file layout (its buckets, keys and records) is the queue's:
