@@ -6,6 +6,7 @@
 //	greyrelay config check [-config FILE] [-user NAME]  validate a configuration against this host (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
+//	greyrelay token add -file F NAME …   append a sending-API token's line to F, print the token
 //	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
@@ -69,6 +70,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return configCmd(rest, stdout, stderr)
 	case "user":
 		return userCmd(rest, stdin, stdout)
+	case "token":
+		return tokenCmd(rest, stdout)
 	case "queue":
 		return queueCmd(rest, stdout, stderr)
 	case "destinations":
@@ -130,7 +133,7 @@ func configFirst(args []string) []string {
 		// config check and queue salvage read -config themselves, after
 		// their second word (salvage runs offline, without the admin API)
 		return slices.Concat(rest[:2], flag, rest[2:])
-	case rest[0] == "user" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
+	case rest[0] == "user" || rest[0] == "token" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
 		return rest
 	}
 	return slices.Concat(rest[:1], flag, rest[1:])
@@ -147,6 +150,9 @@ const usage = `usage:
   greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
                                         SENDER: an address, *@domain or <> this user may send as
                                         (default: any address no other user lists)
+  greyrelay token add -file FILE NAME [SENDER...]
+                                        make a sending-API token: append its hashed line to FILE
+                                        (api.tokens_file) and print the token
   greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json] [-cluster]
                                         -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all

@@ -34,6 +34,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/sendapi"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
@@ -173,6 +174,7 @@ type relayParts struct {
 	smtp   *smtpd.Server
 	engine *delivery.Engine
 	admin  *admin.Server
+	api    *sendapi.Server    // nil without api.address
 	policy *tlspolicy.Checker // nil without DANE and MTA-STS
 	report *tlsrpt.Reporter   // nil without tls_reporting
 }
@@ -243,8 +245,17 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
 		return err
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
+	users, err := loadDirectory(cfg)
+	if err != nil {
 		return err
+	}
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users); err != nil {
+		return err
+	}
+	if cfg.API.Address != "" {
+		if p.api, err = sendapi.New(sendapi.Options{Config: cfg, Intake: p.smtp, Users: users, Logger: log, Now: time.Now}); err != nil {
+			return err
+		}
 	}
 	aopt := admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
 		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
@@ -280,7 +291,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		go p.report.Run(engineCtx)
 	}
-	if err := p.smtp.Start(); err != nil {
+	if err := p.startIntake(); err != nil {
 		stopEngine()
 		<-engineDone
 		return err
@@ -307,6 +318,11 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	// so no client ever reads a 250 for a message we did not commit.
 	shutCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if p.api != nil {
+		if err := p.api.Shutdown(shutCtx); err != nil {
+			log.Warn("sending API shutdown", zap.Error(err))
+		}
+	}
 	if err := p.smtp.Shutdown(shutCtx); err != nil {
 		log.Warn("smtp shutdown", zap.Error(err))
 	}
@@ -321,15 +337,39 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	return stopErr
 }
 
-func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer) (*smtpd.Server, error) {
-	var users *smtpd.Users
-	if cfg.UsersFile != "" {
-		u, err := smtpd.LoadUsers(cfg.UsersFile)
-		if err != nil {
-			return nil, fmt.Errorf("users_file: %w", err)
-		}
-		users = u
+// startIntake starts the SMTP listeners and the sending API.
+func (p relayParts) startIntake() error {
+	if err := p.smtp.Start(); err != nil {
+		return err
 	}
+	if p.api == nil {
+		return nil
+	}
+	if err := p.api.Start(); err != nil {
+		p.smtp.Shutdown(context.Background())
+		return err
+	}
+	return nil
+}
+
+// loadDirectory reads users_file and, with the sending API on,
+// api.tokens_file; nil when neither is used (no AUTH offered).
+func loadDirectory(cfg *config.Config) (*smtpd.Users, error) {
+	tokens := ""
+	if cfg.API.Address != "" {
+		tokens = cfg.API.TokensFile
+	}
+	if cfg.UsersFile == "" && tokens == "" {
+		return nil, nil
+	}
+	u, err := smtpd.LoadDirectory(cfg.UsersFile, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("users_file or api.tokens_file: %w", err)
+	}
+	return u, nil
+}
+
+func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer, users *smtpd.Users) (*smtpd.Server, error) {
 	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now,
 		DKIM: signer})
 }

@@ -114,6 +114,7 @@ type Config struct {
 	Queue             Queue        `yaml:"queue"`
 	History           History      `yaml:"history"`
 	Admin             Admin        `yaml:"admin"`
+	API               API          `yaml:"api"`
 	Log               Log          `yaml:"log"`
 	Delivery          Delivery     `yaml:"delivery"`
 	Retry             Retry        `yaml:"retry"`
@@ -262,6 +263,16 @@ type Admin struct {
 	// POST /api/probe: probes running at once, and per client per minute.
 	ProbeConcurrency int `yaml:"probe_concurrency"`
 	ProbePerMinute   int `yaml:"probe_per_minute"`
+}
+
+// API configures the HTTP sending API (relay/sendapi): applications post
+// messages with a bearer token instead of holding an SMTP session.
+type API struct {
+	Address        string        `yaml:"address"` // empty: no sending API
+	TLSCert        string        `yaml:"tls_cert"`
+	TLSKey         string        `yaml:"tls_key"`
+	TokensFile     string        `yaml:"tokens_file"`
+	IdempotencyTTL time.Duration `yaml:"idempotency_ttl"`
 }
 
 // Log configures zap.

@@ -43,6 +43,7 @@ func (c *Config) Validate() error {
 	v.check(c.History.Retention >= 0, "history.retention: %v, want 0 (keep none) or more", c.History.Retention)
 	v.positive("history.max_messages", int64(c.History.MaxMessages))
 	v.admin(c.Admin)
+	v.api(c.API)
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.delivery(c.Delivery)
@@ -190,6 +191,25 @@ func (v *validator) admin(a Admin) {
 	loopback := err == nil && ip.IsLoopback() || host == "localhost"
 	v.check(loopback || a.Token != "", "admin.address: %s is not loopback, so admin.token (or admin.token_file) is required", a.Address)
 	v.readable("admin.token_file", a.TokenFile)
+}
+
+func (v *validator) api(a API) {
+	if a.Address == "" {
+		return
+	}
+	v.hostPort("api.address", a.Address)
+	host, _, _ := net.SplitHostPort(a.Address)
+	ip, err := netip.ParseAddr(host)
+	loopback := err == nil && ip.IsLoopback() || host == "localhost"
+	// Tokens travel in every request: never in clear off the machine, as
+	// SMTP AUTH is only offered under TLS off loopback.
+	v.check(loopback || a.TLSCert != "", "api.address: %s is not loopback, so api.tls_cert and api.tls_key are required", a.Address)
+	v.check((a.TLSCert == "") == (a.TLSKey == ""), "api.tls_cert and api.tls_key: set both or neither")
+	v.readable("api.tls_cert", a.TLSCert)
+	v.readable("api.tls_key", a.TLSKey)
+	v.check(a.TokensFile != "", "api.tokens_file: required when api.address is set (greyrelay token add writes it)")
+	v.readable("api.tokens_file", a.TokensFile)
+	v.positive("api.idempotency_ttl", int64(a.IdempotencyTTL))
 }
 
 // hostNameRE matches a DNS name as it appears in an HTTP Host header

@@ -129,6 +129,9 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
 	idS := id.String()
+	s.mu.Lock()
+	s.queued = idS
+	s.mu.Unlock()
 	s.accepted(env, idS, int(rb.size))
 	s.conn.forgiveJunk()
 	return reply(250, 2, 0, 0, "OK queued as "+idS)

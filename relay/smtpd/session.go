@@ -61,6 +61,16 @@ type session struct {
 	mu        sync.Mutex
 	env       *envelope // nil outside a transaction
 	submitted bool      // a message was accepted in this session
+	queued    string    // the queue id of the last message Data committed
+}
+
+// heloName is the client's EHLO/HELO name. A session of the HTTP door
+// (submit.go) has no SMTP connection; its name is the one it was made with.
+func (s *session) heloName() string {
+	if s.smtpConn == nil {
+		return s.greeted
+	}
+	return s.smtpConn.Hostname()
 }
 
 // envelope is one transaction, from MAIL to the end of DATA.
@@ -231,7 +241,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
 		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
-	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, allowed: s.allowed}
+	env := &envelope{helo: s.heloName(), user: s.user, allowed: s.allowed}
 	env.rcpts = env.first[:0]
 	env.heloOK, env.heloSafe = s.checkHelo(env.helo)
 	if opts != nil {

@@ -1,0 +1,242 @@
+package integration
+
+// The HTTP sending API with the real binary: docs/sending-api.md's recipes
+// (token add, curl, Python's urllib, Node's fetch) run as written against
+// a relay delivering to a sink, and a message whose 202 was seen survives
+// a SIGKILL right after it, as does its Idempotency-Key.
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+// apiDocAddr is the API address the recipes are written with.
+const apiDocAddr = "127.0.0.1:8026"
+
+// startAPIRelay makes a token with docs/sending-api.md's `token add`
+// recipe in dir and starts a relay with the API on; it returns the relay,
+// the API's base URL and the token.
+func startAPIRelay(t *testing.T, n *mailNet, dir string, overrides ...string) (*testRelay, string, string) {
+	t.Helper()
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(peers.Binary(t), filepath.Join(bin, "greyrelay")); err != nil {
+		t.Fatal(err)
+	}
+	add := apiRecipe(t, "sh", "greyrelay token add")
+	runRecipe(t, dir, "sh", add, nil)
+	token, err := os.ReadFile(filepath.Join(dir, "shop-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := peers.FreeAddr(t, "127.0.0.1")
+	r := n.relay(append([]string{"api.address=" + addr, "api.tokens_file=" + filepath.Join(dir, "tokens")}, overrides...)...)
+	return r, "http://" + addr, strings.TrimSpace(string(token))
+}
+
+// apiRecipe returns the one block of docs/sending-api.md in lang that
+// contains marker.
+func apiRecipe(t *testing.T, lang, marker string) string {
+	t.Helper()
+	var found []string
+	for _, b := range recipeBlocks(t, "TestSendAPIRecipes") {
+		if b.Lang == lang && strings.Contains(b.Text, marker) {
+			found = append(found, b.Text)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("docs/sending-api.md: %d %s blocks with %q, want 1", len(found), lang, marker)
+	}
+	return found[0]
+}
+
+// runRecipe runs a recipe in dir, the documented addresses replaced by the
+// test's (example.com is the sink's dest.test), with the binary first in
+// PATH and the token in GREYRELAY_TOKEN. It returns the output.
+func runRecipe(t *testing.T, dir, lang, text string, env []string) string {
+	t.Helper()
+	text = strings.NewReplacer("/etc/greyrelay/", dir+"/", "@example.com", "@dest.test").Replace(text)
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "API="); ok {
+			text = strings.ReplaceAll(text, "http://"+apiDocAddr, v)
+		}
+	}
+	var cmd *exec.Cmd
+	switch lang {
+	case "sh":
+		cmd = exec.Command("sh", "-e", "-c", text)
+	case "python":
+		cmd = exec.Command("python3", "-c", text)
+	case "js":
+		file := filepath.Join(dir, "send.mjs")
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd = exec.Command("node", file)
+	}
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH")), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s recipe: %v\n%s\n%s", lang, err, text, out)
+	}
+	return string(out)
+}
+
+// TestSendAPIRecipes runs every recipe of docs/sending-api.md: each
+// message arrives once at the destination, with what its request asked
+// for, and the repeated curl request (same Idempotency-Key) is answered
+// again without a second message.
+func TestSendAPIRecipes(t *testing.T) {
+	peers.Require(t, "curl", "python3", "node")
+	t.Parallel()
+	n := newMailNet(t)
+	sink := n.sink("dest.test", peers.SinkOptions{})
+	dir := t.TempDir()
+	r, api, token := startAPIRelay(t, n, dir)
+	env := []string{"API=" + api, "GREYRELAY_TOKEN=" + token}
+	invoice := "From: Billing <billing@shop.example>\r\nTo: bob@dest.test\r\nSubject: Invoice\r\n" +
+		"Message-ID: <invoice-7@shop.example>\r\n\r\nYour invoice.\r\n"
+	if err := os.WriteFile(filepath.Join(dir, "invoice.eml"), []byte(invoice), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	curlJSON := apiRecipe(t, "sh", "Idempotency-Key")
+	first := runRecipe(t, dir, "sh", curlJSON, env)
+	again := runRecipe(t, dir, "sh", curlJSON, env)
+	var a1, a2 map[string]any
+	if json.Unmarshal([]byte(first), &a1) != nil || json.Unmarshal([]byte(again), &a2) != nil || a1["queue_id"] == nil ||
+		a1["queue_id"] != a2["queue_id"] || a1["message_id"] != a2["message_id"] {
+		t.Errorf("the repeated request's answer differs:\n%s\n%s", first, again)
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(apiRecipe(t, "json", "queue_id")), &doc); err != nil {
+		t.Fatalf("the documented answer is not JSON: %v", err)
+	}
+	if got, want := slices.Sorted(maps.Keys(a1)), slices.Sorted(maps.Keys(doc)); !slices.Equal(got, want) {
+		t.Errorf("answer fields %v, documented %v", got, want)
+	}
+	runRecipe(t, dir, "sh", apiRecipe(t, "sh", "message/rfc822"), env)
+	if out := runRecipe(t, dir, "python", apiRecipe(t, "python", "urllib"), env); !strings.HasPrefix(out, "202 ") {
+		t.Errorf("python printed %q", out)
+	}
+	if out := runRecipe(t, dir, "js", apiRecipe(t, "js", "fetch"), env); !strings.HasPrefix(out, "202 ") {
+		t.Errorf("node printed %q", out)
+	}
+
+	want := map[string][]string{
+		"alice@dest.test": {"X-Greyrelay-Tag: order-confirmation", "multipart/alternative", "<p>Thank you for your order.</p>",
+			"Received: from [127.0.0.1] ([127.0.0.1])", "From: \"Shop\" <noreply@shop.example>", "Subject: Your order 1001"},
+		"bob@dest.test":   {"Message-ID: <invoice-7@shop.example>", "Your invoice."},
+		"carol@dest.test": {"X-Greyrelay-Tag: password-reset", "Your code is 123456."},
+		"dave@dest.test": {"X-Greyrelay-Tag: welcome", `filename=terms.txt`,
+			base64.StdEncoding.EncodeToString([]byte("The terms.\n"))},
+	}
+	sink.WaitFor(t, len(want), 30*time.Second)
+	r.waitQueueEmpty(30 * time.Second)
+	msgs := sink.Messages()
+	if len(msgs) != len(want) {
+		t.Errorf("%d messages delivered, want %d (the repeated request must not send again)", len(msgs), len(want))
+	}
+	for _, m := range msgs {
+		for _, s := range want[m.Rcpts[0]] {
+			if !bytes.Contains(m.Data, []byte(s)) {
+				t.Errorf("message to %s lacks %q:\n%s", m.Rcpts[0], s, m.Data)
+			}
+		}
+		if bytes.Contains(m.Data, []byte("Bcc")) {
+			t.Errorf("message to %s shows Bcc", m.Rcpts[0])
+		}
+	}
+}
+
+// apiPost posts a JSON message and returns the status and the answer.
+func apiPost(t *testing.T, api, token, key string, msg map[string]any) (int, map[string]any) {
+	t.Helper()
+	body, _ := json.Marshal(msg)
+	req, _ := http.NewRequest("POST", api+"/api/v1/messages", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var ans map[string]any
+	if err := json.Unmarshal(raw, &ans); err != nil {
+		t.Fatalf("%d %s: %v", resp.StatusCode, raw, err)
+	}
+	return resp.StatusCode, ans
+}
+
+// TestSendAPIKillAfter202: kill -9 right after each 202 loses no message,
+// and the Idempotency-Key's answer survives the kill: the request repeated
+// after the restart gets the same queue id and sends nothing more.
+func TestSendAPIKillAfter202(t *testing.T) {
+	peers.Require(t)
+	t.Parallel()
+	n := newMailNet(t)
+	// Until the rounds are over the destination defers at MAIL, so at
+	// every kill the message exists only in the relay's queue.
+	var open atomic.Bool
+	sink := n.sink("dest.test", peers.SinkOptions{Mail: func(string, int) *smtp.SMTPError {
+		if !open.Load() {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "not yet"}
+		}
+		return nil
+	}})
+	r, api, token := startAPIRelay(t, n, t.TempDir())
+	const rounds = 5
+	ids := map[string]string{}
+	for i := range rounds {
+		key := fmt.Sprintf("kill-%d", i)
+		msg := map[string]any{"from": "noreply@shop.example", "to": []string{fmt.Sprintf("u%d@dest.test", i)},
+			"subject": key, "text": strings.Repeat("line of text\n", 200*i)}
+		status, ans := apiPost(t, api, token, key, msg)
+		if status != http.StatusAccepted {
+			t.Fatalf("round %d: %d %v", i, status, ans)
+		}
+		r.Relay.Kill()
+		r.Relay.Restart(t)
+		ids[key] = ans["queue_id"].(string)
+		status, again := apiPost(t, api, token, key, msg)
+		if status != http.StatusAccepted || again["queue_id"] != ans["queue_id"] {
+			t.Errorf("round %d: after the restart the same request got %d %v, want 202 %v", i, status, again, ans["queue_id"])
+		}
+	}
+	open.Store(true)
+	sink.WaitFor(t, rounds, 60*time.Second)
+	r.waitQueueEmpty(30 * time.Second)
+	got := map[string]int{}
+	for _, m := range sink.Messages() {
+		got[m.Rcpts[0]]++
+	}
+	for i := range rounds {
+		if c := got[fmt.Sprintf("u%d@dest.test", i)]; c != 1 {
+			t.Errorf("u%d: delivered %d times, want once", i, c)
+		}
+	}
+}
