@@ -94,7 +94,7 @@ func runRecipe(t *testing.T, dir, lang, text string, env []string) string {
 		cmd = exec.Command("node", file)
 	}
 	cmd.Dir = dir
-	cmd.Env = append(append(os.Environ(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH")), env...)
+	cmd.Env = append(append(peers.CleanEnv(), "PATH="+filepath.Join(dir, "bin")+":"+os.Getenv("PATH")), env...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%s recipe: %v\n%s\n%s", lang, err, text, out)
@@ -239,4 +239,61 @@ func TestSendAPIKillAfter202(t *testing.T) {
 			t.Errorf("u%d: delivered %d times, want once", i, c)
 		}
 	}
+}
+
+// TestSendAPIFindMessages runs docs/sending-api.md's queue commands: they
+// find the messages by tag, ENVID and Message-ID while queued and, from
+// the history, once delivered.
+func TestSendAPIFindMessages(t *testing.T) {
+	t.Parallel()
+	n := newMailNet(t)
+	var open atomic.Bool
+	sink := n.sink("dest.test", peers.SinkOptions{Mail: func(string, int) *smtp.SMTPError {
+		if !open.Load() {
+			return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "not yet"}
+		}
+		return nil
+	}})
+	dir := t.TempDir()
+	r, api, token := startAPIRelay(t, n, dir)
+	if status, ans := apiPost(t, api, token, "", map[string]any{"from": "noreply@shop.example",
+		"to": []string{"alice@dest.test"}, "text": "hi", "tag": "order-confirmation"}); status != 202 {
+		t.Fatalf("%d %v", status, ans)
+	}
+	raw := "From: billing@shop.example\r\nMessage-ID: <invoice-7@shop.example>\r\n\r\nYour invoice.\r\n"
+	req, _ := http.NewRequest("POST", api+"/api/v1/messages?from=billing@shop.example&to=bob@dest.test&envid=invoice-7", strings.NewReader(raw))
+	req.Header.Set("Authorization", "Bearer "+token)
+	req.Header.Set("Content-Type", "message/rfc822")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 202 {
+		t.Fatalf("raw: %v %v", resp, err)
+	}
+	resp.Body.Close()
+
+	env := []string{"GREYRELAY_CONFIG=" + r.ConfigPath}
+	blocks := recipeBlocks(t, "TestSendAPIFindMessages")
+	lines := strings.Split(strings.TrimSpace(blocks[0].Text), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("the recipe has %d lines, want 3", len(lines))
+	}
+	want := []string{"alice@dest.test", "bob@dest.test", "<invoice-7@shop.example>"}
+	run := func(when, status string) {
+		for i, line := range lines {
+			out := runRecipe(t, dir, "sh", line, env)
+			if !strings.Contains(out, want[i]) || !strings.Contains(out, status) || strings.Contains(out, want[1-min(i, 1)]) {
+				t.Errorf("%s: %s printed:\n%s\nwant %q and %q only", when, line, out, want[i], status)
+			}
+		}
+	}
+	eventually(t, 20*time.Second, "both messages deferred", func() error {
+		if rows := r.rows(); len(rows) != 2 || rows[0].Status != "deferred" || rows[1].Status != "deferred" {
+			return fmt.Errorf("%+v", rows)
+		}
+		return nil
+	})
+	run("queued", "deferred")
+	open.Store(true)
+	sink.WaitFor(t, 2, 30*time.Second)
+	r.waitQueueEmpty(30 * time.Second)
+	run("delivered", "delivered")
 }

@@ -153,9 +153,12 @@ const usage = `usage:
   greyrelay token add -file FILE NAME [SENDER...]
                                         make a sending-API token: append its hashed line to FILE
                                         (api.tokens_file) and print the token
-  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json] [-cluster]
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-tag T] [-envid E]
+                       [-message-id M] [-older-than DUR] [-json] [-cluster]
+                                        -tag, -envid, -message-id also list finished messages (history)
                                         -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
+  greyrelay queue show [-json] -tag T | -envid E | -message-id M   every message so named, queued or finished
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue show -cluster [-json] ID  the message on whichever registered node holds it
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)

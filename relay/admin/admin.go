@@ -46,8 +46,10 @@
 //	GET  /metrics             Prometheus exposition of Options.Registry
 //	GET  /api/stats           queue counters: by status, by reason, oldest, sizes
 //	GET  /api/queue           recipients; filters status, reason, domain, sender,
+//	                          tag, envid, message_id (the application's names),
 //	                          older_than (Go duration: arrived before now-D);
-//	                          a final status also lists finished messages;
+//	                          a final status, or tag, envid or message_id
+//	                          without a status, also lists finished messages;
 //	                          paging offset, limit (default 100, at most 10000)
 //	GET  /api/queue/{id}      one message, every recipient with its attempts and
 //	                          an explanation of its last reply; a finished one

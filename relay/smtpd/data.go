@@ -115,6 +115,7 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 		// RFC 8689 §5: REQUIRETLS wins over a TLS-Required field.
 		RequireTLS: env.requireTLS, TLSOptional: rb.tlsOptional && !env.requireTLS,
 	}
+	withNames(&msg, rb)
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
 		rb.discard()
