@@ -42,7 +42,7 @@ import (
 )
 
 // serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
-// keys (reloadDKIM).
+// keys (reloadDKIM), users_file and api.tokens_file (watchDirectory).
 func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -248,6 +248,9 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	users, err := loadDirectory(cfg)
 	if err != nil {
 		return err
+	}
+	if users != nil {
+		go watchDirectory(ctx, cfg, users, log)
 	}
 	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users); err != nil {
 		return err

@@ -158,3 +158,9 @@ func (u *Users) AuthenticateToken(token string) (name string, allowed []string, 
 	}
 	return acc.name, append([]string(nil), acc.allowed...), true
 }
+
+// Counts returns how many users and tokens the directory holds.
+func (u *Users) Counts() (users, tokens int) {
+	t := u.tab.Load()
+	return len(t.byName), len(t.tokens)
+}
