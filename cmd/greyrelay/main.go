@@ -9,6 +9,7 @@
 //	greyrelay token add -file F NAME …   append a sending-API token's line to F, print the token
 //	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
+//	greyrelay suppression list|add|remove the suppression list
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
@@ -72,6 +73,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return userCmd(rest, stdin, stdout)
 	case "token":
 		return tokenCmd(rest, stdout)
+	case "suppression":
+		return suppressionCmd(rest, stdout, stderr)
 	case "queue":
 		return queueCmd(rest, stdout, stderr)
 	case "destinations":
@@ -165,6 +168,8 @@ const usage = `usage:
   greyrelay queue salvage -config FILE  copy what can be read of a damaged queue file into a fresh
                                         one (relay stopped); keeps the damaged file aside
   greyrelay destinations [-json] [DOMAIN]
+  greyrelay suppression list [-json] | add [-scope D] [-reason R] [-ttl DUR] ADDRESS | remove [-scope D] ADDRESS
+                                        recipients refused at RCPT after a permanent address failure
   greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN
                                         -from also checks SPF, DKIM and DMARC of SENDER's domain

@@ -37,6 +37,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/sendapi"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
+	"github.com/greyrelay/greyrelay/relay/suppress"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
@@ -242,7 +243,15 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		defer shared.Close()
 		go reportQueued(ctx, q, shared)
 	}
-	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
+	sup, err := openSuppressions(cfg)
+	if err != nil {
+		return err
+	}
+	if sup != nil {
+		defer sup.Close()
+		go pruneSuppressions(ctx, sup, log)
+	}
+	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, suppressFunc(sup, log)); err != nil {
 		return err
 	}
 	users, err := loadDirectory(cfg)
@@ -252,7 +261,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if users != nil {
 		go watchDirectory(ctx, cfg, users, log)
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users); err != nil {
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup); err != nil {
 		return err
 	}
 	if cfg.API.Address != "" {
@@ -271,6 +280,9 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		}}
 	if p.report != nil {
 		aopt.TLSReport = tlsReportFunc(p.report)
+	}
+	if sup != nil {
+		aopt.Suppressions = sup
 	}
 	p.admin, err = admin.New(aopt)
 	if err != nil {
@@ -372,9 +384,13 @@ func loadDirectory(cfg *config.Config) (*smtpd.Users, error) {
 	return u, nil
 }
 
-func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer, users *smtpd.Users) (*smtpd.Server, error) {
-	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now,
-		DKIM: signer})
+func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer,
+	users *smtpd.Users, sup *suppress.List) (*smtpd.Server, error) {
+	opt := smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now, DKIM: signer}
+	if sup != nil {
+		opt.Suppress = sup
+	}
+	return smtpd.New(opt)
 }
 
 // newCluster connects to the shared Redis when cluster.redis is set; nil
@@ -437,7 +453,8 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	}
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster,
+	sup func(from, rcpt, reason, reply string, at time.Time) bool) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, nil, nil, err
@@ -470,6 +487,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if report != nil {
 		opt.TLSReport = report.Agg
 	}
+	opt.Suppress = sup
 	e, err := delivery.New(opt)
 	return e, policy, report, err
 }

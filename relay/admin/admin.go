@@ -159,6 +159,8 @@ type Options struct {
 	// TLSReport, when set, is exposed as POST /api/tls-report/send: it
 	// sends the TLS reports (RFC 8460) of everything counted so far.
 	TLSReport func(ctx context.Context) (any, error)
+	// Suppressions, when set, is served under /api/suppressions (suppress.go).
+	Suppressions SuppressionList
 }
 
 // Server is the admin HTTP server.
@@ -262,6 +264,11 @@ func (s *Server) routes() http.Handler {
 	}
 	if s.opt.TLSReport != nil {
 		mux.HandleFunc("POST /api/tls-report/send", s.tlsReport)
+	}
+	if s.opt.Suppressions != nil {
+		mux.HandleFunc("GET /api/suppressions", s.suppressions)
+		mux.HandleFunc("POST /api/suppressions", s.suppressAdd)
+		mux.HandleFunc("POST /api/suppressions/remove", s.suppressRemove)
 	}
 	return s.guard(s.auth(mux))
 }

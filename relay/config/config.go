@@ -115,6 +115,7 @@ type Config struct {
 	History           History      `yaml:"history"`
 	Admin             Admin        `yaml:"admin"`
 	API               API          `yaml:"api"`
+	Suppression       Suppression  `yaml:"suppression"`
 	Log               Log          `yaml:"log"`
 	Delivery          Delivery     `yaml:"delivery"`
 	Retry             Retry        `yaml:"retry"`
@@ -273,6 +274,13 @@ type API struct {
 	TLSKey         string        `yaml:"tls_key"`
 	TokensFile     string        `yaml:"tokens_file"`
 	IdempotencyTTL time.Duration `yaml:"idempotency_ttl"`
+}
+
+// Suppression configures the suppression list (relay/suppress).
+type Suppression struct {
+	Enabled bool          `yaml:"enabled"`
+	Scope   string        `yaml:"scope"` // global | sender-domain
+	TTL     time.Duration `yaml:"ttl"`
 }
 
 // Log configures zap.

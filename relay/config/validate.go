@@ -44,6 +44,8 @@ func (c *Config) Validate() error {
 	v.positive("history.max_messages", int64(c.History.MaxMessages))
 	v.admin(c.Admin)
 	v.api(c.API)
+	v.oneOf("suppression.scope", c.Suppression.Scope, "global", "sender-domain")
+	v.positive("suppression.ttl", int64(c.Suppression.TTL))
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.delivery(c.Delivery)

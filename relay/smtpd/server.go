@@ -98,6 +98,7 @@ type Options struct {
 	Now      func() time.Time                  // nil: time.Now
 	DiskFree func(path string) (uint64, error) // free bytes where the queue lives, less its reserve; nil: statfs
 	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
+	Suppress Suppressions                      // refused recipients (suppress.go); nil: none
 }
 
 // Server is the SMTP server for every configured listener.
@@ -110,6 +111,7 @@ type Server struct {
 	now      func() time.Time
 	diskFree func(string) (uint64, error)
 	dkim     *dkim.Signer
+	suppress Suppressions
 	room     room // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
 	// Load balancers whose PROXY headers are believed (proxy.go).
@@ -155,7 +157,7 @@ func New(opt Options) (*Server, error) {
 		return nil, errors.New("smtpd: Config and Queue are required")
 	}
 	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
-		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM,
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM, suppress: opt.Suppress,
 		dataEnded: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = zap.NewNop()

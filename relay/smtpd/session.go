@@ -345,6 +345,9 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	if err != nil {
 		return err
 	}
+	if err := s.checkSuppressed(env, a); err != nil {
+		return err
+	}
 	notify, orcpt, err := dsnParams(opts)
 	if err != nil {
 		return s.refuse(reasonSyntax, err)

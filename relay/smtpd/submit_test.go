@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/emersion/go-smtp"
 
@@ -118,4 +119,29 @@ func TestTokens(t *testing.T) {
 			t.Errorf("ParseTokens(%q) = %v, want %q", tc.in, err, tc.want)
 		}
 	}
+}
+
+type fakeSuppressions map[string]string
+
+func (f fakeSuppressions) Suppressed(_, rcpt string) (time.Time, string, bool) {
+	r, ok := f[strings.ToLower(rcpt)]
+	return time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), r, ok
+}
+
+// TestRcptSuppressed: a suppressed recipient gets 550 5.1.1 at RCPT with
+// the date and the reply; the others of the message are taken.
+func TestRcptSuppressed(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TrustedNetworks = []string{"127.0.0.0/8"}
+	e := startServer(t, cfg, func(o *Options) { o.Suppress = fakeSuppressions{"gone@dest.example": "550 5.1.1 User unknown"} })
+	c := dial(t, e.addr(0))
+	c.expect("220")
+	c.send("EHLO client.test")
+	c.expect("250")
+	c.send("MAIL FROM:<a@src.example>")
+	c.expect("250")
+	c.send("RCPT TO:<Gone@dest.example>")
+	c.expect("550 5.1.1 <Gone@dest.example>: Recipient address suppressed since 2026-12-01: 550 5.1.1 User unknown")
+	c.send("RCPT TO:<alive@dest.example>")
+	c.expect("250")
 }
