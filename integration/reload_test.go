@@ -129,3 +129,50 @@ func TestUsersAndTokensReloadWithoutRestart(t *testing.T) {
 	}
 	sink.WaitFor(t, 4, 30*time.Second)
 }
+
+// TestUserLimitsAtTheDoor: with user_limits, an AUTH user over its message
+// rate gets 451 4.7.1 at MAIL from swaks, a token over its rate gets 429
+// with Retry-After from the HTTP API, and the counts are per identity.
+func TestUserLimitsAtTheDoor(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	sink := n.sink("dest.test", peers.SinkOptions{})
+	dir := t.TempDir()
+	users := filepath.Join(dir, "users")
+	if err := os.WriteFile(users, []byte(userLine(t, "alice")+userLine(t, "bob")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r, api, token := startAPIRelay(t, n, dir, "users_file="+users, "trusted_networks=[]",
+		"user_limits.messages_per_hour=2", "user_limits.recipients_per_day=3")
+	send := func(user string, to ...string) (string, int) {
+		m := peers.SwaksMessage{Server: r.SMTPAddr, From: user + "@users.test", To: to,
+			Args: []string{"--auth", "PLAIN", "--auth-user", user, "--auth-password", user + "-pw"}}
+		return m.Send(t)
+	}
+	for i := range 2 {
+		if out, code := send("alice", "a@dest.test"); code != 0 {
+			t.Fatalf("alice's message %d: swaks exit %d\n%s", i, code, out)
+		}
+	}
+	if out, code := send("alice", "a@dest.test"); code == 0 || !strings.Contains(out, "451 4.7.1 Sending rate limit reached for alice: 2 messages per hour") {
+		t.Errorf("alice's third message: swaks exit %d\n%s", code, out)
+	}
+	if out, code := send("bob", "b1@dest.test", "b2@dest.test", "b3@dest.test", "b4@dest.test"); code != 0 ||
+		!strings.Contains(out, "452 4.5.3 Recipient rate limit reached for bob: 3 recipients per day") {
+		t.Errorf("bob's four recipients: swaks exit %d\n%s", code, out)
+	}
+	msg := map[string]any{"from": "noreply@shop.example", "to": []string{"t@dest.test"}, "text": "hi"}
+	for i := range 2 {
+		if status, ans := apiPost(t, api, token, "", msg); status != http.StatusAccepted {
+			t.Fatalf("token's message %d: %d %v", i, status, ans)
+		}
+	}
+	if status, ans := apiPost(t, api, token, "", msg); status != http.StatusTooManyRequests || !strings.Contains(ans["smtp"].(string), "451 4.7.1") {
+		t.Errorf("token's third message: %d %v", status, ans)
+	}
+	sink.WaitFor(t, 5, 30*time.Second)
+	if v := metricValue(r.metrics(), "greyrelay_user_limited_total", map[string]string{"user": "alice", "limit": "messages"}); v != 1 {
+		t.Errorf("greyrelay_user_limited_total{alice,messages} = %v", v)
+	}
+}

@@ -116,6 +116,7 @@ type Config struct {
 	Admin             Admin        `yaml:"admin"`
 	API               API          `yaml:"api"`
 	Suppression       Suppression  `yaml:"suppression"`
+	UserLimits        UserLimits   `yaml:"user_limits"`
 	Log               Log          `yaml:"log"`
 	Delivery          Delivery     `yaml:"delivery"`
 	Retry             Retry        `yaml:"retry"`
@@ -281,6 +282,15 @@ type Suppression struct {
 	Enabled bool          `yaml:"enabled"`
 	Scope   string        `yaml:"scope"` // global | sender-domain
 	TTL     time.Duration `yaml:"ttl"`
+}
+
+// UserLimits bounds what each AUTH user and API token may send, in a
+// sliding hour and day; 0 is no limit.
+type UserLimits struct {
+	MessagesPerHour   int `yaml:"messages_per_hour"`
+	MessagesPerDay    int `yaml:"messages_per_day"`
+	RecipientsPerHour int `yaml:"recipients_per_hour"`
+	RecipientsPerDay  int `yaml:"recipients_per_day"`
 }
 
 // Log configures zap.

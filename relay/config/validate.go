@@ -46,6 +46,10 @@ func (c *Config) Validate() error {
 	v.api(c.API)
 	v.oneOf("suppression.scope", c.Suppression.Scope, "global", "sender-domain")
 	v.positive("suppression.ttl", int64(c.Suppression.TTL))
+	for key, n := range map[string]int{"messages_per_hour": c.UserLimits.MessagesPerHour, "messages_per_day": c.UserLimits.MessagesPerDay,
+		"recipients_per_hour": c.UserLimits.RecipientsPerHour, "recipients_per_day": c.UserLimits.RecipientsPerDay} {
+		v.check(n >= 0, "user_limits.%s: %d, want 0 (no limit) or more", key, n)
+	}
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.delivery(c.Delivery)

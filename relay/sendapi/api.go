@@ -249,7 +249,7 @@ func (s *Server) sendOnce(w http.ResponseWriter, r *http.Request, key string, su
 	status, answer := s.submit(sub, messageID)
 	enc := marshal(answer)
 	// Temporary refusals are forgotten, so the same request may try again.
-	keep := status < 500
+	keep := status < 500 && status != http.StatusTooManyRequests
 	if err := s.idem.finish(key, keep, status, enc); err != nil {
 		// The message is (or is not) in the queue whatever the store says:
 		// answer truthfully; a repetition then gets 409, not a second copy.
@@ -409,10 +409,14 @@ func rawSubmission(sub smtpd.Submission, r *http.Request, body []byte) (smtpd.Su
 // httpStatus maps the SMTP door's reply to the HTTP door's status: a
 // temporary refusal is 503 (507 when the disk is full) with Retry-After,
 // never 2xx; the size limit 413; authentication 401; a sender or policy
-// refusal 403; anything else the client must change 400.
+// refusal 403; an identity over its user_limits 429 with Retry-After;
+// anything else the client must change 400.
 func httpStatus(se *smtp.SMTPError) int {
 	e := se.EnhancedCode
 	switch {
+	case se.Code == 451 && e == smtp.EnhancedCode{4, 7, 1},
+		se.Code == 452 && e == smtp.EnhancedCode{4, 5, 3} && strings.HasPrefix(se.Message, "Recipient rate limit"):
+		return http.StatusTooManyRequests
 	case se.Code == 452 && e == smtp.EnhancedCode{4, 3, 1}:
 		return http.StatusInsufficientStorage
 	case se.Code == 452 && e == smtp.EnhancedCode{4, 5, 3}:
@@ -458,9 +462,9 @@ func writeUnavailable(w http.ResponseWriter, status int, msg string) {
 	writeJSON(w, status, apiError{Error: msg})
 }
 
-// writeAnswer writes an intake answer, with Retry-After on a 5xx.
+// writeAnswer writes an intake answer, with Retry-After on a 5xx or 429.
 func writeAnswer(w http.ResponseWriter, status int, v any) {
-	if status >= 500 {
+	if status >= 500 || status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", retryAfter)
 	}
 	writeJSON(w, status, v)

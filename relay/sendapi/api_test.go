@@ -174,6 +174,8 @@ func TestSendIntakeRefusals(t *testing.T) {
 		{&smtp.SMTPError{Code: 421, EnhancedCode: smtp.EnhancedCode{4, 3, 2}, Message: "shutting down"}, 503, true},
 		{&smtp.SMTPError{Code: 452, EnhancedCode: smtp.EnhancedCode{4, 3, 1}, Message: "Insufficient system storage"}, 507, true},
 		{errors.New("disk on fire"), 503, true},
+		{&smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 7, 1}, Message: "Sending rate limit reached"}, 429, true},
+		{&smtp.SMTPError{Code: 452, EnhancedCode: smtp.EnhancedCode{4, 5, 3}, Message: "Recipient rate limit reached for shop"}, 429, true},
 	} {
 		e.intake.err = tc.err
 		w := e.do(t, "/api/v1/messages", "application/json", okJSON)

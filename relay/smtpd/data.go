@@ -134,6 +134,7 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	s.queued = idS
 	s.mu.Unlock()
 	s.accepted(env, idS, int(rb.size))
+	s.countUser(env)
 	s.conn.forgiveJunk()
 	return reply(250, 2, 0, 0, "OK queued as "+idS)
 }

@@ -112,7 +112,8 @@ type Server struct {
 	diskFree func(string) (uint64, error)
 	dkim     *dkim.Signer
 	suppress Suppressions
-	room     room // the last diskFree measurement (room.go)
+	quota    *userQuota // user_limits; nil without any (userlimits.go)
+	room     room       // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
 	// Load balancers whose PROXY headers are believed (proxy.go).
 	proxyTrusted []netip.Prefix
@@ -210,6 +211,7 @@ func New(opt Options) (*Server, error) {
 	lim := s.cfg.Limits
 	s.authLim = newAuthLimiter(lim.MaxAuthFailuresPerUser, lim.MaxAuthFailuresPerIP, time.Hour, lim.IPv6PrefixLength)
 	s.lim = newLimiter(s)
+	s.quota = newUserQuota(s.cfg.UserLimits)
 	return s, nil
 }
 

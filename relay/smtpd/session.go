@@ -272,6 +272,9 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// The same reply as Postfix's reject_known_sender_login_mismatch.
 		return s.refuse(reasonSender, reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
 	}
+	if err := s.checkUserMessages(s.user); err != nil {
+		return err
+	}
 	if len(env.envID) > 100 {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
 		return s.refuse(reasonSyntax, reply(501, 5, 5, 4, "ENVID too long"))
@@ -346,6 +349,9 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 		return err
 	}
 	if err := s.checkSuppressed(env, a); err != nil {
+		return err
+	}
+	if err := s.checkUserRecipients(env); err != nil {
 		return err
 	}
 	notify, orcpt, err := dsnParams(opts)
