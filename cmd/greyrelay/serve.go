@@ -265,7 +265,8 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		return err
 	}
 	if cfg.API.Address != "" {
-		if p.api, err = sendapi.New(sendapi.Options{Config: cfg, Intake: p.smtp, Users: users, Logger: log, Now: time.Now}); err != nil {
+		if p.api, err = sendapi.New(sendapi.Options{Config: cfg, Intake: p.smtp, Users: users, Logger: log, Now: time.Now,
+			Find: findSubmitted(q)}); err != nil {
 			return err
 		}
 	}

@@ -51,6 +51,10 @@ type Options struct {
 	Config *config.Config
 	Intake Submitter
 	Users  *smtpd.Users // the directory holding the tokens
+	// Find, if set, looks in the queue and its history for a message that
+	// user submitted with messageID since the given time, for a request
+	// whose earlier attempt a crash interrupted (idem.go).
+	Find   func(user, messageID string, since time.Time) (queueID string, found bool, err error)
 	Logger *zap.Logger
 	Now    func() time.Time
 }
@@ -63,6 +67,7 @@ type Server struct {
 	log    *zap.Logger
 	now    func() time.Time
 	idem   *idemStore
+	find   func(user, messageID string, since time.Time) (string, bool, error)
 	http   *http.Server
 	ln     net.Listener
 	stop   chan struct{}
@@ -80,7 +85,7 @@ func New(opt Options) (*Server, error) {
 	if opt.Config == nil || opt.Intake == nil || opt.Users == nil {
 		return nil, errors.New("sendapi: Config, Intake and Users are required")
 	}
-	s := &Server{cfg: opt.Config, intake: opt.Intake, users: opt.Users, log: opt.Logger, now: opt.Now,
+	s := &Server{cfg: opt.Config, intake: opt.Intake, users: opt.Users, log: opt.Logger, now: opt.Now, find: opt.Find,
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -231,7 +236,28 @@ func (s *Server) send(w http.ResponseWriter, r *http.Request) {
 // sendOnce is send for a request with an Idempotency-Key.
 func (s *Server) sendOnce(w http.ResponseWriter, r *http.Request, key string, sub smtpd.Submission, messageID string, body []byte) {
 	fp := fingerprint(r.Header.Get("Content-Type"), r.URL.RawQuery, sub.User, body)
-	prev, err := s.idem.begin(key, fp, messageID, s.now())
+	prev, err := s.idem.begin(key, fp, messageID, s.now(), false)
+	var ir *interrupted
+	if errors.As(err, &ir) {
+		var id string
+		var done bool
+		if id, done, err = s.settleInterrupted(ir, sub.User); err == nil && done {
+			rc := Receipt{QueueID: id, MessageID: ir.rec.MessageID}
+			for _, to := range sub.To {
+				rc.Recipients = append(rc.Recipients, Recipient{Address: to, QueueID: id})
+			}
+			enc := marshal(rc)
+			if err := s.idem.finish(key, true, http.StatusAccepted, enc); err != nil {
+				s.log.Error("idempotency store: the answer was not recorded", zap.Error(err))
+			}
+			w.Header().Set("Idempotent-Replayed", "true")
+			writeAnswer(w, http.StatusAccepted, json.RawMessage(enc))
+			return
+		}
+		if err == nil { // never queued: this request takes the key over
+			prev, err = s.idem.begin(key, fp, messageID, s.now(), true)
+		}
+	}
 	var kc *keyConflict
 	switch {
 	case errors.As(err, &kc):
@@ -256,6 +282,22 @@ func (s *Server) sendOnce(w http.ResponseWriter, r *http.Request, key string, su
 		s.log.Error("idempotency store: the answer was not recorded", zap.Error(err))
 	}
 	writeAnswer(w, status, json.RawMessage(enc))
+}
+
+// settleInterrupted finds whether the request an interrupted key stood
+// for was queued: its queue id, or done false when it was not. An error
+// when that cannot be told.
+func (s *Server) settleInterrupted(ir *interrupted, user string) (string, bool, error) {
+	if s.find == nil || ir.rec.MessageID == "" {
+		return "", false, &keyConflict{http.StatusConflict, ir.Error()}
+	}
+	// The message, if queued, arrived after the pending record was
+	// written (a minute's slack for a clock step).
+	id, found, err := s.find(user, ir.rec.MessageID, ir.rec.Created.Add(-time.Minute))
+	if err != nil {
+		return "", false, fmt.Errorf("looking up Message-ID %s: %w", ir.rec.MessageID, err)
+	}
+	return id, found, nil
 }
 
 // fingerprint identifies a request, to tell a repetition from another

@@ -262,11 +262,14 @@ func TestIdempotency(t *testing.T) {
 		t.Errorf("k4 repeated: %d (%d submissions)", w.Code, e.intake.count())
 	}
 	// In progress in this process: 409.
-	if _, err := e.srv.idem.begin(storeKey("shop", "k5"), fingerprint("application/json", "", "shop", []byte(okJSON)), "<m5@x>", e.now); err != nil {
+	if _, err := e.srv.idem.begin(storeKey("shop", "k5"), fingerprint("application/json", "", "shop", []byte(okJSON)), "<m5@x>", e.now, false); err != nil {
 		t.Fatal(err)
 	}
 	if w := send("k5", okJSON); w.Code != 409 || !strings.Contains(w.Body.String(), "in progress") {
 		t.Errorf("k5: %d %s", w.Code, w.Body)
+	}
+	if _, err := e.srv.idem.begin(storeKey("shop", "k6"), fingerprint("application/json", "", "shop", []byte(okJSON)), "<m6@x>", e.now, false); err != nil {
+		t.Fatal(err)
 	}
 	// The answers outlive the process; a key left pending by it is
 	// unknown to the next one, which names the Message-ID.
@@ -280,14 +283,37 @@ func TestIdempotency(t *testing.T) {
 	}
 	if w := e2.do(t, "/api/v1/messages", "application/json", okJSON, "Idempotency-Key", "k5"); w.Code != 409 ||
 		!strings.Contains(w.Body.String(), "<m5@x>") {
-		t.Errorf("k5 after a restart: %d %s", w.Code, w.Body)
+		t.Errorf("k5 after a restart, nothing to look in: %d %s", w.Code, w.Body)
+	}
+	// With the queue to look in, the interrupted keys are settled: k5's
+	// message was queued (its queue id is the answer), k6's was not (it is
+	// submitted now, once).
+	var asked []string
+	e2.srv.find = func(user, messageID string, since time.Time) (string, bool, error) {
+		asked = append(asked, user+" "+messageID)
+		if since.After(e.now) {
+			t.Errorf("looked for messages since %v, after the pending record's %v", since, e.now)
+		}
+		return "00000000000000aa", messageID == "<m5@x>", nil
+	}
+	if w := e2.do(t, "/api/v1/messages", "application/json", okJSON, "Idempotency-Key", "k5"); w.Code != 202 ||
+		!strings.Contains(w.Body.String(), `"queue_id": "00000000000000aa"`) || e2.intake.count() != 0 {
+		t.Errorf("k5 settled from the queue: %d %s (%d submissions)", w.Code, w.Body, e2.intake.count())
+	}
+	for range 2 {
+		if w := e2.do(t, "/api/v1/messages", "application/json", okJSON, "Idempotency-Key", "k6"); w.Code != 202 || e2.intake.count() != 1 {
+			t.Errorf("k6, never queued: %d %s (%d submissions)", w.Code, w.Body, e2.intake.count())
+		}
+	}
+	if strings.Join(asked, ",") != "shop <m5@x>,shop <m6@x>" {
+		t.Errorf("looked up %q", asked)
 	}
 	// Keys expire after the TTL and may then be used again.
 	e2.now = e2.now.Add(e2.srv.cfg.API.IdempotencyTTL)
-	if n, err := e2.srv.idem.prune(e2.now); err != nil || n != 5 {
-		t.Errorf("prune: %d, %v; want 5 keys", n, err)
+	if n, err := e2.srv.idem.prune(e2.now); err != nil || n != 6 {
+		t.Errorf("prune: %d, %v; want 6 keys", n, err)
 	}
-	if w := e2.do(t, "/api/v1/messages", "application/json", okJSON, "Idempotency-Key", "k1"); w.Code != 202 || e2.intake.count() != 1 {
+	if w := e2.do(t, "/api/v1/messages", "application/json", okJSON, "Idempotency-Key", "k1"); w.Code != 202 || e2.intake.count() != 2 {
 		t.Errorf("k1 after expiry: %d (%d submissions)", w.Code, e2.intake.count())
 	}
 }

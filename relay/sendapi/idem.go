@@ -24,10 +24,13 @@ import (
 // whether or not the relay restarted in between. A key still pending is a
 // request in progress: its repetition gets 409. A key left pending by a
 // process that stopped (a crash between the queue's commit and the
-// answer's) cannot tell whether its message was taken: its repetition gets
-// 409 as well, naming the Message-ID to look for, rather than a second
-// copy. A temporary refusal (503, 507) is not kept: the client is meant to
-// try again with the same key.
+// answer's) is settled by the Message-ID the pending record names: the
+// queue (and its history) is asked for a message of that identity with
+// it; found, its queue id is the answer; not found, the message never
+// reached the queue and the request is carried out now. Only when that
+// cannot be told (no Message-ID, no lookup) does the repetition get 409,
+// rather than a second copy. A temporary refusal (503, 507, 429) is not
+// kept: the client is meant to try again with the same key.
 //
 // Records live in their own bbolt file next to the queue, for
 // idempotency_ttl after their request; a key used again with a different
@@ -83,9 +86,20 @@ type keyConflict struct {
 
 func (e *keyConflict) Error() string { return e.msg }
 
+// interrupted is a key left pending by a process that stopped.
+type interrupted struct{ rec record }
+
+func (e *interrupted) Error() string {
+	return "an earlier request with this Idempotency-Key was interrupted by a restart; " +
+		"whether its message was queued is unknown (look for Message-ID " + e.rec.MessageID + ")"
+}
+
 // begin claims key for a request. It returns the stored answer when the
 // request was answered before (done), or writes the key pending.
-func (s *idemStore) begin(key string, fp []byte, messageID string, now time.Time) (prev *record, err error) {
+//
+// A key left pending by another process is an *interrupted error, unless
+// takeOver, which claims it for this request.
+func (s *idemStore) begin(key string, fp []byte, messageID string, now time.Time, takeOver bool) (prev *record, err error) {
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketKeys)
 		if v := b.Get([]byte(key)); v != nil {
@@ -103,8 +117,9 @@ func (s *idemStore) begin(key string, fp []byte, messageID string, now time.Time
 				case r.Run == s.run:
 					return &keyConflict{409, errKeyBusy.Error()}
 				}
-				return &keyConflict{409, "an earlier request with this Idempotency-Key was interrupted by a restart; " +
-					"whether its message was queued is unknown (look for Message-ID " + r.MessageID + ")"}
+				if !takeOver {
+					return &interrupted{r}
+				}
 			}
 		}
 		v, err := json.Marshal(record{Run: s.run, Fingerprint: fp, Created: now, MessageID: messageID})
