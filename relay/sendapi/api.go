@@ -35,6 +35,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 	"go.uber.org/zap"
+	"golang.org/x/net/netutil"
 
 	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/relay/config"
@@ -135,6 +136,9 @@ func (s *Server) Start() error {
 		}
 		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 	}
+	// As many connections as the SMTP listeners take in all: enough for
+	// any application, and a bound for clients that open and hold them.
+	ln = netutil.LimitListener(ln, s.cfg.Limits.MaxConnections)
 	s.ln = ln
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 10 * time.Minute, WriteTimeout: 10 * time.Minute, IdleTimeout: 2 * time.Minute,

@@ -145,3 +145,27 @@ func TestRcptSuppressed(t *testing.T) {
 	c.send("RCPT TO:<alive@dest.example>")
 	c.expect("250")
 }
+
+// TestNoAuthWithTokensOnly: a directory with the API's tokens and no
+// users (no users_file) offers no AUTH, and refuses one with 502.
+func TestNoAuthWithTokensOnly(t *testing.T) {
+	_, line, err := NewToken("shop", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := ParseTokens(strings.NewReader(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startServer(t, testConfig(t), withUsers(dir))
+	c := dial(t, e.addr(0))
+	c.expect("220")
+	c.send("EHLO client.test")
+	for _, l := range c.expect("250") {
+		if strings.Contains(l, "AUTH") {
+			t.Errorf("AUTH offered: %q", l)
+		}
+	}
+	c.send("AUTH PLAIN AHNob3AAeA==")
+	c.expect("502 5.5.1")
+}

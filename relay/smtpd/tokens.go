@@ -164,3 +164,8 @@ func (u *Users) Counts() (users, tokens int) {
 	t := u.tab.Load()
 	return len(t.byName), len(t.tokens)
 }
+
+// HasLogins reports whether the directory holds any user, so that AUTH is
+// offered: with the sending API's tokens alone (no users_file) it is not.
+// A nil directory has none.
+func (u *Users) HasLogins() bool { return u != nil && len(u.tab.Load().byName) > 0 }
