@@ -81,6 +81,17 @@ func TestSuppressionWithPostfix(t *testing.T) {
 	if out, code := send("abuse-reporter@dest.test"); code == 0 || !strings.Contains(out, "suppressed since") {
 		t.Errorf("after add: swaks exit %d\n%s", code, out)
 	}
+	if err := os.WriteFile(filepath.Join(dir, "bounced-elsewhere.txt"), []byte("# from the old ESP\nold1@dest.test\n\nOld2@dest.test # hard bounce\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := runRecipe(t, dir, "sh", lines[3], env); !strings.Contains(out, "import: 2 addresses suppressed") {
+		t.Errorf("import printed %q", out)
+	}
+	for _, to := range []string{"old1@dest.test", "old2@dest.test"} {
+		if out, code := send(to); code == 0 || !strings.Contains(out, "suppressed since") {
+			t.Errorf("%s after import: swaks exit %d\n%s", to, code, out)
+		}
+	}
 
 	// The event file has a suppressed event for each of unknown@'s bounces.
 	var suppressed []string

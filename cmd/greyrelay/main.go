@@ -169,6 +169,7 @@ const usage = `usage:
                                         one (relay stopped); keeps the damaged file aside
   greyrelay destinations [-json] [DOMAIN]
   greyrelay suppression list [-json] | add [-scope D] [-reason R] [-ttl DUR] ADDRESS | remove [-scope D] ADDRESS
+  greyrelay suppression import [-scope D] [-reason R] [-ttl DUR] FILE
                                         recipients refused at RCPT after a permanent address failure
   greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN

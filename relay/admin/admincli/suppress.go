@@ -1,10 +1,13 @@
 package admincli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,7 +18,9 @@ import (
 const suppressionUsage = `usage:
   greyrelay suppression list [-json]
   greyrelay suppression add [-scope DOMAIN] [-reason R] [-ttl DUR] ADDRESS
-  greyrelay suppression remove [-scope DOMAIN] ADDRESS`
+  greyrelay suppression remove [-scope DOMAIN] ADDRESS
+  greyrelay suppression import [-scope DOMAIN] [-reason R] [-ttl DUR] FILE
+                                 one address a line ("-" reads standard input); # starts a comment`
 
 // RunSuppression runs `greyrelay suppression list|add|remove`: the
 // addresses refused at RCPT because mail to them failed permanently.
@@ -48,6 +53,8 @@ func RunSuppression(args []string, c *adminclient.Client, stdout, stderr io.Writ
 		res, err = c.Suppress(ctx, pos[0], *scope, *reason, *ttl)
 	case args[0] == "remove" && len(pos) == 1:
 		res, err = c.Unsuppress(ctx, pos[0], *scope)
+	case args[0] == "import" && len(pos) == 1:
+		return importSuppressions(ctx, c, pos[0], *scope, *reason, *ttl, stdout)
 	default:
 		return errors.New(suppressionUsage)
 	}
@@ -77,4 +84,40 @@ func printSuppressions(out io.Writer, l *admin.Suppressions) error {
 			e.Since.UTC().Format(time.RFC3339), admin.RelTime(e.Expires, l.Now), admin.Cell(e.Reply, 0))
 	}
 	return tw.Flush()
+}
+
+// importSuppressions adds every address of a file (another system's
+// suppression list, say), one a line. It stops at the first address the
+// relay refuses, naming its line; those before it stay added.
+func importSuppressions(ctx context.Context, c *adminclient.Client, path, scope, reason string, ttl time.Duration, stdout io.Writer) error {
+	var in io.Reader = os.Stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	}
+	if reason == "" {
+		reason = "import"
+	}
+	n := 0
+	sc := bufio.NewScanner(in)
+	for line := 1; sc.Scan(); line++ {
+		addr, _, _ := strings.Cut(sc.Text(), "#")
+		addr = strings.TrimSpace(addr)
+		if addr == "" {
+			continue
+		}
+		if _, err := c.Suppress(ctx, addr, scope, reason, ttl); err != nil {
+			return fmt.Errorf("%s:%d: %w (%d imported before it)", path, line, err, n)
+		}
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(stdout, "import: %d addresses suppressed\n", n)
+	return err
 }
