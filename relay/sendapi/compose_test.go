@@ -94,3 +94,17 @@ func FuzzCompose(f *testing.F) {
 		}
 	})
 }
+
+// TestComposeUTF8Address: an address that is not ASCII makes the
+// submission SMTPUTF8 (RFC 6531) and is written as it is in the header
+// (RFC 6532), the display name in an encoded word.
+func TestComposeUTF8Address(t *testing.T) {
+	msg, env, err := compose(&Message{From: "Zoë <zoë@bücher.example>", To: []string{"a@x.example"}, Text: "hi"},
+		"relay.test", time.Unix(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !env.utf8 || env.from != "zoë@bücher.example" || !bytes.Contains(msg, []byte("From: =?utf-8?q?Zo=C3=AB?= <zoë@bücher.example>\r\n")) {
+		t.Errorf("envelope %+v, message:\n%s", env, msg)
+	}
+}
