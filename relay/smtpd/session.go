@@ -81,6 +81,7 @@ type envelope struct {
 	heloSafe string // sanitizeHelo(helo)
 	user     string
 	allowed  []string // the user's allowed senders, as at MAIL
+	limitID  string   // whose user_limits count the message (userlimits.go)
 	utf8     bool
 	eightBit bool
 	ret      string
@@ -272,7 +273,8 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// The same reply as Postfix's reject_known_sender_login_mismatch.
 		return s.refuse(reasonSender, reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
 	}
-	if err := s.checkUserMessages(s.user); err != nil {
+	env.limitID = s.limitID()
+	if err := s.checkUserMessages(env.limitID); err != nil {
 		return err
 	}
 	if len(env.envID) > 100 {

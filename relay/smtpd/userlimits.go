@@ -2,6 +2,7 @@ package smtpd
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -9,7 +10,8 @@ import (
 )
 
 // Per-identity sending limits (user_limits): messages and recipients per
-// sliding hour and day for each AUTH user and API token, so that one
+// sliding hour and day for each AUTH user and API token, and each client
+// relaying by trusted_networks without AUTH (by address), so that one
 // compromised or runaway application cannot spend the whole relay's
 // reputation. They are checked at MAIL (messages) and RCPT (recipients),
 // never after DATA, and counted when a message is committed. The counts
@@ -105,6 +107,33 @@ func (q *userQuota) add(user string, rcpts int, now time.Time) {
 	u.rcpts[i] += int32(rcpts)
 }
 
+// limitID is whose limits a transaction counts against: the AUTH user or
+// API token, or, for a client relaying by trusted_networks without AUTH,
+// its address (an IPv6 client by its limits.ipv6_prefix_length prefix,
+// which one host usually owns whole). "" for no one.
+func (s *session) limitID() string {
+	switch {
+	case s.user != "":
+		return s.user
+	case s.trusted && s.lis.mode == config.ModeSMTP:
+		return trustedPrefix + clientKey(s.client.Addr(), s.srv.cfg.Limits.IPv6PrefixLength).String()
+	}
+	return ""
+}
+
+// trustedPrefix starts the limit identity of a trusted client, which no
+// user name can (names have no space).
+const trustedPrefix = "trusted client "
+
+// metricsID is the user label for id: trusted clients share one, so the
+// series count stays that of the users and tokens the operator lists.
+func metricsID(id string) string {
+	if strings.HasPrefix(id, trustedPrefix) {
+		return "(trusted_networks)"
+	}
+	return id
+}
+
 // checkUserMessages refuses MAIL from an identity over its message rate:
 // 451 4.7.1, temporary (RFC 3463 X.7.1 is "delivery not authorized";
 // Postfix's policy servers answer rate limits the same way), so the
@@ -114,7 +143,7 @@ func (s *session) checkUserMessages(user string) error {
 		return nil
 	}
 	if over := s.srv.quota.overMessages(user, s.srv.now()); over != "" {
-		s.srv.metrics.UserLimited.WithLabelValues(user, "messages").Inc()
+		s.srv.metrics.UserLimited.WithLabelValues(metricsID(user), "messages").Inc()
 		return s.refuse(reasonUserLimit, reply(451, 4, 7, 1, "Sending rate limit reached for "+user+": "+over+", try again later"))
 	}
 	return nil
@@ -124,23 +153,23 @@ func (s *session) checkUserMessages(user string) error {
 // over its recipient rate: 452 4.5.3, as for too many recipients (RFC 5321
 // §4.5.3.1.10), so the client sends the rest later.
 func (s *session) checkUserRecipients(env *envelope) error {
-	if s.srv.quota == nil || env.user == "" {
+	if s.srv.quota == nil || env.limitID == "" {
 		return nil
 	}
-	if over := s.srv.quota.overRecipients(env.user, len(env.rcpts)+1, s.srv.now()); over != "" {
-		s.srv.metrics.UserLimited.WithLabelValues(env.user, "recipients").Inc()
-		return s.refuse(reasonUserLimit, reply(452, 4, 5, 3, "Recipient rate limit reached for "+env.user+": "+over+", try again later"))
+	if over := s.srv.quota.overRecipients(env.limitID, len(env.rcpts)+1, s.srv.now()); over != "" {
+		s.srv.metrics.UserLimited.WithLabelValues(metricsID(env.limitID), "recipients").Inc()
+		return s.refuse(reasonUserLimit, reply(452, 4, 5, 3, "Recipient rate limit reached for "+env.limitID+": "+over+", try again later"))
 	}
 	return nil
 }
 
 // countUser counts an accepted message against its identity.
 func (s *session) countUser(env *envelope) {
-	if env.user == "" {
+	if env.limitID == "" {
 		return
 	}
-	s.srv.metrics.UserMessages.WithLabelValues(env.user).Inc()
+	s.srv.metrics.UserMessages.WithLabelValues(metricsID(env.limitID)).Inc()
 	if s.srv.quota != nil {
-		s.srv.quota.add(env.user, len(env.rcpts), s.srv.now())
+		s.srv.quota.add(env.limitID, len(env.rcpts), s.srv.now())
 	}
 }

@@ -63,3 +63,36 @@ func TestUserLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestUserLimitsTrustedClient: a client relaying by trusted_networks
+// without AUTH is limited by its address.
+func TestUserLimitsTrustedClient(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.UserLimits = config.UserLimits{MessagesPerHour: 1}
+	e := startServer(t, cfg)
+	for i, want := range []string{"250", "451 4.7.1 Sending rate limit reached for trusted client 127.0.0.99: 1 messages per hour"} {
+		c := dialFrom(t, e.addr(0), "127.0.0.99")
+		c.expect("220")
+		c.send("EHLO client.test")
+		c.expect("250")
+		c.send("MAIL FROM:<a@src.example>")
+		if i == 1 {
+			c.expect(want)
+			break
+		}
+		c.expect("250")
+		c.send("RCPT TO:<b@dest.example>")
+		c.expect("250")
+		c.send("DATA")
+		c.expect("354")
+		c.write("Subject: x\r\n\r\nx\r\n.\r\n")
+		c.expect(want)
+	}
+	// Another client is not counted with it.
+	c := dialFrom(t, e.addr(0), "127.0.0.1")
+	c.expect("220")
+	c.send("EHLO client.test")
+	c.expect("250")
+	c.send("MAIL FROM:<a@src.example>")
+	c.expect("250")
+}
