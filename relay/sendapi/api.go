@@ -246,16 +246,7 @@ func (s *Server) sendOnce(w http.ResponseWriter, r *http.Request, key string, su
 		var id string
 		var done bool
 		if id, done, err = s.settleInterrupted(ir, sub.User); err == nil && done {
-			rc := Receipt{QueueID: id, MessageID: ir.rec.MessageID}
-			for _, to := range sub.To {
-				rc.Recipients = append(rc.Recipients, Recipient{Address: to, QueueID: id})
-			}
-			enc := marshal(rc)
-			if err := s.idem.finish(key, true, http.StatusAccepted, enc); err != nil {
-				s.log.Error("idempotency store: the answer was not recorded", zap.Error(err))
-			}
-			w.Header().Set("Idempotent-Replayed", "true")
-			writeAnswer(w, http.StatusAccepted, json.RawMessage(enc))
+			s.answerSettled(w, key, sub, id, ir.rec.MessageID)
 			return
 		}
 		if err == nil { // never queued: this request takes the key over
@@ -286,6 +277,21 @@ func (s *Server) sendOnce(w http.ResponseWriter, r *http.Request, key string, su
 		s.log.Error("idempotency store: the answer was not recorded", zap.Error(err))
 	}
 	writeAnswer(w, status, json.RawMessage(enc))
+}
+
+// answerSettled answers a request whose interrupted earlier attempt was
+// found queued as id, and records that answer for the key.
+func (s *Server) answerSettled(w http.ResponseWriter, key string, sub smtpd.Submission, id, messageID string) {
+	rc := Receipt{QueueID: id, MessageID: messageID}
+	for _, to := range sub.To {
+		rc.Recipients = append(rc.Recipients, Recipient{Address: to, QueueID: id})
+	}
+	enc := marshal(rc)
+	if err := s.idem.finish(key, true, http.StatusAccepted, enc); err != nil {
+		s.log.Error("idempotency store: the answer was not recorded", zap.Error(err))
+	}
+	w.Header().Set("Idempotent-Replayed", "true")
+	writeAnswer(w, http.StatusAccepted, json.RawMessage(enc))
 }
 
 // settleInterrupted finds whether the request an interrupted key stood
