@@ -285,13 +285,36 @@ type Suppression struct {
 }
 
 // UserLimits bounds what each AUTH user and API token may send, in a
-// sliding hour and day; 0 is no limit.
+// sliding hour and day; 0 is no limit. Overrides gives some identities
+// limits of their own instead.
 type UserLimits struct {
+	MessagesPerHour   int                     `yaml:"messages_per_hour"`
+	MessagesPerDay    int                     `yaml:"messages_per_day"`
+	RecipientsPerHour int                     `yaml:"recipients_per_hour"`
+	RecipientsPerDay  int                     `yaml:"recipients_per_day"`
+	Overrides         map[string]UserLimitSet `yaml:"overrides"`
+}
+
+// UserLimitSet is one identity's limits (user_limits.overrides); 0 is no
+// limit.
+type UserLimitSet struct {
 	MessagesPerHour   int `yaml:"messages_per_hour"`
 	MessagesPerDay    int `yaml:"messages_per_day"`
 	RecipientsPerHour int `yaml:"recipients_per_hour"`
 	RecipientsPerDay  int `yaml:"recipients_per_day"`
 }
+
+// For returns the limits of identity id: its override, or the defaults.
+func (u UserLimits) For(id string) UserLimitSet {
+	if o, ok := u.Overrides[id]; ok {
+		return o
+	}
+	return UserLimitSet{MessagesPerHour: u.MessagesPerHour, MessagesPerDay: u.MessagesPerDay,
+		RecipientsPerHour: u.RecipientsPerHour, RecipientsPerDay: u.RecipientsPerDay}
+}
+
+// Any reports whether some identity has a limit.
+func (u UserLimits) Any() bool { return u.For("") != (UserLimitSet{}) || len(u.Overrides) > 0 }
 
 // Log configures zap.
 type Log struct {

@@ -46,9 +46,9 @@ func (c *Config) Validate() error {
 	v.api(c.API)
 	v.oneOf("suppression.scope", c.Suppression.Scope, "global", "sender-domain")
 	v.positive("suppression.ttl", int64(c.Suppression.TTL))
-	for key, n := range map[string]int{"messages_per_hour": c.UserLimits.MessagesPerHour, "messages_per_day": c.UserLimits.MessagesPerDay,
-		"recipients_per_hour": c.UserLimits.RecipientsPerHour, "recipients_per_day": c.UserLimits.RecipientsPerDay} {
-		v.check(n >= 0, "user_limits.%s: %d, want 0 (no limit) or more", key, n)
+	v.userLimits("user_limits.", c.UserLimits.For("\x00")) // the defaults: no identity has a NUL
+	for id, o := range c.UserLimits.Overrides {
+		v.userLimits("user_limits.overrides."+id+".", o)
 	}
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
@@ -359,5 +359,12 @@ func (v *validator) tlsReporting(t TLSReporting) {
 	if t.From != "" {
 		_, err := address.Parse(t.From, address.Options{})
 		v.check(err == nil, "tls_reporting.from: %q is not an address (user@domain): %v", t.From, err)
+	}
+}
+
+func (v *validator) userLimits(prefix string, l UserLimitSet) {
+	for key, n := range map[string]int{"messages_per_hour": l.MessagesPerHour, "messages_per_day": l.MessagesPerDay,
+		"recipients_per_hour": l.RecipientsPerHour, "recipients_per_day": l.RecipientsPerDay} {
+		v.check(n >= 0, "%s%s: %d, want 0 (no limit) or more", prefix, key, n)
 	}
 }

@@ -33,7 +33,7 @@ type userQuota struct {
 }
 
 func newUserQuota(lim config.UserLimits) *userQuota {
-	if lim == (config.UserLimits{}) {
+	if !lim.Any() {
 		return nil
 	}
 	return &userQuota{lim: lim, by: make(map[string]*usage)}
@@ -65,11 +65,12 @@ func (q *userQuota) overMessages(user string, now time.Time) string {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	mh, md, _, _ := q.sums(user, now)
+	lim := q.lim.For(user)
 	switch {
-	case q.lim.MessagesPerHour > 0 && mh >= q.lim.MessagesPerHour:
-		return strconv.Itoa(q.lim.MessagesPerHour) + " messages per hour"
-	case q.lim.MessagesPerDay > 0 && md >= q.lim.MessagesPerDay:
-		return strconv.Itoa(q.lim.MessagesPerDay) + " messages per day"
+	case lim.MessagesPerHour > 0 && mh >= lim.MessagesPerHour:
+		return strconv.Itoa(lim.MessagesPerHour) + " messages per hour"
+	case lim.MessagesPerDay > 0 && md >= lim.MessagesPerDay:
+		return strconv.Itoa(lim.MessagesPerDay) + " messages per day"
 	}
 	return ""
 }
@@ -80,11 +81,12 @@ func (q *userQuota) overRecipients(user string, pending int, now time.Time) stri
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	_, _, rh, rd := q.sums(user, now)
+	lim := q.lim.For(user)
 	switch {
-	case q.lim.RecipientsPerHour > 0 && rh+pending > q.lim.RecipientsPerHour:
-		return strconv.Itoa(q.lim.RecipientsPerHour) + " recipients per hour"
-	case q.lim.RecipientsPerDay > 0 && rd+pending > q.lim.RecipientsPerDay:
-		return strconv.Itoa(q.lim.RecipientsPerDay) + " recipients per day"
+	case lim.RecipientsPerHour > 0 && rh+pending > lim.RecipientsPerHour:
+		return strconv.Itoa(lim.RecipientsPerHour) + " recipients per hour"
+	case lim.RecipientsPerDay > 0 && rd+pending > lim.RecipientsPerDay:
+		return strconv.Itoa(lim.RecipientsPerDay) + " recipients per day"
 	}
 	return ""
 }

@@ -18,7 +18,8 @@ import (
 // RCPT 452 4.5.3, and nothing is queued.
 func TestUserLimits(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.UserLimits = config.UserLimits{MessagesPerHour: 2, MessagesPerDay: 3, RecipientsPerHour: 3}
+	cfg.UserLimits = config.UserLimits{MessagesPerHour: 2, MessagesPerDay: 3, RecipientsPerHour: 3,
+		Overrides: map[string]config.UserLimitSet{"crm": {MessagesPerHour: 1}}}
 	var mu sync.Mutex
 	now := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
@@ -49,6 +50,9 @@ func TestUserLimits(t *testing.T) {
 		{"alice", []string{"e@d.example"}, 61 * time.Minute, "ok"},
 		{"alice", []string{"f@d.example"}, 0, "451 4.7.1 Sending rate limit reached for alice: 3 messages per day"},
 		{"alice", []string{"f@d.example"}, 23 * time.Hour, "ok"},
+		// crm has limits of its own: one message an hour, any recipients.
+		{"crm", []string{"1@d.example", "2@d.example", "3@d.example", "4@d.example"}, 0, "ok"},
+		{"crm", []string{"5@d.example"}, 0, "451 4.7.1 Sending rate limit reached for crm: 1 messages per hour"},
 	} {
 		mu.Lock()
 		now = now.Add(tc.advance)
