@@ -123,7 +123,7 @@ var notRunHere = map[string]string{
 
 // recipeLangs are the code blocks that are commands or configuration.
 var recipeLangs = map[string]bool{"sh": true, "bash": true, "shell": true, "console": true,
-	"yaml": true, "yml": true, "python": true, "ini": true, "toml": true, "json": true}
+	"yaml": true, "yml": true, "python": true, "js": true, "ini": true, "toml": true, "json": true}
 
 // configsRecipes maps every file in configs/ to the test that uses it as
 // written.

@@ -37,10 +37,11 @@ import (
 // Version 2 of messages adds the body's CRC-32C. Messages, recipients and
 // histories are sealed (seal.go): the version byte's high bit set and a
 // CRC-32C of bucket, key and record at the end, checked before decoding.
-// Unsealed records of older versions still decode.
+// Unsealed records of older versions still decode. Version 3 of messages
+// adds the tag and the Message-ID.
 const (
 	codecVersion = 1 // destinations, counters
-	msgVersion   = 2
+	msgVersion   = 3
 	rcptVersion  = 2
 	histVersion  = 3 // 3 adds each attempt's TLS policy
 )
@@ -334,6 +335,8 @@ func encodeMessage(m *Message) []byte {
 	} else {
 		e.u(0)
 	}
+	e.s(m.Tag)
+	e.s(m.MessageID)
 	return seal(bMsgs, idKey(m.ID), e.b)
 }
 
@@ -370,6 +373,9 @@ func decodeMessageRec(id ID, b []byte) (Message, error) {
 		default:
 			d.fail("bad body checksum kind")
 		}
+	}
+	if v >= 3 {
+		m.Tag, m.MessageID = d.s(), d.s()
 	}
 	return m, d.done()
 }

@@ -13,7 +13,8 @@ import (
 func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 	at := time.Unix(0, t0.UnixNano())
 	m := Message{ID: 7, From: "a@b", Arrival: at, Size: 1234, ClientAddr: "127.0.0.1:25",
-		AuthUser: "u", Helo: "h", RET: "FULL", EnvID: "e", SMTPUTF8: true, DSN: true, RequireTLS: true}
+		AuthUser: "u", Helo: "h", RET: "FULL", EnvID: "e", SMTPUTF8: true, DSN: true, RequireTLS: true,
+		Tag: "order-confirmation", MessageID: "<m1@shop.example>"}
 	r := Recipient{Key: Key{7, 2}, Addr: "ü@d", Domain: "d", Notify: "DELAY", ORCPT: "rfc822;x@d",
 		Status: Deferred, Reason: "greylisted", Reply: Reply{451, "4.7.1", "later"}, Attempts: 3,
 		NextAttempt: at.Add(time.Hour), FirstAttempt: at, LastAttempt: at.Add(time.Minute),
@@ -157,6 +158,25 @@ func TestCodecDecodesVersion1(t *testing.T) {
 	}
 	if got, err := decodeHistory(Key{1, 1}, e.b, historyRef(&r)); err != nil || !reflect.DeepEqual(got, h) {
 		t.Errorf("version 1 history: %+v, %v", got, err)
+	}
+}
+
+// TestMessageVersion2Decodes: a message record written before the tag and
+// the Message-ID were kept decodes with them empty.
+func TestMessageVersion2Decodes(t *testing.T) {
+	m, _, _, _ := sampleRecords()
+	m.Tag, m.MessageID = "", ""
+	e := newEncV(2)
+	e.s(m.From)
+	e.t(m.Arrival)
+	e.i(m.Size)
+	for _, v := range []string{m.ClientAddr, m.AuthUser, m.Helo, m.RET, m.EnvID} {
+		e.s(v)
+	}
+	e.u(flagSMTPUTF8 | flagDSN | flagRequireTLS)
+	e.u(0)
+	if got, err := decodeMessage(m.ID, e.b); err != nil || !reflect.DeepEqual(got, m) {
+		t.Errorf("version 2 message: %+v, %v", got, err)
 	}
 }
 

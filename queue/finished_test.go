@@ -254,3 +254,47 @@ func FuzzDecodeFinished(f *testing.F) {
 		}
 	})
 }
+
+// TestListByApplicationIDs: a message is found by its tag, ENVID or
+// Message-ID (with or without angle brackets) while queued and, kept in
+// the history, after it left the queue.
+func TestListByApplicationIDs(t *testing.T) {
+	q := openAt(t, dbPath(t), Options{History: keepWeek})
+	a := msg("a@src.test", "b@dst.test")
+	a.Tag, a.EnvID, a.MessageID = "welcome", "env-a", "<a1@src.test>"
+	b := msg("a@src.test", "c@dst.test", "d@dst.test")
+	b.Tag, b.EnvID, b.MessageID = "reset", "env-b", "<b1@src.test>"
+	idA, idB := mustEnqueue(t, q, a), mustEnqueue(t, q, b)
+	check := func(when string, want map[string]ID) {
+		t.Helper()
+		for _, tc := range []struct {
+			f    Filter
+			name string
+		}{
+			{Filter{Tag: "welcome"}, "a"}, {Filter{EnvID: "env-a"}, "a"}, {Filter{MessageID: "a1@src.test"}, "a"},
+			{Filter{Tag: "reset"}, "b"}, {Filter{MessageID: "<b1@src.test>"}, "b"}, {Filter{EnvID: "env-b", Tag: "reset"}, "b"},
+			{Filter{Tag: "Welcome"}, ""}, {Filter{EnvID: "env-a", Tag: "reset"}, ""},
+		} {
+			rows, total, err := q.List(tc.f)
+			id, found := want[tc.name]
+			if err != nil || found != (total > 0) {
+				t.Errorf("%s: List(%+v) = %d rows, %v", when, tc.f, total, err)
+				continue
+			}
+			for _, r := range rows {
+				if r.Message.ID != id || r.Message.Tag == "" || r.Message.MessageID == "" {
+					t.Errorf("%s: List(%+v) listed %+v", when, tc.f, r.Message)
+				}
+			}
+		}
+	}
+	check("queued", map[string]ID{"a": idA, "b": idB})
+	finish(t, q, t0.Add(time.Minute), Delivered, "", Key{idA, 0})
+	check("a delivered", map[string]ID{"a": idA, "b": idB})
+	if rows, _, _ := q.List(Filter{Tag: "welcome"}); len(rows) != 1 || rows[0].Message.Finished.IsZero() {
+		t.Errorf("the delivered message is not listed from the history: %+v", rows)
+	}
+	if _, total, _ := q.List(Filter{Tag: "welcome", Status: Queued}); total != 0 {
+		t.Errorf("a live status still lists the finished message")
+	}
+}

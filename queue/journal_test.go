@@ -235,6 +235,7 @@ func TestJournalRecordRoundTrip(t *testing.T) {
 	a.To[1].Notify, a.To[1].ORCPT = "FAILURE,DELAY", "rfc822;q@b.test"
 	a.AuthUser, a.ClientAddr, a.Helo, a.RET, a.EnvID = "u", "127.0.0.9", "client.test", "HDRS", "env1"
 	a.SMTPUTF8, a.EightBit, a.NextAttempt, a.RequireTLS = true, true, t0.Add(1), true
+	a.Tag, a.MessageID = "welcome", "<w1@shop.example>"
 	b := msg("", "d@c.test")
 	b.Body, b.File, b.DSN, b.TLSOptional = nil, &BodyFile{name: "body-123", n: 4096}, true, true
 	in := []NewMessage{a, b}

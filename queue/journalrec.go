@@ -11,8 +11,9 @@ import (
 // (queue/journal): the new messages of one or more Enqueue calls, with
 // their IDs, in the queue's own encoding (codec.go).
 
-// journalVersion is the payload layout; 2 adds the REQUIRETLS flags.
-const journalVersion = 2
+// journalVersion is the payload layout; 2 adds the REQUIRETLS flags, 3
+// the tag and the Message-ID.
+const journalVersion = 3
 
 // encodeRecord builds the record numbered seq for ms with their ids, and
 // returns the messages as the writer will insert them: bodies point into
@@ -63,6 +64,8 @@ func encodeNew(e *enc, m *NewMessage) int {
 	e.bool(m.DSN)
 	e.bool(m.RequireTLS)
 	e.bool(m.TLSOptional)
+	e.s(m.Tag)
+	e.s(m.MessageID)
 	e.t(m.NextAttempt)
 	e.u(uint64(len(m.To)))
 	for _, r := range m.To {
@@ -108,6 +111,9 @@ func decodeNew(d *dec, version byte) NewMessage {
 		RET: d.s(), EnvID: d.s(), SMTPUTF8: d.bool(), EightBit: d.bool(), DSN: d.bool()}
 	if version >= 2 { // version 2 adds the REQUIRETLS flags
 		m.RequireTLS, m.TLSOptional = d.bool(), d.bool()
+	}
+	if version >= 3 {
+		m.Tag, m.MessageID = d.s(), d.s()
 	}
 	m.NextAttempt = d.t()
 	n := d.count()

@@ -18,7 +18,9 @@ import (
 // on a final status (Delivered, Relayed, Failed) also lists the recipients
 // of finished messages that are kept (Options.History), with
 // Message.Finished set: after the queued ones, in the order they finished
-// (so the last page holds the latest).
+// (so the last page holds the latest). So does a filter on the
+// application's own names for a message (Tag, EnvID, MessageID) without a
+// status: looking a message up by them should find it wherever it is.
 //
 // When the database cannot take every message Enqueue acknowledged, List
 // returns what it holds with an *UnsettledError (see there).
@@ -27,7 +29,7 @@ func (q *Queue) List(f Filter) (rows []Row, total int, err error) {
 	var ps []problem
 	err = q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs)}
-		ps = l.walk(tx, f.Status.Final())
+		ps = l.walk(tx, f.withFinished())
 		rows, total = l.rows, l.total
 		return nil
 	})
@@ -51,7 +53,7 @@ func (q *Queue) Walk(f Filter, fn func(m *Message, r *Recipient) bool) error {
 	var ps []problem
 	err := q.view(func(tx *bolt.Tx) error {
 		l := lister{f: f, msgs: tx.Bucket(bMsgs), fn: fn}
-		ps = l.walk(tx, f.Status.Final())
+		ps = l.walk(tx, f.withFinished())
 		return nil
 	})
 	q.fixup(ps)
@@ -195,7 +197,22 @@ func (f *Filter) matchesMessage(m *Message) bool {
 			return false
 		}
 	}
+	if f.Tag != "" && m.Tag != f.Tag || f.EnvID != "" && m.EnvID != f.EnvID ||
+		f.MessageID != "" && trimAngles(m.MessageID) != trimAngles(f.MessageID) {
+		return false
+	}
 	return f.ArrivedBefore.IsZero() || m.Arrival.Before(f.ArrivedBefore)
+}
+
+// withFinished reports whether f lists finished messages too (see List).
+func (f *Filter) withFinished() bool {
+	return f.Status.Final() || f.Status == "" && (f.Tag != "" || f.EnvID != "" || f.MessageID != "")
+}
+
+// trimAngles drops a msg-id's angle brackets (RFC 5322 §3.6.4), which
+// people leave out when they copy one.
+func trimAngles(id string) string {
+	return strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(id), "<"), ">")
 }
 
 // Stats returns counts by status, by reason (live recipients with a

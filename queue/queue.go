@@ -887,5 +887,5 @@ func (m *NewMessage) envelope(id ID, size int64) Message {
 	return Message{ID: id, From: m.From, Arrival: m.Arrival, Size: size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET,
 		EnvID: m.EnvID, SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN,
-		RequireTLS: m.RequireTLS, TLSOptional: m.TLSOptional}
+		RequireTLS: m.RequireTLS, TLSOptional: m.TLSOptional, Tag: m.Tag, MessageID: m.MessageID}
 }

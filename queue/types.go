@@ -227,6 +227,10 @@ type NewMessage struct {
 	// TLSOptional: the message has "TLS-Required: No" (RFC 8689 §5); DANE
 	// and MTA-STS failures do not hold it back.
 	TLSOptional bool
+	// Tag and MessageID are the message's X-Greyrelay-Tag and Message-ID
+	// header fields, the application's own names for it, kept so that
+	// List finds the message by them, also after it left the queue.
+	Tag, MessageID string
 }
 
 // Reply is an SMTP reply as the queue stores it.
@@ -279,6 +283,7 @@ type Message struct {
 	ClientAddr, AuthUser, Helo, RET, EnvID string
 	SMTPUTF8, EightBit, DSN                bool
 	RequireTLS, TLSOptional                bool        // see NewMessage
+	Tag, MessageID                         string      // see NewMessage
 	Recipients                             []Recipient // filled by Show only
 	// Finished is set (by Show and List) for a message that has left the
 	// queue: the time of the outcome that finished it. Its body is gone.
@@ -348,6 +353,9 @@ type Filter struct {
 	Reason        string    // exact match
 	Domain        string    // case-insensitive exact match
 	Sender        string    // case-insensitive exact match; "<>" selects the null sender
+	Tag           string    // exact match of NewMessage.Tag
+	EnvID         string    // exact match of the ENVID (RFC 3461 §4.4)
+	MessageID     string    // exact match of the Message-ID, angle brackets optional
 	ArrivedBefore time.Time // messages that arrived strictly before
 	Offset, Limit int       // Limit <= 0: no limit
 }

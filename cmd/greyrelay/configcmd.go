@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -197,4 +198,55 @@ func userCmd(args []string, stdin io.Reader, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout, out)
 	return nil
+}
+
+// tokenCmd is `greyrelay token add -file FILE NAME [SENDER...]`: it makes a
+// sending-API token, appends its hashed line to FILE (api.tokens_file,
+// created with mode 0600) and prints the token, the only time it is shown.
+func tokenCmd(args []string, stdout io.Writer) error {
+	const use = "usage: greyrelay token add -file TOKENS_FILE NAME [SENDER...]"
+	if len(args) < 1 || args[0] != "add" {
+		return &exitError{2, errors.New(use)}
+	}
+	fs := flag.NewFlagSet("token add", flag.ContinueOnError)
+	file := fs.String("file", "", "the tokens file to append to (api.tokens_file)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return &exitError{2, err}
+	}
+	if *file == "" || fs.NArg() < 1 {
+		return &exitError{2, errors.New(use)}
+	}
+	token, line, err := smtpd.NewToken(fs.Arg(0), fs.Args()[1:])
+	if err != nil {
+		return &exitError{2, err}
+	}
+	if err := appendLine(*file, line, fs.Arg(0)); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, token)
+	return nil
+}
+
+// appendLine adds line to the tokens file, refusing a name already there
+// (the file would no longer load).
+func appendLine(path, line, name string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	old, err := io.ReadAll(f)
+	if err != nil {
+		return err
+	}
+	if _, err := smtpd.ParseTokens(bytes.NewReader(append(old, "\n"+line+"\n"...))); err != nil {
+		return &exitError{2, fmt.Errorf("%s: %w", path, err)}
+	}
+	if len(old) > 0 && old[len(old)-1] != '\n' {
+		line = "\n" + line
+	}
+	if _, err := f.WriteString(line + "\n"); err != nil {
+		return err
+	}
+	return f.Sync()
 }

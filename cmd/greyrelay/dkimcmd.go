@@ -75,7 +75,8 @@ func reloadDKIM(ctx context.Context, hup <-chan os.Signal, path string, signer *
 			continue
 		}
 		signer.Store(keys)
-		log.Info("SIGHUP: DKIM keys reloaded (other settings need a restart)", zap.Int("domains", keys.Domains()))
+		log.Info("SIGHUP: DKIM keys reloaded (users_file and api.tokens_file are reloaded too; other settings need a restart)",
+			zap.Int("domains", keys.Domains()))
 	}
 }
 

@@ -6,8 +6,10 @@
 //	greyrelay config check [-config FILE] [-user NAME]  validate a configuration against this host (exit 2 if bad)
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
+//	greyrelay token add -file F NAME …   append a sending-API token's line to F, print the token
 //	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
 //	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
+//	greyrelay suppression list|add|remove the suppression list
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
 //	greyrelay health                     exit 0 when the running relay is healthy
@@ -69,6 +71,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return configCmd(rest, stdout, stderr)
 	case "user":
 		return userCmd(rest, stdin, stdout)
+	case "token":
+		return tokenCmd(rest, stdout)
+	case "suppression":
+		return suppressionCmd(rest, stdout, stderr)
 	case "queue":
 		return queueCmd(rest, stdout, stderr)
 	case "destinations":
@@ -130,7 +136,7 @@ func configFirst(args []string) []string {
 		// config check and queue salvage read -config themselves, after
 		// their second word (salvage runs offline, without the admin API)
 		return slices.Concat(rest[:2], flag, rest[2:])
-	case rest[0] == "user" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
+	case rest[0] == "user" || rest[0] == "token" || rest[0] == "dkim" || rest[0] == "version" || rest[0] == "help":
 		return rest
 	}
 	return slices.Concat(rest[:1], flag, rest[1:])
@@ -147,15 +153,24 @@ const usage = `usage:
   greyrelay user add NAME [SENDER...]   read a password on stdin, print a users-file line;
                                         SENDER: an address, *@domain or <> this user may send as
                                         (default: any address no other user lists)
-  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-json] [-cluster]
+  greyrelay token add -file FILE NAME [SENDER...]
+                                        make a sending-API token: append its hashed line to FILE
+                                        (api.tokens_file) and print the token
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-tag T] [-envid E]
+                       [-message-id M] [-older-than DUR] [-json] [-cluster]
+                                        -tag, -envid, -message-id also list finished messages (history)
                                         -cluster: every node registered in cluster.redis, through its admin API
   greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
+  greyrelay queue show [-json] -tag T | -envid E | -message-id M   every message so named, queued or finished
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue show -cluster [-json] ID  the message on whichever registered node holds it
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
   greyrelay queue salvage -config FILE  copy what can be read of a damaged queue file into a fresh
                                         one (relay stopped); keeps the damaged file aside
   greyrelay destinations [-json] [DOMAIN]
+  greyrelay suppression list [-json] | add [-scope D] [-reason R] [-ttl DUR] ADDRESS | remove [-scope D] ADDRESS
+  greyrelay suppression import [-scope D] [-reason R] [-ttl DUR] FILE
+                                        recipients refused at RCPT after a permanent address failure
   greyrelay destinations forget DOMAIN | -all
   greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN
                                         -from also checks SPF, DKIM and DMARC of SENDER's domain

@@ -34,14 +34,16 @@ import (
 	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 	"github.com/greyrelay/greyrelay/relay/mx"
+	"github.com/greyrelay/greyrelay/relay/sendapi"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/smtpd"
+	"github.com/greyrelay/greyrelay/relay/suppress"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 	"github.com/greyrelay/greyrelay/relay/tlsrpt"
 )
 
 // serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
-// keys (reloadDKIM).
+// keys (reloadDKIM), users_file and api.tokens_file (watchDirectory).
 func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -173,6 +175,7 @@ type relayParts struct {
 	smtp   *smtpd.Server
 	engine *delivery.Engine
 	admin  *admin.Server
+	api    *sendapi.Server    // nil without api.address
 	policy *tlspolicy.Checker // nil without DANE and MTA-STS
 	report *tlsrpt.Reporter   // nil without tls_reporting
 }
@@ -240,11 +243,32 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		defer shared.Close()
 		go reportQueued(ctx, q, shared)
 	}
-	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared); err != nil {
+	sup, err := openSuppressions(cfg)
+	if err != nil {
 		return err
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m, signer); err != nil {
+	if sup != nil {
+		defer sup.Close()
+		go pruneSuppressions(ctx, sup, log)
+	}
+	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, suppressFunc(sup, log)); err != nil {
 		return err
+	}
+	users, err := loadDirectory(cfg)
+	if err != nil {
+		return err
+	}
+	if users != nil {
+		go watchDirectory(ctx, cfg, users, log)
+	}
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup); err != nil {
+		return err
+	}
+	if cfg.API.Address != "" {
+		if p.api, err = sendapi.New(sendapi.Options{Config: cfg, Intake: p.smtp, Users: users, Logger: log, Now: time.Now,
+			Find: findSubmitted(q)}); err != nil {
+			return err
+		}
 	}
 	aopt := admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
 		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
@@ -257,6 +281,9 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		}}
 	if p.report != nil {
 		aopt.TLSReport = tlsReportFunc(p.report)
+	}
+	if sup != nil {
+		aopt.Suppressions = sup
 	}
 	p.admin, err = admin.New(aopt)
 	if err != nil {
@@ -280,7 +307,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		go p.report.Run(engineCtx)
 	}
-	if err := p.smtp.Start(); err != nil {
+	if err := p.startIntake(); err != nil {
 		stopEngine()
 		<-engineDone
 		return err
@@ -307,6 +334,11 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	// so no client ever reads a 250 for a message we did not commit.
 	shutCtx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	if p.api != nil {
+		if err := p.api.Shutdown(shutCtx); err != nil {
+			log.Warn("sending API shutdown", zap.Error(err))
+		}
+	}
 	if err := p.smtp.Shutdown(shutCtx); err != nil {
 		log.Warn("smtp shutdown", zap.Error(err))
 	}
@@ -321,17 +353,45 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	return stopErr
 }
 
-func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer) (*smtpd.Server, error) {
-	var users *smtpd.Users
-	if cfg.UsersFile != "" {
-		u, err := smtpd.LoadUsers(cfg.UsersFile)
-		if err != nil {
-			return nil, fmt.Errorf("users_file: %w", err)
-		}
-		users = u
+// startIntake starts the SMTP listeners and the sending API.
+func (p relayParts) startIntake() error {
+	if err := p.smtp.Start(); err != nil {
+		return err
 	}
-	return smtpd.New(smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now,
-		DKIM: signer})
+	if p.api == nil {
+		return nil
+	}
+	if err := p.api.Start(); err != nil {
+		p.smtp.Shutdown(context.Background())
+		return err
+	}
+	return nil
+}
+
+// loadDirectory reads users_file and, with the sending API on,
+// api.tokens_file; nil when neither is used (no AUTH offered).
+func loadDirectory(cfg *config.Config) (*smtpd.Users, error) {
+	tokens := ""
+	if cfg.API.Address != "" {
+		tokens = cfg.API.TokensFile
+	}
+	if cfg.UsersFile == "" && tokens == "" {
+		return nil, nil
+	}
+	u, err := smtpd.LoadDirectory(cfg.UsersFile, tokens)
+	if err != nil {
+		return nil, fmt.Errorf("users_file or api.tokens_file: %w", err)
+	}
+	return u, nil
+}
+
+func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer,
+	users *smtpd.Users, sup *suppress.List) (*smtpd.Server, error) {
+	opt := smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now, DKIM: signer}
+	if sup != nil {
+		opt.Suppress = sup
+	}
+	return smtpd.New(opt)
 }
 
 // newCluster connects to the shared Redis when cluster.redis is set; nil
@@ -394,7 +454,8 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 	}
 }
 
-func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
+func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster,
+	sup func(from, rcpt, reason, reply string, at time.Time) bool) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, nil, nil, err
@@ -427,6 +488,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if report != nil {
 		opt.TLSReport = report.Agg
 	}
+	opt.Suppress = sup
 	e, err := delivery.New(opt)
 	return e, policy, report, err
 }

@@ -46,8 +46,10 @@
 //	GET  /metrics             Prometheus exposition of Options.Registry
 //	GET  /api/stats           queue counters: by status, by reason, oldest, sizes
 //	GET  /api/queue           recipients; filters status, reason, domain, sender,
+//	                          tag, envid, message_id (the application's names),
 //	                          older_than (Go duration: arrived before now-D);
-//	                          a final status also lists finished messages;
+//	                          a final status, or tag, envid or message_id
+//	                          without a status, also lists finished messages;
 //	                          paging offset, limit (default 100, at most 10000)
 //	GET  /api/queue/{id}      one message, every recipient with its attempts and
 //	                          an explanation of its last reply; a finished one
@@ -157,6 +159,8 @@ type Options struct {
 	// TLSReport, when set, is exposed as POST /api/tls-report/send: it
 	// sends the TLS reports (RFC 8460) of everything counted so far.
 	TLSReport func(ctx context.Context) (any, error)
+	// Suppressions, when set, is served under /api/suppressions (suppress.go).
+	Suppressions SuppressionList
 }
 
 // Server is the admin HTTP server.
@@ -260,6 +264,11 @@ func (s *Server) routes() http.Handler {
 	}
 	if s.opt.TLSReport != nil {
 		mux.HandleFunc("POST /api/tls-report/send", s.tlsReport)
+	}
+	if s.opt.Suppressions != nil {
+		mux.HandleFunc("GET /api/suppressions", s.suppressions)
+		mux.HandleFunc("POST /api/suppressions", s.suppressAdd)
+		mux.HandleFunc("POST /api/suppressions/remove", s.suppressRemove)
 	}
 	return s.guard(s.auth(mux))
 }

@@ -98,7 +98,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 // parseFilter reads the list filters of GET /api/queue.
 func parseFilter(q url.Values, now time.Time) (queue.Filter, error) {
 	f := queue.Filter{Status: queue.Status(q.Get("status")), Reason: q.Get("reason"),
-		Domain: q.Get("domain"), Sender: q.Get("sender"), Limit: DefaultLimit}
+		Domain: q.Get("domain"), Sender: q.Get("sender"), Tag: q.Get("tag"), EnvID: q.Get("envid"),
+		MessageID: q.Get("message_id"), Limit: DefaultLimit}
 	if f.Domain != "" {
 		f.Domain = address.DomainKey(f.Domain) // recipients are queued under it
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strconv"
@@ -90,13 +91,34 @@ type pageData struct {
 	Expls        []*pageExpl
 	Probe        bool
 	Nodes        []pageNode // the cluster's nodes; nil for a node on its own
+	Find         pageFind   // the page's search by the application's names
+	FindBy       []string   // what it may search by
 
 	expls map[Explanation]*pageExpl
 }
 
+// pageFind is a search of the status page (?by=tag|envid|message_id&q=):
+// the messages an application knows by that name, queued or finished.
+type pageFind struct {
+	By, Q string
+	Rows  []pageRow
+	Total int
+}
+
+// pageFound is how many recipients a search shows.
+const pageFound = 50
+
+// findBy names the searches, as the query's by= spells them.
+var findBy = []string{"tag", "envid", "message_id"}
+
 func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
-	d, err := s.pageData(s.opt.Now())
+	now := s.opt.Now()
+	d, err := s.pageData(now)
 	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	if d.Find, err = s.find(d, r.URL.Query(), now); err != nil {
 		s.fail(w, r, err)
 		return
 	}
@@ -120,7 +142,7 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		return nil, err
 	}
 	d := &pageData{Hostname: s.opt.Config.Hostname, Now: now.UTC().Format(time.RFC3339),
-		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil,
+		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil, FindBy: findBy,
 		expls: map[Explanation]*pageExpl{}}
 	d.Stats.Unsettled = unsettled
 	d.DBSize = HumanBytes(d.Stats.DBBytes)
@@ -179,6 +201,32 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 	}
 	d.Nodes = s.clusterNodes(context.Background())
 	return d, nil
+}
+
+// find runs the search the query asks for, if any.
+func (s *Server) find(d *pageData, q url.Values, now time.Time) (pageFind, error) {
+	f := pageFind{By: q.Get("by"), Q: strings.TrimSpace(q.Get("q"))}
+	if !slices.Contains(findBy, f.By) {
+		f.By = findBy[0]
+	}
+	if f.Q == "" {
+		return f, nil
+	}
+	filter := queue.Filter{Limit: pageFound}
+	switch f.By {
+	case "tag":
+		filter.Tag = f.Q
+	case "envid":
+		filter.EnvID = f.Q
+	default:
+		filter.MessageID = f.Q
+	}
+	rows, total, err := s.opt.Queue.List(filter)
+	if _, err = unsettledOf(err); err != nil {
+		return f, err
+	}
+	f.Rows, f.Total = d.pageRows(rows, now), total
+	return f, nil
 }
 
 // latest returns the last n recipients with status st in List's order

@@ -48,7 +48,10 @@ type Row struct {
 	SourceIP    string     `json:"source_ip,omitempty"`
 	MXHost      string     `json:"mx_host,omitempty"`
 	MXAddr      string     `json:"mx_addr,omitempty"`
-	Sender      string     `json:"sender"` // "" is the null sender <>
+	Sender      string     `json:"sender"`               // "" is the null sender <>
+	Tag         string     `json:"tag,omitempty"`        // the message's X-Greyrelay-Tag
+	EnvID       string     `json:"envid,omitempty"`      // RFC 3461 ENVID
+	MessageID   string     `json:"message_id,omitempty"` // the message's Message-ID
 	Recipient   string     `json:"recipient"`
 	Domain      string     `json:"domain"`
 	Arrival     time.Time  `json:"arrival"`
@@ -146,6 +149,8 @@ type Message struct {
 	Helo       string    `json:"helo,omitempty"`
 	RET        string    `json:"ret,omitempty"`
 	EnvID      string    `json:"envid,omitempty"`
+	Tag        string    `json:"tag,omitempty"`
+	MessageID  string    `json:"message_id,omitempty"`
 	SMTPUTF8   bool      `json:"smtputf8,omitempty"`
 	EightBit   bool      `json:"8bitmime,omitempty"`
 	DSN        bool      `json:"dsn,omitempty"`
@@ -256,7 +261,7 @@ func rowOf(m *queue.Message, r *queue.Recipient, now time.Time) Row {
 		Status: string(r.Status), Reason: r.Reason, Attempts: r.Attempts,
 		NextAttempt: ts(r.NextAttempt), LastAttempt: ts(r.LastAttempt), LastReply: replyOf(r.Reply),
 		SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr,
-		Sender: m.From, Recipient: r.Addr, Domain: r.Domain,
+		Sender: m.From, Tag: m.Tag, EnvID: m.EnvID, MessageID: m.MessageID, Recipient: r.Addr, Domain: r.Domain,
 		Arrival: m.Arrival, AgeSeconds: now.Sub(m.Arrival).Seconds(), Finished: ts(m.Finished),
 	}
 }
@@ -280,6 +285,7 @@ func explain(r *queue.Recipient) *Explanation {
 func messageOf(m *queue.Message, now time.Time) Message {
 	out := Message{Now: now, ID: m.ID.String(), Sender: m.From, Arrival: m.Arrival, Size: m.Size,
 		ClientAddr: m.ClientAddr, AuthUser: m.AuthUser, Helo: m.Helo, RET: m.RET, EnvID: m.EnvID,
+		Tag: m.Tag, MessageID: m.MessageID,
 		SMTPUTF8: m.SMTPUTF8, EightBit: m.EightBit, DSN: m.DSN, Finished: ts(m.Finished),
 		Recipients: make([]Recipient, 0, len(m.Recipients))}
 	for i := range m.Recipients {
@@ -334,6 +340,9 @@ type ListQuery struct {
 	Reason    string
 	Domain    string // destination domain
 	Sender    string
+	Tag       string        // the message's X-Greyrelay-Tag; with no status, finished messages too
+	EnvID     string        // the message's ENVID; likewise
+	MessageID string        // the message's Message-ID, angle brackets optional; likewise
 	OlderThan time.Duration // only messages that arrived at least this long ago
 	Offset    int
 	Limit     int // 0: the API's default (100); at most 10000
@@ -343,7 +352,7 @@ type ListQuery struct {
 func (lq ListQuery) Values() url.Values {
 	q := url.Values{}
 	for name, v := range map[string]string{"status": string(lq.Status), "reason": lq.Reason,
-		"domain": lq.Domain, "sender": lq.Sender} {
+		"domain": lq.Domain, "sender": lq.Sender, "tag": lq.Tag, "envid": lq.EnvID, "message_id": lq.MessageID} {
 		if v != "" {
 			q.Set(name, v)
 		}

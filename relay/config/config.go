@@ -114,6 +114,9 @@ type Config struct {
 	Queue             Queue        `yaml:"queue"`
 	History           History      `yaml:"history"`
 	Admin             Admin        `yaml:"admin"`
+	API               API          `yaml:"api"`
+	Suppression       Suppression  `yaml:"suppression"`
+	UserLimits        UserLimits   `yaml:"user_limits"`
 	Log               Log          `yaml:"log"`
 	Delivery          Delivery     `yaml:"delivery"`
 	Retry             Retry        `yaml:"retry"`
@@ -263,6 +266,55 @@ type Admin struct {
 	ProbeConcurrency int `yaml:"probe_concurrency"`
 	ProbePerMinute   int `yaml:"probe_per_minute"`
 }
+
+// API configures the HTTP sending API (relay/sendapi): applications post
+// messages with a bearer token instead of holding an SMTP session.
+type API struct {
+	Address        string        `yaml:"address"` // empty: no sending API
+	TLSCert        string        `yaml:"tls_cert"`
+	TLSKey         string        `yaml:"tls_key"`
+	TokensFile     string        `yaml:"tokens_file"`
+	IdempotencyTTL time.Duration `yaml:"idempotency_ttl"`
+}
+
+// Suppression configures the suppression list (relay/suppress).
+type Suppression struct {
+	Enabled bool          `yaml:"enabled"`
+	Scope   string        `yaml:"scope"` // global | sender-domain
+	TTL     time.Duration `yaml:"ttl"`
+}
+
+// UserLimits bounds what each AUTH user and API token may send, in a
+// sliding hour and day; 0 is no limit. Overrides gives some identities
+// limits of their own instead.
+type UserLimits struct {
+	MessagesPerHour   int                     `yaml:"messages_per_hour"`
+	MessagesPerDay    int                     `yaml:"messages_per_day"`
+	RecipientsPerHour int                     `yaml:"recipients_per_hour"`
+	RecipientsPerDay  int                     `yaml:"recipients_per_day"`
+	Overrides         map[string]UserLimitSet `yaml:"overrides"`
+}
+
+// UserLimitSet is one identity's limits (user_limits.overrides); 0 is no
+// limit.
+type UserLimitSet struct {
+	MessagesPerHour   int `yaml:"messages_per_hour"`
+	MessagesPerDay    int `yaml:"messages_per_day"`
+	RecipientsPerHour int `yaml:"recipients_per_hour"`
+	RecipientsPerDay  int `yaml:"recipients_per_day"`
+}
+
+// For returns the limits of identity id: its override, or the defaults.
+func (u UserLimits) For(id string) UserLimitSet {
+	if o, ok := u.Overrides[id]; ok {
+		return o
+	}
+	return UserLimitSet{MessagesPerHour: u.MessagesPerHour, MessagesPerDay: u.MessagesPerDay,
+		RecipientsPerHour: u.RecipientsPerHour, RecipientsPerDay: u.RecipientsPerDay}
+}
+
+// Any reports whether some identity has a limit.
+func (u UserLimits) Any() bool { return u.For("") != (UserLimitSet{}) || len(u.Overrides) > 0 }
 
 // Log configures zap.
 type Log struct {

@@ -43,6 +43,13 @@ func (c *Config) Validate() error {
 	v.check(c.History.Retention >= 0, "history.retention: %v, want 0 (keep none) or more", c.History.Retention)
 	v.positive("history.max_messages", int64(c.History.MaxMessages))
 	v.admin(c.Admin)
+	v.api(c.API)
+	v.oneOf("suppression.scope", c.Suppression.Scope, "global", "sender-domain")
+	v.positive("suppression.ttl", int64(c.Suppression.TTL))
+	v.userLimits("user_limits.", c.UserLimits.For("\x00")) // the defaults: no identity has a NUL
+	for id, o := range c.UserLimits.Overrides {
+		v.userLimits("user_limits.overrides."+id+".", o)
+	}
 	v.oneOf("log.format", c.Log.Format, "console", "json")
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.delivery(c.Delivery)
@@ -192,6 +199,25 @@ func (v *validator) admin(a Admin) {
 	v.readable("admin.token_file", a.TokenFile)
 }
 
+func (v *validator) api(a API) {
+	if a.Address == "" {
+		return
+	}
+	v.hostPort("api.address", a.Address)
+	host, _, _ := net.SplitHostPort(a.Address)
+	ip, err := netip.ParseAddr(host)
+	loopback := err == nil && ip.IsLoopback() || host == "localhost"
+	// Tokens travel in every request: never in clear off the machine, as
+	// SMTP AUTH is only offered under TLS off loopback.
+	v.check(loopback || a.TLSCert != "", "api.address: %s is not loopback, so api.tls_cert and api.tls_key are required", a.Address)
+	v.check((a.TLSCert == "") == (a.TLSKey == ""), "api.tls_cert and api.tls_key: set both or neither")
+	v.readable("api.tls_cert", a.TLSCert)
+	v.readable("api.tls_key", a.TLSKey)
+	v.check(a.TokensFile != "", "api.tokens_file: required when api.address is set (greyrelay token add writes it)")
+	v.readable("api.tokens_file", a.TokensFile)
+	v.positive("api.idempotency_ttl", int64(a.IdempotencyTTL))
+}
+
 // hostNameRE matches a DNS name as it appears in an HTTP Host header
 // (letters, digits, '-' and '_' in dot-separated labels).
 var hostNameRE = regexp.MustCompile(`^(?i)[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?$`)
@@ -333,5 +359,12 @@ func (v *validator) tlsReporting(t TLSReporting) {
 	if t.From != "" {
 		_, err := address.Parse(t.From, address.Options{})
 		v.check(err == nil, "tls_reporting.from: %q is not an address (user@domain): %v", t.From, err)
+	}
+}
+
+func (v *validator) userLimits(prefix string, l UserLimitSet) {
+	for key, n := range map[string]int{"messages_per_hour": l.MessagesPerHour, "messages_per_day": l.MessagesPerDay,
+		"recipients_per_hour": l.RecipientsPerHour, "recipients_per_day": l.RecipientsPerDay} {
+		v.check(n >= 0, "%s%s: %d, want 0 (no limit) or more", prefix, key, n)
 	}
 }

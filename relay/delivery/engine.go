@@ -113,6 +113,12 @@ type Options struct {
 	// Shared is what other nodes know and the cluster-wide connection
 	// limits (shared.go); nil for a node on its own.
 	Shared Shared
+	// Suppress, if set, is told of every recipient that failed
+	// permanently for a reason about the address (an unknown user or a
+	// disabled mailbox, answered with a 5xx reply; not a policy or content
+	// refusal, nor an expiry), and reports whether it suppressed it
+	// (relay/suppress).
+	Suppress func(from, rcpt, reason, reply string, at time.Time) bool
 }
 
 // Engine delivers queued mail. Create it with New, then call Run once.

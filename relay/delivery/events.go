@@ -20,7 +20,7 @@ func (e *Engine) attachEvents(a *attempt, s *settlement) {
 			n = l.r.Attempts
 		}
 		s.u.Results[i].Events = e.opt.Events.Outcome(events.Outcome{Msg: a.msg, Head: a.body, Rcpt: l.r,
-			Result: s.u.Results[i], Attempt: n, Status: l.status, Expired: l.expired})
+			Result: s.u.Results[i], Attempt: n, Status: l.status, Expired: l.expired, Suppressed: l.suppressed})
 	}
 }
 

@@ -2,6 +2,8 @@ package delivery
 
 import (
 	"reflect"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -61,6 +63,7 @@ type logLine struct {
 	enhanced, text string
 	expired        bool
 	status         string // a failure's RFC 3463 status, as its DSN reports it
+	suppressed     bool   // the failure put the address on the suppression list
 }
 
 // pendingOutcome is a settled attempt on its way into the queue: the
@@ -263,7 +266,20 @@ func (e *Engine) failed(s *settlement, a *attempt, o outcome, res *queue.Result,
 		s.notices[dsn.Failed] = append(s.notices[dsn.Failed], e.dsnRecipient(a, o, dsn.Failed, status, res.End))
 	}
 	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Failed), reason: string(o.v.Reason),
-		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired, status: status})
+		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired, status: status,
+		suppressed: e.suppress(a, o, res, expired)})
+}
+
+// suppress hands an address failure to Options.Suppress: a 5xx reply
+// whose reason is about the mailbox (classifier.NoSuchUser: X.1.x and
+// X.2.1, "user unknown" and the like). Policy and content refusals
+// (X.7.x, "spam") say nothing about the address and are not suppressed.
+func (e *Engine) suppress(a *attempt, o outcome, res *queue.Result, expired bool) bool {
+	if e.opt.Suppress == nil || expired || o.v.Reason != classifier.NoSuchUser || o.v.Code/100 != 5 {
+		return false
+	}
+	reply := strconv.Itoa(o.v.Code) + " " + o.v.Enhanced + " " + o.v.Text
+	return e.opt.Suppress(a.msg.From, o.r.Addr, string(o.v.Reason), strings.TrimSpace(reply), res.End)
 }
 
 // deferred records a temporary failure and schedules the next attempt.

@@ -61,6 +61,9 @@ const (
 	Held      Kind = "held"      // the operator put the recipient on hold (no attempts until released)
 	Released  Kind = "released"  // the operator released it from hold (due at once)
 	Deleted   Kind = "deleted"   // the operator deleted it (no DSN; nothing more happens to it)
+	// Suppressed: a bounce for a reason about the address put it on the
+	// suppression list; later mail to it is refused at RCPT.
+	Suppressed Kind = "suppressed"
 )
 
 // Event is the JSON object sent for one recipient and event.
@@ -232,6 +235,8 @@ type Outcome struct {
 	Attempt int    // the attempt's number; 0 if none was made
 	Status  string // the RFC 3463 status a DSN reports for a failure
 	Expired bool   // the lifetime ran out
+	// Suppressed: the failure put the address on the suppression list.
+	Suppressed bool
 }
 
 // Outcome returns the events of o, as records for o.Result.Events: the
@@ -282,6 +287,11 @@ func (e *Events) Outcome(o Outcome) []queue.Event {
 	if res.Status == queue.Deferred && res.DelayWarnings > o.Rcpt.DelayWarnings {
 		d := ev
 		d.Event = Delayed
+		out = e.encode(out, &d)
+	}
+	if o.Suppressed && res.Status == queue.Failed {
+		d := ev
+		d.Event, d.DSN = Suppressed, nil
 		out = e.encode(out, &d)
 	}
 	return out

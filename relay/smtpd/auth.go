@@ -34,7 +34,7 @@ import (
 // AuthMechanisms lists the mechanisms go-smtp advertises once AUTH is
 // allowed on the connection.
 func (s *session) AuthMechanisms() []string {
-	if s.srv.users == nil || !s.plainAuthOK {
+	if !s.srv.users.HasLogins() || !s.plainAuthOK {
 		return nil
 	}
 	return []string{sasl.Plain, sasl.Login}
@@ -46,7 +46,7 @@ func (s *session) Auth(mech string) (sasl.Server, error) {
 	if refusal := s.refuseCutShort(); refusal != nil {
 		return nil, refusal
 	}
-	if s.srv.users == nil {
+	if !s.srv.users.HasLogins() {
 		return nil, s.refuse(reasonAuth, reply(502, 5, 5, 1, "AUTH not available"))
 	}
 	if !s.plainAuthOK {

@@ -115,6 +115,7 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 		// RFC 8689 §5: REQUIRETLS wins over a TLS-Required field.
 		RequireTLS: env.requireTLS, TLSOptional: rb.tlsOptional && !env.requireTLS,
 	}
+	withNames(&msg, rb)
 	id, err := s.srv.queue.Enqueue(msg)
 	if err != nil {
 		rb.discard()
@@ -129,7 +130,11 @@ func (s *session) commit(env *envelope, rb readResult, final time.Time) error {
 	}
 	s.srv.metrics.IntakeLatency.Observe(s.srv.now().Sub(final).Seconds())
 	idS := id.String()
+	s.mu.Lock()
+	s.queued = idS
+	s.mu.Unlock()
 	s.accepted(env, idS, int(rb.size))
+	s.countUser(env)
 	s.conn.forgiveJunk()
 	return reply(250, 2, 0, 0, "OK queued as "+idS)
 }

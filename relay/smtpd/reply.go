@@ -87,6 +87,8 @@ const (
 	reasonSmuggling   refusalReason = "smuggling"   // a stray CR with bare_cr: reject
 	reasonStorage     refusalReason = "storage"     // no free disk space, or a local storage error
 	reasonSyntax      refusalReason = "syntax"      // a malformed command or address
+	reasonSuppressed  refusalReason = "suppressed"  // a recipient on the suppression list
+	reasonUserLimit   refusalReason = "user-limit"  // over an identity's user_limits
 	reasonTimeout     refusalReason = "timeout"     // message data slower than min_data_rate
 	reasonConnections refusalReason = "connections" // over a connection cap
 	reasonJunk        refusalReason = "junk"        // too many commands that did nothing

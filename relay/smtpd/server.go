@@ -98,6 +98,7 @@ type Options struct {
 	Now      func() time.Time                  // nil: time.Now
 	DiskFree func(path string) (uint64, error) // free bytes where the queue lives, less its reserve; nil: statfs
 	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
+	Suppress Suppressions                      // refused recipients (suppress.go); nil: none
 }
 
 // Server is the SMTP server for every configured listener.
@@ -110,7 +111,9 @@ type Server struct {
 	now      func() time.Time
 	diskFree func(string) (uint64, error)
 	dkim     *dkim.Signer
-	room     room // the last diskFree measurement (room.go)
+	suppress Suppressions
+	quota    *userQuota // user_limits; nil without any (userlimits.go)
+	room     room       // the last diskFree measurement (room.go)
 	trusted  []netip.Prefix
 	// Load balancers whose PROXY headers are believed (proxy.go).
 	proxyTrusted []netip.Prefix
@@ -155,7 +158,7 @@ func New(opt Options) (*Server, error) {
 		return nil, errors.New("smtpd: Config and Queue are required")
 	}
 	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
-		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM,
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM, suppress: opt.Suppress,
 		dataEnded: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = zap.NewNop()
@@ -208,6 +211,7 @@ func New(opt Options) (*Server, error) {
 	lim := s.cfg.Limits
 	s.authLim = newAuthLimiter(lim.MaxAuthFailuresPerUser, lim.MaxAuthFailuresPerIP, time.Hour, lim.IPv6PrefixLength)
 	s.lim = newLimiter(s)
+	s.quota = newUserQuota(s.cfg.UserLimits)
 	return s, nil
 }
 

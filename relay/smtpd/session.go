@@ -61,6 +61,16 @@ type session struct {
 	mu        sync.Mutex
 	env       *envelope // nil outside a transaction
 	submitted bool      // a message was accepted in this session
+	queued    string    // the queue id of the last message Data committed
+}
+
+// heloName is the client's EHLO/HELO name. A session of the HTTP door
+// (submit.go) has no SMTP connection; its name is the one it was made with.
+func (s *session) heloName() string {
+	if s.smtpConn == nil {
+		return s.greeted
+	}
+	return s.smtpConn.Hostname()
 }
 
 // envelope is one transaction, from MAIL to the end of DATA.
@@ -71,6 +81,7 @@ type envelope struct {
 	heloSafe string // sanitizeHelo(helo)
 	user     string
 	allowed  []string // the user's allowed senders, as at MAIL
+	limitID  string   // whose user_limits count the message (userlimits.go)
 	utf8     bool
 	eightBit bool
 	ret      string
@@ -231,7 +242,7 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 		// RFC 5321 §4.1.4: MAIL inside a transaction is a bad sequence.
 		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "Nested MAIL command"))
 	}
-	env := &envelope{helo: s.smtpConn.Hostname(), user: s.user, allowed: s.allowed}
+	env := &envelope{helo: s.heloName(), user: s.user, allowed: s.allowed}
 	env.rcpts = env.first[:0]
 	env.heloOK, env.heloSafe = s.checkHelo(env.helo)
 	if opts != nil {
@@ -261,6 +272,10 @@ func (s *session) Mail(from string, opts *smtp.MailOptions) error {
 	if s.user != "" && env.from != "" && s.srv.users != nil && s.srv.users.ownedByOther(s.user, fromAddr) {
 		// The same reply as Postfix's reject_known_sender_login_mismatch.
 		return s.refuse(reasonSender, reply(553, 5, 7, 1, "<"+env.from+">: Sender address rejected: not owned by user "+s.user))
+	}
+	env.limitID = s.limitID()
+	if err := s.checkUserMessages(env.limitID); err != nil {
+		return err
 	}
 	if len(env.envID) > 100 {
 		// RFC 3461 §4.4: ENVID is at most 100 characters.
@@ -333,6 +348,12 @@ func (s *session) Rcpt(to string, opts *smtp.RcptOptions) error {
 	}
 	a, err := s.rcptAddress(env, to)
 	if err != nil {
+		return err
+	}
+	if err := s.checkSuppressed(env, a); err != nil {
+		return err
+	}
+	if err := s.checkUserRecipients(env); err != nil {
 		return err
 	}
 	notify, orcpt, err := dsnParams(opts)

@@ -3,12 +3,14 @@ package smtpd
 import (
 	"bufio"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -30,10 +32,24 @@ import (
 // even one without a list. The most specific entry decides, as in
 // Postfix's smtpd_sender_login_maps lookups: an address listed for a user
 // belongs to that user alone, even inside a domain another user lists.
+//
+// The same directory holds the sending API's application tokens
+// (AddTokens): a token is an identity like a user, with its own sender
+// list, and a token and a user of the same name are one identity for
+// sender ownership.
+//
+// Reload replaces the contents at once (SIGHUP), so every session and
+// request sees either the old files or the new ones, never a mixture.
 type Users struct {
+	tab atomic.Pointer[userTable]
+}
+
+// userTable is one reading of the users (and tokens) file.
+type userTable struct {
 	byName map[string]account
 	owners map[string][]string // ownerKey of an entry → the users listing it
 	dummy  []byte              // compared against for unknown names, for similar timing
+	tokens map[[sha256.Size]byte]tokenAccount
 }
 
 type account struct {
@@ -60,7 +76,7 @@ func LoadUsers(path string) (*Users, error) {
 
 // ParseUsers reads users-file lines from r. Errors name the line.
 func ParseUsers(r io.Reader) (*Users, error) {
-	u := &Users{byName: make(map[string]account), owners: make(map[string][]string)}
+	u := &userTable{byName: make(map[string]account), owners: make(map[string][]string)}
 	cost := bcrypt.MinCost
 	sc := bufio.NewScanner(r)
 	for n := 1; sc.Scan(); n++ {
@@ -97,8 +113,14 @@ func ParseUsers(r io.Reader) (*Users, error) {
 		return nil, err
 	}
 	u.dummy = dummy
-	return u, nil
+	users := &Users{}
+	users.tab.Store(u)
+	return users, nil
 }
+
+// Replace makes u answer as n does from now on (n is not used after).
+// Sessions already authenticated keep their identity and sender list.
+func (u *Users) Replace(n *Users) { u.tab.Store(n.tab.Load()) }
 
 func parseUserLine(line string) (string, account, error) {
 	fields := strings.SplitN(line, ":", 3)
@@ -198,10 +220,11 @@ func userLine(name, password string, allowedSenders []string, cost int) (string,
 // the caller gives the same reply for both. allowed is the account's
 // allowed-sender list (nil: any sender that ownedByOther does not refuse).
 func (u *Users) Authenticate(name, password string) (ok bool, allowed []string) {
-	acc, known := u.byName[name]
+	t := u.tab.Load()
+	acc, known := t.byName[name]
 	hash := acc.hash
 	if !known {
-		hash = u.dummy
+		hash = t.dummy
 	}
 	err := bcrypt.CompareHashAndPassword(hash, []byte(password))
 	if err != nil || !known {
@@ -240,9 +263,10 @@ func entryKey(e string) string {
 // its domain's "@domain" entry otherwise; an address nobody lists is owned
 // by nobody.
 func (u *Users) ownedByOther(name string, from address.Address) bool {
-	owners, ok := u.owners[ownerKey(from)]
+	t := u.tab.Load()
+	owners, ok := t.owners[ownerKey(from)]
 	if !ok {
-		owners, ok = u.owners[domainOwnerKey(from.Domain)]
+		owners, ok = t.owners[domainOwnerKey(from.Domain)]
 	}
 	return ok && !slices.Contains(owners, name)
 }

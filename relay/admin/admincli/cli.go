@@ -24,8 +24,9 @@ import (
 const healthTimeout = 3 * time.Second
 
 const queueUsage = `usage:
-  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-older-than DUR] [-offset N] [-limit N] [-json]
+  greyrelay queue list [-status S] [-reason R] [-domain D] [-sender S] [-tag T] [-envid E] [-message-id M] [-older-than DUR] [-offset N] [-limit N] [-json]
   greyrelay queue show [-json] ID
+  greyrelay queue show [-json] -tag T | -envid E | -message-id M   every message so named, queued or finished
   greyrelay queue show -headers|-body [-max BYTES] [-raw] ID
   greyrelay queue shape [-by domain|reason] [-status S] [-limit N] [-json]
   greyrelay queue retry|hold|release|delete|bounce [-json] ID | -domain D | -all
@@ -102,6 +103,9 @@ func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 	})
 	fs.StringVar(&lq.Domain, "domain", "", "only recipients with this domain")
 	fs.StringVar(&lq.Sender, "sender", "", "only recipients with this sender")
+	fs.StringVar(&lq.Tag, "tag", "", "only messages with this X-Greyrelay-Tag (finished ones too, without -status)")
+	fs.StringVar(&lq.EnvID, "envid", "", "only messages with this ENVID (finished ones too, without -status)")
+	fs.StringVar(&lq.MessageID, "message-id", "", "only messages with this Message-ID (finished ones too, without -status)")
 	fs.Func("older-than", "only messages that arrived at least this long ago (e.g. 2h or 2d)", func(v string) error {
 		d, err := config.ParseDuration(v)
 		if err == nil && d < 0 {
@@ -193,9 +197,19 @@ func queueShow(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 	fs.BoolVar(&co.body, "body", false, "print the message's body (postcat -b); with -headers, the whole message")
 	fs.Int64Var(&co.max, "max", admin.DefaultContentMax, "print at most this many octets of each part")
 	fs.BoolVar(&co.raw, "raw", false, "print the octets as stored (CRLF, control characters), e.g. to save them")
+	var by admin.ListQuery
+	fs.StringVar(&by.Tag, "tag", "", "show the messages with this X-Greyrelay-Tag instead of one ID")
+	fs.StringVar(&by.EnvID, "envid", "", "show the messages with this ENVID instead of one ID")
+	fs.StringVar(&by.MessageID, "message-id", "", "show the messages with this Message-ID instead of one ID")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
+	}
+	if by.Tag != "" || by.EnvID != "" || by.MessageID != "" {
+		if len(pos) != 0 || co.headers || co.body {
+			return fmt.Errorf("queue show: -tag, -envid and -message-id replace the queue id and show records only\n%s", queueUsage)
+		}
+		return showFound(c, by, *asJSON, stdout)
 	}
 	if len(pos) != 1 {
 		return fmt.Errorf("queue show: want exactly one queue id\n%s", queueUsage)
@@ -217,6 +231,45 @@ func queueShow(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 	return printMessage(stdout, &m)
 }
 
+// showFound shows every message the application's names in by select,
+// queued or finished (history): one JSON array with -json.
+func showFound(c *adminclient.Client, by admin.ListQuery, asJSON bool, stdout io.Writer) error {
+	by.Limit = admin.MaxLimit
+	l, err := c.List(context.Background(), by)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	for _, r := range l.Rows {
+		if !slices.Contains(ids, r.ID) {
+			ids = append(ids, r.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return errors.New("queue show: no message, queued or kept in the history, matches")
+	}
+	msgs := make([]admin.Message, 0, len(ids))
+	for _, id := range ids {
+		m, err := c.Message(context.Background(), id)
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, m)
+	}
+	if asJSON {
+		return admin.EncodeJSON(stdout, msgs)
+	}
+	for i := range msgs {
+		if i > 0 {
+			fmt.Fprintln(stdout)
+		}
+		if err := printMessage(stdout, &msgs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func printMessage(out io.Writer, m *admin.Message) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "message\t%s\n", m.ID)
@@ -231,6 +284,11 @@ func printMessage(out io.Writer, m *admin.Message) error {
 		client += " auth " + admin.Cell(m.AuthUser, 0)
 	}
 	fmt.Fprintf(tw, "client\t%s\n", client)
+	for _, f := range [][2]string{{"tag", m.Tag}, {"message-id", m.MessageID}, {"envid", m.EnvID}} {
+		if f[1] != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", f[0], admin.Cell(f[1], 0))
+		}
+	}
 	if m.DSN {
 		fmt.Fprintf(tw, "dsn\tthis message is a delivery status notification\n")
 	}

@@ -334,3 +334,39 @@ func NodeStats(token string) func(ctx context.Context, n admin.ClusterNode) (adm
 		return c.Stats(ctx)
 	}
 }
+
+// Suppressions lists the suppression list.
+func (c *Client) Suppressions(ctx context.Context) (admin.Suppressions, error) {
+	var s admin.Suppressions
+	err := c.getJSON(ctx, http.MethodGet, "/api/suppressions", nil, &s)
+	return s, err
+}
+
+// Suppress adds an address to the suppression list (scope "": every
+// sender; ttl 0: the configured suppression.ttl).
+func (c *Client) Suppress(ctx context.Context, addr, scope, reason string, ttl time.Duration) (admin.SuppressionResult, error) {
+	q := url.Values{"address": {addr}}
+	if scope != "" {
+		q.Set("scope", scope)
+	}
+	if reason != "" {
+		q.Set("reason", reason)
+	}
+	if ttl > 0 {
+		q.Set("ttl", ttl.String())
+	}
+	var res admin.SuppressionResult
+	err := c.getJSON(ctx, http.MethodPost, "/api/suppressions", q, &res)
+	return res, err
+}
+
+// Unsuppress takes an address off the suppression list.
+func (c *Client) Unsuppress(ctx context.Context, addr, scope string) (admin.SuppressionResult, error) {
+	q := url.Values{"address": {addr}}
+	if scope != "" {
+		q.Set("scope", scope)
+	}
+	var res admin.SuppressionResult
+	err := c.getJSON(ctx, http.MethodPost, "/api/suppressions/remove", q, &res)
+	return res, err
+}

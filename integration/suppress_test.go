@@ -1,0 +1,113 @@
+package integration
+
+// The suppression list against a real Postfix destination that answers
+// 550 5.1.1 for unknown users (relay_recipient_maps) and 554 5.7.1 for a
+// policy refusal: the first suppresses the address, with the default
+// configuration, so the next message to it is refused at RCPT; the second
+// does not. docs/suppression.md's commands list and remove the entry.
+
+import (
+	"bufio"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/integration/peers"
+)
+
+func TestSuppressionWithPostfix(t *testing.T) {
+	peers.Require(t, "postfix", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, KnownRecipients: []string{"known@dest.test", "policy@dest.test"},
+		Main: map[string]string{"smtpd_recipient_restrictions": "check_recipient_access inline:{ {policy@dest.test=554 5.7.1 Blocked by policy} }, reject_unauth_destination"}})
+	r := n.relay("events.file=events.jsonl")
+	send := func(to ...string) (string, int) {
+		m := peers.SwaksMessage{Server: r.SMTPAddr, From: "app@src.test", To: to, Data: message("app@src.test", to[0], "suppression")}
+		return m.Send(t)
+	}
+	for _, to := range []string{"unknown@dest.test", "policy@dest.test"} {
+		id := r.send(peers.SwaksMessage{From: "app@src.test", To: []string{to}, Data: message("app@src.test", to, "first")})
+		r.waitAttempts(id, "failed", 30*time.Second)
+	}
+	r.waitQueueEmpty(20 * time.Second)
+
+	// The unknown user is refused at RCPT, quoting Postfix's reply; the
+	// policy refusal did not suppress policy@.
+	out, code := send("Unknown@dest.test")
+	if code == 0 || !strings.Contains(out, "550 5.1.1 <Unknown@dest.test>: Recipient address suppressed since "+time.Now().UTC().Format(time.DateOnly)+": 550 5.1.1") ||
+		!strings.Contains(out, "User unknown in relay recipient table") {
+		t.Errorf("to the suppressed address: swaks exit %d\n%s", code, out)
+	}
+	if out, code := send("policy@dest.test"); code != 0 {
+		t.Errorf("a policy refusal suppressed the address: swaks exit %d\n%s", code, out)
+	}
+	if out, code := send("known@dest.test", "unknown@dest.test"); code != 0 || !strings.Contains(out, "550 5.1.1") {
+		// swaks goes on with the accepted recipient; its exit is 0.
+		t.Errorf("known and suppressed together: swaks exit %d\n%s", code, out)
+	}
+	final.WaitFor(t, 1, 30*time.Second)
+
+	// The docs' commands: list shows it, remove takes it off, add puts one on.
+	block := recipeBlocks(t, "TestSuppressionWithPostfix")[0].Text
+	lines := strings.Split(strings.TrimSpace(strings.ReplaceAll(block, "@example.com", "@dest.test")), "\n")
+	env := []string{"GREYRELAY_CONFIG=" + r.ConfigPath}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(peers.Binary(t), filepath.Join(dir, "bin", "greyrelay")); err != nil {
+		t.Fatal(err)
+	}
+	if out := runRecipe(t, dir, "sh", lines[0], env); !strings.Contains(out, "unknown@dest.test") || !strings.Contains(out, "no-such-user") ||
+		strings.Contains(out, "policy@dest.test") {
+		t.Errorf("suppression list:\n%s", out)
+	}
+	runRecipe(t, dir, "sh", lines[1], env)
+	if out, code := send("unknown@dest.test"); code != 0 {
+		t.Errorf("after remove: swaks exit %d\n%s", code, out)
+	}
+	// Taken again, it bounces again and is suppressed again.
+	r.waitQueueEmpty(20 * time.Second)
+	if out, code := send("unknown@dest.test"); code == 0 || !strings.Contains(out, "suppressed since") {
+		t.Errorf("after the second bounce: swaks exit %d\n%s", code, out)
+	}
+	runRecipe(t, dir, "sh", lines[2], env)
+	if out, code := send("abuse-reporter@dest.test"); code == 0 || !strings.Contains(out, "suppressed since") {
+		t.Errorf("after add: swaks exit %d\n%s", code, out)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bounced-elsewhere.txt"), []byte("# from the old ESP\nold1@dest.test\n\nOld2@dest.test # hard bounce\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := runRecipe(t, dir, "sh", lines[3], env); !strings.Contains(out, "import: 2 addresses suppressed") {
+		t.Errorf("import printed %q", out)
+	}
+	for _, to := range []string{"old1@dest.test", "old2@dest.test"} {
+		if out, code := send(to); code == 0 || !strings.Contains(out, "suppressed since") {
+			t.Errorf("%s after import: swaks exit %d\n%s", to, code, out)
+		}
+	}
+
+	// The event file has a suppressed event for each of unknown@'s bounces.
+	var suppressed []string
+	f, err := os.Open(filepath.Join(r.Dir, "events.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var ev struct{ Event, Rcpt string }
+		if json.Unmarshal(sc.Bytes(), &ev) == nil && ev.Event == "suppressed" {
+			suppressed = append(suppressed, ev.Rcpt)
+		}
+	}
+	if len(suppressed) != 2 || suppressed[0] != "unknown@dest.test" || suppressed[1] != "unknown@dest.test" {
+		t.Errorf("suppressed events for %q, want unknown@dest.test twice", suppressed)
+	}
+}

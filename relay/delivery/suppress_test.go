@@ -1,0 +1,73 @@
+package delivery
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
+)
+
+// TestSuppressOnlyAddressFailures: Options.Suppress hears of a 5xx about
+// the mailbox (5.1.1, 5.2.1, "user unknown"), not of a policy or content
+// refusal, and a suppressed bounce carries a suppressed event.
+func TestSuppressOnlyAddressFailures(t *testing.T) {
+	t.Parallel()
+	ip := relaytest.Loopback(t)
+	h, ev := eventsHarness(t, false)
+	h.dns.MX("sup.test", 10, "mx.sup.test").A("mx.sup.test", ip)
+	replies := map[string]string{
+		"unknown":  "550 5.1.1 no such user",
+		"disabled": "550 5.2.1 mailbox disabled",
+		"text":     "550 User unknown in local recipient table",
+		"policy":   "554 5.7.1 rejected by policy",
+		"spam":     "550 5.7.1 message looks like spam",
+	}
+	startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Rcpt: func(_ int, to string) error {
+		if r, ok := replies[strings.Split(to, "@")[0]]; ok {
+			return relaytest.Reply(r)
+		}
+		return nil
+	}}})
+	var mu sync.Mutex
+	var got []string
+	h.start(func(o *Options) {
+		o.Events = ev
+		o.Suppress = func(from, rcpt, reason, reply string, _ time.Time) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			got = append(got, rcpt+" "+reason+" "+reply)
+			return true
+		}
+	})
+	id := h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
+		Body: []byte("From: <alice@sender.test>\r\nX-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")},
+		"unknown@sup.test", "disabled@sup.test", "text@sup.test", "policy@sup.test", "spam@sup.test")
+	eventually(t, wait, "all final", func() bool { return h.gone(id) })
+	mu.Lock()
+	defer mu.Unlock()
+	want := map[string]bool{"unknown@sup.test no-such-user 550 5.1.1 no such user": true,
+		"disabled@sup.test no-such-user 550 5.2.1 mailbox disabled": true}
+	n := 0
+	for _, g := range got {
+		if want[g] || strings.HasPrefix(g, "text@sup.test no-such-user 550") {
+			n++
+		} else {
+			t.Errorf("suppressed %q", g)
+		}
+	}
+	if n != 3 {
+		t.Errorf("suppressed %q, want unknown@, disabled@ and text@", got)
+	}
+	kinds := outboxKinds(t, h.q)
+	for _, r := range []string{"unknown", "disabled", "text"} {
+		if !has(kinds, r+"@sup.test suppressed") {
+			t.Errorf("no suppressed event for %s: %v", r, kinds)
+		}
+	}
+	if has(kinds, "policy@sup.test suppressed") || has(kinds, "spam@sup.test suppressed") {
+		t.Errorf("a policy refusal has a suppressed event: %v", kinds)
+	}
+}

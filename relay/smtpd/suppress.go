@@ -1,0 +1,38 @@
+package smtpd
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/address"
+)
+
+// Suppressions says which recipients are refused at RCPT: addresses whose
+// mail failed permanently for a reason about the address (relay/suppress).
+// Refusing them at the door, rather than accepting and bouncing, tells the
+// client at once and sends nothing to a destination that already said the
+// mailbox does not exist.
+type Suppressions interface {
+	// Suppressed returns when mail from sender to rcpt was suppressed and
+	// the reply that caused it, if it is.
+	Suppressed(sender, rcpt string) (since time.Time, reply string, ok bool)
+}
+
+// checkSuppressed refuses a suppressed recipient: 550 5.1.1, as the
+// destination answered (RFC 3463 X.1.1 "Bad destination mailbox
+// address"), with the date and the reply, so the sender can tell a
+// suppression from a fresh refusal.
+func (s *session) checkSuppressed(env *envelope, a address.Address) error {
+	if s.srv.suppress == nil || a.Domain == "" {
+		return nil
+	}
+	since, rep, ok := s.srv.suppress.Suppressed(env.from, a.String())
+	if !ok {
+		return nil
+	}
+	s.srv.log.Info("recipient suppressed", zap.String("client", s.clientS), zap.String("rcpt", printable(a.String())),
+		zap.Time("since", since))
+	return s.refuse(reasonSuppressed, reply(550, 5, 1, 1, "<"+a.String()+">: Recipient address suppressed since "+
+		since.UTC().Format(time.DateOnly)+": "+rep))
+}
