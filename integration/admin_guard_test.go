@@ -102,7 +102,7 @@ func TestAdminRefusesWebPages(t *testing.T) {
 		t.Errorf("cross-site POST with Origin only: HTTP %d, want 403", code)
 	}
 	// The same page, its name re-pointed at the relay, reads the queue.
-	for _, path := range []string{"/api/queue", "/api/queue/" + id, "/", "/metrics"} {
+	for _, path := range []string{"/api/queue", "/api/queue/" + id, "/", "/message/" + id, "/metrics"} {
 		code, body = adminRequest(t, r, "GET", path, "evil.example:"+port, "")
 		if code != http.StatusForbidden || strings.Contains(body, "owner@src.test") {
 			t.Errorf("GET %s with a rebound Host: HTTP %d %q, want 403 without data", path, code, guardExcerpt(body))

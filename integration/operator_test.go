@@ -172,7 +172,7 @@ func checkScreenshot(t *testing.T, path string, colours map[string]color.RGBA) {
 		t.Fatalf("screenshot: %v", err)
 	}
 	b := img.Bounds()
-	if b.Dx() < 1000 || b.Dy() < 1000 {
+	if b.Dx() < 380 || b.Dy() < 1000 {
 		t.Fatalf("screenshot is %v", b)
 	}
 	found := map[string]int{}

@@ -178,6 +178,7 @@ type relayParts struct {
 	api    *sendapi.Server    // nil without api.address
 	policy *tlspolicy.Checker // nil without DANE and MTA-STS
 	report *tlsrpt.Reporter   // nil without tls_reporting
+	charts *chartKeeper
 }
 
 // runRelay runs the relay until ctx ends. checkQueue makes the queue
@@ -234,7 +235,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	p := relayParts{queue: q}
+	p := relayParts{queue: q, charts: restoreCharts(q, m.Recent, log)}
 	shared, err := newCluster(cfg, log, reg)
 	if err != nil {
 		return err
@@ -307,6 +308,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		go p.report.Run(engineCtx)
 	}
+	go p.charts.run(engineCtx)
 	if err := p.startIntake(); err != nil {
 		stopEngine()
 		<-engineDone
@@ -347,6 +349,7 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		p.report.Save() // the day's counts so far, for the next start
 	}
+	p.charts.save() // the last outcomes too
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
 	}

@@ -41,6 +41,8 @@
 // conflict, 503 when a feature is not available):
 //
 //	GET  /                    HTML status page (refreshes every 10 s)
+//	GET  /message/{id}        HTML page of one message: envelope, recipients with
+//	                          their attempts and explained last reply, headers
 //	GET  /healthz             "ok": the process serves HTTP (no token needed)
 //	GET  /readyz              "ok", or 503 with the reason: queue open, listeners up
 //	GET  /metrics             Prometheus exposition of Options.Registry
@@ -173,6 +175,7 @@ type Server struct {
 	handler http.Handler
 	page    *template.Template
 	probes  *probeGate
+	started time.Time // when New ran: the charts mark it
 
 	mu  sync.Mutex
 	srv *http.Server
@@ -210,6 +213,9 @@ func New(opt Options) (*Server, error) {
 		return nil, fmt.Errorf("admin: %s is not a loopback address, so admin.token is required", a.Address)
 	}
 	page, err := template.New("status").Parse(statusHTML)
+	if err == nil {
+		_, err = page.New("message").Parse(messageHTML)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("admin: status page: %w", err)
 	}
@@ -217,7 +223,7 @@ func New(opt Options) (*Server, error) {
 		return nil, fmt.Errorf("admin: register queue gauges: %w", err)
 	}
 	s := &Server{opt: opt, local: NewLocal(opt.Queue, opt.Config.NodeName(), opt.Now), log: opt.Logger.Named("admin"), page: page,
-		probes: newProbeGate(a.ProbeConcurrency, a.ProbePerMinute, opt.Now)}
+		started: opt.Now(), probes: newProbeGate(a.ProbeConcurrency, a.ProbePerMinute, opt.Now)}
 	if a.Token != "" {
 		s.token, s.hasTok = sha256.Sum256([]byte(a.Token)), true
 	}
@@ -246,6 +252,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.opt.Registry, promhttp.HandlerOpts{
 		ErrorHandling: promhttp.ContinueOnError, ErrorLog: zap.NewStdLog(s.log)}))
 	mux.HandleFunc("GET /{$}", s.statusPage)
+	mux.HandleFunc("GET /message/{id}", s.messagePage)
 	mux.HandleFunc("GET /api/stats", s.stats)
 	mux.HandleFunc("GET /api/queue", s.list)
 	mux.HandleFunc("GET /api/queue/{id}", s.show)

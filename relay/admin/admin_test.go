@@ -266,7 +266,7 @@ func TestTokenRequired(t *testing.T) {
 	const token = "s3cret-token"
 	f := newFixture(t, func(o *Options) { o.Config.Admin.Token = token })
 	paths := []string{"/", "/readyz", "/metrics", "/api/stats", "/api/queue", "/api/queue/" + "1",
-		"/api/destinations", "/nonexistent"}
+		"/message/" + f.m1.String(), "/api/destinations", "/nonexistent"}
 	for _, p := range paths {
 		for _, auth := range []string{"", "Bearer wrong", "Bearer " + token + "x", "Basic " + token, token} {
 			if rec := f.do(t, "GET", p, "Authorization", auth); rec.Code != http.StatusUnauthorized {
@@ -309,6 +309,7 @@ func TestTokenAsBasicPasswordReadsOnly(t *testing.T) {
 	}{
 		{"GET", "/", basic("admin", token), http.StatusOK},
 		{"GET", "/api/stats", basic("", token), http.StatusOK},
+		{"GET", "/message/" + f.m1.String(), basic("admin", token), http.StatusOK},
 		{"GET", "/", basic("admin", token+"x"), http.StatusUnauthorized},
 		{"GET", "/", basic(token, ""), http.StatusUnauthorized},
 		{"POST", "/api/queue/delete?all=1", basic("admin", token), http.StatusUnauthorized},

@@ -162,7 +162,7 @@ func TestReboundHostRefused(t *testing.T) {
 	_, port, _ := strings.Cut(strings.TrimPrefix(base, "http://"), ":")
 	for _, host := range []string{"evil.example:" + port, "evil.example", "localhost.evil.example:" + port,
 		"127.0.0.1.nip.io:" + port, "relay.internal.evil.example", "xrelay.internal"} {
-		for _, path := range []string{"/api/queue", "/api/queue/" + f.m1.String(), "/api/stats", "/metrics", "/", "/api/destinations"} {
+		for _, path := range []string{"/api/queue", "/api/queue/" + f.m1.String(), "/api/stats", "/metrics", "/", "/message/" + f.m1.String(), "/api/destinations"} {
 			code, body := send(t, "GET", base+path, host, "")
 			if code != http.StatusForbidden || strings.Contains(body, "alice@") || strings.Contains(body, "greylist.test") ||
 				strings.Contains(body, "greyrelay_") {

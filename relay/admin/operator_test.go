@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -241,24 +242,58 @@ func TestStatusPageWithoutCharts(t *testing.T) {
 	}
 }
 
+// A chart spans the last hour, or 3 or 6 hours when its oldest outcome
+// is older: a new relay's first outcomes are bars several pixels wide,
+// not a one-pixel line at the edge of six hours. The relay's start is
+// marked when it falls in the span.
 func TestCharts(t *testing.T) {
-	r := metrics.NewRecent()
-	for range 4 {
-		r.Add("delivered", testNow)
+	tests := []struct {
+		name      string
+		ago       []time.Duration // a delivery this long before testNow
+		started   time.Duration   // the relay started this long before testNow
+		span      string
+		bars      []chartBar // of the delivered chart
+		startedX  int
+		firstTick string
+		wantEmpty bool
+	}{
+		{name: "new relay, nothing yet", started: 2 * time.Minute, span: "hour", startedX: 57 * 6, wantEmpty: true,
+			firstTick: testNow.Add(-59 * time.Minute).UTC().Format("15:04")},
+		{name: "new relay, one delivery", ago: []time.Duration{time.Minute}, started: 2 * time.Minute, span: "hour",
+			bars: []chartBar{{X: 58 * 6, Y: 0, W: 5, H: chartHeight}}, startedX: 57 * 6},
+		{name: "busy minute and a quiet one", ago: []time.Duration{0, 0, 0, 0, 50 * time.Minute}, started: 2 * time.Hour, span: "hour",
+			bars: []chartBar{{X: 9 * 6, Y: chartHeight - 12, W: 5, H: 12}, {X: 59 * 6, Y: 0, W: 5, H: chartHeight}}, startedX: -1},
+		{name: "restored from an hour ago", ago: []time.Duration{time.Hour, 0}, started: time.Minute, span: "3 hours",
+			bars: []chartBar{{X: 119 * 2, Y: 0, W: 2, H: chartHeight}, {X: 179 * 2, Y: 0, W: 2, H: chartHeight}}, startedX: 178 * 2},
+		{name: "five hours", ago: []time.Duration{5 * time.Hour}, started: 10 * time.Hour, span: "6 hours",
+			bars: []chartBar{{X: 59, Y: 0, W: 1, H: chartHeight}}, startedX: -1},
 	}
-	r.Add("delivered", testNow.Add(-time.Hour))
-	cs := charts(r, testNow)
-	d := cs[0]
-	if d.ID != "delivered" || d.Total != 5 || d.Peak != 4 || len(d.Bars) != 2 {
-		t.Fatalf("delivered chart %+v", d)
-	}
-	if last := d.Bars[1]; last.X != chartMinutes-1 || last.H != chartHeight || last.Y != 0 {
-		t.Errorf("the busiest minute: %+v", last)
-	}
-	if first := d.Bars[0]; first.X != chartMinutes-61 || first.H != chartHeight/4 {
-		t.Errorf("an hour ago: %+v", first)
-	}
-	if len(cs[2].Bars) != 0 || cs[2].Total != 0 {
-		t.Errorf("bounced chart %+v", cs[2])
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := metrics.NewRecent()
+			for _, d := range tt.ago {
+				r.Add("delivered", testNow.Add(-d))
+			}
+			cs, ax := charts(r, testNow, testNow.Add(-tt.started))
+			if ax.Span != tt.span || ax.Started != tt.startedX || ax.Empty != tt.wantEmpty || len(ax.Ticks) != 3 {
+				t.Errorf("axis %+v, want span %q, started at %d, empty %v", ax, tt.span, tt.startedX, tt.wantEmpty)
+			}
+			if tt.firstTick != "" && ax.Ticks[0] != tt.firstTick {
+				t.Errorf("first tick %q, want %q", ax.Ticks[0], tt.firstTick)
+			}
+			if d := cs[0]; d.ID != "delivered" || d.Total != len(tt.ago) || !slices.Equal(d.Bars, tt.bars) {
+				t.Errorf("delivered chart: total %d, bars %+v; want %d, %+v", d.Total, d.Bars, len(tt.ago), tt.bars)
+			}
+			for _, c := range cs {
+				for _, b := range c.Bars {
+					if b.X < 0 || b.X+b.W > chartWidth {
+						t.Errorf("%s: bar %+v outside the chart", c.ID, b)
+					}
+				}
+			}
+			if len(cs[2].Bars) != 0 || cs[2].Total != 0 {
+				t.Errorf("bounced chart %+v", cs[2])
+			}
+		})
 	}
 }

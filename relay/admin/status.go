@@ -76,7 +76,7 @@ type pageData struct {
 	ByStatus     []count
 	ByReason     []count
 	Charts       []pageChart
-	ChartHours   int
+	Axis         chartAxis
 	Shape        Shape
 	Oldest       []pageRow
 	Deferrals    []pageRow
@@ -127,10 +127,7 @@ func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
-	_, _ = w.Write(buf.Bytes())
+	writePage(w, buf.Bytes())
 }
 
 func (s *Server) pageData(now time.Time) (*pageData, error) {
@@ -163,7 +160,7 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		return a.N > b.N || a.N == b.N && a.Name < b.Name
 	})
 	if s.opt.Recent != nil {
-		d.Charts, d.ChartHours = charts(s.opt.Recent, now), chartMinutes/60
+		d.Charts, d.Axis = charts(s.opt.Recent, now, s.started)
 	}
 	// One walk of the queue gives the shape and the recipients queued
 	// per destination.
