@@ -6,7 +6,8 @@ package integration
 // wide, not a line at the edge of six hours) and keep them across a
 // restart; neither the page nor a message page scrolls sideways at 1,400
 // or 400 px; a queue ID links to its message page, which shows the
-// attempts and the last reply explained.
+// attempts and the last reply explained; the DKIM record `dkim keygen`
+// printed is listed with its value as one string.
 
 import (
 	"fmt"
@@ -33,7 +34,18 @@ func TestStatusPageInBrowser(t *testing.T) {
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 7, 1},
 			Message: "Greylisted <b>for</b> a while, see https://grey.test/why?a=1&b=2"}
 	}})
-	r := n.relay()
+	// A signing key, as `dkim keygen` makes it: the page lists its record.
+	keys := t.TempDir()
+	keygen := runGreyrelay(t, keys, "", nil, "dkim", "keygen", "-algorithm", "rsa2048", "ok.test", "s1")
+	if keygen.Code != 0 {
+		t.Fatal(keygen)
+	}
+	_, value, _ := strings.Cut(keygen.Stdout, "value this one line (no quotes):\n")
+	value, _, _ = strings.Cut(value, "\n")
+	if !strings.HasPrefix(value, "v=DKIM1; k=rsa; p=") {
+		t.Fatalf("keygen prints no one-line value: %s", keygen)
+	}
+	r := n.relay("dkim.domains={ok.test: {selectors: [{selector: s1, key_file: " + keys + "/ok.test.s1.key}]}}")
 	delivered := r.send(peers.SwaksMessage{From: "a@ok.test", To: []string{"x@ok.test"}, Data: message("a@ok.test", "x@ok.test", "delivered one")})
 	waiting := r.send(peers.SwaksMessage{From: "a@ok.test", To: []string{"z@grey.test"}, Data: message("a@ok.test", "z@grey.test", "waiting one")})
 	r.waitAttempts(delivered, "delivered", 15*time.Second)
@@ -44,7 +56,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	base := "http://" + r.AdminAddr + "/"
 	dom := chromium(t, "--dump-dom", base)
 	for _, want := range []string{"Recipients per minute, last hour", "<b>Delivered</b>: 1 ", "<b>Deferred</b>: 1 ",
-		`fill="#2e7d32"`, `fill="#ef6c00"`, "the relay started at"} {
+		`fill="#2e7d32"`, `fill="#ef6c00"`, "the relay started at",
+		"<code>s1._domainkey.ok.test</code>", `<dd class="mono">` + value + "</dd>"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the page after a restart lacks %q", want)
 		}

@@ -45,6 +45,12 @@ func TestDKIMKeygen(t *testing.T) {
 				t.Errorf("%s: character-string of %d octets", tc.alg, len(s))
 			}
 		}
+		// A DNS provider's web form takes the value as one string.
+		web := "; or, in a DNS provider's web form: name s1._domainkey, type TXT, and as\n; value this one line (no quotes):\n" +
+			dkim.Record(k.Public()) + "\n"
+		if !strings.Contains(out, web) {
+			t.Errorf("%s: no one-line value for a web form (%q):\n%s", tc.alg, web, out)
+		}
 		if _, _, err := runCmd(t, "", "dkim", "keygen", "-out", path, "example.com", "s1"); exitCode(err) == 0 {
 			t.Errorf("%s: keygen overwrote an existing key", tc.alg)
 		}

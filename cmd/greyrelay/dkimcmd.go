@@ -160,9 +160,13 @@ func writeKey(path string, key crypto.Signer) error {
 
 // printRecord prints the TXT record in zone-file syntax, split into
 // character-strings of at most 255 octets (RFC 1035 §3.3; an RSA 2048 key
-// is longer than one), and the configuration lines that use the key.
+// is longer than one), then its value as one line, which is what a DNS
+// provider's web form takes (it splits the string itself; quotes and
+// parentheses pasted there become part of the record), and the
+// configuration lines that use the key.
 func printRecord(w io.Writer, path, domain, selector string, key crypto.Signer) error {
 	rec := dkim.Record(key.Public())
+	whole := rec
 	var parts []string
 	for len(rec) > 0 {
 		n := min(len(rec), 250)
@@ -176,12 +180,15 @@ func printRecord(w io.Writer, path, domain, selector string, key crypto.Signer) 
 	_, err = fmt.Fprintf(w, `; private key written to %s (mode 0600)
 ; publish this TXT record in the DNS zone of %s:
 %s._domainkey.%s. IN TXT ( %s )
+; or, in a DNS provider's web form: name %s._domainkey, type TXT, and as
+; value this one line (no quotes):
+%s
 ; then add to the configuration:
 ; dkim:
 ;   domains:
 ;     %s:
 ;       selectors:
 ;         - {selector: %s, key_file: %s, algorithm: %s}
-`, abs, domain, selector, domain, strings.Join(parts, " "), domain, selector, abs, dkim.Algorithm(key.Public()))
+`, abs, domain, selector, domain, strings.Join(parts, " "), selector, whole, domain, selector, abs, dkim.Algorithm(key.Public()))
 	return err
 }

@@ -273,7 +273,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	}
 	aopt := admin.Options{Config: cfg, Queue: q, Engine: p.engine, Registry: reg,
 		Logger: log, Now: time.Now, Probe: probeFunc(cfg, q), Recent: m.Recent, Nodes: nodesFunc(shared),
-		NodeStats: adminclient.NodeStats(cfg.Admin.Token),
+		NodeStats: adminclient.NodeStats(cfg.Admin.Token), DKIM: signer,
 		Ready: func() error {
 			if !ready.Load() {
 				return errors.New("starting")

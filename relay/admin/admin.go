@@ -118,6 +118,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/metrics"
 )
 
@@ -158,6 +159,9 @@ type Options struct {
 	// asks from the node's admin API (adminclient.NodeStats) within ctx.
 	Nodes     func(ctx context.Context) ([]ClusterNode, error)
 	NodeStats func(ctx context.Context, n ClusterNode) (Stats, error)
+	// DKIM, when set, gives the status page the signing keys' DNS
+	// records (the keys in use, also after a SIGHUP reloaded them).
+	DKIM *dkim.Signer
 	// TLSReport, when set, is exposed as POST /api/tls-report/send: it
 	// sends the TLS reports (RFC 8460) of everything counted so far.
 	TLSReport func(ctx context.Context) (any, error)

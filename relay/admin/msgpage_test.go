@@ -1,12 +1,17 @@
 package admin
 
 import (
+	"crypto"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/rsa"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 )
 
 // Every queue ID on the status page links to its message page, relative
@@ -86,5 +91,37 @@ func TestMessagePageEdges(t *testing.T) {
 		if c := f.do(t, "GET", target).Code; c != want {
 			t.Errorf("GET %s: %d, want %d", target, c, want)
 		}
+	}
+}
+
+// The status page lists the signing keys' records, each TXT value as one
+// string (what a DNS provider's web form takes), and no section without
+// keys.
+func TestStatusPageDKIMRecords(t *testing.T) {
+	_, ed, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := dkim.NewKeys([]dkim.Selector{{Domain: "Example.COM.", Name: "ed1", Key: ed},
+		{Domain: "a.example", Name: "rsa1", Key: rsaKey}}, false)
+	f := newFixture(t, func(o *Options) { o.DKIM = dkim.NewSigner(keys) })
+	body := f.do(t, "GET", "/").Body.String()
+	edAt := strings.Index(body, "<code>ed1._domainkey.example.com</code>")
+	rsaAt := strings.Index(body, "<code>rsa1._domainkey.a.example</code>")
+	if edAt < 0 || rsaAt < 0 || rsaAt > edAt {
+		t.Errorf("records not listed by domain: ed %d, rsa %d", edAt, rsaAt)
+	}
+	for _, k := range []crypto.Signer{ed, rsaKey} {
+		want := `<dd class="mono">` + strings.ReplaceAll(dkim.Record(k.Public()), "+", "&#43;") + "</dd>"
+		if !strings.Contains(body, want) {
+			t.Errorf("status page lacks the one-string value %s", want)
+		}
+	}
+	if body := newFixture(t).do(t, "GET", "/").Body.String(); strings.Contains(body, `id="dkim"`) {
+		t.Error("a DKIM section without keys")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/dkim"
 )
 
 // The status page is one self-contained HTML document (inline CSS, no
@@ -93,6 +94,7 @@ type pageData struct {
 	Nodes        []pageNode // the cluster's nodes; nil for a node on its own
 	Find         pageFind   // the page's search by the application's names
 	FindBy       []string   // what it may search by
+	DKIM         []pageDKIM // the signing keys' records
 
 	expls map[Explanation]*pageExpl
 }
@@ -197,6 +199,9 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		return nil, err
 	}
 	d.Nodes = s.clusterNodes(context.Background())
+	if s.opt.DKIM != nil {
+		d.DKIM = dkimRecords(s.opt.DKIM.Keys())
+	}
 	return d, nil
 }
 
@@ -224,6 +229,20 @@ func (s *Server) find(d *pageData, q url.Values, now time.Time) (pageFind, error
 	}
 	f.Rows, f.Total = d.pageRows(rows, now), total
 	return f, nil
+}
+
+// pageDKIM is a signing key's DNS record: Name and, as one string, the
+// TXT value (what a DNS provider's web form takes).
+type pageDKIM struct {
+	Name, Algorithm, Value string
+}
+
+func dkimRecords(k *dkim.Keys) []pageDKIM {
+	var out []pageDKIM
+	for _, s := range k.Selectors() {
+		out = append(out, pageDKIM{Name: s.Name + "._domainkey." + s.Domain, Algorithm: s.Algorithm(), Value: s.Record()})
+	}
+	return out
 }
 
 // latest returns the last n recipients with status st in List's order

@@ -53,9 +53,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/mail"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -268,6 +270,19 @@ func (k *Keys) Domains() int {
 		return 0
 	}
 	return len(k.domains)
+}
+
+// Selectors returns every selector, by domain and then in the order
+// given: the status page lists them with the records to publish.
+func (k *Keys) Selectors() []Selector {
+	if k == nil {
+		return nil
+	}
+	var out []Selector
+	for _, d := range slices.Sorted(maps.Keys(k.domains)) {
+		out = append(out, k.domains[d]...)
+	}
+	return out
 }
 
 // Signer holds the current Keys. It is safe for concurrent use; Store
