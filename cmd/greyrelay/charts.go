@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -33,7 +32,6 @@ type chartKeeper struct {
 	r   *metrics.Recent
 	log *zap.Logger
 
-	mu   sync.Mutex
 	last []byte // what was stored last
 }
 
@@ -52,13 +50,15 @@ func restoreCharts(q *queue.Queue, r *metrics.Recent, log *zap.Logger) *chartKee
 	return k
 }
 
-// run stores the series every chartSaveEvery until ctx ends.
+// run stores the series every chartSaveEvery, and once more when ctx
+// ends.
 func (k *chartKeeper) run(ctx context.Context) {
 	t := time.NewTicker(chartSaveEvery)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			k.save()
 			return
 		case <-t.C:
 			k.save()
@@ -66,10 +66,9 @@ func (k *chartKeeper) run(ctx context.Context) {
 	}
 }
 
-// save stores the series if they changed since the last save.
+// save stores the series if they changed since the last save. Only run
+// calls it once the relay runs.
 func (k *chartKeeper) save() {
-	k.mu.Lock()
-	defer k.mu.Unlock()
 	v, err := k.r.MarshalBinary()
 	if err == nil && bytes.Equal(v, k.last) {
 		return

@@ -308,7 +308,12 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		go p.report.Run(engineCtx)
 	}
-	go p.charts.run(engineCtx)
+	// The charts' keeper stops last, when run returns: its final save
+	// has the engine's last outcomes, and the queue is still open.
+	chartsCtx, stopCharts := context.WithCancel(context.Background())
+	chartsDone := make(chan struct{})
+	go func() { p.charts.run(chartsCtx); close(chartsDone) }()
+	defer func() { stopCharts(); <-chartsDone }()
 	if err := p.startIntake(); err != nil {
 		stopEngine()
 		<-engineDone
@@ -349,7 +354,6 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if p.report != nil {
 		p.report.Save() // the day's counts so far, for the next start
 	}
-	p.charts.save() // the last outcomes too
 	if cfg.Admin.Address != "" {
 		p.admin.Shutdown(shutCtx)
 	}
