@@ -28,7 +28,7 @@ func TestChartsKeptAcrossRestart(t *testing.T) {
 		}
 		defer q.Close()
 		if stored != nil {
-			if err := q.PutChartState(stored); err != nil {
+			if err := q.Store(chartStore).Put(chartKey, stored); err != nil {
 				t.Fatal(err)
 			}
 		}
