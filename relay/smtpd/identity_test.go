@@ -207,3 +207,41 @@ func TestData_TrustedClientGrants(t *testing.T) {
 		t.Errorf("ungranted domain under without_key refuse: %q", got)
 	}
 }
+
+// A bounce relayed by a smarthost client (MAIL FROM:<>, which its list
+// allows) names the client's MTA in From (MAILER-DAEMON@its-host-name): it
+// is relayed unsigned, never refused, so the client's bounces still go out;
+// a signature for a domain the user owns is still made.
+func TestData_BounceWithForeignFromUnsigned(t *testing.T) {
+	h, err := bcrypt.GenerateFromPassword([]byte("pw"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users, err := ParseUsers(strings.NewReader("smarthost:" + string(h) + ":*@b.test,<>\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startServer(t, testConfig(t), withUsers(users), func(o *Options) { o.DKIM = identitySigner(t, false, nil) })
+	c := authed(t, e, "smarthost")
+	for _, tc := range []struct{ from, head, signed string }{
+		{"", "From: MAILER-DAEMON@client.b-host.test\r\n", ""},
+		{"", "From: postmaster@b.test\r\n", "b.test"},
+	} {
+		before := len(e.q.messages())
+		if got := c.sendMessage(tc.from, []string{"r@dest.test"}, tc.head+"\r\nbounce\r\n"); !strings.HasPrefix(got, "250 ") {
+			t.Errorf("bounce with %q: %q, want 250", tc.head, got)
+			continue
+		}
+		msgs := e.q.messages()
+		if len(msgs) != before+1 {
+			t.Fatalf("bounce with %q: not queued", tc.head)
+		}
+		if d := signedBy(msgs[len(msgs)-1].Body); d != tc.signed {
+			t.Errorf("bounce with %q: signed d=%q, want %q", tc.head, d, tc.signed)
+		}
+	}
+	// The same foreign From with a sender is still refused.
+	if got := c.sendMessage("x@b.test", []string{"r@dest.test"}, "From: MAILER-DAEMON@client.b-host.test\r\n\r\nx\r\n"); !strings.HasPrefix(got, "550 5.7.1") {
+		t.Errorf("foreign From with a sender: %q, want 550 5.7.1", got)
+	}
+}

@@ -29,6 +29,8 @@ import (
 //     (foreign_header_from: refuse) or relayed unsigned (unsigned). The
 //     envelope alone is not enough: MAIL FROM:<bob@b.test> with
 //     From: alice@a.test would otherwise leave signed d=a.test.
+//     A bounce (MAIL FROM:<>) with a foreign From is relayed unsigned
+//     rather than refused: its From names the reporting MTA.
 //   - A client relaying without AUTH (trusted_networks) gets signatures
 //     only for the From domains dkim.trusted_clients grants its network
 //     (dkim.Keys.Granted), as OpenDKIM signs only for its InternalHosts.
@@ -63,7 +65,12 @@ func (s *session) sign(env *envelope, rb readResult) (readResult, error) {
 	if authed {
 		whole := rb.file == nil || int64(len(head)) >= rb.file.Len()
 		if foreign := s.foreignAuthor(env, head, whole); foreign != "" {
-			if s.srv.cfg.ForeignHeaderFrom != "unsigned" {
+			// A bounce (MAIL FROM:<>, which the user may send, or MAIL
+			// would have refused it) names its reporting MTA in From,
+			// MAILER-DAEMON@its-host-name (RFC 3464 §2, RFC 5321 §4.5.5):
+			// a smarthost client's bounces must still go out, so a foreign
+			// From on a bounce costs only the signature.
+			if s.srv.cfg.ForeignHeaderFrom != "unsigned" && env.from != "" {
 				// RFC 3463 X.7.1 "Delivery not authorized, message
 				// refused"; permanent: the same message would be refused
 				// again.
