@@ -51,6 +51,9 @@ type settlement struct {
 	success  bool
 	accepted int  // recipients accepted
 	expired  bool // some recipient's lifetime ran out
+	// started is when the attempt's transaction started, pacedSince when
+	// the destination's pace began (dest.pacedSince).
+	started, pacedSince time.Time
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -105,11 +108,14 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	now := e.now()
 	d.mu.Lock()
 	rec := cloneDest(d.rec)
-	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}}
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince}
 	for _, o := range outs {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
+	if !pace(&d.rec).Paced() && pace(&rec).Paced() {
+		d.pacedSince = now
+	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
 	}
@@ -173,6 +179,7 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	d.rec = rec
 	e.mu.Lock()
 	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
+	d.runKept = pace(&rec).RunEnds()
 	e.mu.Unlock()
 	e.notePace(d, rec) // the pace may have changed
 }

@@ -73,6 +73,12 @@ type dest struct {
 	// again from the queue would start its next transaction at once.
 	// Guarded by Engine.mu.
 	paceHold time.Time
+	// runKept is when the run of accepted messages d's record counts in
+	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
+	// not forgotten before then either, or a destination that
+	// rate-limits the next message after an idle moment would start its
+	// pace from a run of one. Guarded by Engine.mu.
+	runKept time.Time
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -80,8 +86,14 @@ type dest struct {
 	rec    queue.Destination // guarded by mu
 	stored queue.Destination // what the queue holds (deep copy); guarded by mu
 	// lastStart is when the last transaction was allowed to start
-	// (paceWait); guarded by mu.
-	lastStart time.Time
+	// (paceWait), prevStart the one before (giveBackStart); guarded by mu.
+	lastStart, prevStart time.Time
+	// pacedSince is when the destination's pace last began (its first
+	// refusal after an unpaced time); guarded by mu.
+	pacedSince time.Time
+	// paceWake is closed when the next paced start comes sooner than
+	// the workers waiting for it were told (notePace); guarded by mu.
+	paceWake chan struct{}
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
@@ -562,7 +574,7 @@ func (e *Engine) evict(now time.Time) {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 && !d.paceHold.After(now) {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 && !d.paceHold.After(now) && !d.runKept.After(now) {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--
