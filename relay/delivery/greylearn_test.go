@@ -1,0 +1,162 @@
+package delivery
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// postgreyFake greylists as postgrey does: a (host, sender, recipient)
+// triplet seen for the first time is refused with postgrey's text, and
+// refused again until delay has passed since then, counted in whole
+// seconds as postgrey's time() does.
+type postgreyFake struct {
+	delay time.Duration
+	text  string // the refusal's text; postgrey's when empty
+	first map[string]time.Time
+}
+
+func (g *postgreyFake) rcpt(host, from, to string, now time.Time) *smtp.SMTPError {
+	k := host + " " + from + " " + to
+	f, ok := g.first[k]
+	if !ok {
+		g.first[k] = now
+	}
+	if ok && now.Unix()-f.Unix() >= int64(g.delay/time.Second) {
+		return nil
+	}
+	text := g.text
+	if text == "" {
+		text = fmt.Sprintf("Greylisted, see http://postgrey.schweikert.ch/help/dest.test.html (%d s)", int(g.delay/time.Second))
+	}
+	return &smtp.SMTPError{Code: 450, EnhancedCode: smtp.EnhancedCode{4, 2, 0}, Message: text}
+}
+
+// greyMessage is one message's way through the greylister.
+type greyMessage struct {
+	took     time.Duration // from the enqueue (its 250) to the acceptance
+	attempts int
+}
+
+// sendOneByOne sends n messages to new recipients at domain, each after
+// the last was accepted, and returns how each went.
+func sendOneByOne(t *testing.T, pe *pipeEngine, p *pipeMX, domain string, first, n int) []greyMessage {
+	t.Helper()
+	var out []greyMessage
+	for i := first; i < first+n; i++ {
+		to := fmt.Sprintf("r%d@%s", i, domain)
+		start := time.Now()
+		pe.send(t, "a@src.test", to)
+		for {
+			time.Sleep(100 * time.Millisecond)
+			synctest.Wait()
+			if m, ok := passed(p.rcpts(), to, start); ok {
+				out = append(out, m)
+				break
+			}
+			if time.Since(start) > 2*time.Hour {
+				t.Fatalf("%s not delivered in 2 h", to)
+			}
+		}
+	}
+	return out
+}
+
+// passed reports how the message to to went, once it was accepted.
+func passed(rs []pipeRcpt, to string, start time.Time) (greyMessage, bool) {
+	m := greyMessage{}
+	for _, r := range rs {
+		if r.to != to {
+			continue
+		}
+		m.attempts++
+		if r.ok {
+			m.took = r.at.Sub(start)
+			return m, true
+		}
+	}
+	return m, false
+}
+
+// TestGreylistDefaults_LearnFast sends messages one after another, with
+// the default configuration, through a postgrey-like greylister of 25 s,
+// 60 s and 300 s (postgrey's default), on the fake clock of
+// testing/synctest, and holds the engine to the goals:
+//
+//   - message 1 no slower than Postfix with its defaults (its first retry
+//     comes 300 s after the deferral; at a 300 s delay that retry passes,
+//     later by its queue-run granularity, so 300 s + 2% + 1 s is allowed);
+//   - from message 4 on, each passes within delay × 1.1 + 2 s of its 250;
+//   - from message 6 on, in at most 2 attempts;
+//   - no later message slower than message 1 by more than a retry's
+//     margin past a learned bound (2% + 1 s, and up to 2% of jitter):
+//     message 1's pass is the first bound learned, and a refused probe's
+//     follow-up lands that margin past it.
+//
+// It fails with the old defaults (a first retry at 5m30s, and a window
+// stepped down from its top a few percent per message).
+func TestGreylistDefaults_LearnFast(t *testing.T) {
+	for _, delay := range []time.Duration{25 * time.Second, 60 * time.Second, 300 * time.Second} {
+		t.Run(delay.String(), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := &postgreyFake{delay: delay, first: map[string]time.Time{}}
+				ms := greyRun(t, g, map[string]string{"dest.test": "127.0.0.25:25"}, nil, "dest.test", 12)
+				checkGreyGoals(t, delay, ms)
+			})
+		})
+	}
+}
+
+// greyRun starts an engine with the default configuration (mod, if not
+// nil, adjusts it) and sends n messages one after another to domain.
+func greyRun(t *testing.T, g *postgreyFake, routes map[string]string, mod func(*config.Config), domain string, n int) []greyMessage {
+	t.Helper()
+	p := startPipeMX(g.rcpt)
+	t.Cleanup(p.close)
+	var mu sync.Mutex
+	k := 0
+	pe := startPipeEngine(t, p, routes, func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		k++
+		return float64(k%10) / 10 // jitter spread over its range
+	}, mod)
+	t.Cleanup(func() { pe.stop(t) })
+	return sendOneByOne(t, pe, p, domain, 1, n)
+}
+
+func checkGreyGoals(t *testing.T, delay time.Duration, ms []greyMessage) {
+	t.Helper()
+	var log string
+	for i, m := range ms {
+		log += fmt.Sprintf("  %d: %d attempts, %v\n", i+1, m.attempts, m.took.Round(100*time.Millisecond))
+	}
+	t.Logf("delay %v:\n%s", delay, log)
+	postfix := 300 * time.Second
+	if delay >= postfix {
+		postfix = delay + delay/50 + time.Second
+	}
+	if ms[0].took > postfix {
+		t.Errorf("message 1 took %v, slower than Postfix's defaults (%v)", ms[0].took, postfix)
+	}
+	goal := delay + delay/10 + 2*time.Second
+	slack := ms[0].took/25 + time.Second
+	for i, m := range ms {
+		n := i + 1
+		if n >= 4 && m.took > goal {
+			t.Errorf("message %d took %v, want at most %v", n, m.took, goal)
+		}
+		if n >= 6 && m.attempts > 2 {
+			t.Errorf("message %d took %d attempts, want at most 2", n, m.attempts)
+		}
+		if n > 1 && m.took > ms[0].took+slack {
+			t.Errorf("message %d took %v, slower than message 1 (%v) by more than %v", n, m.took, ms[0].took, slack)
+		}
+	}
+}
