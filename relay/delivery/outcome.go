@@ -54,6 +54,7 @@ type settlement struct {
 	// started is when the attempt's transaction started, pacedSince when
 	// the destination's pace began (dest.pacedSince).
 	started, pacedSince time.Time
+	hosts               map[string]*host // MX hosts learned about, locked (host.go)
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -77,6 +78,9 @@ type pendingOutcome struct {
 	a       attempt // a copy: the worker's attempt moves on to other hosts
 	lines   []logLine
 	actions []dsn.Action
+	// own: u carries d's record (d.recording counts it); the records of
+	// MX hosts (host.go) may come with it or alone.
+	own bool
 	// wait waits for the commit of u (queue.Pending.Wait); set when u is
 	// handed to the queue.
 	wait func() error
@@ -148,7 +152,10 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if !learned {
 		d.mu.Unlock()
 	}
+	po.own = learned
+	po.u.Destinations = append(po.u.Destinations, hostRecords(s, now)...)
 	e.submit(po)
+	s.unlockHosts() // handed over in order, as d's record
 	if learned {
 		d.mu.Unlock()
 	}
@@ -247,7 +254,7 @@ func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o 
 	res.Stage = classifier.StageEndOfData.String()
 	if !o.r.FirstGreylisted.IsZero() {
 		passed := now.Sub(o.r.FirstGreylisted)
-		learnGreylistPass(rec, passed)
+		e.learnPassAt(s, rec, res.MXAddr, passed, now)
 		e.m.GreylistPass.Observe(passed.Seconds())
 	}
 	res.FirstGreylisted, res.GreylistTries = time.Time{}, 0
@@ -314,7 +321,7 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 	wait := paced
 	switch {
 	case in.Kind == backoff.Greylisted:
-		wait = greylistWait(e.policy, rec, in, res.FirstGreylisted, now, e.opt.Rand())
+		wait = e.greylistWaitAt(s, rec, res.MXAddr, in, res.FirstGreylisted, now)
 	case wait <= 0:
 		wait = e.policy.Next(in, e.opt.Rand())
 	}

@@ -25,7 +25,7 @@ func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queu
 	e.cmu.Lock()
 	e.claimed[key] = true
 	e.cmu.Unlock()
-	po := &pendingOutcome{d: d, decided: make(chan struct{}), wait: func() error { return <-commit },
+	po := &pendingOutcome{d: d, own: len(recs) > 0, decided: make(chan struct{}), wait: func() error { return <-commit },
 		u: queue.Update{Starts: []queue.Start{{Keys: []queue.Key{key}}},
 			Results: []queue.Result{{Key: key, Status: queue.Delivered}}, Destinations: recs}}
 	e.out.hand(po)
