@@ -18,7 +18,7 @@ import (
 // seconds as postgrey's time() does.
 type postgreyFake struct {
 	delay time.Duration
-	text  string // the refusal's text; postgrey's when empty
+	text  string // the refusal's text, sent as "451 text"; postgrey's "450 4.2.0 ..." when empty
 	first map[string]time.Time
 }
 
@@ -31,10 +31,10 @@ func (g *postgreyFake) rcpt(host, from, to string, now time.Time) *smtp.SMTPErro
 	if ok && now.Unix()-f.Unix() >= int64(g.delay/time.Second) {
 		return nil
 	}
-	text := g.text
-	if text == "" {
-		text = fmt.Sprintf("Greylisted, see http://postgrey.schweikert.ch/help/dest.test.html (%d s)", int(g.delay/time.Second))
+	if g.text != "" {
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.NoEnhancedCode, Message: g.text}
 	}
+	text := fmt.Sprintf("Greylisted, see http://postgrey.schweikert.ch/help/dest.test.html (%d s)", int(g.delay/time.Second))
 	return &smtp.SMTPError{Code: 450, EnhancedCode: smtp.EnhancedCode{4, 2, 0}, Message: text}
 }
 
@@ -198,4 +198,85 @@ func TestGreylistPerHost(t *testing.T) {
 			})
 		})
 	}
+}
+
+// eximDefer is Exim's default reply to an ACL "defer": no greylisting
+// text, classified as a server error.
+const eximDefer = "Temporary local problem - please try later"
+
+// TestGreylistLearnedFromBehaviour: two MX hosts answer RCPT with Exim's
+// "451 Temporary local problem - please try later". Behind the first, a
+// greylister of 60 s: the first two messages wait for the ordinary
+// schedule (5 min), both pass at their first retry, and from then on the
+// reply is greylisting for that host (shown with its evidence in the
+// host's record): the third message is retried on the quick track, and
+// from the eighth on each passes within 10% + 2 s of the delay in 2
+// attempts. The second host has a real problem that lasts 12 minutes for
+// each recipient: its replies are refused again at the first retry, and
+// every message keeps the ordinary schedule.
+func TestGreylistLearnedFromBehaviour(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		grey := &postgreyFake{delay: time.Minute, text: eximDefer, first: map[string]time.Time{}}
+		broken := &postgreyFake{delay: 12 * time.Minute, text: eximDefer, first: map[string]time.Time{}}
+		p := startPipeMX(func(host, from, to string, now time.Time) *smtp.SMTPError {
+			if host == "127.0.0.28" {
+				return broken.rcpt(host, from, to, now)
+			}
+			return grey.rcpt(host, from, to, now)
+		})
+		t.Cleanup(p.close)
+		routes := map[string]string{"exim.test": "127.0.0.27:25", "broken.test": "127.0.0.28:25"}
+		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil)
+		t.Cleanup(func() { pe.stop(t) })
+
+		ms := sendOneByOne(t, pe, p, "exim.test", 1, 12)
+		var log string
+		for i, m := range ms {
+			log += fmt.Sprintf("  %d: %d attempts, %v\n", i+1, m.attempts, m.took.Round(100*time.Millisecond))
+		}
+		t.Logf("exim.test:\n%s", log)
+		for i, m := range ms[:2] {
+			if m.took < 4*time.Minute {
+				t.Errorf("message %d passed after %v, before the ordinary schedule's first retry: nothing was learned yet", i+1, m.took)
+			}
+		}
+		if ms[2].took > 2*time.Minute {
+			t.Errorf("message 3 passed after %v, want the greylisting quick track once two messages passed at their first retry", ms[2].took)
+		}
+		goal := time.Minute + 6*time.Second + 2*time.Second
+		for i, m := range ms[7:] {
+			if m.took > goal || m.attempts > 2 {
+				t.Errorf("message %d: %d attempts, %v; want at most 2 within %v", i+8, m.attempts, m.took, goal)
+			}
+		}
+		h, _, _ := pe.q.Destination("[127.0.0.27]")
+		if h.GreyLike != eximDefer || h.GreyLikePassed < 2 || !h.Greylists {
+			t.Errorf("host record %+v, want the reply learned as greylisting with its evidence", h)
+		}
+
+		for _, m := range sendOneByOne(t, pe, p, "broken.test", 1, 3) {
+			if m.took < 12*time.Minute || m.attempts > 3 {
+				t.Errorf("broken.test: %d attempts, %v; want the ordinary schedule (5 min, then 10 min)", m.attempts, m.took)
+			}
+		}
+		var gaps []time.Duration
+		last := map[string]time.Time{}
+		for _, r := range p.rcpts() {
+			if r.host != "127.0.0.28" {
+				continue
+			}
+			if l, ok := last[r.to]; ok {
+				gaps = append(gaps, r.at.Sub(l))
+			}
+			last[r.to] = r.at
+		}
+		for _, g := range gaps {
+			if g < 4*time.Minute {
+				t.Errorf("broken.test retried after %v, want the ordinary schedule (at least 4m30s)", g)
+			}
+		}
+		if h, _, _ := pe.q.Destination("[127.0.0.28]"); h.GreyLikePassed != 0 || h.GreyLikeRefused < 2 {
+			t.Errorf("broken host record %+v, want only refusals at the first retry", h)
+		}
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -159,5 +160,63 @@ func (e *Engine) unstoreHosts(recs []queue.Destination) {
 			h.stored = queue.Destination{}
 			h.mu.Unlock()
 		}
+	}
+}
+
+// Greylisting learned from behaviour. Many greylisting setups answer with
+// no greylisting text at all: Exim's default for an ACL "defer" is "451
+// Temporary local problem - please try later", which the classifier can
+// only call a server error. Such a reply at RCPT from one MX host is
+// greylisting for that host when it behaves like it: recipients it
+// deferred passed at their first retry to the same address from the same
+// source (the same triplet, RFC 6647 §4.4), at least greyLikeMin of them
+// and more than twice as many as were refused again there. Until then,
+// and for a reply that keeps being refused at the first retry, the
+// ordinary schedule stands. The evidence (the reply, the passes and the
+// refusals) is kept in the host's record, which `destinations` lists.
+const greyLikeMin = 2
+
+// greyLike reports whether v, a deferral at the MX address addr, is to be
+// treated as greylisting from what the host's behaviour taught.
+func (e *Engine) greyLike(s *settlement, addr string, v classifier.Verdict, now time.Time) bool {
+	if v.Reason != classifier.ServerError || v.Stage != classifier.StageRCPT || v.Hint > 0 {
+		return false
+	}
+	h := e.hostFor(s, addr, now)
+	if h == nil {
+		return false
+	}
+	r := &h.rec
+	return r.GreyLike == v.Text && r.GreyLikePassed >= greyLikeMin && r.GreyLikePassed > 2*r.GreyLikeRefused
+}
+
+// noteFirstRetry learns from the first retry of a recipient whose first
+// attempt was deferred with a 4xx server error (o.r), made to the same
+// address from the same source (res): passed, or refused again with the
+// same reply (v; nil when it passed).
+func (e *Engine) noteFirstRetry(s *settlement, o outcome, res *queue.Result, v *classifier.Verdict, now time.Time) {
+	r := o.r
+	if r.Attempts != 1 || r.Reason != string(classifier.ServerError) || r.Reply.Code/100 != 4 ||
+		r.MXAddr == "" || r.MXAddr != res.MXAddr || r.SourceIP != res.SourceIP {
+		return
+	}
+	if v != nil && (v.Reason != classifier.ServerError || v.Text != r.Reply.Text) {
+		return // another answer: tells nothing about this reply
+	}
+	h := e.hostFor(s, r.MXAddr, now)
+	if h == nil {
+		return
+	}
+	rec := &h.rec
+	if rec.GreyLike != r.Reply.Text {
+		if rec.GreyLikePassed >= greyLikeMin {
+			return // keep what a reply already taught
+		}
+		rec.GreyLike, rec.GreyLikePassed, rec.GreyLikeRefused = r.Reply.Text, 0, 0
+	}
+	if v == nil {
+		rec.GreyLikePassed++
+	} else {
+		rec.GreyLikeRefused++
 	}
 }

@@ -258,6 +258,7 @@ func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o 
 		e.m.GreylistPass.Observe(passed.Seconds())
 	}
 	res.FirstGreylisted, res.GreylistTries = time.Time{}, 0
+	e.noteFirstRetry(s, o, res, nil, now)
 	s.success = true
 	s.accepted++
 	e.m.AttemptsPerMsg.Observe(float64(o.r.Attempts + 1))
@@ -298,6 +299,10 @@ func (e *Engine) suppress(a *attempt, o outcome, res *queue.Result, expired bool
 
 // deferred records a temporary failure and schedules the next attempt.
 func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o outcome, res *queue.Result, now time.Time) {
+	e.noteFirstRetry(s, o, res, &o.v, now)
+	if e.greyLike(s, res.MXAddr, o.v, now) {
+		o.v.Reason = classifier.Greylisted // by its host's behaviour (host.go)
+	}
 	in := backoff.Input{Kind: backoff.Generic, Attempt: o.r.Attempts + 1, GreylistTries: o.r.GreylistTries, Hint: o.v.Hint}
 	var paced time.Duration
 	switch o.v.Reason {
