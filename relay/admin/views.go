@@ -217,11 +217,11 @@ type Destination struct {
 	// treated as greylisting once GreyLikePassed recipients it deferred
 	// passed at their first retry (at least 2, and more than twice
 	// GreyLikeRefused, those refused again at it).
-	GreyLike        string `json:"grey_like,omitempty"`
-	GreyLikePassed  int    `json:"grey_like_passed,omitempty"`
-	GreyLikeRefused int    `json:"grey_like_refused,omitempty"`
-	LastReply           *Reply     `json:"last_reply,omitempty"`
-	Updated             *time.Time `json:"updated,omitempty"`
+	GreyLike        string     `json:"grey_like,omitempty"`
+	GreyLikePassed  int        `json:"grey_like_passed,omitempty"`
+	GreyLikeRefused int        `json:"grey_like_refused,omitempty"`
+	LastReply       *Reply     `json:"last_reply,omitempty"`
+	Updated         *time.Time `json:"updated,omitempty"`
 }
 
 // Destinations is GET /api/destinations, and GET

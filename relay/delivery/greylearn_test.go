@@ -9,6 +9,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -277,6 +278,59 @@ func TestGreylistLearnedFromBehaviour(t *testing.T) {
 		}
 		if h, _, _ := pe.q.Destination("[127.0.0.28]"); h.GreyLikePassed != 0 || h.GreyLikeRefused < 2 {
 			t.Errorf("broken host record %+v, want only refusals at the first retry", h)
+		}
+	})
+}
+
+// memShared is the shared store of two nodes in one synctest bubble (the
+// real one, relay/cluster over Redis, keys records by name alone, so an
+// MX host's "[address]" travels as a domain's does): what one node
+// publishes, the other loads. Slots and paces are not shared here.
+type memShared struct {
+	mu   sync.Mutex
+	recs map[string]queue.Destination
+}
+
+func (m *memShared) Load(name string) (queue.Destination, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.recs[name]
+	return r, ok
+}
+
+func (m *memShared) Publish(rec queue.Destination) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.recs[rec.Domain] = rec
+}
+
+func (m *memShared) Acquire(string, int) (func(), bool)               { return func() {}, true }
+func (m *memShared) Freed() <-chan string                             { return nil }
+func (m *memShared) Pace(string, time.Duration) (time.Duration, bool) { return 0, false }
+
+// TestGreylistPerHostAcrossNodes: node A learns a 60 s greylister's host
+// from six messages to x1.test; node B, sharing what is learned, sends
+// its first message to x2.test, behind the same host: it passes within
+// 10% + 2 s of the delay in 2 attempts, placed by the host's record node
+// A published.
+func TestGreylistPerHostAcrossNodes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const delay = time.Minute
+		routes := map[string]string{"x1.test": "127.0.0.29:25", "x2.test": "127.0.0.29:25"}
+		g := &postgreyFake{delay: delay, first: map[string]time.Time{}}
+		p := startPipeMX(g.rcpt)
+		t.Cleanup(p.close)
+		sh := &memShared{recs: map[string]queue.Destination{}}
+		withShared := func(o *Options) { o.Shared = sh }
+		a := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, withShared)
+		t.Cleanup(func() { a.stop(t) })
+		sendOneByOne(t, a, p, "x1.test", 1, 6)
+		synctest.Wait()
+		b := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, withShared)
+		t.Cleanup(func() { b.stop(t) })
+		m := sendOneByOne(t, b, p, "x2.test", 1, 1)[0]
+		if goal := delay + delay/10 + 2*time.Second; m.took > goal || m.attempts > 2 {
+			t.Errorf("node B's first message to x2.test: %d attempts, %v; want at most 2 within %v", m.attempts, m.took, goal)
 		}
 	})
 }

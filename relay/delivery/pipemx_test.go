@@ -155,7 +155,7 @@ type pipeEngine struct {
 
 // startPipeEngine routes each domain of routes to its "ip:port" and starts
 // the engine; mod, if not nil, adjusts the configuration.
-func startPipeEngine(t *testing.T, p *pipeMX, routes map[string]string, rnd func() float64, mod func(*config.Config)) *pipeEngine {
+func startPipeEngine(t *testing.T, p *pipeMX, routes map[string]string, rnd func() float64, mod func(*config.Config), opts ...func(*Options)) *pipeEngine {
 	t.Helper()
 	const yaml = "hostname: relay.test\ndelivery:\n  source_ipv4: 127.0.0.2\n  allow_private_destinations: true\n"
 	cfg, err := config.Load(config.Source{Default: configs.Default, File: []byte(yaml)})
@@ -171,10 +171,14 @@ func startPipeEngine(t *testing.T, p *pipeMX, routes map[string]string, rnd func
 		t.Fatal(err)
 	}
 	cl, _ := classifier.New(nil)
-	eng, err := New(Options{Config: cfg, Queue: q, Classifier: cl,
+	o := Options{Config: cfg, Queue: q, Classifier: cl,
 		Router:  &mx.Router{Routes: routes, IPv4: true, AllowPrivate: true},
 		Dialer4: p, Logger: zap.NewNop(), Metrics: metrics.New(prometheus.NewRegistry()),
-		Now: time.Now, Rand: rnd})
+		Now: time.Now, Rand: rnd}
+	for _, f := range opts {
+		f(&o)
+	}
+	eng, err := New(o)
 	if err != nil {
 		q.Close()
 		t.Fatal(err)
