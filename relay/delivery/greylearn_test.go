@@ -175,7 +175,7 @@ func TestGreylistPerHost(t *testing.T) {
 		t.Run(delay.String(), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				routes := map[string]string{}
-				for i := 1; i <= 10; i++ {
+				for i := 1; i <= 11; i++ {
 					routes[fmt.Sprintf("x%d.test", i)] = "127.0.0.26:25"
 				}
 				g := &postgreyFake{delay: delay, first: map[string]time.Time{}}
@@ -195,6 +195,17 @@ func TestGreylistPerHost(t *testing.T) {
 				h, ok, err := pe.q.Destination("[127.0.0.26]")
 				if err != nil || !ok || !h.Greylists || h.LearnedDelay < delay-time.Second || h.LearnedDelay > goal {
 					t.Errorf("host record %+v (%v, %v), want greylisting learned near %v", h, ok, err, delay)
+				}
+				// The operator forgets the host: gone from the queue and
+				// from memory, so x11.test starts on the quick track.
+				if n, err := pe.eng.Forget("[127.0.0.26]", false, time.Now()); err != nil || n != 1 {
+					t.Fatalf("Forget: %d, %v; want the host's record forgotten", n, err)
+				}
+				if _, ok, _ := pe.q.Destination("[127.0.0.26]"); ok {
+					t.Error("host record still stored after Forget")
+				}
+				if m := sendOneByOne(t, pe, p, "x11.test", 1, 1)[0]; m.took < 30*time.Second {
+					t.Errorf("x11.test after the host was forgotten passed after %v, want the quick track's first retry (30 s)", m.took)
 				}
 			})
 		})

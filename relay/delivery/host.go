@@ -220,3 +220,23 @@ func (e *Engine) noteFirstRetry(s *settlement, o outcome, res *queue.Result, v *
 		rec.GreyLikeRefused++
 	}
 }
+
+// forgetHosts drops what is held in memory about the MX hosts among names
+// ("[address]"), which the operator asked to forget: the next settlement
+// that learns about one reads its record again (gone by then).
+func (e *Engine) forgetHosts(names map[string]bool) {
+	for name := range names {
+		addr, ok := strings.CutPrefix(name, "[")
+		if !ok {
+			continue
+		}
+		e.hmu.Lock()
+		h := e.hosts[strings.TrimSuffix(addr, "]")]
+		e.hmu.Unlock()
+		if h != nil {
+			h.mu.Lock()
+			h.rec, h.stored, h.checked = queue.Destination{}, queue.Destination{}, time.Time{}
+			h.mu.Unlock()
+		}
+	}
+}
