@@ -52,9 +52,10 @@ type settlement struct {
 	accepted int  // recipients accepted
 	expired  bool // some recipient's lifetime ran out
 	// started is when the attempt's transaction started, pacedSince when
-	// the destination's pace began (dest.pacedSince).
-	started, pacedSince time.Time
-	hosts               map[string]*host // MX hosts learned about, locked (host.go)
+	// the destination's pace began, lastRefused when it last refused
+	// (dest's fields).
+	started, pacedSince, lastRefused time.Time
+	hosts                            map[string]*host // MX hosts learned about, locked (host.go)
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -112,13 +113,16 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	now := e.now()
 	d.mu.Lock()
 	rec := cloneDest(d.rec)
-	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince}
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince, lastRefused: d.lastRefused}
 	for _, o := range outs {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
 	if !pace(&d.rec).Paced() && pace(&rec).Paced() {
 		d.pacedSince = now
+	}
+	if s.limited {
+		d.lastRefused = now
 	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
@@ -315,7 +319,12 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 		}
 	case classifier.RateLimited:
 		in.Kind = backoff.RateLimited
-		if !s.limited {
+		if !s.limited && s.started.After(s.lastRefused) {
+			// A transaction started before the last refusal was
+			// learned was under way when the window filled: its
+			// refusal tells nothing new, and doubling the gap for it
+			// would stretch the opening by a factor of 2 per
+			// transaction under way.
 			setPace(rec, pace(rec).OnRefused())
 		}
 		s.rated, s.limited = o.v, true

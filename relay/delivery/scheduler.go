@@ -89,8 +89,9 @@ type dest struct {
 	// (paceWait), prevStart the one before (giveBackStart); guarded by mu.
 	lastStart, prevStart time.Time
 	// pacedSince is when the destination's pace last began (its first
-	// refusal after an unpaced time); guarded by mu.
-	pacedSince time.Time
+	// refusal after an unpaced time), lastRefused when a rate-limit
+	// reply was last learned; guarded by mu.
+	pacedSince, lastRefused time.Time
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
