@@ -124,6 +124,15 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if s.limited {
 		d.lastRefused = now
 	}
+	if s.accepted > 0 {
+		e.mu.Lock()
+		grew := d.ramp < e.cfg.Delivery.MaxPerDestination && len(d.pending) > 0
+		d.ramp = min(d.ramp+s.accepted, e.cfg.Delivery.MaxPerDestination)
+		e.mu.Unlock()
+		if grew {
+			e.Kick() // the scheduler may start another worker for the waiting jobs
+		}
+	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
 	}
