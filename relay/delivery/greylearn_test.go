@@ -345,3 +345,28 @@ func TestGreylistPerHostAcrossNodes(t *testing.T) {
 		}
 	})
 }
+
+// TestGreylistBehaviourAcrossNodes: node A learns that an MX host's
+// Exim-style deferral behaves like greylisting (two messages pass at
+// their first retry); node B, sharing what is learned, treats its first
+// such deferral to another domain on that host as greylisting at once:
+// its retry comes on the quick track, not 5 minutes later.
+func TestGreylistBehaviourAcrossNodes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		routes := map[string]string{"e1.test": "127.0.0.30:25", "e2.test": "127.0.0.30:25"}
+		g := &postgreyFake{delay: 25 * time.Second, text: eximDefer, first: map[string]time.Time{}}
+		p := startPipeMX(g.rcpt)
+		t.Cleanup(p.close)
+		sh := &memShared{recs: map[string]queue.Destination{}}
+		withShared := func(o *Options) { o.Shared = sh }
+		a := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, withShared)
+		t.Cleanup(func() { a.stop(t) })
+		sendOneByOne(t, a, p, "e1.test", 1, 2)
+		synctest.Wait()
+		b := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, withShared)
+		t.Cleanup(func() { b.stop(t) })
+		if m := sendOneByOne(t, b, p, "e2.test", 1, 1)[0]; m.took > time.Minute {
+			t.Errorf("node B's first message to e2.test passed after %v (%d attempts), want the quick track (about 30 s)", m.took, m.attempts)
+		}
+	})
+}
