@@ -15,11 +15,21 @@
 //     jitter), or probes inside its window; a probe refused retries just
 //     past the bound. Neither is clamped by HintMin: hint_min guards against
 //     servers asking for silly waits, not against what we measured.
-//   - Greylisting at an unknown destination gets a short track: the first
-//     retry at GreylistFirst (5m30s, which clears postgrey's default
-//     --delay=300), the second at GreylistSecond (10m). Jitter is upward
-//     only. From the third greylisting deferral on, the general schedule
-//     applies, floored at the greylist delays.
+//   - Greylisting at a destination with nothing learned gets the quick
+//     track: the first retry GreylistFirst (30s) after the greylisting,
+//     the second GreylistSecond (33s) after that, then each at 2.1 times
+//     the time since the first greylisting reply, up to QuickEnd (5m4s,
+//     past postgrey's default --delay=300): 30s, 63s, 2m12s, 4m38s, 5m4s.
+//     Early retries cost attempts, not time: the first message through a
+//     25s, 60s or 300s greylister passes at most 5% past its delay plus a
+//     few seconds, and what it teaches is a window narrow enough (the last
+//     refused and the passing retry) that a few probes finish it. Jitter
+//     is upward only, up to 2%. From the end of the quick track on, the
+//     general schedule applies, floored at the greylist delays. A
+//     greylister that restarts its timer at every early retry is only
+//     passed by a gap between two retries as long as its delay: the
+//     quick track's gaps (30s, 33s, 69s, 2m26s) clear up to 2m26s; longer
+//     ones wait for the general schedule.
 //   - Everything else follows the general schedule Initial·Factor^n with
 //     n = Attempt-1, capped at Max, then jittered by ±Jitter. With the
 //     defaults: 5m, 10m, 20m, 40m, 1h, 1h, ... Greylisting tries count as
@@ -41,8 +51,9 @@
 // however, more sophisticated and variable strategies will be beneficial when
 // the SMTP client can determine the reason for non-delivery". We can: the
 // classifier tells greylisting and rate limiting apart from other 4xx
-// replies, so the greylist track retries after 5m30s and 10m, and the generic
-// track starts at 5m. That is in line with Postfix, whose first retry comes
+// replies, so the greylist track retries within the first five minutes
+// (30s, 63s, 2m12s, 4m38s and 5m4s after the greylisting), and the
+// generic track starts at 5m. That is in line with Postfix, whose first retry comes
 // 5-10 minutes after a deferral whatever its reason (minimal_backoff_time and
 // queue_run_delay are both 300s), while our give-up follows the RFC's "at
 // least 4-5 days" (§4.5.4.1; Postfix's maximal_queue_lifetime is also 5d).
@@ -143,7 +154,7 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 		if d, ok := p.greylistedWindow(in, tries, rnd); ok {
 			return min(d, p.HintMax)
 		}
-		return p.greylisted(attempt, tries, rnd)
+		return p.greylisted(attempt, tries, in.Elapsed, rnd)
 	case RateLimited:
 		return p.spread(p.general(float64(attempt)), rnd)
 	default:
@@ -151,18 +162,46 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 	}
 }
 
-// greylisted handles Kind == Greylisted without a server hint.
-func (p Policy) greylisted(attempt, tries int, rnd float64) time.Duration {
+// QuickEnd is where the quick track ends: its last retry lands this long
+// after the episode's first greylisting reply, which clears postgrey's
+// default --delay=300 by 4 s (its clock counts whole seconds), so that the
+// first message through it is no slower than Postfix's first retry,
+// 300 s after a deferral by default.
+const QuickEnd = 5*time.Minute + 4*time.Second
+
+// quickRatio is how the quick track's retries after the second grow: each
+// lands at quickRatio times the time since the first greylisting reply.
+// With the default first and second retries (30 s and 33 s later) they
+// land at 30 s, 63 s, 2m12s, 4m38s and QuickEnd (5m4s): a delay of 25 s, 60 s or
+// 300 s (the common settings of postgrey and its kin) is cleared by a
+// retry at most 5% past it plus a few seconds, so that what the first
+// pass teaches (backoff.Window) is a narrow window already.
+const quickRatio = 2.1
+
+// greylisted handles Kind == Greylisted without a server hint: the quick
+// track (GreylistFirst, GreylistSecond, then retries growing by
+// quickRatio until QuickEnd), then the general schedule.
+func (p Policy) greylisted(attempt, tries int, elapsed time.Duration, rnd float64) time.Duration {
 	switch {
 	case tries == 1:
-		return p.up(p.GreylistFirst, rnd)
+		return quickUp(p.GreylistFirst, rnd)
 	case tries == 2:
-		return p.up(p.GreylistSecond, rnd)
+		return quickUp(p.GreylistSecond, rnd)
+	case elapsed > 0 && elapsed < QuickEnd:
+		at := min(toDuration(float64(elapsed)*quickRatio), QuickEnd)
+		return quickUp(max(at-elapsed, minProbe), rnd)
 	}
 	// Still greylisted after the quick track: general schedule, but never
 	// sooner than the quick retries that already failed to pass.
 	n := max(attempt, tries) - 1
 	return max(p.spread(p.general(float64(n)), rnd), p.GreylistFirst, p.GreylistSecond)
+}
+
+// quickUp jitters a quick-track wait upwards by up to 2%, as the retries
+// placed by a window are: enough to spread many recipients, little enough
+// that what the pass teaches stays close to the delay.
+func quickUp(d time.Duration, rnd float64) time.Duration {
+	return d + toDuration(float64(d)*rnd/50)
 }
 
 // general returns Initial·Factor^n capped at Max. It computes in float64 and

@@ -45,15 +45,20 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"ratelimited 3 mid", Input{Kind: RateLimited, Attempt: 3}, 0.5, 40 * minute},
 		{"ratelimited 4 capped", Input{Kind: RateLimited, Attempt: 4}, 0.5, time.Hour},
 
-		// Greylist quick track: upward jitter only.
-		{"greylist first low", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0, 5*minute + 30*sec},
-		{"greylist first mid", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.5, 5*minute + 46500*ms},
-		{"greylist first high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.999, 6*minute + 2967*ms},
-		{"greylist tries 0 is first", Input{Kind: Greylisted, Attempt: 1}, 0, 5*minute + 30*sec},
-		{"greylist second low", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2}, 0, 10 * minute},
-		{"greylist second mid", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2}, 0.5, 10*minute + 30*sec},
-		{"greylist second high", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2}, 0.999, 10*minute + 59940*ms},
+		// Greylist quick track: upward jitter only, up to 2%; retries at
+		// 30 s, 63 s, then 2.1 times the time so far up to QuickEnd, then
+		// the general schedule.
+		{"greylist first low", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0, 30 * sec},
+		{"greylist first mid", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.5, 30300 * ms},
+		{"greylist first high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.999, 30599400 * time.Microsecond},
+		{"greylist tries 0 is first", Input{Kind: Greylisted, Attempt: 1}, 0, 30 * sec},
+		{"greylist second low", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2}, 0, 33 * sec},
+		{"greylist second mid", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2}, 0.5, 33330 * ms},
+		{"greylist third ladder", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3, Elapsed: 63 * sec}, 0, 69300 * ms},
+		{"greylist fourth ladder", Input{Kind: Greylisted, Attempt: 4, GreylistTries: 4, Elapsed: 132300 * ms}, 0, 145530 * ms},
+		{"greylist ladder ends at QuickEnd", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 277830 * ms}, 0, QuickEnd - 277830*ms},
 		{"greylist third general", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0.5, 20 * minute},
+		{"greylist past QuickEnd general", Input{Kind: Greylisted, Attempt: 6, GreylistTries: 6, Elapsed: QuickEnd}, 0, 54 * minute},
 		{"greylist third low", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0, 18 * minute},
 		{"greylist tries ahead of attempt", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 5}, 0.5, time.Hour},
 		{"generic after greylisting continues", Input{Kind: Generic, Attempt: 3}, 0.5, 20 * minute},
@@ -100,6 +105,7 @@ func TestNext_ExactSchedule(t *testing.T) {
 func TestNext_GreylistFloor(t *testing.T) {
 	p := DefaultPolicy()
 	p.Initial = time.Minute
+	p.GreylistFirst, p.GreylistSecond = 5*time.Minute+30*time.Second, 10*time.Minute
 	for _, rnd := range []float64{0, 0.5, 0.999} {
 		got := p.Next(Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, rnd)
 		if got != p.GreylistSecond {

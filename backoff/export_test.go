@@ -10,8 +10,8 @@ func DefaultPolicy() Policy {
 		Factor:         2,
 		Max:            time.Hour,
 		Jitter:         0.1,
-		GreylistFirst:  5*time.Minute + 30*time.Second, // postgrey --delay=300 plus margin
-		GreylistSecond: 10 * time.Minute,
+		GreylistFirst:  30 * time.Second, // then 63 s, 2m12s, 4m38s, QuickEnd (5m4s)
+		GreylistSecond: 33 * time.Second,
 		HintMin:        time.Minute,
 		HintMax:        4 * time.Hour,
 		Lifetime:       120 * time.Hour, // RFC 5321 §4.5.4.1: "at least 4-5 days"

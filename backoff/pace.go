@@ -60,6 +60,19 @@ const (
 	paceMax = time.Hour
 )
 
+// RunEnds is when the run of accepted messages p counts is too old to set
+// a pace (zero: no run).
+func (p Pace) RunEnds() time.Time {
+	if p.Run <= 0 || p.Interval > 0 {
+		return time.Time{}
+	}
+	return p.RunStart.Add(paceRunSpan)
+}
+
+// Opening reports whether p is in its opening: refused after a run of
+// accepted messages, with no message accepted since.
+func (p Pace) Opening() bool { return p.Interval > 0 && p.Base <= 0 && p.Refusals > 0 && p.Run > 0 }
+
 // Paced reports whether transactions to the destination are spaced.
 func (p Pace) Paced() bool { return p.Interval > 0 }
 
@@ -91,7 +104,7 @@ func (p Pace) OnAccepted(now time.Time) Pace {
 	}
 	if p.Base <= 0 && p.Run > 0 && p.Refusals > 0 {
 		// The opening ends: start at the rate of the run before it.
-		i := min(max((now.Sub(p.RunStart)-p.gap()/8)/time.Duration(p.Run), paceMin), paceMax)
+		i := min(max((now.Sub(p.RunStart)-p.Gap()/8)/time.Duration(p.Run), paceMin), paceMax)
 		return Pace{Interval: i, Base: toDuration(float64(i) / paceDecrease)}
 	}
 	rate := 1 / p.Interval.Seconds()
@@ -117,14 +130,27 @@ func (p Pace) Start(last, now time.Time) time.Time {
 	if p.Interval <= 0 || last.IsZero() {
 		return now
 	}
-	if t := last.Add(p.gap()); t.After(now) {
+	if t := last.Add(p.Gap()); t.After(now) {
 		return t
 	}
 	return now
 }
 
-// gap is the time between transaction starts: the interval, doubled for
-// each refusal after the first since the last accepted message.
-func (p Pace) gap() time.Duration {
-	return min(p.Interval<<min(max(p.Refusals-1, 0), 6), paceMax)
+// Gap is the time between transaction starts: the interval, doubled for
+// each refusal after the first since the last accepted message, up to
+// paceMax. The doubling is not capped below paceMax: a destination whose
+// window is an hour long refuses everything until it turns, and a gap
+// that stopped growing at a minute would spend a refusal a minute on it.
+func (p Pace) Gap() time.Duration {
+	if p.Interval <= 0 {
+		return 0
+	}
+	g := p.Interval
+	for range max(p.Refusals-1, 0) {
+		if g >= paceMax {
+			break
+		}
+		g *= 2
+	}
+	return min(g, paceMax)
 }

@@ -206,11 +206,11 @@ func (p Policy) greylistedWindow(in Input, tries int, rnd float64) (time.Duratio
 		// A probe, or a retry that came early: the next one just past High.
 		return max(w.High+Margin(w.High)-in.Elapsed, minProbe), true
 	}
-	if in.Elapsed > 0 {
+	if w.High > 0 && in.Elapsed > 0 {
 		// Refused past what used to pass: the delay grew. Double the wait
 		// so far (each wait at most retry.max_interval) rather than start
 		// the quick track again.
 		return min(max(in.Elapsed, minProbe), p.Max), true
 	}
-	return 0, false
+	return 0, false // nothing passed yet: the quick track goes on
 }

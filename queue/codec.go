@@ -648,6 +648,9 @@ func encodeDestination(x *Destination) []byte {
 	e.t(x.GreylistChecked)
 	e.i(int64(x.PaceRun))
 	e.t(x.PaceRunStart)
+	e.s(x.GreyLike)
+	e.i(int64(x.GreyLikePassed))
+	e.i(int64(x.GreyLikeRefused))
 	return e.b
 }
 
@@ -672,6 +675,9 @@ func decodeDestination(b []byte) (Destination, error) {
 	if len(d.b) > 0 {
 		x.GreylistChecked = d.t()
 		x.PaceRun, x.PaceRunStart = d.int(), d.t()
+	}
+	if len(d.b) > 0 {
+		x.GreyLike, x.GreyLikePassed, x.GreyLikeRefused = d.s(), d.int(), d.int()
 	}
 	return x, d.done()
 }

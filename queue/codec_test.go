@@ -60,7 +60,20 @@ func TestCodecRoundTrip(t *testing.T) {
 // as stored.
 func TestDestinationOldRecord(t *testing.T) {
 	_, _, _, d := sampleRecords()
-	full := encodeDestination(&d)
+	d.GreyLike, d.GreyLikePassed, d.GreyLikeRefused = "Temporary local problem - please try later", 3, 1
+	latest := encodeDestination(&d)
+	grey := newEnc()
+	grey.s(d.GreyLike)
+	grey.i(int64(d.GreyLikePassed))
+	grey.i(int64(d.GreyLikeRefused))
+	full := latest[:len(latest)-(len(grey.b)-len(newEnc().b))] // before GreyLike
+	if got, err := decodeDestination(latest); err != nil || !reflect.DeepEqual(got, d) {
+		t.Errorf("latest record: %+v, %v; want %+v", got, err, d)
+	}
+	d.GreyLike, d.GreyLikePassed, d.GreyLikeRefused = "", 0, 0
+	if got, err := decodeDestination(full); err != nil || !reflect.DeepEqual(got, d) {
+		t.Errorf("record without GreyLike: %+v, %v; want %+v", got, err, d)
+	}
 	e := newEnc()
 	e.i(int64(d.GreylistLow))
 	e.i(int64(d.GreylistProbes))
@@ -91,7 +104,7 @@ func TestDestinationOldRecord(t *testing.T) {
 	if err != nil || !reflect.DeepEqual(got, want) {
 		t.Errorf("record without GreylistChecked: %+v, %v; want %+v", got, err, want)
 	}
-	if _, err := decodeDestination(full[:len(full)-1]); err == nil {
+	if _, err := decodeDestination(latest[:len(latest)-1]); err == nil {
 		t.Error("a record cut inside the new fields decoded without error")
 	}
 }

@@ -409,4 +409,12 @@ type Destination struct {
 	GreylistChecked time.Time
 	PaceRun         int
 	PaceRunStart    time.Time
+	// GreyLike is a temporary reply without a greylisting text that this
+	// MX host sent and that behaved like greylisting: GreyLikePassed
+	// recipients deferred by it passed at their first retry to the same
+	// address from the same source, GreyLikeRefused were refused again
+	// (delivery's host.go decides from these).
+	GreyLike        string
+	GreyLikePassed  int
+	GreyLikeRefused int
 }

@@ -15,9 +15,12 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 )
 
-// The greylist command runs two scenarios for greyrelay and for a tuned
-// Postfix (minimal_backoff_time and queue_run_delay 10 s), all four at once
-// on their own loopback addresses, and prints them side by side:
+// The greylist command runs two scenarios for four systems, greyrelay
+// with its defaults (no retry key set), greyrelay compressed (the quick
+// retries of -first-retry and -second-retry, -postfix-backoff as its
+// initial_interval), Postfix with its defaults (minimal_backoff_time and
+// queue_run_delay 300 s) and Postfix tuned (both -postfix-backoff), all at
+// once on their own loopback addresses, and prints them side by side:
 //
 //   - greylisting: messages one after the other, each to a new recipient
 //     (a new triplet), through a destination Postfix asking a real postgrey
@@ -28,14 +31,22 @@ import (
 //     window (451 4.7.1 "rate limit exceeded" beyond); total time,
 //     refusals, connections, and the share of the allowed rate used.
 
-// Addresses of the greylist scenarios (each party its own host).
-const (
-	ipGreyDest  = "127.0.0.50" // destination Postfix behind postgrey, for greyrelay
-	ipGreyDestP = "127.0.0.51" // the same, for Postfix
-	ipGreySink  = "127.0.0.52"
-	ipThrSink   = "127.0.0.53" // throttling destination, for greyrelay
-	ipThrSinkP  = "127.0.0.54" // the same, for Postfix
+// The systems compared, in the order printed.
+var greylistSystems = []string{"greyrelay", "greyrelay-compressed", "postfix", "postfix-tuned"}
+
+// Addresses of the greylist scenarios (each party its own host): per
+// system, in greylistSystems' order, the destination Postfix behind its
+// postgrey and the throttling destination.
+var (
+	ipGreyDests = []string{"127.0.0.50", "127.0.0.55", "127.0.0.51", "127.0.0.56"}
+	ipThrSinks  = []string{"127.0.0.53", "127.0.0.57", "127.0.0.54", "127.0.0.58"}
 )
+
+// greylistIndex is system's place in greylistSystems.
+func greylistIndex(system string) int { return slices.Index(greylistSystems, system) }
+
+// isPostfix reports whether system is one of the Postfix setups.
+func isPostfix(system string) bool { return strings.HasPrefix(system, "postfix") }
 
 type greylistFlags struct {
 	delay                 time.Duration
@@ -77,27 +88,27 @@ func runGreylist(ctx context.Context, args []string) error {
 	var f greylistFlags
 	fs.DurationVar(&f.delay, "delay", 25*time.Second, "postgrey --delay")
 	fs.IntVar(&f.messages, "messages", 10, "messages through the greylister, one after the other")
-	fs.DurationVar(&f.first, "first-retry", 20*time.Second, "greyrelay's retry.greylist_first_retry")
-	fs.DurationVar(&f.second, "second-retry", 10*time.Second, "greyrelay's retry.greylist_second_retry")
+	fs.DurationVar(&f.first, "first-retry", 20*time.Second, "greyrelay-compressed's retry.greylist_first_retry")
+	fs.DurationVar(&f.second, "second-retry", 10*time.Second, "greyrelay-compressed's retry.greylist_second_retry")
 	fs.IntVar(&f.thrN, "throttle-n", 5, "the throttling destination accepts this many messages per window")
 	fs.DurationVar(&f.thrWindow, "throttle-window", 5*time.Second, "its window")
 	fs.IntVar(&f.thrMessages, "throttle-messages", 100, "messages sent to it in one burst")
 	fs.DurationVar(&f.thrTimeout, "throttle-timeout", 15*time.Minute, "give up waiting for the throttled burst after this long")
-	fs.DurationVar(&f.postfixBackoff, "postfix-backoff", 10*time.Second, "Postfix's minimal_backoff_time and queue_run_delay")
-	fs.StringVar(&f.systems, "systems", "greyrelay,postfix", "systems to run, comma-separated (the Postfix throttling run takes about 30 min)")
+	fs.DurationVar(&f.postfixBackoff, "postfix-backoff", 10*time.Second, "postfix-tuned's minimal_backoff_time and queue_run_delay (greyrelay-compressed's initial_interval)")
+	fs.StringVar(&f.systems, "systems", strings.Join(greylistSystems, ","), "systems to run, comma-separated, of "+strings.Join(greylistSystems, ", ")+" (the Postfix throttling runs take 30 min and more)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	f.greylistTimeoutPerMsg = 10*f.delay + time.Minute
+	f.greylistTimeoutPerMsg = max(10*f.delay+time.Minute, 11*time.Minute) // Postfix's defaults: up to 600 s
 	e, bin, err := c.setup()
 	if err != nil {
 		return err
 	}
 	defer e.close()
 	var wg sync.WaitGroup
-	var greys [2]greyResult
-	var thrs [2]throttleResult
-	for i, sys := range []string{"greyrelay", "postfix"} {
+	greys := make([]greyResult, len(greylistSystems))
+	thrs := make([]throttleResult, len(greylistSystems))
+	for i, sys := range greylistSystems {
 		greys[i].system, thrs[i].system = sys, sys
 		if !slices.Contains(strings.Split(f.systems, ","), sys) {
 			greys[i].skipped, thrs[i].skipped = true, true
@@ -108,7 +119,7 @@ func runGreylist(ctx context.Context, args []string) error {
 		go func() { defer wg.Done(); thrs[i] = throttleRun(ctx, e, bin, sys, f) }()
 	}
 	wg.Wait()
-	printGreylist(f, greys[:], thrs[:])
+	printGreylist(f, greys, thrs)
 	for _, g := range greys {
 		if g.err != nil {
 			return g.err
@@ -124,12 +135,13 @@ func runGreylist(ctx context.Context, args []string) error {
 
 // sutFor starts the system under test relaying domain to dest, from src.
 func sutFor(e *env, bin, system, domain, dest, src string, f greylistFlags) (string, error) {
-	if system == "greyrelay" {
-		g, err := startGreyrelay(e, bin, grOptions{Routes: map[string]string{domain: dest}, Extra: map[string]any{
-			"delivery": map[string]any{"source_ipv4": src},
-			"retry": map[string]any{"greylist_first_retry": f.first.String(), "greylist_second_retry": f.second.String(),
-				"hint_min": "1s", "initial_interval": f.postfixBackoff.String()},
-		}})
+	if !isPostfix(system) {
+		extra := map[string]any{"delivery": map[string]any{"source_ipv4": src}}
+		if system == "greyrelay-compressed" {
+			extra["retry"] = map[string]any{"greylist_first_retry": f.first.String(), "greylist_second_retry": f.second.String(),
+				"hint_min": "1s", "initial_interval": f.postfixBackoff.String()}
+		}
+		g, err := startGreyrelay(e, bin, grOptions{Routes: map[string]string{domain: dest}, Extra: extra})
 		if err != nil {
 			return "", err
 		}
@@ -140,8 +152,11 @@ func sutFor(e *env, bin, system, domain, dest, src string, f greylistFlags) (str
 		return "", err
 	}
 	h, p, _ := strings.Cut(dest, ":")
-	b := f.postfixBackoff.String()
-	px := peers.StartPostfix(e.tb("postfix-"+domain), peers.PostfixConfig{Listen: listen, Hostname: "postfix.bench.test",
+	b := "300s" // Postfix's defaults
+	if system == "postfix-tuned" {
+		b = f.postfixBackoff.String()
+	}
+	px := peers.StartPostfix(e.tb(system+"-"+domain), peers.PostfixConfig{Listen: listen, Hostname: "postfix.bench.test",
 		RelayDomains: []string{domain}, BindAddress: src, Main: map[string]string{
 			"transport_maps":       fmt.Sprintf("inline:{%s=smtp:[%s]:%s}", domain, h, p),
 			"minimal_backoff_time": b, "queue_run_delay": b, "maximal_backoff_time": "4000s",
@@ -151,7 +166,7 @@ func sutFor(e *env, bin, system, domain, dest, src string, f greylistFlags) (str
 
 // sourceOf is the pinned source address of each system.
 func sourceOf(system string) string {
-	if system == "greyrelay" {
+	if !isPostfix(system) {
 		return ipGreyrelay
 	}
 	return ipPostfix
@@ -170,10 +185,7 @@ func greylistRun(ctx context.Context, e *env, bin, system string, f greylistFlag
 			res.err = fmt.Errorf("%s", ft.msg)
 		}
 	}()
-	destIP := ipGreyDest
-	if system == "postfix" {
-		destIP = ipGreyDestP
-	}
+	destIP := ipGreyDests[greylistIndex(system)]
 	tb := e.tb("greylist-" + system)
 	sink := peers.StartSink(tb, destIP+":0", peers.SinkOptions{})
 	pg := peers.StartPostgrey(tb, "", f.delay)
@@ -268,10 +280,7 @@ func throttleRun(ctx context.Context, e *env, bin, system string, f greylistFlag
 			res.err = fmt.Errorf("%s", ft.msg)
 		}
 	}()
-	ip := ipThrSink
-	if system == "postfix" {
-		ip = ipThrSinkP
-	}
+	ip := ipThrSinks[greylistIndex(system)]
 	tb := e.tb("throttle-" + system)
 	lim := &windowLimit{n: f.thrN, window: f.thrWindow}
 	sink := peers.StartSink(tb, ip+":0", peers.SinkOptions{Rcpt: lim.rcpt})
@@ -299,12 +308,13 @@ func throttleRun(ctx context.Context, e *env, bin, system string, f greylistFlag
 
 func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	fmt.Printf("### Greylisting: postgrey --delay=%v, %d messages one after the other to new recipients\n\n", f.delay, f.messages)
-	fmt.Printf("greyrelay: retry.greylist_first_retry %v, greylist_second_retry %v; Postfix: minimal_backoff_time = queue_run_delay = %v.\n",
-		f.first, f.second, f.postfixBackoff)
+	fmt.Printf("greyrelay: its defaults; greyrelay compressed: retry.greylist_first_retry %v, greylist_second_retry %v, initial_interval %v; "+
+		"Postfix: its defaults (minimal_backoff_time = queue_run_delay = 300s); Postfix tuned: both %v.\n",
+		f.first, f.second, f.postfixBackoff, f.postfixBackoff)
 	fmt.Printf("Each cell: attempts / time from the 250 at intake to arrival. Goal for later messages: ≤ 2 attempts within %v.\n\n",
-		(f.delay*125/100 + 2*time.Second))
-	fmt.Println("| message | greyrelay | Postfix |")
-	fmt.Println("|---:|---:|---:|")
+		f.delay+f.delay/10+2*time.Second)
+	fmt.Println("| message | greyrelay | greyrelay compressed | Postfix | Postfix tuned |")
+	fmt.Println("|---:|---:|---:|---:|---:|")
 	for k := 0; k < f.messages; k++ {
 		row := fmt.Sprintf("| %d |", k+1)
 		for _, g := range greys {
@@ -334,8 +344,8 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	fmt.Println(row2)
 	allowed := float64(f.thrN) / f.thrWindow.Seconds()
 	fmt.Printf("\n### Throttling: %d messages in one burst to a destination accepting %d per %v (451 4.7.1 beyond)\n\n", f.thrMessages, f.thrN, f.thrWindow)
-	fmt.Println("| | greyrelay | Postfix |")
-	fmt.Println("|---|---:|---:|")
+	fmt.Println("| | greyrelay | greyrelay compressed | Postfix | Postfix tuned |")
+	fmt.Println("|---|---:|---:|---:|---:|")
 	rows := []string{"| delivered |", "| total time |", "| share of the allowed rate |", "| refusals (share of attempts) |", "| connections |"}
 	for _, t := range thrs {
 		if t.skipped {

@@ -46,6 +46,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"syscall"
+	"testing"
 )
 
 const usageText = `usage: go run ./integration/bench COMMAND [flags]
@@ -116,6 +117,14 @@ func numCPU() int { return runtime.NumCPU() }
 func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usageText)
+		os.Exit(2)
+	}
+	// The peers' helpers ask testing.Short (peers.SkipShort), which
+	// panics unless the testing flags are registered and parsed; the
+	// commands parse their own flag sets, so these stay at their defaults.
+	testing.Init()
+	if err := flag.CommandLine.Parse(nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	// The harness shares the machine with the system under test, so it

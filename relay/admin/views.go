@@ -212,8 +212,16 @@ type Destination struct {
 	PaceSeconds         float64    `json:"pace_seconds"` // learned interval between transactions (0: not paced)
 	ThrottledUntil      *time.Time `json:"throttled_until,omitempty"`
 	DeadHosts           []DeadHost `json:"dead_hosts"` // sorted by host
-	LastReply           *Reply     `json:"last_reply,omitempty"`
-	Updated             *time.Time `json:"updated,omitempty"`
+	// GreyLike is a temporary reply without a greylisting text that this
+	// MX host ("[address]") sent and that behaved like greylisting: it is
+	// treated as greylisting once GreyLikePassed recipients it deferred
+	// passed at their first retry (at least 2, and more than twice
+	// GreyLikeRefused, those refused again at it).
+	GreyLike        string     `json:"grey_like,omitempty"`
+	GreyLikePassed  int        `json:"grey_like_passed,omitempty"`
+	GreyLikeRefused int        `json:"grey_like_refused,omitempty"`
+	LastReply       *Reply     `json:"last_reply,omitempty"`
+	Updated         *time.Time `json:"updated,omitempty"`
 }
 
 // Destinations is GET /api/destinations, and GET
@@ -310,7 +318,8 @@ func destinationOf(d *queue.Destination) Destination {
 		GreylistLowSeconds: d.GreylistLow.Seconds(), PaceSeconds: d.PaceInterval.Seconds(),
 		LastGreylisted: ts(d.LastGreylisted), ThrottleLevel: d.ThrottleLevel,
 		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]DeadHost, 0, len(d.DeadHosts)),
-		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated)}
+		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated),
+		GreyLike: d.GreyLike, GreyLikePassed: d.GreyLikePassed, GreyLikeRefused: d.GreyLikeRefused}
 	for h, until := range d.DeadHosts {
 		out.DeadHosts = append(out.DeadHosts, DeadHost{Host: h, Until: until})
 	}

@@ -35,8 +35,13 @@ type record struct {
 	ThrottledUntil time.Time            `json:"throttled_until,omitzero"`
 	DeadHosts      map[string]time.Time `json:"dead_hosts,omitempty"`
 	LastReply      queue.Reply          `json:"last_reply,omitzero"`
-	Updated        time.Time            `json:"updated"`
-	Node           string               `json:"node"`
+	// An MX host's record ("[address]"): a reply without a greylisting
+	// text that behaved like greylisting there, with its evidence.
+	GreyLike        string    `json:"grey_like,omitempty"`
+	GreyLikePassed  int       `json:"grey_like_passed,omitempty"`
+	GreyLikeRefused int       `json:"grey_like_refused,omitempty"`
+	Updated         time.Time `json:"updated"`
+	Node            string    `json:"node"`
 }
 
 // destKey is the domain's shared record. The hash tag keeps every key of a
@@ -63,7 +68,8 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	return queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
 		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
 		LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
-		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated}, true
+		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated,
+		GreyLike: r.GreyLike, GreyLikePassed: r.GreyLikePassed, GreyLikeRefused: r.GreyLikeRefused}, true
 }
 
 // Publish stores the shared part of d, which this node just changed. The
@@ -76,7 +82,8 @@ func (c *Cluster) Publish(d queue.Destination) {
 	r := record{Greylists: d.Greylists, LearnedDelay: d.LearnedDelay, LastGreylisted: d.LastGreylisted,
 		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase, PaceRefusals: d.PaceRefusals,
 		ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
-		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name}
+		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name,
+		GreyLike: d.GreyLike, GreyLikePassed: d.GreyLikePassed, GreyLikeRefused: d.GreyLikeRefused}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return

@@ -52,7 +52,7 @@ func TestDefault_IsValidAndLoopbackOnly(t *testing.T) {
 	if c.History.Retention != 7*24*time.Hour || c.History.MaxMessages != 100000 {
 		t.Errorf("history = %+v, want 7 days and 100000 messages", c.History)
 	}
-	if c.Retry.Lifetime != 120*time.Hour || c.Retry.GreylistFirstRetry != 5*time.Minute+30*time.Second {
+	if c.Retry.Lifetime != 120*time.Hour || c.Retry.GreylistFirstRetry != 30*time.Second {
 		t.Errorf("retry = %+v", c.Retry)
 	}
 	// Postfix's default_destination_concurrency_limit.

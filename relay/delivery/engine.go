@@ -151,6 +151,10 @@ type Engine struct {
 	// cmu guards claimed, the recipients held in jobs. It is taken inside
 	// e.mu or alone, and never held across a queue call, so the scan
 	// filter may take it inside a queue read transaction.
+	// hmu guards hosts, what was learned per MX address (host.go).
+	hmu   sync.Mutex
+	hosts map[string]*host
+
 	cmu     sync.Mutex
 	claimed map[queue.Key]bool
 
@@ -204,6 +208,7 @@ func New(opt Options) (*Engine, error) {
 		kick:    make(chan struct{}, 1),
 		dests:   map[string]*dest{},
 		claimed: map[queue.Key]bool{},
+		hosts:   map[string]*host{},
 		fresh:   opt.Queue.Fresh(),
 		out: newRecorder(func(u queue.Update) error {
 			_, err := opt.Queue.Apply(u)

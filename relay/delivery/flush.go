@@ -178,6 +178,9 @@ func (e *Engine) relearn(domains []string, all, forget bool, now time.Time) (int
 			return n, err
 		}
 	}
+	if forget {
+		e.forgetHosts(names) // after the records are gone, or they would be read again
+	}
 	if n > 0 {
 		e.log.Info("delivery: learned destination state changed by the operator",
 			zap.Bool("forget", forget), zap.Bool("all", all), zap.Int("destinations", n))

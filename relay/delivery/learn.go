@@ -111,6 +111,13 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		t = t.OnSuccess()
 		p := pace(rec)
 		for range s.accepted {
+			if p.Opening() && !s.started.After(s.pacedSince) {
+				// Under way when the first refusal came: one more of
+				// the run that filled the window, not a sign that the
+				// window has turned.
+				p.Run++
+				continue
+			}
 			p = p.OnAccepted(now)
 		}
 		setPace(rec, p)
@@ -128,39 +135,87 @@ const paceIdle = 5 * time.Second
 
 // paceWait waits until d's next transaction may start under its learned
 // pace (across the nodes when they share it, see sharedStart), and takes
-// that start for the caller; before a wait longer than
-// paceIdle it calls release. It returns false if ctx ended first.
-func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
-	d.mu.Lock()
-	p := pace(&d.rec)
-	now := e.now()
-	at := p.Start(d.lastStart, now)
-	d.lastStart = at // also unpaced: a refusal paces from the start before it
-	e.notePace(d, d.rec)
-	d.mu.Unlock()
-	if sh, ok := e.sharedStart(d, p, now); ok {
-		at = sh // the nodes' common pace rules; the local start is the fallback
+// that start for the caller; before a wait longer than paceIdle it calls
+// release. It returns the start taken, and false if ctx ended first.
+//
+// A start is taken only when it is due, never reserved ahead: a worker
+// that waits holds no start, so workers waiting at once (those of the
+// opening burst, before the destination throttled us) never push the next
+// start further out one gap each, and a pace that changes during the wait
+// applies to it (a refusal doubles the gap, an acceptance shortens it and
+// wakes the waiting workers through d.paceWake). A pace that says N
+// seconds thus starts a due transaction within N seconds. The start is
+// given back (giveBackStart) when the worker then finds no job.
+func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, bool) {
+	released := false
+	for {
 		d.mu.Lock()
-		if at.After(d.lastStart) {
-			d.lastStart = at
+		p := pace(&d.rec)
+		now := e.now()
+		at := p.Start(d.lastStart, now)
+		wake := d.paceWake
+		if !at.After(now) {
+			d.prevStart, d.lastStart = d.lastStart, now // also unpaced: a refusal paces from the start before it
 			e.notePace(d, d.rec)
+			d.mu.Unlock()
+			return now, e.sharedWait(ctx, d, p, now, release, released)
+		}
+		if wake == nil {
+			wake = make(chan struct{})
+			d.paceWake = wake
 		}
 		d.mu.Unlock()
+		wait := at.Sub(now)
+		if wait > paceIdle && !released {
+			release()
+			released = true
+		}
+		if !sleepCtx(ctx, wait, wake) {
+			return time.Time{}, false
+		}
 	}
-	wait := at.Sub(now)
-	if wait <= 0 {
+}
+
+// sharedWait takes the start at now across the nodes too (sharedStart)
+// and waits for it.
+func (e *Engine) sharedWait(ctx context.Context, d *dest, p backoff.Pace, now time.Time, release func(), released bool) bool {
+	at, ok := e.sharedStart(d, p, now)
+	if !ok || !at.After(now) {
 		return true
 	}
-	if wait > paceIdle {
+	d.mu.Lock()
+	if at.After(d.lastStart) {
+		d.lastStart = at // the nodes' common pace rules; the local start is the fallback
+		e.notePace(d, d.rec)
+	}
+	d.mu.Unlock()
+	if wait := at.Sub(now); wait > paceIdle && !released {
 		release()
 	}
-	t := time.NewTimer(wait)
+	return sleepCtx(ctx, at.Sub(now), nil)
+}
+
+// sleepCtx waits for d, ctx or wake (nil: none); false if ctx ended.
+func sleepCtx(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
 		return false
 	case <-t.C:
-		return true
+	case <-wake:
+	}
+	return true
+}
+
+// giveBackStart returns the start paceWait took for a worker that then
+// found no job, unless a later one was taken meanwhile.
+func (e *Engine) giveBackStart(d *dest, taken time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.lastStart.Equal(taken) {
+		d.lastStart = d.prevStart
+		e.notePace(d, d.rec)
 	}
 }
 
@@ -169,11 +224,20 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) bool {
 // with its lastStart, or the next message after an idle moment (no job,
 // no worker) would find d read again from the queue and start at once,
 // breaking the pace. Called with d.mu held.
+//
+// A pace whose next start comes sooner than before wakes the workers
+// waiting for it (paceWait), so that none sleeps through a gap that an
+// acceptance has just shortened.
 func (e *Engine) notePace(d *dest, rec queue.Destination) {
 	hold := pace(&rec).Start(d.lastStart, d.lastStart) // lastStart plus the gap; zero if never started
 	e.mu.Lock()
+	sooner := hold.Before(d.paceHold)
 	d.paceHold = hold
 	e.mu.Unlock()
+	if sooner && d.paceWake != nil {
+		close(d.paceWake)
+		d.paceWake = nil
+	}
 }
 
 // sharedStart reserves a paced start across the nodes: the pace's gap

@@ -100,23 +100,23 @@ func TestGreylistWindowConverges(t *testing.T) {
 	}{
 		{"quick 10s/20s", 10 * time.Second, 20 * time.Second, []phase{
 			{25 * time.Second, 12, 5, 0},
-			{60 * time.Second, 12, 4, 0}, // longer
+			{60 * time.Second, 12, 5, 0}, // longer; the quick track's third retry (2.1 × the time so far) leaves one more probe
 			{300 * time.Second, 12, 5, 0},
 			{8 * time.Second, 12, 6, 10 * m}, // shorter: the next check, then a few
 			{0, 5, 0, 0},                     // whitelisted
 			{25 * time.Second, 12, 5, 0},
 		}},
 		{"integration's 20s/10s", 20 * time.Second, 10 * time.Second, []phase{
-			{25 * time.Second, 12, 3, 0},
+			{25 * time.Second, 12, 4, 0}, // one more probe since the quick track's third retry comes at 2.1 × the time so far
 			{60 * time.Second, 12, 4, 0},
 		}},
 		{"integration's 45s/30s, 60s", 45 * time.Second, 30 * time.Second, []phase{
 			{60 * time.Second, 8, 4, 0},
 		}},
-		{"defaults 5m30s/10m, 60s", 0, 0, []phase{
-			{60 * time.Second, 16, 10, 0}, // a first retry far past the delay: 4 probes down, then bisection
+		{"defaults 30s/33s, 60s", 0, 0, []phase{
+			{60 * time.Second, 16, 4, 0}, // the quick track leaves a window of 30..63 s: a few probes
 		}},
-		{"defaults 5m30s/10m", 0, 0, []phase{
+		{"defaults 30s/33s", 0, 0, []phase{
 			{300 * time.Second, 12, 4, 0},
 			{60 * time.Second, 12, 7, 10 * m}, // shorter
 		}},

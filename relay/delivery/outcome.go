@@ -51,6 +51,11 @@ type settlement struct {
 	success  bool
 	accepted int  // recipients accepted
 	expired  bool // some recipient's lifetime ran out
+	// started is when the attempt's transaction started, pacedSince when
+	// the destination's pace began, lastRefused when it last refused
+	// (dest's fields).
+	started, pacedSince, lastRefused time.Time
+	hosts                            map[string]*host // MX hosts learned about, locked (host.go)
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -74,6 +79,9 @@ type pendingOutcome struct {
 	a       attempt // a copy: the worker's attempt moves on to other hosts
 	lines   []logLine
 	actions []dsn.Action
+	// own: u carries d's record (d.recording counts it); the records of
+	// MX hosts (host.go) may come with it or alone.
+	own bool
 	// wait waits for the commit of u (queue.Pending.Wait); set when u is
 	// handed to the queue.
 	wait func() error
@@ -105,11 +113,26 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	now := e.now()
 	d.mu.Lock()
 	rec := cloneDest(d.rec)
-	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}}
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince, lastRefused: d.lastRefused}
 	for _, o := range outs {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
+	if !pace(&d.rec).Paced() && pace(&rec).Paced() {
+		d.pacedSince = now
+	}
+	if s.limited {
+		d.lastRefused = now
+	}
+	if s.accepted > 0 {
+		e.mu.Lock()
+		grew := d.ramp < e.cfg.Delivery.MaxPerDestination && len(d.pending) > 0
+		d.ramp = min(d.ramp+s.accepted, e.cfg.Delivery.MaxPerDestination)
+		e.mu.Unlock()
+		if grew {
+			e.Kick() // the scheduler may start another worker for the waiting jobs
+		}
+	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
 	}
@@ -142,7 +165,10 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if !learned {
 		d.mu.Unlock()
 	}
+	po.own = learned
+	po.u.Destinations = append(po.u.Destinations, hostRecords(s, now)...)
 	e.submit(po)
+	s.unlockHosts() // handed over in order, as d's record
 	if learned {
 		d.mu.Unlock()
 	}
@@ -173,6 +199,7 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	d.rec = rec
 	e.mu.Lock()
 	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
+	d.runKept = pace(&rec).RunEnds()
 	e.mu.Unlock()
 	e.notePace(d, rec) // the pace may have changed
 }
@@ -240,10 +267,11 @@ func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o 
 	res.Stage = classifier.StageEndOfData.String()
 	if !o.r.FirstGreylisted.IsZero() {
 		passed := now.Sub(o.r.FirstGreylisted)
-		learnGreylistPass(rec, passed)
+		e.learnPassAt(s, rec, res.MXAddr, passed, now)
 		e.m.GreylistPass.Observe(passed.Seconds())
 	}
 	res.FirstGreylisted, res.GreylistTries = time.Time{}, 0
+	e.noteFirstRetry(s, o, res, nil, now)
 	s.success = true
 	s.accepted++
 	e.m.AttemptsPerMsg.Observe(float64(o.r.Attempts + 1))
@@ -284,6 +312,10 @@ func (e *Engine) suppress(a *attempt, o outcome, res *queue.Result, expired bool
 
 // deferred records a temporary failure and schedules the next attempt.
 func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o outcome, res *queue.Result, now time.Time) {
+	e.noteFirstRetry(s, o, res, &o.v, now)
+	if e.greyLike(s, res.MXAddr, o.v, now) {
+		o.v.Reason = classifier.Greylisted // by its host's behaviour (host.go)
+	}
 	in := backoff.Input{Kind: backoff.Generic, Attempt: o.r.Attempts + 1, GreylistTries: o.r.GreylistTries, Hint: o.v.Hint}
 	var paced time.Duration
 	switch o.v.Reason {
@@ -296,7 +328,12 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 		}
 	case classifier.RateLimited:
 		in.Kind = backoff.RateLimited
-		if !s.limited {
+		if !s.limited && s.started.After(s.lastRefused) {
+			// A transaction started before the last refusal was
+			// learned was under way when the window filled: its
+			// refusal tells nothing new, and doubling the gap for it
+			// would stretch the opening by a factor of 2 per
+			// transaction under way.
 			setPace(rec, pace(rec).OnRefused())
 		}
 		s.rated, s.limited = o.v, true
@@ -307,7 +344,7 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 	wait := paced
 	switch {
 	case in.Kind == backoff.Greylisted:
-		wait = greylistWait(e.policy, rec, in, res.FirstGreylisted, now, e.opt.Rand())
+		wait = e.greylistWaitAt(s, rec, res.MXAddr, in, res.FirstGreylisted, now)
 	case wait <= 0:
 		wait = e.policy.Next(in, e.opt.Rand())
 	}

@@ -139,13 +139,15 @@ func (e *Engine) collect() {
 func (e *Engine) collected(po *pendingOutcome) {
 	defer close(po.decided)
 	err := po.wait()
-	if len(po.u.Destinations) > 0 {
+	if po.own {
 		defer e.recorded(po.d)
 	}
 	switch {
 	case err == nil:
-		if len(po.u.Destinations) > 0 && e.opt.Shared != nil {
-			e.opt.Shared.Publish(po.u.Destinations[0])
+		if e.opt.Shared != nil {
+			for _, rec := range po.u.Destinations { // d's, then MX hosts' (host.go)
+				e.opt.Shared.Publish(rec)
+			}
 		}
 		e.stored(po)
 	case errors.Is(err, queue.ErrInvalid) || errors.Is(err, queue.ErrClosed):
@@ -170,11 +172,12 @@ func (e *Engine) recorded(d *dest) {
 // newer one); instead the next outcome of its destination carries the
 // record then current.
 func (e *Engine) hold(po *pendingOutcome, err error) {
-	if len(po.u.Destinations) > 0 {
+	if po.own {
 		po.d.mu.Lock()
 		po.d.stored = queue.Destination{}
 		po.d.mu.Unlock()
 	}
+	e.unstoreHosts(po.u.Destinations)
 	e.out.held.add(po)
 	e.log.Error("delivery: recording outcome failed; held, and stored again once the queue takes it",
 		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))

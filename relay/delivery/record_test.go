@@ -25,7 +25,7 @@ func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queu
 	e.cmu.Lock()
 	e.claimed[key] = true
 	e.cmu.Unlock()
-	po := &pendingOutcome{d: d, decided: make(chan struct{}), wait: func() error { return <-commit },
+	po := &pendingOutcome{d: d, own: len(recs) > 0, decided: make(chan struct{}), wait: func() error { return <-commit },
 		u: queue.Update{Starts: []queue.Start{{Keys: []queue.Key{key}}},
 			Results: []queue.Result{{Key: key, Status: queue.Delivered}}, Destinations: recs}}
 	e.out.hand(po)
@@ -183,7 +183,7 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test", PaceInterval: time.Second, PaceRefusals: 1}}
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
-	if !e.paceWait(context.Background(), d, func() {}) {
+	if _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
 		t.Fatal("paceWait: the first start waits")
 	}
 	for _, c := range []struct {

@@ -35,6 +35,14 @@ const (
 	// domain: two messages for one domain share a connection, a burst of
 	// hundreds spreads over up to delivery.max_per_destination connections.
 	reuseShare = 8
+	// rampStart is how many connections a destination gets before any
+	// of its messages was accepted; each accepted message adds one, up to
+	// delivery.max_per_destination (slow start, as Postfix's
+	// initial_destination_concurrency grows with deliveries). A burst to
+	// a destination that rate-limits us thus has a handful of
+	// transactions under way when the first refusal comes, not twenty,
+	// and each of those is refused too.
+	rampStart = 2
 	// errorPause paces the loop after a queue error.
 	errorPause = time.Second
 	// fullRescanEvery bounds how long anything the incremental scan could
@@ -73,6 +81,16 @@ type dest struct {
 	// again from the queue would start its next transaction at once.
 	// Guarded by Engine.mu.
 	paceHold time.Time
+	// ramp caps d's connections while it has shown little yet: it
+	// starts at rampStart and grows by one per accepted message (see
+	// wantsWorker). Guarded by Engine.mu.
+	ramp int
+	// runKept is when the run of accepted messages d's record counts in
+	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
+	// not forgotten before then either, or a destination that
+	// rate-limits the next message after an idle moment would start its
+	// pace from a run of one. Guarded by Engine.mu.
+	runKept time.Time
 
 	// mu serialises what workers learn about the domain and its storage
 	// through queue.Apply, so concurrent workers never lose an update.
@@ -80,8 +98,15 @@ type dest struct {
 	rec    queue.Destination // guarded by mu
 	stored queue.Destination // what the queue holds (deep copy); guarded by mu
 	// lastStart is when the last transaction was allowed to start
-	// (paceWait); guarded by mu.
-	lastStart time.Time
+	// (paceWait), prevStart the one before (giveBackStart); guarded by mu.
+	lastStart, prevStart time.Time
+	// pacedSince is when the destination's pace last began (its first
+	// refusal after an unpaced time), lastRefused when a rate-limit
+	// reply was last learned; guarded by mu.
+	pacedSince, lastRefused time.Time
+	// paceWake is closed when the next paced start comes sooner than
+	// the workers waiting for it were told (notePace); guarded by mu.
+	paceWake chan struct{}
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
@@ -366,7 +391,7 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 				adoptShared(&rec, sh, e.now())
 			}
 		}
-		d := &dest{name: name, rec: rec, stored: cloneDest(stored),
+		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampStart,
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
 		e.mu.Lock()
 		if e.dests[name] == nil {
@@ -514,7 +539,7 @@ func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 	if d.contended && (now.Before(d.slotWait) || d.acquiring > 0) {
 		return false
 	}
-	if d.active >= d.throttle.Concurrency(e.nodeLimit()) {
+	if d.active >= min(d.throttle.Concurrency(e.nodeLimit()), d.ramp) {
 		return false
 	}
 	share := min(reuseShare, e.cfg.Delivery.MaxMessagesPerConnection)
@@ -562,7 +587,7 @@ func (e *Engine) evict(now time.Time) {
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
-		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 && !d.paceHold.After(now) {
+		if d.active == 0 && len(d.pending) == 0 && d.recording == 0 && !d.paceHold.After(now) && !d.runKept.After(now) {
 			delete(e.dests, name)
 			if i < e.next {
 				e.next--

@@ -62,6 +62,10 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 		if sh.LastReply.Code != 0 {
 			rec.LastReply = sh.LastReply
 		}
+		if sh.GreyLike != "" && sh.GreyLikePassed+sh.GreyLikeRefused >= rec.GreyLikePassed+rec.GreyLikeRefused {
+			// An MX host's evidence (host.go): the longer record wins.
+			rec.GreyLike, rec.GreyLikePassed, rec.GreyLikeRefused = sh.GreyLike, sh.GreyLikePassed, sh.GreyLikeRefused
+		}
 	}
 	if sh.ThrottledUntil.After(rec.ThrottledUntil) && sh.ThrottledUntil.After(now) {
 		rec.ThrottledUntil = sh.ThrottledUntil

@@ -137,7 +137,7 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 			d := &dest{name: "paced.test", rec: tt.local}
 			e.dests = map[string]*dest{d.name: d}
 			e.order = []string{d.name}
-			if !e.paceWait(context.Background(), d, func() {}) {
+			if _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
 				t.Fatal("paceWait: the first start waits")
 			}
 			e.loadShared(d) // as a worker's takeSlot does before its next transaction

@@ -33,11 +33,13 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if !e.awaitJob(ctx, d, s, wake, lost, served) {
 			return
 		}
-		if !e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil }) {
+		taken, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
+		if !ok {
 			return
 		}
 		j := e.nextJob(d, s, served)
 		if j == nil {
+			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
 		}
 		s = e.runJob(ctx, d, j, s)

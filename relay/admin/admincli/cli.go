@@ -418,6 +418,13 @@ func printDestinations(out io.Writer, d *admin.Destinations) error {
 		if x.Greylists {
 			grey = "yes"
 		}
+		reply := admin.ReplyText(x.LastReply)
+		if x.GreyLike != "" {
+			// An MX host's record: a reply without a greylisting text,
+			// with how it behaved at the first retry (passed/refused).
+			grey = fmt.Sprintf("%s, by behaviour %d/%d", grey, x.GreyLikePassed, x.GreyLikeRefused)
+			reply = x.GreyLike
+		}
 		if x.LearnedDelaySeconds > 0 {
 			delay = admin.HumanDuration(time.Duration(x.LearnedDelaySeconds * float64(time.Second)))
 		}
@@ -430,7 +437,7 @@ func printDestinations(out io.Writer, d *admin.Destinations) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", admin.Cell(x.Domain, 60), grey, delay,
 			x.GreylistSeen, x.GreylistPassed, x.ThrottleLevel, throttled, admin.Cell(strings.Join(dead, ", "), 80),
-			relPtr(x.Updated, d.Now), admin.Cell(admin.ReplyText(x.LastReply), 70))
+			relPtr(x.Updated, d.Now), admin.Cell(reply, 70))
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,242 @@
+package delivery
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/greyrelay/greyrelay/backoff"
+	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/queue"
+)
+
+// What is learned about greylisting belongs to the greylister, and the
+// greylister sits at the MX host: a hosting provider puts thousands of
+// domains behind one postgrey. So every greylisting reply and pass at an
+// MX address is learned twice, in the domain's record and in the host's,
+// a queue.Destination named by the address in brackets ("[192.0.2.1]",
+// an address literal as in RFC 5321 §4.1.3, which no domain can be). It
+// is stored with the outcome that taught it, shared with the other nodes
+// like a domain's (Shared), and listed by `destinations` beside them. A
+// domain's own window, once it has one, places its retries (it refines
+// the host's: a domain may be whitelisted or greylisted apart); until
+// then, the host's window does, so the first message to a further domain
+// behind a greylister that one domain taught passes as fast as that
+// domain's next one.
+
+// hostReload bounds how often a host's record is read again from the
+// shared store: often enough that what another node learned reaches this
+// one within a few messages, rarely enough to cost nothing per message.
+const hostReload = time.Minute
+
+// host is what the engine learned about one MX address.
+type host struct {
+	// mu serialises learning about the host and handing its record to
+	// the queue, across the workers of every domain behind it. Taken
+	// after a dest's mu, never before.
+	mu      sync.Mutex
+	rec     queue.Destination // guarded by mu
+	stored  queue.Destination // what the queue holds; guarded by mu
+	checked time.Time         // when the shared store was last read; guarded by mu
+}
+
+// hostKey is the record name of the MX address addr.
+func hostKey(addr string) string { return "[" + addr + "]" }
+
+// hostFor returns the host record of addr, locked for the settlement s
+// (unlocked by s.unlockHosts after the outcome is handed to the queue);
+// nil if addr is empty.
+func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
+	if addr == "" {
+		return nil
+	}
+	if h := s.hosts[addr]; h != nil {
+		return h
+	}
+	e.hmu.Lock()
+	h := e.hosts[addr]
+	if h == nil {
+		h = &host{}
+		e.hosts[addr] = h
+	}
+	e.hmu.Unlock()
+	h.mu.Lock()
+	if h.rec.Domain == "" {
+		h.rec.Domain = hostKey(addr)
+		if rec, ok, err := e.q.Destination(h.rec.Domain); err == nil && ok {
+			h.rec, h.stored = rec, cloneDest(rec)
+		}
+	}
+	if e.opt.Shared != nil && now.Sub(h.checked) >= hostReload {
+		h.checked = now
+		if sh, ok := e.opt.Shared.Load(h.rec.Domain); ok {
+			adoptShared(&h.rec, sh, now)
+		}
+	}
+	if s.hosts == nil {
+		s.hosts = map[string]*host{}
+	}
+	s.hosts[addr] = h
+	return h
+}
+
+// hostRecords returns the host records s changed, marked stored, for the
+// settlement's update. Called with each host's mu held (s.hosts).
+func hostRecords(s *settlement, now time.Time) []queue.Destination {
+	var out []queue.Destination
+	for _, h := range s.hosts {
+		if sameDest(h.rec, h.stored) {
+			continue
+		}
+		h.rec.Updated = now
+		h.stored = cloneDest(h.rec)
+		out = append(out, h.rec)
+	}
+	return out
+}
+
+// unlockHosts releases the host records s holds.
+func (s *settlement) unlockHosts() {
+	for _, h := range s.hosts {
+		h.mu.Unlock()
+	}
+	s.hosts = nil
+}
+
+// greylistWaitAt learns from a greylisting reply at the MX address addr
+// (see greylistWait) in both the domain's record and the host's, and
+// places the retry by the domain's window, or by the host's while the
+// domain has none.
+func (e *Engine) greylistWaitAt(s *settlement, rec *queue.Destination, addr string, in backoff.Input, first, now time.Time) time.Duration {
+	h := e.hostFor(s, addr, now)
+	if h == nil {
+		return greylistWait(e.policy, rec, in, first, now, e.opt.Rand())
+	}
+	place, other := rec, &h.rec
+	if !window(rec).Known() && window(&h.rec).Known() {
+		place, other = &h.rec, rec
+	}
+	elapsed := now.Sub(first)
+	observeGreylisted(other, in.GreylistTries, elapsed, now)
+	return greylistWait(e.policy, place, in, first, now, e.opt.Rand())
+}
+
+// learnPassAt records a greylisting pass at addr in the domain's record
+// and the host's.
+func (e *Engine) learnPassAt(s *settlement, rec *queue.Destination, addr string, passed time.Duration, now time.Time) {
+	learnGreylistPass(rec, passed)
+	if h := e.hostFor(s, addr, now); h != nil {
+		learnGreylistPass(&h.rec, passed)
+	}
+}
+
+// observeGreylisted records a greylisting reply (the tries-th of its
+// episode, elapsed after the first) in rec without placing a retry by it:
+// no probe is spent.
+func observeGreylisted(rec *queue.Destination, tries int, elapsed time.Duration, now time.Time) {
+	rec.Greylists = true
+	rec.GreylistSeen++
+	rec.LastGreylisted = now
+	if tries > 1 {
+		setWindow(rec, window(rec).Refused(elapsed))
+	}
+}
+
+// unstoreHosts notes that the host records among recs were not stored
+// (their commit failed and the held outcome is stored without them): the
+// next outcome that teaches about such a host carries its record then
+// current.
+func (e *Engine) unstoreHosts(recs []queue.Destination) {
+	for _, rec := range recs {
+		addr, ok := strings.CutPrefix(rec.Domain, "[")
+		if !ok {
+			continue
+		}
+		e.hmu.Lock()
+		h := e.hosts[strings.TrimSuffix(addr, "]")]
+		e.hmu.Unlock()
+		if h != nil {
+			h.mu.Lock()
+			h.stored = queue.Destination{}
+			h.mu.Unlock()
+		}
+	}
+}
+
+// Greylisting learned from behaviour. Many greylisting setups answer with
+// no greylisting text at all: Exim's default for an ACL "defer" is "451
+// Temporary local problem - please try later", which the classifier can
+// only call a server error. Such a reply at RCPT from one MX host is
+// greylisting for that host when it behaves like it: recipients it
+// deferred passed at their first retry to the same address from the same
+// source (the same triplet, RFC 6647 §4.4), at least greyLikeMin of them
+// and more than twice as many as were refused again there. Until then,
+// and for a reply that keeps being refused at the first retry, the
+// ordinary schedule stands. The evidence (the reply, the passes and the
+// refusals) is kept in the host's record, which `destinations` lists.
+const greyLikeMin = 2
+
+// greyLike reports whether v, a deferral at the MX address addr, is to be
+// treated as greylisting from what the host's behaviour taught.
+func (e *Engine) greyLike(s *settlement, addr string, v classifier.Verdict, now time.Time) bool {
+	if v.Reason != classifier.ServerError || v.Stage != classifier.StageRCPT || v.Hint > 0 {
+		return false
+	}
+	h := e.hostFor(s, addr, now)
+	if h == nil {
+		return false
+	}
+	r := &h.rec
+	return r.GreyLike == v.Text && r.GreyLikePassed >= greyLikeMin && r.GreyLikePassed > 2*r.GreyLikeRefused
+}
+
+// noteFirstRetry learns from the first retry of a recipient whose first
+// attempt was deferred with a 4xx server error (o.r), made to the same
+// address from the same source (res): passed, or refused again with the
+// same reply (v; nil when it passed).
+func (e *Engine) noteFirstRetry(s *settlement, o outcome, res *queue.Result, v *classifier.Verdict, now time.Time) {
+	r := o.r
+	if r.Attempts != 1 || r.Reason != string(classifier.ServerError) || r.Reply.Code/100 != 4 ||
+		r.MXAddr == "" || r.MXAddr != res.MXAddr || r.SourceIP != res.SourceIP {
+		return
+	}
+	if v != nil && (v.Reason != classifier.ServerError || v.Text != r.Reply.Text) {
+		return // another answer: tells nothing about this reply
+	}
+	h := e.hostFor(s, r.MXAddr, now)
+	if h == nil {
+		return
+	}
+	rec := &h.rec
+	if rec.GreyLike != r.Reply.Text {
+		if rec.GreyLikePassed >= greyLikeMin {
+			return // keep what a reply already taught
+		}
+		rec.GreyLike, rec.GreyLikePassed, rec.GreyLikeRefused = r.Reply.Text, 0, 0
+	}
+	if v == nil {
+		rec.GreyLikePassed++
+	} else {
+		rec.GreyLikeRefused++
+	}
+}
+
+// forgetHosts drops what is held in memory about the MX hosts among names
+// ("[address]"), which the operator asked to forget: the next settlement
+// that learns about one reads its record again (gone by then).
+func (e *Engine) forgetHosts(names map[string]bool) {
+	for name := range names {
+		addr, ok := strings.CutPrefix(name, "[")
+		if !ok {
+			continue
+		}
+		e.hmu.Lock()
+		h := e.hosts[strings.TrimSuffix(addr, "]")]
+		e.hmu.Unlock()
+		if h != nil {
+			h.mu.Lock()
+			h.rec, h.stored, h.checked = queue.Destination{}, queue.Destination{}, time.Time{}
+			h.mu.Unlock()
+		}
+	}
+}
