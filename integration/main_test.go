@@ -365,7 +365,7 @@ func (r *testRelay) attempts(id string) []logEntry {
 func (r *testRelay) waitAttempts(id, outcome string, timeout time.Duration) []logEntry {
 	r.t.Helper()
 	var got []logEntry
-	eventually(r.t, timeout, "attempt with outcome "+outcome+" for "+id, func() error {
+	relaytest.Eventually(r.t, timeout, "attempt with outcome "+outcome+" for "+id, func() error {
 		got = r.attempts(id)
 		for _, e := range got {
 			if e.str("outcome") == outcome {
@@ -385,7 +385,9 @@ func outcomes(es []logEntry) []string {
 	return out
 }
 
-// eventually is relaytest.Eventually.
+// eventually is relaytest.Eventually under its old name, for the two
+// calls in greylist_test.go (being reworked on another branch); new code
+// calls relaytest.Eventually, and this goes when those two do.
 func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
 	t.Helper()
 	relaytest.Eventually(t, timeout, what, check)
@@ -489,7 +491,7 @@ func (r *testRelay) rowsOf(id string) []apiRow {
 // and failed messages are removed once every recipient is final).
 func (r *testRelay) waitQueueEmpty(timeout time.Duration) {
 	r.t.Helper()
-	eventually(r.t, timeout, "an empty queue", func() error {
+	relaytest.Eventually(r.t, timeout, "an empty queue", func() error {
 		if rows := r.rows(); len(rows) > 0 {
 			return fmt.Errorf("%d recipients left, first %s %s %s", len(rows), rows[0].Key, rows[0].Status, rows[0].Reason)
 		}
