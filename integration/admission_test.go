@@ -129,8 +129,8 @@ func TestTrustedClientOutlastsFlood(t *testing.T) {
 	r := n.relay("trusted_networks=[127.0.0.1/32]")
 
 	var attackers []string
-	for i := range 25 {
-		attackers = append(attackers, peers.Loopback(60+i))
+	for range 25 {
+		attackers = append(attackers, relaytest.Loopback(t))
 	}
 	f := startFlood(r.SMTPAddr, attackers, 40)
 	defer f.Stop()

@@ -40,7 +40,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,17 +51,6 @@ import (
 	"github.com/greyrelay/greyrelay/integration/peers"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
-
-// hostSeq hands out this package's loopback addresses, 127.0.0.100 to
-// 127.0.0.199 in turn (other packages' tests use other ranges).
-var hostSeq atomic.Int32
-
-// newHostIP returns a loopback address no other running test of this
-// package uses: a distinct "host" for greylisting and logs.
-func newHostIP() string {
-	n := hostSeq.Add(1) - 1
-	return peers.Loopback(100 + int(n%100))
-}
 
 // mailNet is one test's small internet.
 type mailNet struct {
@@ -76,10 +64,11 @@ func newMailNet(t *testing.T) *mailNet {
 	return &mailNet{t: t, dns: peers.StartDNS(t), port: peers.FreePort(t, "127.0.0.1")}
 }
 
-// host allocates a loopback address and, if name is not empty, publishes
-// an A record for it.
+// host allocates a loopback address no other running test uses (a
+// distinct "host" for greylisting and logs) and, if name is not empty,
+// publishes an A record for it.
 func (n *mailNet) host(name string) string {
-	ip := newHostIP()
+	ip := relaytest.Loopback(n.t)
 	if name != "" {
 		n.dns.A(name, ip)
 	}
