@@ -11,7 +11,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -682,5 +684,74 @@ func TestRedisStoreCloseKeepsAnotherProcessEntry(t *testing.T) {
 	})
 	if e := ours.logs.FilterMessageSnippet("another running process uses this node name").All(); len(e) != 1 || e[0].ContextMap()["other_admin_url"] != "http://old:8025" {
 		t.Errorf("logged %+v, want one error naming http://old:8025", e)
+	}
+}
+
+// TestClusterStatusShowsNameConflict runs `greyrelay cluster status`
+// against a real Redis where nodes registered: two running nodes with one
+// name are reported with both admin URLs and the remedy, and the command
+// exits with status 2 (with -json too), naming the node. So are two nodes
+// whose queue ID tags meet. (It was a unit test of cmd/greyrelay, which
+// then needed a redis-server.)
+func TestClusterStatusShowsNameConflict(t *testing.T) {
+	peers.Require(t, "redis-server")
+	conflicting := []cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay1", AdminURL: "http://10.0.0.2:8025"}}
+	cases := []struct {
+		name      string
+		nodes     []cluster.Node
+		flags     []string
+		wantLines []string
+		wantNo    string
+		wantCode  int
+		wantErr   string
+	}{
+		{"one name, two processes", conflicting, nil,
+			[]string{"1 node(s)", "CONFLICT: node name relay1 is used by two running processes", "10.0.0.1:8025", "10.0.0.2:8025",
+				"give each node its own cluster.node_name"}, "", 2, "relay1"},
+		{"one name, two processes, json", conflicting, []string{"-json"},
+			[]string{`"name": "relay1"`, `"conflict_with": "http://10.0.0.`}, "", 2, "relay1"},
+		// Names whose queue ID tags (cluster.IDTag) meet: found by trying
+		// relay0, relay1... until two 24-bit FNV-1a hashes were equal.
+		{"two names, one queue ID tag",
+			[]cluster.Node{{Name: "relay11859", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay27924", AdminURL: "http://10.0.0.2:8025"}}, nil,
+			[]string{"2 node(s)", "CONFLICT: nodes relay11859 and relay27924 share the queue ID tag 22a192", "rename one of them"},
+			"", 2, "share the queue ID tag 22a192"},
+		{"distinct names",
+			[]cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay2", AdminURL: "http://10.0.0.2:8025"}}, nil,
+			[]string{"2 node(s)", "relay1", "relay2", fmt.Sprintf("%06x", cluster.IDTag("relay2"))}, "CONFLICT", 0, ""},
+	}
+	containsAll := func(s string, subs []string) bool {
+		return !slices.ContainsFunc(subs, func(sub string) bool { return !strings.Contains(s, sub) })
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := peers.StartRedis(t, "").Addr
+			dir := t.TempDir()
+			path := filepath.Join(dir, "greyrelay.yaml")
+			if err := os.WriteFile(path, fmt.Appendf(nil, "cluster:\n  redis:\n    addresses: [%q]\n", addr), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range tc.nodes {
+				startRSNode(t, n.Name, n.AdminURL, addr)
+			}
+			var res cliResult
+			// The conflict shows from the second heartbeat on.
+			relaytest.Eventually(t, 10*time.Second, "cluster status showing "+strings.Join(tc.wantLines, ", "), func() error {
+				res = runGreyrelay(t, dir, "", nil, append([]string{"cluster", "status", "-config", path}, tc.flags...)...)
+				if res.Code != 0 && res.Code != 2 {
+					t.Fatalf("cluster status: %s", res)
+				}
+				if !containsAll(res.Stdout, tc.wantLines) {
+					return fmt.Errorf("%s", res)
+				}
+				return nil
+			})
+			if tc.wantNo != "" && strings.Contains(res.Stdout, tc.wantNo) {
+				t.Errorf("cluster status:\n%s\nwant %q and not %q", res, tc.wantLines, tc.wantNo)
+			}
+			if res.Code != tc.wantCode || tc.wantErr != "" && !strings.Contains(res.Stderr, tc.wantErr) {
+				t.Errorf("cluster status: %s\nwant exit %d naming %q", res, tc.wantCode, tc.wantErr)
+			}
+		})
 	}
 }
