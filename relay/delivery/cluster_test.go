@@ -145,6 +145,7 @@ func (m *concurrencyMX) data(int) error {
 // a shared max_per_destination holds for the nodes together, and every
 // message is delivered.
 func TestConnectionCaps(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name         string
 		perDest, cap int
@@ -160,6 +161,7 @@ func TestConnectionCaps(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel() // each case its own MX host, harnesses and store
 			st := clustertest.NewMemory()
 			ip := relaytest.Loopback(t)
 			dest := &concurrencyMX{hold: 300 * time.Millisecond}
