@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // raiseFileLimit makes room for n more open files in this process and in
@@ -128,19 +129,20 @@ func TestTrustedClientOutlastsFlood(t *testing.T) {
 	r := n.relay("trusted_networks=[127.0.0.1/32]")
 
 	var attackers []string
-	for i := range 25 {
-		attackers = append(attackers, peers.Loopback(60+i))
+	for range 25 {
+		attackers = append(attackers, relaytest.Loopback(t))
 	}
 	f := startFlood(r.SMTPAddr, attackers, 40)
 	defer f.Stop()
 	// Full: refused at the strangers' share, or (were there none) with
 	// every connection taken.
-	eventually(t, 2*time.Minute, "the flood to fill the strangers' share", func() error {
+	relaytest.Eventually(t, 2*time.Minute, "the flood to fill the strangers' share", func() error {
 		if h, x := f.held.Load(), f.refused.Load(); h < 880 || x == 0 && h < 1000 {
 			return fmt.Errorf("%d attack connections open, %d refused", h, x)
 		}
 		return nil
 	})
+
 	if h := f.held.Load(); h > 900 {
 		t.Errorf("the flood holds %d connections, more than the strangers' 900 (1000 less 10%%)", h)
 	}
@@ -188,11 +190,12 @@ func TestTrustedClientOutlastsFlood(t *testing.T) {
 
 	// Under stress (750 connections and more), idle strangers go after
 	// limits.stress_command_timeout (10 s), not command_timeout (5 min).
-	eventually(t, time.Minute, "idle attack connections cut with 421 4.4.2", func() error {
+	relaytest.Eventually(t, time.Minute, "idle attack connections cut with 421 4.4.2", func() error {
 		if c := f.cut.Load(); c < 100 {
 			return fmt.Errorf("%d cut", c)
 		}
 		return nil
 	})
+
 	t.Logf("flood: %d open, %d refused at connect, %d cut when idle", f.held.Load(), f.refused.Load(), f.cut.Load())
 }

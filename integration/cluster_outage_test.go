@@ -14,6 +14,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // connMX is a slow destination that records when each client connection
@@ -205,24 +206,26 @@ func TestClusterLimitSurvivesRedisOutage(t *testing.T) {
 	for i := range 3 {
 		submitVia(t, lb.Addr, per, fmt.Sprintf("c%d", i), "slow.test")
 	}
-	eventually(t, 60*time.Second, "deliveries under way", func() error {
+	relaytest.Eventually(t, 60*time.Second, "deliveries under way", func() error {
 		if got := mx.acceptedAfter(time.Time{}); got < 4 {
 			return fmt.Errorf("%d accepted", got)
 		}
 		return nil
 	})
+
 	start := time.Now()
 	rds.Kill()
 	time.Sleep(outage) // the outage itself: nothing to wait for
 	rds.Start()        // empty: no persistence
 	end := time.Now()
 	settled := end.Add(leaseTTL)
-	eventually(t, 60*time.Second, "deliveries well past the settling time", func() error {
+	relaytest.Eventually(t, 60*time.Second, "deliveries well past the settling time", func() error {
 		if got := mx.acceptedAfter(settled.Add(3 * time.Second)); got < 6 {
 			return fmt.Errorf("%d accepted after it", got)
 		}
 		return nil
 	})
+
 	outside, at, inside := mx.peakOutside(start, settled)
 	t.Logf("outage %v..%v: up to %d connections during it and the lease_ttl after; %d outside (at %v)",
 		start.Format("15:04:05.000"), end.Format("15:04:05.000"), inside, outside, at.Format("15:04:05.000"))

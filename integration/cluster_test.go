@@ -20,6 +20,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // proxiedNodes starts n relays on distinct loopback addresses whose only
@@ -278,12 +279,13 @@ func (s *countingSession) Logout() error {
 // waitRcpts waits until want recipients arrived.
 func (m *countingMX) waitRcpts(t *testing.T, want int, timeout time.Duration) map[string]int {
 	t.Helper()
-	eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", want), func() error {
+	relaytest.Eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", want), func() error {
 		if got := len(m.received()); got < want {
 			return fmt.Errorf("%d arrived", got)
 		}
 		return nil
 	})
+
 	return m.received()
 }
 
@@ -294,7 +296,7 @@ func (m *countingMX) waitRcpts(t *testing.T, want int, timeout time.Duration) ma
 // empty, so a second copy that came after the first arrivals counts too.
 func waitDeliveredOnce(t *testing.T, received func() map[string]int, timeout time.Duration, want []string, nodes ...*testRelay) {
 	t.Helper()
-	eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", len(want)), func() error {
+	relaytest.Eventually(t, timeout, fmt.Sprintf("%d recipients at the destination", len(want)), func() error {
 		got := received()
 		var missing []string
 		for _, r := range want {
@@ -307,6 +309,7 @@ func waitDeliveredOnce(t *testing.T, received func() map[string]int, timeout tim
 		}
 		return nil
 	})
+
 	for _, n := range nodes {
 		n.waitQueueEmpty(30 * time.Second)
 	}
@@ -397,7 +400,7 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 			t.Errorf("nodes A and B both queued a message as %s", id)
 		}
 	}
-	eventually(t, 20*time.Second, "nodes see Redis down", func() error {
+	relaytest.Eventually(t, 20*time.Second, "nodes see Redis down", func() error {
 		for _, r := range []*testRelay{a, b} {
 			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 0 {
 				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
@@ -405,6 +408,7 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
+
 	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, a, b)
 	// A log line about a message names the node that holds it.
 	for r, id := range map[*testRelay]string{a: aIDs[0], b: bIDs[0]} {
@@ -433,7 +437,7 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 	}
 	rds.Start()
-	eventually(t, 20*time.Second, "nodes see Redis back", func() error {
+	relaytest.Eventually(t, 20*time.Second, "nodes see Redis back", func() error {
 		for _, r := range []*testRelay{a, b} {
 			if v := gauge(r, "greyrelay_cluster_redis_up"); v != 1 {
 				return fmt.Errorf("node %s: greyrelay_cluster_redis_up %v", r.IP, v)
@@ -441,8 +445,9 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
+
 	// Both nodes registered again: `greyrelay cluster status` lists them.
-	eventually(t, 20*time.Second, "cluster status lists both nodes", func() error {
+	relaytest.Eventually(t, 20*time.Second, "cluster status lists both nodes", func() error {
 		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath, "-json")
 		var st struct {
 			Nodes []struct {
@@ -463,6 +468,7 @@ func TestClusterRedisKilledLosesNothing(t *testing.T) {
 		}
 		return nil
 	})
+
 	// `queue show -cluster`, run on node B, asks every node: only A holds
 	// a message with A's first ID (before IDs named their node, B held
 	// one too, its own first message), and the answer names A.
@@ -545,7 +551,7 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 	// machine, where swaks takes seconds per message, the last message
 	// may wait many rounds for an attempt of its own (waiting for an
 	// attempt line per message failed that way).
-	eventually(t, 20*time.Second, "every recipient held back for the unreachable MX", func() error {
+	relaytest.Eventually(t, 20*time.Second, "every recipient held back for the unreachable MX", func() error {
 		rows := a.rows()
 		if len(rows) != count {
 			return fmt.Errorf("%d recipients in the queue, want %d", len(rows), count)
@@ -557,6 +563,7 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 		}
 		return nil
 	})
+
 	a.Kill()
 
 	b := n.clusterNode(rds.Addr, "cluster.node_name=node-a")
@@ -573,7 +580,7 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 	b.Restart(t)
 	// The moved queue is visible through the cluster: `queue list -cluster`
 	// asks every registered node's admin API.
-	eventually(t, 20*time.Second, "queue list -cluster shows the moved queue", func() error {
+	relaytest.Eventually(t, 20*time.Second, "queue list -cluster shows the moved queue", func() error {
 		res := runGreyrelay(t, b.Dir, "", nil, "queue", "-config", b.ConfigPath, "list", "-cluster", "-json")
 		var line struct {
 			Node string `json:"node"`
@@ -589,6 +596,7 @@ func TestClusterMoveDeadNodeQueue(t *testing.T) {
 		}
 		return nil
 	})
+
 	mx := startCountingMXAt(n, mxAddr, "mx.dest.test", nil)
 	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, b)
 	for _, id := range ids {
@@ -620,7 +628,7 @@ func TestClusterNodeNameConflict(t *testing.T) {
 	b := n.clusterNode(rds.Addr, "cluster.node_name=dup")
 	for _, pair := range [][2]*testRelay{{a, b}, {b, a}} {
 		r, other := pair[0], pair[1]
-		eventually(t, 20*time.Second, "node "+r.IP+" reports the conflict", func() error {
+		relaytest.Eventually(t, 20*time.Second, "node "+r.IP+" reports the conflict", func() error {
 			if v := counter(r, "greyrelay_cluster_node_name_conflicts_total"); v < 1 {
 				return fmt.Errorf("greyrelay_cluster_node_name_conflicts_total %v", v)
 			}
@@ -632,20 +640,23 @@ func TestClusterNodeNameConflict(t *testing.T) {
 			}
 			return errors.New("no error line naming the other node's admin URL")
 		})
+
 	}
-	eventually(t, 20*time.Second, "cluster status prints the conflict", func() error {
+	relaytest.Eventually(t, 20*time.Second, "cluster status prints the conflict", func() error {
 		res := runGreyrelay(t, a.Dir, "", nil, "cluster", "status", "-config", a.ConfigPath)
 		if res.Code != 2 || !strings.Contains(res.Stdout, "CONFLICT: node name dup is used by two running processes") {
 			return fmt.Errorf("%s", res)
 		}
 		return nil
 	})
-	eventually(t, 20*time.Second, "the status page says the conflict", func() error {
+
+	relaytest.Eventually(t, 20*time.Second, "the status page says the conflict", func() error {
 		if code, page := b.Get(t, "/"); code != 200 || !strings.Contains(page, "Node name dup is used by two running processes") {
 			return fmt.Errorf("status page (HTTP %d) does not say the conflict", code)
 		}
 		return nil
 	})
+
 }
 
 // TestClusterSentinelFailover: the nodes reach Redis through a real
@@ -661,7 +672,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 	master := peers.StartRedis(t, "")
 	replica := peers.StartRedisReplica(t, master)
 	sentinel := peers.StartSentinel(t, "greyrelay", master)
-	eventually(t, 30*time.Second, "the sentinel knows the replica in sync", func() error {
+	relaytest.Eventually(t, 30*time.Second, "the sentinel knows the replica in sync", func() error {
 		info, err := replica.Info("replication")
 		if err != nil || !strings.Contains(info, "master_link_status:up") {
 			return fmt.Errorf("replica not in sync: %v %q", err, info)
@@ -671,6 +682,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 		}
 		return nil
 	})
+
 	mx := startCountingMX(n, "dest.test", nil)
 	ov := []string{"cluster.redis.master_name=greyrelay", "delivery.max_per_destination=2"}
 	a, b := n.clusterNode(sentinel.Addr, ov...), n.clusterNode(sentinel.Addr, ov...)
@@ -680,23 +692,25 @@ func TestClusterSentinelFailover(t *testing.T) {
 		ra, rb := fmt.Sprintf("a%d@dest.test", i), fmt.Sprintf("b%d@dest.test", i)
 		a.send(peers.SwaksMessage{From: "a@src.test", To: []string{ra}})
 		if i == per/2 {
-			eventually(t, 20*time.Second, "SENTINEL FAILOVER accepted", func() error {
+			relaytest.Eventually(t, 20*time.Second, "SENTINEL FAILOVER accepted", func() error {
 				if reply, err := sentinel.Command("SENTINEL FAILOVER greyrelay"); err != nil || reply != "+OK" {
 					return fmt.Errorf("SENTINEL FAILOVER: %q %v", reply, err)
 				}
 				return nil
 			})
+
 		}
 		b.send(peers.SwaksMessage{From: "a@src.test", To: []string{rb}})
 		rcpts = append(rcpts, ra, rb)
 	}
-	eventually(t, 30*time.Second, "the replica promoted", func() error {
+	relaytest.Eventually(t, 30*time.Second, "the replica promoted", func() error {
 		info, err := replica.Info("replication")
 		if err != nil || !strings.Contains(info, "role:master") {
 			return fmt.Errorf("replica: %v %q", err, info)
 		}
 		return nil
 	})
+
 	waitDeliveredOnce(t, mx.received, 60*time.Second, rcpts, a, b)
 	// The nodes write to the new master: its SET count (only heartbeats
 	// and shared records write with SET) grows, and both nodes say Redis is up.
@@ -708,7 +722,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 		return st["set"]
 	}
 	before := sets()
-	eventually(t, 20*time.Second, "the nodes write to the new master", func() error {
+	relaytest.Eventually(t, 20*time.Second, "the nodes write to the new master", func() error {
 		if after := sets(); after < before+2 {
 			return fmt.Errorf("SET on the new master %d → %d", before, after)
 		}
@@ -719,6 +733,7 @@ func TestClusterSentinelFailover(t *testing.T) {
 		}
 		return nil
 	})
+
 }
 
 // pacedMX is a destination that allows one MAIL per gap from everyone

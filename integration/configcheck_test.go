@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // lineOf is the 1-based line of the first line of text containing s.
@@ -44,7 +45,7 @@ func errorLines(res cliResult) []string {
 // warning, not an error.
 func TestConfigCheckPredictsServe(t *testing.T) {
 	t.Parallel()
-	ip := peers.Loopback(234)
+	ip := relaytest.Loopback(t)
 	dir := t.TempDir()
 	write := func(name, text string) string {
 		t.Helper()
@@ -172,7 +173,7 @@ func TestConfigCheckAsUser(t *testing.T) {
 	if keygen.Code != 0 {
 		t.Fatalf("dkim keygen: %s", keygen)
 	}
-	ip := peers.Loopback(235)
+	ip := relaytest.Loopback(t)
 	state := filepath.Join(dir, "state")
 	if err := os.Mkdir(state, 0o755); err != nil {
 		t.Fatal(err)
@@ -225,7 +226,7 @@ func TestConfigCheckAsUser(t *testing.T) {
 // -config; an empty GREYRELAY_CONFIG is the embedded default.
 func TestCommandsSayWhichConfiguration(t *testing.T) {
 	t.Parallel()
-	ip := peers.Loopback(234)
+	ip := relaytest.Loopback(t)
 	sink := peers.StartSink(t, ip+":0", peers.SinkOptions{})
 	r := peers.StartRelay(t, (&rbRelay{IP: ip, Routes: map[string]string{"ok.test": sink.Addr}}).YAML(t))
 	env := []string{"GREYRELAY_CONFIG=" + r.ConfigPath}
@@ -265,7 +266,7 @@ func TestCommandsSayWhichConfiguration(t *testing.T) {
 // names the absolute path and what to do.
 func TestServeQueueInStateDirectory(t *testing.T) {
 	t.Parallel()
-	ip := peers.Loopback(235)
+	ip := relaytest.Loopback(t)
 	text := strings.Replace((&rbRelay{IP: ip}).YAML(t), "queue:\n  path: \"queue.db\"\n", "", 1)
 	if strings.Contains(text, "queue:") {
 		t.Fatalf("the queue section is still there:\n%s", text)
@@ -353,7 +354,7 @@ func TestRecipeSystemdCredentials(t *testing.T) {
 	if err := os.Chmod(filepath.Join(creds, "tls.key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ip := peers.Loopback(235)
+	ip := relaytest.Loopback(t)
 	cfg := recipeText(t, blocks[1].File, blocks[1].Text, "/run/credentials/greyrelay.service/", creds+"/", "0.0.0.0:587", peers.FreeAddr(t, ip)) +
 		fmt.Sprintf("hostname: relay.example.com\nadmin:\n  address: %s\n", peers.FreeAddr(t, ip))
 	f := filepath.Join(t.TempDir(), "greyrelay.yaml")

@@ -34,6 +34,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustCrashSafety: a SIGKILL never loses an accepted message. 20
@@ -61,7 +62,7 @@ func TestRobustCrashSafety(t *testing.T) {
 		perClient = 100 // 2,000 messages
 		kills     = 12
 	)
-	relayIP, sinkIP, clientIP := peers.Loopback(211), peers.Loopback(212), peers.Loopback(213)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	ks := &rbKillSwitch{}
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{Data: ks.onData})
 	cfg := rbRelay{IP: relayIP, Routes: map[string]string{"dest.test": sink.Addr, "dest2.test": sink.Addr},

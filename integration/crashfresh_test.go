@@ -13,6 +13,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustCrashFreshAttempt kills the relay with SIGKILL inside the
@@ -37,7 +38,7 @@ import (
 // recipients Queued until its outcome commits.
 func TestRobustCrashFreshAttempt(t *testing.T) {
 	t.Parallel()
-	relayIP, sinkIP, clientIP := peers.Loopback(224), peers.Loopback(225), peers.Loopback(226)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	var pid atomic.Int64
 	var killed atomic.Bool
 	var admin atomic.Value // the relay's admin address

@@ -19,6 +19,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDamagedQueueSalvage damages a real relay's queue file the way a
@@ -30,7 +31,7 @@ import (
 func TestDamagedQueueSalvage(t *testing.T) {
 	t.Parallel()
 	const msgs, rcpts = 30, 3
-	relayIP, sinkIP, clientIP := peers.Loopback(251), peers.Loopback(252), peers.Loopback(253)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	var hold atomic.Bool // the sink defers everything until the salvage is done
 	hold.Store(true)
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{Data: func([]string, int) *smtp.SMTPError {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDeliveryThroughPostfix relays a message from swaks through greyrelay
@@ -157,12 +158,13 @@ func TestDeliveryLargeMessageSpooled(t *testing.T) {
 	// than a queued message without its body. The admin API can show the
 	// queue empty before the file goes: on a loaded machine the queue's
 	// writer may wait for the CPU between the two.
-	eventually(t, 10*time.Second, "the spool file removed after delivery", func() error {
+	relaytest.Eventually(t, 10*time.Second, "the spool file removed after delivery", func() error {
 		if files := dirNames(t, spool); len(files) != 0 {
 			return fmt.Errorf("spool still holds %v", files)
 		}
 		return nil
 	})
+
 }
 
 func dirNames(t *testing.T, dir string) []string {

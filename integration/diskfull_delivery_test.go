@@ -17,6 +17,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDiskFullDeliveryGoesOn: a full queue disk degrades intake, never
@@ -37,7 +38,7 @@ func TestDiskFullDeliveryGoesOn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a filesystem")
 	}
-	relayIP, sinkIP := peers.Loopback(221), peers.Loopback(222)
+	relayIP, sinkIP := relaytest.Loopback(t), relaytest.Loopback(t)
 	mnt := rbMountTmpfs(t, "64m")
 
 	var open atomic.Bool
@@ -84,6 +85,10 @@ func TestDiskFullDeliveryGoesOn(t *testing.T) {
 	var wg sync.WaitGroup
 	var fives atomic.Int64
 	deadline := time.Now().Add(90 * time.Second)
+	var clientIPs []string
+	for range 8 {
+		clientIPs = append(clientIPs, relaytest.Loopback(t))
+	}
 	for c := range 8 {
 		wg.Add(1)
 		go func() {
@@ -94,7 +99,7 @@ func TestDiskFullDeliveryGoesOn(t *testing.T) {
 				id := fmt.Sprintf("full.%d@diskfull.test", seq.Add(1))
 				data := rbMessage(id, "full disk", 100<<10+rng.IntN(200<<10), rng)
 				led.add(&rbSent{id: id, rcpts: []string{"user@dest.test"}, hash: rbHash(data)})
-				conn, err := rbDialSMTP(r.SMTPAddr, peers.Loopback(223+c), false, "client.test")
+				conn, err := rbDialSMTP(r.SMTPAddr, clientIPs[c], false, "client.test")
 				if err != nil {
 					t.Errorf("client %d: %v", c, err)
 					return

@@ -19,6 +19,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustDiskFull: a full disk gets 4xx, never 250 or 5xx. The queue lives on a
@@ -47,7 +48,7 @@ import (
 //     starts accepting, every message that got a 250 is delivered intact.
 func TestRobustDiskFull(t *testing.T) {
 	t.Parallel()
-	relayIP, sinkIP, clientIP := peers.Loopback(208), peers.Loopback(209), peers.Loopback(210)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	mnt := rbMountTmpfs(t, "4m")
 
 	var open atomic.Bool
@@ -380,7 +381,7 @@ func rbShrink(t *testing.T, filler, dir string, want uint64) {
 // removed.
 func TestRobustDiskFullWhileSpooling(t *testing.T) {
 	t.Parallel()
-	relayIP, sinkIP, clientIP := peers.Loopback(217), peers.Loopback(218), peers.Loopback(219)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	mnt := rbMountTmpfs(t, "16m")
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
 	queuePath := filepath.Join(mnt, "q", "queue.db")

@@ -25,6 +25,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // hookPost is one POST the receiver read.
@@ -126,8 +127,9 @@ func (h *hookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// No answer at all: the connection is dropped.
 		panic(http.ErrAbortHandler)
 	case "slow":
-		// Takes the events in and answers after the relay's
-		// events.timeout (5s): the relay sends them again.
+		// Takes the events in and answers only once the relay has
+		// given up on the answer (its events.timeout, 5s, ran out and it
+		// closed the connection): the relay sends them again.
 		h.mu.Lock()
 		p.status = 200
 		h.mu.Unlock()
@@ -135,7 +137,7 @@ func (h *hookReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case h.hung <- struct{}{}:
 		default:
 		}
-		time.Sleep(6 * time.Second)
+		<-r.Context().Done()
 		w.WriteHeader(http.StatusOK)
 	default:
 		w.WriteHeader(http.StatusOK)
@@ -279,12 +281,13 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		send(i)
 	}
 	// The receiver fails: POSTs come and are retried.
-	eventually(t, 30*time.Second, "failed POSTs", func() error {
+	relaytest.Eventually(t, 30*time.Second, "failed POSTs", func() error {
 		if v := metricValue(r.metrics(), "greyrelay_events_failed_total", nil); v < 2 {
 			return fmt.Errorf("%v failed POSTs", v)
 		}
 		return nil
 	})
+
 	// The receiver hangs; the relay dies in the middle of a POST.
 	hook.setMode("hang")
 	select {
@@ -300,7 +303,12 @@ func TestEventsWebhookAndFile(t *testing.T) {
 	for i := 8; i < 12; i++ {
 		send(i)
 	}
-	time.Sleep(2 * time.Second)
+	relaytest.Eventually(t, 30*time.Second, "a POST refused while the receiver is away", func() error {
+		if v := metricValue(r.metrics(), "greyrelay_events_failed_total", nil); v < 1 {
+			return fmt.Errorf("%v failed POSTs since the restart", v)
+		}
+		return nil
+	})
 	select { // the hung POST's signal, if it came twice
 	case <-hook.hung:
 	default:
@@ -334,7 +342,7 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		}
 	}
 	key := func(e map[string]any) string { return fmt.Sprintf("%v %v %v", e["queue_id"], e["rcpt"], e["event"]) }
-	eventually(t, 90*time.Second, "every event on the webhook", func() error {
+	relaytest.Eventually(t, 90*time.Second, "every event on the webhook", func() error {
 		got := map[string]bool{}
 		for _, e := range hook.received(t)["/all"] {
 			got[key(e)] = true
@@ -346,7 +354,8 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		}
 		return nil
 	})
-	eventually(t, 30*time.Second, "no event pending", func() error {
+
+	relaytest.Eventually(t, 30*time.Second, "no event pending", func() error {
 		if v := metricValue(r.metrics(), "greyrelay_events_pending", nil); v != 0 {
 			return fmt.Errorf("%v pending", v)
 		}
@@ -401,7 +410,7 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(12)
-	eventually(t, 30*time.Second, "events in the reopened file", func() error {
+	relaytest.Eventually(t, 30*time.Second, "events in the reopened file", func() error {
 		b, err := os.ReadFile(eventFile)
 		if err != nil {
 			return err
@@ -411,6 +420,7 @@ func TestEventsWebhookAndFile(t *testing.T) {
 		}
 		return nil
 	})
+
 	if b, _ := os.ReadFile(eventFile + ".1"); bytes.Contains(b, []byte(msgs[12].id)) {
 		t.Error("an event after SIGHUP went to the rotated file")
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestFlushAfterNextHopReturns: the only MX of a domain is down, so the
@@ -33,13 +34,14 @@ func TestFlushAfterNextHopReturns(t *testing.T) {
 	}
 	second := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"y@down.test"},
 		Data: message("a@src.test", "y@down.test", "second")})
-	eventually(t, 15*time.Second, "the second message postponed without an attempt", func() error {
+	relaytest.Eventually(t, 15*time.Second, "the second message postponed without an attempt", func() error {
 		rows := r.rowsOf(second)
 		if len(rows) != 1 || rows[0].Reason != "connect" || rows[0].Attempts != 0 {
 			return fmt.Errorf("rows %+v", rows)
 		}
 		return nil
 	})
+
 	if atts := r.attempts(second); len(atts) != 0 {
 		t.Errorf("the postponed message has attempt lines %v", outcomes(atts))
 	}

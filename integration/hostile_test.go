@@ -15,6 +15,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustHostileNextHop: a hostile or slow next hop cannot hold a
@@ -39,7 +40,7 @@ import (
 func TestRobustHostileNextHop(t *testing.T) {
 	t.Parallel()
 	const timeout = 3 * time.Second
-	relayIP, healthyIP, clientIP := peers.Loopback(240), peers.Loopback(248), peers.Loopback(249)
+	relayIP, healthyIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	cert := peers.NewCert(t, "inject.test")
 	scripts := []struct {
 		name   string
@@ -56,8 +57,12 @@ func TestRobustHostileNextHop(t *testing.T) {
 	}
 	routes := map[string]string{}
 	hostile := map[string]*rbPeer{}
+	var hostIPs []string // seven hostile hosts, each serving several scripts on its own ports
+	for range 7 {
+		hostIPs = append(hostIPs, relaytest.Loopback(t))
+	}
 	for i, s := range scripts {
-		p := rbStartPeer(t, peers.Loopback(241+i%7), s.script)
+		p := rbStartPeer(t, hostIPs[i%7], s.script)
 		hostile[s.name] = p
 		routes[s.name+".test"] = p.Addr
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestIntakeSurvivesSIGKILL kills the relay with SIGKILL right after a 250
@@ -149,7 +150,7 @@ func TestIntakeConfigCheck(t *testing.T) {
 	// in the queue's directory, as serve would: hostEnv stands in for the
 	// production host's addresses (ports below 1024 need root) and state
 	// directory.
-	ip := peers.Loopback(236)
+	ip := relaytest.Loopback(t)
 	hostEnv := func(listeners int) []string {
 		env := []string{"GREYRELAY_QUEUE_PATH=" + filepath.Join(dir, "queue.db"), "GREYRELAY_ADMIN_ADDRESS=" + peers.FreeAddr(t, ip)}
 		for i := range listeners {

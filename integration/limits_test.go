@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustLimits: denial-of-service and brute-force limits. The
@@ -22,8 +23,8 @@ import (
 // that user from that address, but not from another.
 func TestRobustLimits(t *testing.T) {
 	t.Parallel()
-	relayIP, sinkIP := peers.Loopback(205), peers.Loopback(216)
-	floodIP, slowIP, bruteIP, goodIP := peers.Loopback(206), peers.Loopback(207), peers.Loopback(214), peers.Loopback(215)
+	relayIP, sinkIP := relaytest.Loopback(t), relaytest.Loopback(t)
+	floodIP, slowIP, bruteIP, goodIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
 	const perIP, authFailures, authPerUser = 5, 3, 5
 	cfg := rbRelay{IP: relayIP, Routes: map[string]string{"dest.test": sink.Addr},

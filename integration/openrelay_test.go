@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // rbRelayTrick is one open-relay address trick, as a MAIL FROM / RCPT TO
@@ -69,7 +70,7 @@ var rbRelayTricks = []rbRelayTrick{
 // at the end, so "nothing arrived" is not a broken route.
 func TestRobustNoOpenRelay(t *testing.T) {
 	t.Parallel()
-	relayIP, attackerIP, friendIP, sinkIP := peers.Loopback(220), peers.Loopback(221), peers.Loopback(222), peers.Loopback(223)
+	relayIP, attackerIP, friendIP, sinkIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
 	cert := peers.NewCert(t, "relay.test", relayIP)
 	cfg := rbRelay{IP: relayIP, Trusted: []string{friendIP + "/32"}, Smarthost: sink.Addr,

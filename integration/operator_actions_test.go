@@ -15,6 +15,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestOperatorActionsExplainThemselves: the operator's hold, release,
@@ -83,7 +84,7 @@ func TestOperatorActionsExplainThemselves(t *testing.T) {
 
 	// The DSN says who returned the message.
 	var dsn []byte
-	eventually(t, 15*time.Second, "the operator's bounce", func() error {
+	relaytest.Eventually(t, 15*time.Second, "the operator's bounce", func() error {
 		for _, m := range src.Messages() {
 			if bytes.Contains(m.Data, []byte("bounced@full.test")) {
 				dsn = m.Data
@@ -92,6 +93,7 @@ func TestOperatorActionsExplainThemselves(t *testing.T) {
 		}
 		return fmt.Errorf("no DSN at src.test")
 	})
+
 	if !bytes.Contains(dsn, []byte("operator returned this message")) {
 		t.Errorf("the DSN does not say the operator returned the message:\n%s", dsn)
 	}
@@ -111,7 +113,7 @@ func TestOperatorActionsExplainThemselves(t *testing.T) {
 		{released, "released", "released this recipient from hold"},
 		{deleted, "deleted", "deleted this recipient"},
 	}
-	eventually(t, 15*time.Second, "the operator's events", func() error {
+	relaytest.Eventually(t, 15*time.Second, "the operator's events", func() error {
 		evs := readEvents(t, eventsFile)
 	next:
 		for _, w := range want {
@@ -127,6 +129,7 @@ func TestOperatorActionsExplainThemselves(t *testing.T) {
 		}
 		return nil
 	})
+
 }
 
 // opEvent is the part of an event line TestOperatorActionsExplainThemselves reads.

@@ -24,6 +24,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 func TestOperatorMessageLife(t *testing.T) {
@@ -51,12 +52,13 @@ func TestOperatorMessageLife(t *testing.T) {
 	r.waitAttempts(waiting, "deferred", 15*time.Second)
 
 	t.Run("finished messages", func(t *testing.T) {
-		eventually(t, 10*time.Second, "the delivered message to leave the queue", func() error {
+		relaytest.Eventually(t, 10*time.Second, "the delivered message to leave the queue", func() error {
 			if rows := r.rowsOf(delivered); len(rows) > 0 {
 				return fmt.Errorf("still queued: %+v", rows)
 			}
 			return nil
 		})
+
 		res := r.cli("queue", "show", delivered)
 		for _, want := range []string{"finished", "no longer in the queue", "x@ok.test", "delivered", "250"} {
 			if res.Code != 0 || !strings.Contains(res.Stdout, want) {

@@ -27,6 +27,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestOpsQueueCommands populates the queue with messages for a destination
@@ -49,13 +50,14 @@ func TestOpsQueueCommands(t *testing.T) {
 	}
 	waitAttemptCount := func(id string, want int, status string) {
 		t.Helper()
-		eventually(t, 15*time.Second, fmt.Sprintf("%s at %d attempts, %s", id, want, status), func() error {
+		relaytest.Eventually(t, 15*time.Second, fmt.Sprintf("%s at %d attempts, %s", id, want, status), func() error {
 			rows := r.rowsOf(id)
 			if len(rows) != 1 || rows[0].Attempts < want || rows[0].Status != status {
 				return fmt.Errorf("rows %+v", rows)
 			}
 			return nil
 		})
+
 	}
 	for _, id := range ids {
 		waitAttemptCount(id, 1, "deferred")
@@ -139,12 +141,13 @@ func TestOpsQueueCommands(t *testing.T) {
 		if dsn.From != "" || len(rep.Recipients) != 1 || g == nil || g.Get("Action") != "failed" || !strings.HasPrefix(g.Get("Status"), "5.") {
 			t.Errorf("bounce DSN: from <%s>, recipients %v; want from <>, only x4@slow.test, failed 5.x.x", dsn.From, rep.Recipients)
 		}
-		eventually(t, 5*time.Second, "the bounced message to leave the queue", func() error {
+		relaytest.Eventually(t, 5*time.Second, "the bounced message to leave the queue", func() error {
 			if rows := r.rowsOf(ids[3]); len(rows) > 0 {
 				return fmt.Errorf("still there: %+v", rows)
 			}
 			return nil
 		})
+
 	})
 
 	t.Run("retry by domain", func(t *testing.T) {
@@ -222,7 +225,7 @@ func TestOpsMetricsAndLogs(t *testing.T) {
 		{"greyrelay_queue_messages", nil, 1},
 		{"greyrelay_dsn_total", map[string]string{"action": "failed"}, 1},
 	}
-	eventually(t, 10*time.Second, "the metrics of the scripted delivery", func() error {
+	relaytest.Eventually(t, 10*time.Second, "the metrics of the scripted delivery", func() error {
 		mfs := r.metrics()
 		var wrong []string
 		for _, s := range want {
@@ -388,21 +391,23 @@ func TestOpsSIGTERMUnderLoad(t *testing.T) {
 		}()
 	}
 	countAcked := func() int { mu.Lock(); defer mu.Unlock(); return len(acked) }
-	eventually(t, 20*time.Second, "40 messages accepted under load", func() error {
+	relaytest.Eventually(t, 20*time.Second, "40 messages accepted under load", func() error {
 		if c := countAcked(); c < 40 {
 			return fmt.Errorf("%d so far", c)
 		}
 		return nil
 	})
+
 	if err := r.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 25*time.Second, "the relay to exit after SIGTERM", func() error {
+	relaytest.Eventually(t, 25*time.Second, "the relay to exit after SIGTERM", func() error {
 		if r.Running() {
 			return fmt.Errorf("still running")
 		}
 		return nil
 	})
+
 	close(stop)
 	wg.Wait()
 	if err := r.Stop(); err != nil { // already exited: this is its exit status
@@ -412,7 +417,7 @@ func TestOpsSIGTERMUnderLoad(t *testing.T) {
 
 	r.Restart(t)
 	var missing []int
-	eventually(t, 30*time.Second, "every acknowledged message at the destination", func() error {
+	relaytest.Eventually(t, 30*time.Second, "every acknowledged message at the destination", func() error {
 		seen := map[int]bool{}
 		for _, m := range sink.Messages() {
 			if s, ok := loadSeq(m.Data); ok {
@@ -432,6 +437,7 @@ func TestOpsSIGTERMUnderLoad(t *testing.T) {
 		}
 		return nil
 	})
+
 	r.waitQueueEmpty(10 * time.Second)
 	t.Logf("%d messages acknowledged under load, all delivered after the restart", total)
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // readmeBlock is one fenced code block of README.md or of a page in docs/.
@@ -307,7 +308,7 @@ func postfixParams(t *testing.T, path string) [][2]string {
 func TestRecipePostfixSmarthost(t *testing.T) {
 	peers.Require(t, "postfix")
 	t.Parallel()
-	sinkIP, relayIP, clientIP := peers.Loopback(224), peers.Loopback(225), peers.Loopback(226)
+	sinkIP, relayIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
 	cert := peers.NewCert(t, "relay.test", relayIP)
 	cfg := rbRelay{IP: relayIP, Trusted: []string{"127.0.0.1/32"},
@@ -380,7 +381,7 @@ func TestRecipeExampleConfigs(t *testing.T) {
 	peers.Require(t, "swaks")
 	t.Parallel()
 	root, dir := moduleRoot(t), t.TempDir()
-	ip := peers.Loopback(227)
+	ip := relaytest.Loopback(t)
 	cert := peers.NewCert(t, "relay.example.com", ip)
 	etc := filepath.Join(dir, "etc")
 	if err := os.MkdirAll(etc, 0o755); err != nil {
@@ -564,7 +565,7 @@ func TestRecipeSystemdUnit(t *testing.T) {
 func TestRecipeStartHere(t *testing.T) {
 	peers.Require(t, "swaks")
 	t.Parallel()
-	ip := peers.Loopback(233)
+	ip := relaytest.Loopback(t)
 	sink := peers.StartSink(t, ip+":0", peers.SinkOptions{})
 	cfg := rbRelay{IP: ip, Trusted: []string{"127.0.0.0/8"}, Routes: map[string]string{"example.net": sink.Addr}}
 	r := peers.StartRelay(t, cfg.YAML(t))

@@ -19,6 +19,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // userLine runs `greyrelay user add NAME` with NAME-pw as the password.
@@ -49,12 +50,13 @@ func TestUsersAndTokensReloadWithoutRestart(t *testing.T) {
 	}
 	waitReload := func(cause string, before int) {
 		t.Helper()
-		eventually(t, 20*time.Second, cause+" reload", func() error {
+		relaytest.Eventually(t, 20*time.Second, cause+" reload", func() error {
 			if reloads(cause) <= before {
 				return os.ErrNotExist
 			}
 			return nil
 		})
+
 	}
 	send := func(user string) (string, int) {
 		m := peers.SwaksMessage{Server: r.SMTPAddr, From: user + "@users.test", To: []string{user + "@dest.test"},

@@ -27,6 +27,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // apiDocAddr is the API address the recipes are written with.
@@ -354,12 +355,13 @@ func TestSendAPIFindMessages(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 20*time.Second, "both messages deferred", func() error {
+	relaytest.Eventually(t, 20*time.Second, "both messages deferred", func() error {
 		if rows := r.rows(); len(rows) != 2 || rows[0].Status != "deferred" || rows[1].Status != "deferred" {
 			return fmt.Errorf("%+v", rows)
 		}
 		return nil
 	})
+
 	run("queued", "deferred")
 	open.Store(true)
 	sink.WaitFor(t, 2, 30*time.Second)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestRobustPostfixSmarthost: greyrelay as Postfix's relayhost. An application
@@ -34,7 +35,7 @@ func TestRobustPostfixSmarthost(t *testing.T) {
 	peers.Require(t, "postfix")
 	t.Parallel()
 	const regular, bounced = 180, 20
-	sinkIP, destIP, relayIP, clientIP, appIP := peers.Loopback(200), peers.Loopback(201), peers.Loopback(202), peers.Loopback(203), peers.Loopback(204)
+	sinkIP, destIP, relayIP, clientIP, appIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 
 	sink := peers.StartSink(t, sinkIP+":0", peers.SinkOptions{})
 	dest := peers.StartPostfix(t, peers.PostfixConfig{

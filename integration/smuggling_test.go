@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // rbSmuggleVariants are 13 end-of-data impostors: sequences some MTA might
@@ -51,7 +52,7 @@ var rbSmuggleVariants = []struct {
 // bytes checked are the bytes on the wire.
 func TestRobustSmuggling(t *testing.T) {
 	t.Parallel()
-	relayIP, sinkIP, clientIP := peers.Loopback(230), peers.Loopback(231), peers.Loopback(232)
+	relayIP, sinkIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	sink := rbStartRawSink(t, sinkIP)
 	for _, policy := range []string{"normalize", "reject"} {
 		t.Run(policy, func(t *testing.T) {

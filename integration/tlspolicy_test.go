@@ -28,6 +28,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // tlsaHash is the SHA-256 of a certificate's DER (selector 0) or of its
@@ -540,12 +541,13 @@ func TestTLSPolicyConnectionReuse(t *testing.T) {
 	}
 	for id, policy := range held {
 		var atts []logEntry
-		eventually(t, 60*time.Second, "an attempt for "+id, func() error {
+		relaytest.Eventually(t, 60*time.Second, "an attempt for "+id, func() error {
 			if atts = r.attempts(id); len(atts) == 0 {
 				return errors.New("none yet")
 			}
 			return nil
 		})
+
 		if a := atts[0]; a.str("outcome") != "deferred" || a.str("reason") != "tls" || a.str("enhanced") != "4.7.5" {
 			t.Errorf("%s: first attempt %v, want deferred with reason tls, 4.7.5", id, a)
 		}

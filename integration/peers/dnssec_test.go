@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/miekg/dns"
+
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestDNSSEC: the validating Unbound sets AD on answers from the signed
@@ -11,7 +13,7 @@ import (
 // record forged after signing.
 func TestDNSSEC(t *testing.T) {
 	t.Parallel()
-	d := StartDNSSEC(t, Loopback(60), Loopback(61),
+	d := StartDNSSEC(t, relaytest.Loopback(t), relaytest.Loopback(t),
 		Zone{Name: "signed.test", Signed: true, Records: []string{"a A 127.0.0.5", "b TXT \"hello\""}, Forge: []string{"b"}},
 		Zone{Name: "plain.test", Records: []string{"a A 127.0.0.6"}})
 	for _, c := range []struct {

@@ -42,10 +42,10 @@ func StartHAProxy(t testing.TB, c HAProxyConfig) *HAProxy {
 	Require(t, "haproxy")
 	dir := t.TempDir()
 	if c.Listen == "" {
-		c.Listen = FreeAddr(t, Loopback(1))
+		c.Listen = FreeAddr(t, "127.0.0.1")
 	}
 	if c.Source == "" {
-		c.Source = Loopback(1)
+		c.Source = "127.0.0.1"
 	}
 	h := &HAProxy{Addr: c.Listen, ConfigPath: filepath.Join(dir, "haproxy.cfg"), LogPath: filepath.Join(dir, "haproxy.log")}
 	if err := os.WriteFile(h.ConfigPath, []byte(haproxyConfig(c)), 0o644); err != nil {

@@ -29,7 +29,7 @@
 //	peers.Require(t, "postfix", "postgrey", "swaks")
 //	sink := peers.StartSink(t, "", peers.SinkOptions{})
 //	grey := peers.StartPostgrey(t, "", 3*time.Second)
-//	mx := peers.StartPostfix(t, peers.PostfixConfig{Listen: peers.FreeAddr(t, peers.Loopback(10)),
+//	mx := peers.StartPostfix(t, peers.PostfixConfig{Listen: peers.FreeAddr(t, relaytest.Loopback(t)),
 //		RelayDomains: []string{"dest.test"}, DeliverTo: sink.Addr, Postgrey: grey})
 //	relay := peers.StartRelay(t, config) // config routes dest.test to mx.Listen
 //	peers.SwaksMessage{Server: relay.SMTPAddr, From: "a@src.test", To: []string{"b@dest.test"}}.Send(t)
@@ -115,12 +115,6 @@ func mustLookPath(t testing.TB, name string) string {
 		t.Fatalf("%v (call peers.Require first)", err)
 	}
 	return p
-}
-
-// Loopback returns the IPv4 loopback address 127.0.0.n. Distinct n are
-// distinct "hosts" as far as SMTP peers and greylisting are concerned.
-func Loopback(n int) string {
-	return "127.0.0." + strconv.Itoa(n)
 }
 
 // FreePort returns a TCP port that was free on ip a moment ago: one that

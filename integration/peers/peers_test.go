@@ -21,6 +21,8 @@ import (
 	"github.com/emersion/go-smtp"
 	"github.com/miekg/dns"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // fakeRelayEnv makes the test binary behave as a minimal greyrelay, so the
@@ -218,7 +220,8 @@ func TestSinkRecordsAndScripts(t *testing.T) {
 			return nil
 		},
 	})
-	c := dialRaw(t, sink.Addr, Loopback(7))
+	clientIP := relaytest.Loopback(t)
+	c := dialRaw(t, sink.Addr, clientIP)
 	c.send("EHLO client.test", "250")
 	c.send("MAIL FROM:<a@src.test> SIZE=100 BODY=8BITMIME", "250")
 	c.send("RCPT TO:<grey@dest.test>", "450 4.2.0")
@@ -249,7 +252,7 @@ func TestSinkRecordsAndScripts(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"ClientIP", m.ClientIP, Loopback(7)},
+		{"ClientIP", m.ClientIP, clientIP},
 		{"HELO", m.HELO, "client.test"},
 		{"Conn", m.Conn, 1},
 		{"Rcpts", strings.Join(m.Rcpts, ","), "grey@dest.test,ok@dest.test"},
@@ -372,15 +375,16 @@ func TestPostfixDestination(t *testing.T) {
 	Require(t, "postfix", "swaks")
 	t.Parallel()
 	sink := StartSink(t, "", SinkOptions{})
+	mxIP, clientIP := relaytest.Loopback(t), relaytest.Loopback(t)
 	px := StartPostfix(t, PostfixConfig{
-		Listen:          FreeAddr(t, Loopback(10)),
+		Listen:          FreeAddr(t, mxIP),
 		Hostname:        "mx.dest.test",
 		RelayDomains:    []string{"dest.test"},
 		KnownRecipients: []string{"known@dest.test"},
 		DeliverTo:       sink.Addr,
 		ServerCert:      NewCert(t, "mx.dest.test"),
 	})
-	msg := SwaksMessage{Server: px.Listen, From: "a@src.test", LocalIP: Loopback(11),
+	msg := SwaksMessage{Server: px.Listen, From: "a@src.test", LocalIP: clientIP,
 		Data: []byte("Subject: to postfix\r\nX-Test: 1\r\n\r\nbody line\r\n")}
 
 	t.Run("known recipient is relayed to the sink", func(t *testing.T) {
@@ -389,8 +393,8 @@ func TestPostfixDestination(t *testing.T) {
 			t.Fatalf("swaks exit %d:\n%s", code, out)
 		}
 		m := sink.WaitFor(t, 1, 15*time.Second)[0]
-		if m.ClientIP != Loopback(10) || m.HELO != "mx.dest.test" {
-			t.Errorf("sink saw client %s HELO %q, want %s mx.dest.test", m.ClientIP, m.HELO, Loopback(10))
+		if m.ClientIP != mxIP || m.HELO != "mx.dest.test" {
+			t.Errorf("sink saw client %s HELO %q, want %s mx.dest.test", m.ClientIP, m.HELO, mxIP)
 		}
 		if m.From != "a@src.test" || strings.Join(m.Rcpts, ",") != "known@dest.test" {
 			t.Errorf("envelope %q -> %v", m.From, m.Rcpts)
@@ -437,9 +441,10 @@ func TestPostfixPostgrey(t *testing.T) {
 	Require(t, "postfix", "postgrey", "swaks")
 	t.Parallel()
 	sink := StartSink(t, "", SinkOptions{})
+	mxIP, clientIP, otherIP := relaytest.Loopback(t), relaytest.Loopback(t), relaytest.Loopback(t)
 	grey := StartPostgrey(t, "", 3*time.Second)
 	px := StartPostfix(t, PostfixConfig{
-		Listen:       FreeAddr(t, Loopback(12)),
+		Listen:       FreeAddr(t, mxIP),
 		RelayDomains: []string{"dest.test"},
 		DeliverTo:    sink.Addr,
 		Postgrey:     grey,
@@ -452,11 +457,11 @@ func TestPostfixPostgrey(t *testing.T) {
 	var last time.Time
 	for i := range 2 { // the second try, too early, is still greylisted
 		last = time.Now()
-		if out, code := send(Loopback(13)); code == 0 || !strings.Contains(out, greylisted) {
+		if out, code := send(clientIP); code == 0 || !strings.Contains(out, greylisted) {
 			t.Fatalf("try %d: swaks exit %d, want %q:\n%s", i+1, code, greylisted, out)
 		}
 	}
-	if out, code := send(Loopback(14)); code == 0 || !strings.Contains(out, greylisted) {
+	if out, code := send(otherIP); code == 0 || !strings.Contains(out, greylisted) {
 		t.Fatalf("other client IP: swaks exit %d, want greylisting:\n%s", code, out)
 	}
 	// The delay under test, not a synchronisation. It is counted from the
@@ -464,13 +469,13 @@ func TestPostfixPostgrey(t *testing.T) {
 	// of the first as new again ("reason=new" twice), and it counts in
 	// whole seconds, hence the extra second.
 	time.Sleep(time.Until(last.Add(grey.Delay + 1200*time.Millisecond)))
-	if out, code := send(Loopback(13)); code != 0 {
+	if out, code := send(clientIP); code != 0 {
 		t.Fatalf("after the delay: swaks exit %d:\n%s\npostgrey:\n%s", code, out, grey.Log())
 	}
-	if m := sink.WaitFor(t, 1, 15*time.Second)[0]; m.ClientIP != Loopback(12) {
-		t.Errorf("sink saw client %s, want %s", m.ClientIP, Loopback(12))
+	if m := sink.WaitFor(t, 1, 15*time.Second)[0]; m.ClientIP != mxIP {
+		t.Errorf("sink saw client %s, want %s", m.ClientIP, mxIP)
 	}
-	if !strings.Contains(grey.Log(), "client_address="+Loopback(13)) {
+	if !strings.Contains(grey.Log(), "client_address="+clientIP) {
 		t.Errorf("postgrey log lacks the client:\n%s", grey.Log())
 	}
 }
@@ -481,13 +486,14 @@ func TestPostfixSmarthostClient(t *testing.T) {
 	Require(t, "postfix")
 	t.Parallel()
 	sink := StartSink(t, "", SinkOptions{})
+	ip := relaytest.Loopback(t)
 	px := StartPostfix(t, PostfixConfig{
 		RelayHost:   "[127.0.0.1]:" + portOf(sink.Addr),
-		BindAddress: Loopback(15),
+		BindAddress: ip,
 	})
 	px.Sendmail(t, "sender@src.test", []string{"x@far.test", "y@far.test"}, []byte("Subject: via sendmail\n\nhello\n.\nend\n"))
 	m := sink.WaitFor(t, 1, 15*time.Second)[0]
-	if m.ClientIP != Loopback(15) || m.From != "sender@src.test" || strings.Join(m.Rcpts, ",") != "x@far.test,y@far.test" {
+	if m.ClientIP != ip || m.From != "sender@src.test" || strings.Join(m.Rcpts, ",") != "x@far.test,y@far.test" {
 		t.Errorf("sink saw %s: %q -> %v", m.ClientIP, m.From, m.Rcpts)
 	}
 	if !strings.Contains(string(m.Data), "\r\nhello\r\n.\r\nend\r\n") {

@@ -76,7 +76,7 @@ func startRedis(t testing.TB, addr, bin string, args func(dir string) []string) 
 	t.Helper()
 	Require(t, bin)
 	if addr == "" {
-		addr = FreeAddr(t, Loopback(1))
+		addr = FreeAddr(t, "127.0.0.1")
 	}
 	dir := t.TempDir()
 	r := &Redis{Addr: addr, Dir: dir, LogPath: filepath.Join(dir, "redis.log"), t: t, bin: bin}

@@ -7,16 +7,16 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"log"
+	"maps"
 	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/emersion/go-sasl"
 	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // SinkOptions configures a Sink. The zero value accepts every message.
@@ -66,23 +66,22 @@ type Received struct {
 }
 
 // Sink is a recording SMTP server: a fake MX or smarthost whose every
-// transaction, and every command on the wire, a test can inspect.
+// transaction, and every command on the wire, a test can inspect. It is
+// relaytest's FakeMX (the one go-smtp test server of the project) with
+// the scripts and records the integration tests speak: attempts counted
+// per address, the commands counted on the wire, messages awaited.
 type Sink struct {
 	Addr string // host:port it listens on
 
-	opts SinkOptions
-	srv  *smtp.Server
-	ln   net.Listener
+	opts  SinkOptions
+	mx    *relaytest.FakeMX
+	ready chan struct{} // closed once mx is set: a client may come first
 
 	mu       sync.Mutex
-	conns    int
-	txs      []*Received
 	commands map[string]int
 	mails    map[string]int
 	rcpts    map[string]int
 	datas    int
-	changed  chan struct{} // closed (and replaced) on every new record
-	closed   sync.Once
 }
 
 // StartSink listens on addr ("" means 127.0.0.1 on a free port) and serves
@@ -92,51 +91,81 @@ func StartSink(t testing.TB, addr string, opts SinkOptions) *Sink {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	if opts.ImplicitTLS && opts.TLS == nil {
-		t.Fatalf("peers: sink: ImplicitTLS needs TLS")
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		t.Fatalf("peers: sink: %v", err)
-	}
-	s := &Sink{Addr: ln.Addr().String(), opts: opts, ln: ln, commands: map[string]int{},
-		mails: map[string]int{}, rcpts: map[string]int{}, changed: make(chan struct{})}
-	s.srv = smtp.NewServer(smtp.BackendFunc(s.newSession))
-	s.srv.Domain = cmp.Or(opts.Domain, "sink.test")
-	s.srv.ReadTimeout, s.srv.WriteTimeout = time.Minute, time.Minute
-	s.srv.ErrorLog = log.New(io.Discard, "", 0) // a client hanging up is not news
-	s.srv.AllowInsecureAuth = opts.InsecureAuth || opts.ImplicitTLS
-	wl := &wireListener{Listener: ln, sink: s}
-	if opts.ImplicitTLS {
-		wl.tls = opts.TLS
-	} else {
-		s.srv.TLSConfig = opts.TLS
-	}
-	if opts.Configure != nil {
-		opts.Configure(s.srv)
-	}
-	go func() { _ = s.srv.Serve(wl) }()
-	t.Cleanup(s.Close)
+	s := &Sink{opts: opts, ready: make(chan struct{}), commands: map[string]int{}, mails: map[string]int{}, rcpts: map[string]int{}}
+	s.mx = relaytest.StartMX(t, addr, relaytest.MXOptions{
+		Domain: cmp.Or(opts.Domain, "sink.test"), TLS: opts.TLS, ImplicitTLS: opts.ImplicitTLS,
+		Users: opts.Users, NoTranscript: true, Script: s.script(),
+		WrapConn: func(c net.Conn, _ int) net.Conn { return &wireConn{Conn: c, sink: s, pending: []string{""}} },
+		Configure: func(srv *smtp.Server) {
+			srv.ReadTimeout, srv.WriteTimeout = time.Minute, time.Minute
+			srv.AllowInsecureAuth = opts.InsecureAuth || opts.ImplicitTLS
+			if opts.Configure != nil {
+				opts.Configure(srv)
+			}
+		}})
+	s.Addr = s.mx.Addr().String()
+	close(s.ready)
 	return s
 }
 
-// Close stops the sink and drops its connections.
-func (s *Sink) Close() {
-	s.closed.Do(func() {
-		_ = s.srv.Close()
-		_ = s.ln.Close() // in case Serve has not registered it yet
-	})
+// script turns the SinkOptions' scripts, whose attempts count per
+// address, into the FakeMX's, which are told the transaction.
+func (s *Sink) script() relaytest.Script {
+	var sc relaytest.Script
+	if f := s.opts.Mail; f != nil {
+		sc.Mail = func(tx int) error {
+			<-s.ready
+			from := s.mx.Tx(tx).From
+			s.mu.Lock()
+			s.mails[strings.ToLower(from)]++
+			n := s.mails[strings.ToLower(from)]
+			s.mu.Unlock()
+			return replyErr(f(from, n))
+		}
+	}
+	if f := s.opts.Rcpt; f != nil {
+		sc.Rcpt = func(_ int, to string) error {
+			s.mu.Lock()
+			s.rcpts[strings.ToLower(to)]++
+			n := s.rcpts[strings.ToLower(to)]
+			s.mu.Unlock()
+			return replyErr(f(to, n))
+		}
+	}
+	if f := s.opts.Data; f != nil {
+		sc.Data = func(tx int) error {
+			<-s.ready
+			rcpts := s.mx.Tx(tx).Accepted
+			s.mu.Lock()
+			s.datas++
+			n := s.datas
+			s.mu.Unlock()
+			return replyErr(f(rcpts, n))
+		}
+	}
+	return sc
 }
+
+// replyErr is e as an error: nil, not a typed nil, when e is nil.
+func replyErr(e *smtp.SMTPError) error {
+	if e == nil {
+		return nil
+	}
+	return e
+}
+
+// Close stops the sink and drops its connections.
+func (s *Sink) Close() { s.mx.Close() }
 
 // Messages returns the transactions whose DATA the sink accepted, in order.
 func (s *Sink) Messages() []Received {
-	return s.snapshot(func(r *Received) bool { return r.Data != nil && r.Reply == nil })
+	return s.snapshot(func(r Received) bool { return r.Data != nil && r.Reply == nil })
 }
 
 // Transactions returns every transaction (accepted MAIL) seen, in order,
 // including refused and abandoned ones.
 func (s *Sink) Transactions() []Received {
-	return s.snapshot(func(*Received) bool { return true })
+	return s.snapshot(func(Received) bool { return true })
 }
 
 // Commands returns how many times each command verb (upper case: "EHLO",
@@ -146,19 +175,11 @@ func (s *Sink) Transactions() []Received {
 func (s *Sink) Commands() map[string]int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m := make(map[string]int, len(s.commands))
-	for k, v := range s.commands {
-		m[k] = v
-	}
-	return m
+	return maps.Clone(s.commands)
 }
 
 // Connections returns how many connections the sink has accepted.
-func (s *Sink) Connections() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.conns
-}
+func (s *Sink) Connections() int { return len(s.mx.Connections()) }
 
 // WaitFor waits until the sink has accepted at least n messages and returns
 // them; after timeout it fails the test, listing what it did see.
@@ -167,9 +188,7 @@ func (s *Sink) WaitFor(t testing.TB, n int, timeout time.Duration) []Received {
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
 	for {
-		s.mu.Lock()
-		ch := s.changed
-		s.mu.Unlock()
+		ch := s.mx.Changed()
 		if msgs := s.Messages(); len(msgs) >= n {
 			return msgs
 		}
@@ -193,185 +212,34 @@ func (s *Sink) describe() string {
 	return b.String()
 }
 
-func (s *Sink) snapshot(keep func(*Received) bool) []Received {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// snapshot converts the FakeMX's transactions whose MAIL was accepted.
+func (s *Sink) snapshot(keep func(Received) bool) []Received {
 	var out []Received
-	for _, r := range s.txs {
+	for _, tx := range s.mx.Transactions() {
+		if tx.MailErr != nil {
+			continue
+		}
+		r := Received{Conn: tx.Conn + 1, ClientIP: tx.Client, HELO: tx.Helo, TLS: tx.TLS, User: tx.User, From: tx.From,
+			MailOptions: tx.MailOpts, Rcpts: tx.Accepted, RcptOptions: tx.RcptOpts, Rejected: tx.Refused, Data: tx.Body}
+		if tx.Body != nil {
+			sum := sha256.Sum256(tx.Body)
+			r.SHA256 = hex.EncodeToString(sum[:])
+		}
+		var e *smtp.SMTPError
+		if errors.As(tx.DataErr, &e) {
+			r.Reply = e
+		}
 		if keep(r) {
-			c := *r
-			c.Rcpts = append([]string(nil), r.Rcpts...)
-			c.RcptOptions = append([]smtp.RcptOptions(nil), r.RcptOptions...)
-			c.Rejected = append([]string(nil), r.Rejected...)
-			out = append(out, c)
+			out = append(out, r)
 		}
 	}
 	return out
-}
-
-// signal wakes WaitFor; s.mu must be held.
-func (s *Sink) signal() {
-	close(s.changed)
-	s.changed = make(chan struct{})
-}
-
-func (s *Sink) noteConn() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.conns++
-	s.signal()
-	return s.conns
 }
 
 func (s *Sink) noteCommand(verb string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.commands[verb]++
-	s.signal()
-}
-
-func (s *Sink) newSession(c *smtp.Conn) (smtp.Session, error) {
-	sess := &sinkSession{sink: s, conn: c}
-	if w := wireOf(c.Conn()); w != nil {
-		sess.id = w.id
-		sess.tls = w.implicitTLS
-	}
-	if _, ok := c.TLSConnectionState(); ok {
-		sess.tls = true
-	}
-	if host, _, err := net.SplitHostPort(c.Conn().RemoteAddr().String()); err == nil {
-		sess.ip = host
-	}
-	return sess, nil
-}
-
-// wireOf finds our wireConn below go-smtp's connection (which is a
-// *tls.Conn after STARTTLS).
-func wireOf(c net.Conn) *wireConn {
-	if tc, ok := c.(*tls.Conn); ok {
-		c = tc.NetConn()
-	}
-	w, _ := c.(*wireConn)
-	return w
-}
-
-// sinkSession is one go-smtp session (one connection, or the part of it
-// after STARTTLS).
-type sinkSession struct {
-	sink *Sink
-	conn *smtp.Conn
-	id   int
-	ip   string
-	tls  bool
-	user string
-	tx   *Received // the open transaction, if any
-}
-
-func (ss *sinkSession) Mail(from string, opts *smtp.MailOptions) error {
-	s := ss.sink
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.mails[strings.ToLower(from)]++
-	if f := s.opts.Mail; f != nil {
-		if e := f(from, s.mails[strings.ToLower(from)]); e != nil {
-			return e
-		}
-	}
-	r := &Received{Conn: ss.id, ClientIP: ss.ip, HELO: ss.conn.Hostname(), TLS: ss.tls, User: ss.user, From: from}
-	if opts != nil {
-		r.MailOptions = *opts
-		if opts.Auth != nil {
-			a := *opts.Auth
-			r.MailOptions.Auth = &a
-		}
-	}
-	ss.tx = r
-	s.txs = append(s.txs, r)
-	s.signal()
-	return nil
-}
-
-func (ss *sinkSession) Rcpt(to string, opts *smtp.RcptOptions) error {
-	s := ss.sink
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ss.tx == nil {
-		return &smtp.SMTPError{Code: 503, EnhancedCode: smtp.EnhancedCode{5, 5, 1}, Message: "MAIL first"}
-	}
-	s.rcpts[strings.ToLower(to)]++
-	if f := s.opts.Rcpt; f != nil {
-		if e := f(to, s.rcpts[strings.ToLower(to)]); e != nil {
-			ss.tx.Rejected = append(ss.tx.Rejected, to)
-			s.signal()
-			return e
-		}
-	}
-	ss.tx.Rcpts = append(ss.tx.Rcpts, to)
-	var o smtp.RcptOptions
-	if opts != nil {
-		o = *opts
-	}
-	ss.tx.RcptOptions = append(ss.tx.RcptOptions, o)
-	s.signal()
-	return nil
-}
-
-func (ss *sinkSession) Data(r io.Reader) error {
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return err // go-smtp's own error (message too large...)
-	}
-	s := ss.sink
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ss.tx == nil {
-		return errors.New("peers: DATA without a transaction")
-	}
-	s.datas++
-	sum := sha256.Sum256(b)
-	ss.tx.Data, ss.tx.SHA256 = b, hex.EncodeToString(sum[:])
-	if ss.tx.Data == nil {
-		ss.tx.Data = []byte{}
-	}
-	if f := s.opts.Data; f != nil {
-		ss.tx.Reply = f(append([]string(nil), ss.tx.Rcpts...), s.datas)
-	}
-	s.signal()
-	if ss.tx.Reply != nil {
-		return ss.tx.Reply // not a typed nil: checked above
-	}
-	return nil
-}
-
-func (ss *sinkSession) Reset() {
-	ss.sink.mu.Lock()
-	ss.tx = nil
-	ss.sink.mu.Unlock()
-}
-
-func (ss *sinkSession) Logout() error { return nil }
-
-// AuthMechanisms implements smtp.AuthSession: PLAIN when Users is set.
-func (ss *sinkSession) AuthMechanisms() []string {
-	if len(ss.sink.opts.Users) == 0 {
-		return nil
-	}
-	return []string{sasl.Plain}
-}
-
-// Auth implements smtp.AuthSession.
-func (ss *sinkSession) Auth(mech string) (sasl.Server, error) {
-	if mech != sasl.Plain || len(ss.sink.opts.Users) == 0 {
-		return nil, smtp.ErrAuthUnknownMechanism
-	}
-	return sasl.NewPlainServer(func(identity, username, password string) error {
-		want, ok := ss.sink.opts.Users[username]
-		if !ok || want != password || (identity != "" && identity != username) {
-			return smtp.ErrAuthFailed
-		}
-		ss.user = username
-		return nil
-	}), nil
 }
 
 // Greylist returns a Rcpt script that refuses each recipient's first tries

@@ -2,7 +2,6 @@ package peers
 
 import (
 	"bytes"
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -10,27 +9,6 @@ import (
 	"strings"
 	"sync"
 )
-
-// wireListener wraps every accepted connection in a wireConn. With a TLS
-// config it terminates implicit TLS first, so that the wireConn still sees
-// plaintext.
-type wireListener struct {
-	net.Listener
-	sink *Sink
-	tls  *tls.Config // implicit TLS, or nil
-}
-
-func (l *wireListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	implicit := false
-	if l.tls != nil {
-		c, implicit = tls.Server(c, l.tls), true
-	}
-	return &wireConn{Conn: c, sink: l.sink, id: l.sink.noteConn(), implicitTLS: implicit, pending: []string{""}}, nil
-}
 
 // wireMode is what the client's next bytes are.
 type wireMode int
@@ -55,9 +33,7 @@ const (
 // connection is ciphertext and it stops counting.
 type wireConn struct {
 	net.Conn
-	sink        *Sink
-	id          int
-	implicitTLS bool
+	sink *Sink
 
 	mu      sync.Mutex
 	in, out []byte   // partial client and server lines

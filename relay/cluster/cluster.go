@@ -17,8 +17,11 @@
 //     time). A Lua script drops expired members and adds one if fewer than
 //     the limit remain. A node renews its leases in one pipeline per
 //     lease_ttl/3, so a dead node's slots free within lease_ttl.
-//   - Keys put the domain in a hash tag ({domain}), so a domain's keys
-//     share a slot in a Redis Cluster and a script may touch them together.
+//   - The state lives in a Store: Redis in production (redis.go); the
+//     Cluster decides what to share and what to do when the store fails,
+//     the Store applies each operation atomically on one clock. Keys put
+//     the domain in a hash tag ({domain}), so a domain's keys share a slot
+//     in a Redis Cluster and a script may touch them together.
 //   - Redis failing never stops mail. Every call has a short timeout; the
 //     first failure marks Redis down (a warning, greyrelay_cluster_redis_up
 //     0) and until a background PING succeeds again every call returns at
@@ -53,19 +56,15 @@
 //     entry only at its first heartbeat, which is therefore no conflict
 //     (registry.go).
 //
-// The client is go-redis's UniversalClient: one address is a single
+// The Redis client is go-redis's UniversalClient: one address is a single
 // server, several a Redis Cluster, and master_name selects Sentinel.
 package cluster
 
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -74,7 +73,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/relay/config"
@@ -86,6 +84,9 @@ type Options struct {
 	Node     Node // this node's registry entry
 	Logger   *zap.Logger
 	Registry prometheus.Registerer
+	// Store keeps the shared state; nil means the Redis that
+	// Config.Redis names (NewRedis).
+	Store Store
 }
 
 // Node is one node's entry in the registry.
@@ -111,7 +112,7 @@ type Node struct {
 // Cluster is a node's connection to the shared state. Its methods are safe
 // for concurrent use and never block longer than cluster.redis.timeout.
 type Cluster struct {
-	rdb     redis.UniversalClient
+	store   Store
 	cfg     config.Cluster
 	node    Node
 	log     *zap.Logger
@@ -142,11 +143,14 @@ type clusterMetrics struct {
 // New connects (lazily: go-redis dials on first use) and starts the
 // background loop that pings, renews leases and refreshes the registry.
 func New(opt Options) (*Cluster, error) {
-	uo, err := universalOptions(opt.Config.Redis)
-	if err != nil {
-		return nil, err
+	st := opt.Store
+	if st == nil {
+		var err error
+		if st, err = NewRedis(opt.Config.Redis); err != nil {
+			return nil, err
+		}
 	}
-	c := &Cluster{rdb: redis.NewUniversalClient(uo), cfg: opt.Config, node: opt.Node, log: opt.Logger,
+	c := &Cluster{store: st, cfg: opt.Config, node: opt.Node, log: opt.Logger,
 		leases: map[string]*lease{}, stop: make(chan struct{}), done: make(chan struct{}),
 		instance: rand.Text()[:12], freed: make(chan string, 64), listened: make(chan struct{})}
 	if c.log == nil {
@@ -177,30 +181,6 @@ func New(opt Options) (*Cluster, error) {
 	return c, nil
 }
 
-func universalOptions(r config.Redis) (*redis.UniversalOptions, error) {
-	if len(r.Addresses) == 0 {
-		return nil, errors.New("cluster: cluster.redis.addresses is empty")
-	}
-	uo := &redis.UniversalOptions{Addrs: r.Addresses, MasterName: r.MasterName, Username: r.Username,
-		Password: r.Password, DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
-		MaxRetries: -1, PoolSize: 8}
-	if r.TLS {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.TLSServerName}
-		if r.TLSCA != "" {
-			pem, err := os.ReadFile(r.TLSCA)
-			if err != nil {
-				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca: %w", err)
-			}
-			tc.RootCAs = x509.NewCertPool()
-			if !tc.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca %s: no certificate", r.TLSCA)
-			}
-		}
-		uo.TLSConfig = tc
-	}
-	return uo, nil
-}
-
 // Close stops the background loop, releases this node's leases and
 // removes its registry entry if this run wrote it last (best effort), and
 // closes the client.
@@ -213,14 +193,14 @@ func (c *Cluster) Close() error {
 		ctx, cancel := c.ctx()
 		c.leaseMu.Lock()
 		for member, l := range c.leases {
-			c.rdb.ZRem(ctx, l.key, member)
+			c.store.Drop(ctx, l.key, member)
 		}
 		clear(c.leases)
 		c.leaseMu.Unlock()
-		unregisterScript.Run(ctx, c.rdb, []string{nodeKey(c.node.Name)}, c.instance)
+		c.store.Unregister(ctx, c.node.Name, c.instance)
 		cancel()
 	}
-	return c.rdb.Close()
+	return c.store.Close()
 }
 
 // Up reports whether Redis answered the last call.
@@ -236,9 +216,9 @@ func (c *Cluster) ctx() (context.Context, context.CancelFunc) {
 // count records one round trip for op.
 func (c *Cluster) count(op string) { c.m.commands.WithLabelValues(op).Inc() }
 
-// failed marks Redis down after a failed call (redis.Nil is an answer).
+// failed marks Redis down after a failed call.
 func (c *Cluster) failed(op string, err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) {
+	if err == nil {
 		return false
 	}
 	if c.up.Swap(false) {
@@ -254,7 +234,7 @@ func (c *Cluster) ping() {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("ping")
-	if err := c.rdb.Ping(ctx).Err(); err != nil {
+	if err := c.store.Ping(ctx); err != nil {
 		c.failed("ping", err)
 		return
 	}
@@ -288,52 +268,26 @@ func (c *Cluster) loop() {
 }
 
 // Nodes lists the registered nodes (those whose entry has not expired).
-func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) { return nodes(ctx, c.rdb) }
+func (c *Cluster) Nodes(ctx context.Context) ([]Node, error) { return nodes(ctx, c.store) }
 
 // ListNodes connects to the Redis r names only to list the registered
 // nodes (`greyrelay cluster status`): it registers nothing itself.
 func ListNodes(ctx context.Context, r config.Redis) ([]Node, error) {
-	uo, err := universalOptions(r)
+	st, err := NewRedis(r)
 	if err != nil {
 		return nil, err
 	}
-	rdb := redis.NewUniversalClient(uo)
-	defer rdb.Close()
-	return nodes(ctx, rdb)
+	defer st.Close()
+	return nodes(ctx, st)
 }
 
-func nodes(ctx context.Context, rdb redis.UniversalClient) ([]Node, error) {
-	var keys []string
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		// SCAN runs on one shard of a Redis Cluster: ask every master.
-		var mu sync.Mutex
-		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			it := m.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
-			for it.Next(ctx) {
-				mu.Lock()
-				keys = append(keys, it.Val())
-				mu.Unlock()
-			}
-			return it.Err()
-		})
-		if err != nil {
-			return nil, fmt.Errorf("cluster: nodes: %w", err)
-		}
-	} else {
-		iter := rdb.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			return nil, fmt.Errorf("cluster: nodes: %w", err)
-		}
+func nodes(ctx context.Context, st Store) ([]Node, error) {
+	entries, err := st.Nodes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: nodes: %w", err)
 	}
 	var out []Node
-	for _, k := range keys {
-		b, err := rdb.Get(ctx, k).Bytes()
-		if err != nil {
-			continue // expired between SCAN and GET
-		}
+	for _, b := range entries {
 		var n Node
 		if json.Unmarshal(b, &n) == nil {
 			out = append(out, n)
@@ -343,26 +297,7 @@ func nodes(ctx context.Context, rdb redis.UniversalClient) ([]Node, error) {
 	return out, nil
 }
 
-// nodeKey is the registry key of a node.
-func nodeKey(name string) string { return "greyrelay:node:" + name }
-
 // newLeaseID names one lease of this node.
 func (c *Cluster) newLeaseID() string {
 	return c.node.Name + "/" + c.instance + "/" + strconv.FormatUint(c.seq.Add(1), 36)
-}
-
-// RouteRedisLogs sends go-redis's own log lines (pool dial failures and
-// the like, otherwise printed to stderr) to log at debug level: the
-// cluster's state changes are logged once each by this package, and a
-// Redis that is down would otherwise print a line per dial. go-redis
-// keeps one logger per process, so serve calls this once.
-func RouteRedisLogs(log *zap.Logger) {
-	redis.SetLogger(redisLog{log.Named("redis")})
-}
-
-type redisLog struct{ log *zap.Logger }
-
-// Printf implements go-redis's internal.Logging.
-func (l redisLog) Printf(_ context.Context, format string, v ...any) {
-	l.log.Debug(fmt.Sprintf(format, v...))
 }

@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -44,10 +42,6 @@ type record struct {
 	Node            string    `json:"node"`
 }
 
-// destKey is the domain's shared record. The hash tag keeps every key of a
-// domain in one Redis Cluster slot.
-func destKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest" }
-
 // Load returns the shared record of domain as a queue.Destination holding
 // only the shared fields; ok is false if there is none or Redis is down.
 func (c *Cluster) Load(domain string) (queue.Destination, bool) {
@@ -57,8 +51,8 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("load")
-	b, err := c.rdb.Get(ctx, destKey(domain)).Bytes()
-	if c.failed("load", err) || err == redis.Nil {
+	b, err := c.store.Record(ctx, strings.ToLower(domain))
+	if c.failed("load", err) || b == nil {
 		return queue.Destination{}, false
 	}
 	var r record
@@ -91,5 +85,5 @@ func (c *Cluster) Publish(d queue.Destination) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("publish")
-	c.failed("publish", c.rdb.Set(ctx, destKey(d.Domain), b, sharedTTL).Err())
+	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, sharedTTL))
 }

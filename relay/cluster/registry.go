@@ -2,37 +2,10 @@ package cluster
 
 import (
 	"encoding/json"
-	"errors"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
-
-// heartbeatScript writes a node's registry entry and returns the entry it
-// replaced, in one round trip: KEYS[1] is the node's key, ARGV the entry
-// and its lifetime in milliseconds. SET's GET option would do the same,
-// but only from Redis 6.2 on; a script runs on any Redis the rest of this
-// package needs, and an unknown option would mark Redis down for good.
-var heartbeatScript = redis.NewScript(`
-local old = redis.call('GET', KEYS[1])
-redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
-return old
-`)
-
-// unregisterScript deletes a node's registry entry if this run (ARGV[1],
-// the instance) wrote it last: a stopping process must not delete the
-// entry of another one with the same name, such as the node that took its
-// queue over on another host.
-var unregisterScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local ok, n = pcall(cjson.decode, v)
-if ok and type(n) == 'table' and n.instance == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-`)
 
 // registry is what the heartbeat remembers between two of its writes. Only
 // the background loop touches it.
@@ -66,14 +39,11 @@ func (c *Cluster) heartbeat() {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("heartbeat")
-	prev, err := heartbeatScript.Run(ctx, c.rdb, []string{nodeKey(n.Name)}, b, (3 * c.cfg.LeaseTTL).Milliseconds()).Text()
+	prev, err := c.store.Heartbeat(ctx, n.Name, b, 3*c.cfg.LeaseTTL)
 	if c.failed("heartbeat", err) {
 		return
 	}
-	if errors.Is(err, redis.Nil) {
-		prev = ""
-	}
-	c.replaced(prev, now)
+	c.replaced(string(prev), now)
 }
 
 // replaced judges the entry a heartbeat replaced.

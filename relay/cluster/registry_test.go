@@ -6,16 +6,16 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/cluster/clustertest"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -25,14 +25,14 @@ type loggedNode struct {
 	logs *observer.ObservedLogs
 }
 
-// startNode connects a node with this name and admin URL to the Redis at
-// addr (lease_ttl 1s: a heartbeat every 333 ms).
-func startNode(t *testing.T, addr, name, adminURL string) loggedNode {
+// startNode connects a node with this name and admin URL to st (lease_ttl
+// 1s: a heartbeat every 333 ms).
+func startNode(t *testing.T, st Store, name, adminURL string) loggedNode {
 	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	c, err := New(Options{Node: Node{Name: name, AdminURL: adminURL}, Logger: zap.New(core),
-		Registry: prometheus.NewRegistry(), Config: config.Cluster{
-			Redis:             config.Redis{Addresses: []string{addr}, Timeout: 500 * time.Millisecond},
+		Registry: prometheus.NewRegistry(), Store: st, Config: config.Cluster{
+			Redis:             config.Redis{Timeout: 500 * time.Millisecond},
 			DestinationLimits: LimitsShared, LeaseTTL: time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +71,6 @@ func (n loggedNode) levelCount(level zapcore.Level, text string) int {
 }
 
 func TestNodeNameConflict(t *testing.T) {
-	peers.Require(t, "redis-server")
-	addr := peers.StartRedis(t, "").Addr
 	const conflictMsg, warnMsg = "another running process uses this node name", "replaced a fresh registry entry"
 	tests := []struct {
 		name string
@@ -92,45 +90,47 @@ func TestNodeNameConflict(t *testing.T) {
 		{name: "restart after a clean stop", firstName: "n", firstURL: "http://10.0.0.1:8025", then: "stops"},
 		{name: "distinct names", firstName: "other", firstURL: "http://10.0.0.2:8025", then: "runs"},
 	}
-	for i, tt := range tests {
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			prefix := fmt.Sprintf("case%d-", i) // the cases share one Redis
-			first := startNode(t, addr, prefix+tt.firstName, tt.firstURL)
-			await(t, "the first node's heartbeat", func() bool { return first.heartbeats() >= 1 })
-			switch tt.then {
-			case "crashes":
-				first.crash()
-			case "stops":
-				first.Close()
-			}
-			ours := startNode(t, addr, prefix+"n", "http://10.0.0.1:8025")
-			if tt.wantConflict {
-				// Long enough for the two heartbeats' order to swap at
-				// times: still one error per conflict.
-				await(t, "conflicts counted", func() bool { return testutil.ToFloat64(ours.m.conflicts) >= 6 })
-			} else {
-				await(t, "six heartbeats", func() bool { return ours.heartbeats() >= 6 })
-			}
-			nodes := []loggedNode{ours}
-			if tt.then == "runs" {
-				nodes = append(nodes, first) // the first sees the conflict as well
-			}
-			for _, n := range nodes {
-				conflicts := testutil.ToFloat64(n.m.conflicts)
-				if got := n.levelCount(zapcore.ErrorLevel, conflictMsg); (conflicts > 0) != tt.wantConflict || got != map[bool]int{true: 1}[tt.wantConflict] {
-					t.Errorf("%s: %v conflicts counted, %d errors logged; want conflict %v, logged once", n.node.AdminURL, conflicts, got, tt.wantConflict)
+			synctest.Test(t, func(t *testing.T) {
+				st := clustertest.NewMemory()
+				first := startNode(t, st, tt.firstName, tt.firstURL)
+				await(t, "the first node's heartbeat", func() bool { return first.heartbeats() >= 1 })
+				switch tt.then {
+				case "crashes":
+					first.crash()
+				case "stops":
+					first.Close()
 				}
-			}
-			if got := ours.levelCount(zapcore.WarnLevel, warnMsg); got != map[bool]int{true: 1}[tt.wantWarn] {
-				t.Errorf("%d warnings about a replaced entry, want %v", got, tt.wantWarn)
-			}
-			if tt.wantConflict {
-				e := ours.logs.FilterMessageSnippet(conflictMsg).All()[0].ContextMap()
-				if e["other_admin_url"] != tt.firstURL || e["admin_url"] != "http://10.0.0.1:8025" ||
-					!strings.Contains(ours.logs.FilterMessageSnippet(conflictMsg).All()[0].Message, "cluster.node_name") {
-					t.Errorf("the error names %v and %v, want both admin URLs and the remedy", e["admin_url"], e["other_admin_url"])
+				ours := startNode(t, st, "n", "http://10.0.0.1:8025")
+				if tt.wantConflict {
+					// Long enough for the two heartbeats' order to swap at
+					// times: still one error per conflict.
+					await(t, "conflicts counted", func() bool { return testutil.ToFloat64(ours.m.conflicts) >= 6 })
+				} else {
+					await(t, "six heartbeats", func() bool { return ours.heartbeats() >= 6 })
 				}
-			}
+				nodes := []loggedNode{ours}
+				if tt.then == "runs" {
+					nodes = append(nodes, first) // the first sees the conflict as well
+				}
+				for _, n := range nodes {
+					conflicts := testutil.ToFloat64(n.m.conflicts)
+					if got := n.levelCount(zapcore.ErrorLevel, conflictMsg); (conflicts > 0) != tt.wantConflict || got != map[bool]int{true: 1}[tt.wantConflict] {
+						t.Errorf("%s: %v conflicts counted, %d errors logged; want conflict %v, logged once", n.node.AdminURL, conflicts, got, tt.wantConflict)
+					}
+				}
+				if got := ours.levelCount(zapcore.WarnLevel, warnMsg); got != map[bool]int{true: 1}[tt.wantWarn] {
+					t.Errorf("%d warnings about a replaced entry, want %v", got, tt.wantWarn)
+				}
+				if tt.wantConflict {
+					e := ours.logs.FilterMessageSnippet(conflictMsg).All()[0].ContextMap()
+					if e["other_admin_url"] != tt.firstURL || e["admin_url"] != "http://10.0.0.1:8025" ||
+						!strings.Contains(ours.logs.FilterMessageSnippet(conflictMsg).All()[0].Message, "cluster.node_name") {
+						t.Errorf("the error names %v and %v, want both admin URLs and the remedy", e["admin_url"], e["other_admin_url"])
+					}
+				}
+			})
 		})
 	}
 }
@@ -139,19 +139,20 @@ func TestNodeNameConflict(t *testing.T) {
 // registry entry says so (for greyrelay cluster status); once one stops
 // the other says the conflict is over and the entry is clean again.
 func TestNodeNameConflictShownAndOver(t *testing.T) {
-	peers.Require(t, "redis-server")
-	addr := peers.StartRedis(t, "").Addr
-	a, b := startNode(t, addr, "n", "http://a:8025"), startNode(t, addr, "n", "http://b:8025")
-	await(t, "the entry names the conflict", func() bool {
-		ns, err := a.Nodes(context.Background())
-		return err == nil && len(ns) == 1 && ns[0].ConflictWith != "" && ns[0].ConflictWith != ns[0].AdminURL
-	})
-	b.Close()
-	await(t, "the conflict over", func() bool { return a.levelCount(zapcore.InfoLevel, "conflict is over") == 1 })
-	await(t, "a clean entry of node a", func() bool {
-		ns, err := a.Nodes(context.Background())
-		return err == nil && len(ns) == 1 && ns[0].AdminURL == "http://a:8025" && ns[0].ConflictWith == "" &&
-			ns[0].Instance == a.instance
+	synctest.Test(t, func(t *testing.T) {
+		st := clustertest.NewMemory()
+		a, b := startNode(t, st, "n", "http://a:8025"), startNode(t, st, "n", "http://b:8025")
+		await(t, "the entry names the conflict", func() bool {
+			ns, err := a.Nodes(context.Background())
+			return err == nil && len(ns) == 1 && ns[0].ConflictWith != "" && ns[0].ConflictWith != ns[0].AdminURL
+		})
+		b.Close()
+		await(t, "the conflict over", func() bool { return a.levelCount(zapcore.InfoLevel, "conflict is over") == 1 })
+		await(t, "a clean entry of node a", func() bool {
+			ns, err := a.Nodes(context.Background())
+			return err == nil && len(ns) == 1 && ns[0].AdminURL == "http://a:8025" && ns[0].ConflictWith == "" &&
+				ns[0].Instance == a.instance
+		})
 	})
 }
 
@@ -159,47 +160,44 @@ func TestNodeNameConflictShownAndOver(t *testing.T) {
 // registry entry only if it wrote it last, not that of the process that
 // took over its name (its queue moved to another host).
 func TestCloseKeepsAnotherProcessEntry(t *testing.T) {
-	peers.Require(t, "redis-server")
-	addr := peers.StartRedis(t, "").Addr
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	entry := func() Node {
-		var n Node
-		b, _ := rdb.Get(context.Background(), nodeKey("n")).Bytes()
-		json.Unmarshal(b, &n)
-		return n
-	}
-	old := startNode(t, addr, "n", "http://old:8025")
-	await(t, "the old node's entry", func() bool { return entry().Instance == old.instance })
-	old.crash()
-	moved := startNode(t, addr, "n", "http://new:8025")
-	await(t, "the new node's entry", func() bool { return entry().Instance == moved.instance })
-	old.Close()
-	if got := entry(); got.Instance != moved.instance {
-		t.Errorf("after the old process closed, the entry is %+v; want the new node's", got)
-	}
-	moved.Close()
-	if n, err := rdb.Exists(context.Background(), nodeKey("n")).Result(); err != nil || n != 0 {
-		t.Errorf("the node's own entry left after Close: %d, %v", n, err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		st := clustertest.NewMemory()
+		entry := func() Node {
+			var n Node
+			json.Unmarshal(st.Entry("n"), &n)
+			return n
+		}
+		old := startNode(t, st, "n", "http://old:8025")
+		await(t, "the old node's entry", func() bool { return entry().Instance == old.instance })
+		old.crash()
+		moved := startNode(t, st, "n", "http://new:8025")
+		await(t, "the new node's entry", func() bool { return entry().Instance == moved.instance })
+		old.Close()
+		if got := entry(); got.Instance != moved.instance {
+			t.Errorf("after the old process closed, the entry is %+v; want the new node's", got)
+		}
+		moved.Close()
+		if b := st.Entry("n"); b != nil {
+			t.Errorf("the node's own entry left after Close: %s", b)
+		}
+	})
 }
 
 // TestNodeNameConflictWithOldVersion: a process of a version that wrote
 // no instance into its entry, running with our name, is a conflict too.
 func TestNodeNameConflictWithOldVersion(t *testing.T) {
-	peers.Require(t, "redis-server")
-	addr := peers.StartRedis(t, "").Addr
-	rdb := redis.NewClient(&redis.Options{Addr: addr})
-	defer rdb.Close()
-	ours := startNode(t, addr, "n", "http://new:8025")
-	old := `{"name":"n","admin_url":"http://old:8025","version":"1.0","started":"2026-01-02T03:04:05Z","seen":"%s","queued":3}`
-	await(t, "conflicts counted", func() bool {
-		// The old process's heartbeat, between two of ours.
-		rdb.Set(context.Background(), nodeKey("n"), fmt.Sprintf(old, time.Now().UTC().Format(time.RFC3339Nano)), 3*time.Second)
-		return testutil.ToFloat64(ours.m.conflicts) >= 2
+	synctest.Test(t, func(t *testing.T) {
+		st := clustertest.NewMemory()
+		ours := startNode(t, st, "n", "http://new:8025")
+		old := `{"name":"n","admin_url":"http://old:8025","version":"1.0","started":"2026-01-02T03:04:05Z","seen":"%s","queued":3}`
+		await(t, "conflicts counted", func() bool {
+			// The old process's heartbeat, between two of ours.
+			st.SetEntry("n", fmt.Appendf(nil, old, time.Now().UTC().Format(time.RFC3339Nano)), 3*time.Second)
+			return testutil.ToFloat64(ours.m.conflicts) >= 2
+		})
+		e := ours.logs.FilterMessageSnippet("another running process uses this node name").All()
+		if len(e) != 1 || e[0].ContextMap()["other_admin_url"] != "http://old:8025" {
+			t.Errorf("logged %+v, want one error naming http://old:8025", e)
+		}
 	})
-	e := ours.logs.FilterMessageSnippet("another running process uses this node name").All()
-	if len(e) != 1 || e[0].ContextMap()["other_admin_url"] != "http://old:8025" {
-		t.Errorf("logged %+v, want one error naming http://old:8025", e)
-	}
 }

@@ -9,18 +9,21 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/greyrelay/greyrelay/integration/peers"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/cluster"
+	"github.com/greyrelay/greyrelay/relay/cluster/clustertest"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
-// clusterNode connects an engine's Shared to the real Redis at addr.
-func clusterNode(t *testing.T, name, addr string) *cluster.Cluster {
+// clusterNode connects an engine's Shared to st, the store the test's
+// nodes share: an in-memory one, so that these tests need no Redis
+// server (relay/cluster's store on a real redis-server is tested in the
+// integration package, and so are nodes of the real binary sharing one).
+func clusterNode(t *testing.T, name string, st cluster.Store) *cluster.Cluster {
 	t.Helper()
-	c, err := cluster.New(cluster.Options{Node: cluster.Node{Name: name}, Registry: prometheus.NewRegistry(),
-		Config: config.Cluster{Redis: config.Redis{Addresses: []string{addr}, Timeout: time.Second},
+	c, err := cluster.New(cluster.Options{Node: cluster.Node{Name: name}, Registry: prometheus.NewRegistry(), Store: st,
+		Config: config.Cluster{Redis: config.Redis{Timeout: time.Second},
 			DestinationLimits: cluster.LimitsShared, LeaseTTL: 3 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
@@ -55,22 +58,21 @@ func (m *throttlingMX) mail(int) error {
 }
 
 // TestSharedPaceAcrossNodes: three engines, each on its own queue, share
-// a destination's learned pace through a real redis-server. Together they
+// a destination's learned pace through a shared store. Together they
 // start no faster than the pace, so a destination allowing one message
 // per 150 ms from all of them refuses nothing; each pacing on its own,
 // they would start three at a time and be refused.
 func TestSharedPaceAcrossNodes(t *testing.T) {
-	peers.Require(t, "redis-server")
 	t.Parallel()
 	ip := relaytest.Loopback(t)
-	r := peers.StartRedis(t, "")
+	st := clustertest.NewMemory()
 	// The destination allows less than the learned pace (one start per
 	// 400 ms), leaving 250 ms for a start's reservation and its MAIL to
 	// drift apart on a busy machine.
 	const interval = 400 * time.Millisecond
 	dest := &throttlingMX{gap: 150 * time.Millisecond}
 	// What one node learned: the destination accepts one message per 400 ms.
-	clusterNode(t, "teacher", r.Addr).Publish(queue.Destination{Domain: "paced.test",
+	clusterNode(t, "teacher", st).Publish(queue.Destination{Domain: "paced.test",
 		PaceInterval: interval, PaceBase: interval, Updated: time.Now()})
 	type node struct {
 		h   *harness
@@ -82,7 +84,7 @@ func TestSharedPaceAcrossNodes(t *testing.T) {
 		h := newHarness(t)
 		h.dns.MX("paced.test", 10, "mx.paced.test").A("mx.paced.test", ip)
 		startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: dest.mail}})
-		n := node{h: h, sh: clusterNode(t, name, r.Addr)}
+		n := node{h: h, sh: clusterNode(t, name, st)}
 		for j := range 4 {
 			n.ids = append(n.ids, h.enqueue("alice@sender.test", fmt.Sprintf("r%d@paced.test", 4*i+j)))
 		}
@@ -139,11 +141,11 @@ func (m *concurrencyMX) data(int) error {
 }
 
 // TestConnectionCaps: delivery.max_per_destination_local caps one node's
-// connections to a destination, alone or under a limit shared through a
-// real redis-server; a shared max_per_destination holds for the nodes
-// together, and every message is delivered.
+// connections to a destination, alone or under a limit the nodes share;
+// a shared max_per_destination holds for the nodes together, and every
+// message is delivered.
 func TestConnectionCaps(t *testing.T) {
-	peers.Require(t, "redis-server")
+	t.Parallel()
 	tests := []struct {
 		name         string
 		perDest, cap int
@@ -159,10 +161,8 @@ func TestConnectionCaps(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var addr string
-			if tt.shared {
-				addr = peers.StartRedis(t, "").Addr
-			}
+			t.Parallel() // each case its own MX host, harnesses and store
+			st := clustertest.NewMemory()
 			ip := relaytest.Loopback(t)
 			dest := &concurrencyMX{hold: 300 * time.Millisecond}
 			var all []func() bool
@@ -182,7 +182,7 @@ func TestConnectionCaps(t *testing.T) {
 			}
 			for n, h := range hs {
 				if tt.shared {
-					sh := clusterNode(t, fmt.Sprintf("n%d", n), addr)
+					sh := clusterNode(t, fmt.Sprintf("n%d", n), st)
 					h.start(func(o *Options) { o.Shared = sh })
 				} else {
 					h.start()

@@ -24,7 +24,10 @@ import (
 type MXOptions struct {
 	Domain string      // the name in the greeting; default "mx.test"
 	TLS    *tls.Config // offer STARTTLS with this configuration
-	DSN    bool        // advertise DSN (RFC 3461)
+	// ImplicitTLS speaks TLS (with the TLS configuration) from the first
+	// byte, as on port 465 (RFC 8314), instead of offering STARTTLS.
+	ImplicitTLS bool
+	DSN         bool // advertise DSN (RFC 3461)
 	// RequireTLS advertises REQUIRETLS (RFC 8689), which go-smtp offers
 	// over TLS only.
 	RequireTLS bool
@@ -33,6 +36,13 @@ type MXOptions struct {
 	// Configure, when set, adjusts the go-smtp server last (limits,
 	// timeouts, SMTPUTF8).
 	Configure func(*smtp.Server)
+	// WrapConn, when set, wraps each accepted connection (the plaintext
+	// one, inside implicit TLS); n is the connection's index. A test
+	// peer watches the raw dialogue with it.
+	WrapConn func(c net.Conn, n int) net.Conn
+	// NoTranscript keeps no transcript (Transcript returns ""): for
+	// servers that receive many or large messages.
+	NoTranscript bool
 }
 
 // Script answers a transaction's commands; tx is the index of the
@@ -87,14 +97,19 @@ type Tx struct {
 	Client    string    // the client's IP address
 	Helo      string    // the EHLO/HELO name
 	TLS       bool      // the transaction ran over TLS
+	User      string    // the user that authenticated on the connection, "" without AUTH
 	At        time.Time // when MAIL arrived
 	From      string
 	MailOpts  smtp.MailOptions
+	MailErr   error              // the script's answer to MAIL; nil accepted it
 	Tried     []string           // RCPT TO, in order
 	Accepted  []string           // the recipients the script accepted
+	Refused   []string           // the recipients the script refused
 	RcptOpts  []smtp.RcptOptions // the options of each accepted RCPT
 	Notify    []string           // NOTIFY of each accepted RCPT, comma-separated
 	DataCalls int                // how often the client reached the message data
+	Body      []byte             // the message as received, whatever the answer; nil until the data is complete
+	DataErr   error              // the script's answer to the final dot; nil accepted it
 	Data      string             // the accepted message
 	Delivered bool               // the data was accepted
 }
@@ -104,11 +119,17 @@ type Tx struct {
 // attempt and the whole dialogue, and asks its Script for the reply to
 // each MAIL, RCPT and final dot.
 type FakeMX struct {
-	addr   netip.AddrPort
-	script Script
-	users  map[string]string
+	addr        netip.AddrPort
+	script      Script
+	users       map[string]string
+	implicitTLS bool
+
+	srv     *smtp.Server
+	ln      net.Listener
+	closing sync.Once
 
 	mu         sync.Mutex
+	changed    chan struct{}  // closed (and replaced) at each connection and command recorded
 	conns      []string       // client IP of each accepted connection
 	byAddr     map[string]int // client "ip:port" → connection index
 	txs        []*Tx
@@ -121,27 +142,63 @@ type FakeMX struct {
 // it stops when the test ends.
 func StartMX(t testing.TB, addr string, o MXOptions) *FakeMX {
 	t.Helper()
+	if o.ImplicitTLS && o.TLS == nil {
+		t.Fatalf("relaytest: fake MX: ImplicitTLS needs TLS")
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatalf("relaytest: fake MX on %s: %v", addr, err)
 	}
-	f := &FakeMX{addr: ln.Addr().(*net.TCPAddr).AddrPort(), script: o.Script, users: o.Users, byAddr: map[string]int{}}
+	f := &FakeMX{addr: ln.Addr().(*net.TCPAddr).AddrPort(), script: o.Script, users: o.Users, byAddr: map[string]int{},
+		ln: ln, changed: make(chan struct{}), implicitTLS: o.ImplicitTLS}
 	srv := smtp.NewServer(f)
+	f.srv = srv
 	srv.Domain = o.Domain
 	if srv.Domain == "" {
 		srv.Domain = "mx.test"
 	}
-	srv.TLSConfig = o.TLS
+	cl := &countingListener{Listener: ln, f: f, wrap: o.WrapConn}
+	if o.ImplicitTLS {
+		cl.tls = o.TLS
+	} else {
+		srv.TLSConfig = o.TLS
+	}
 	srv.EnableDSN = o.DSN
 	srv.EnableREQUIRETLS = o.RequireTLS
-	srv.Debug = transcriptWriter{f}
-	srv.ErrorLog = log.New(io.Discard, "", 0)
+	if !o.NoTranscript {
+		srv.Debug = transcriptWriter{f}
+	}
+	srv.ErrorLog = log.New(io.Discard, "", 0) // a client hanging up is not news
 	if o.Configure != nil {
 		o.Configure(srv)
 	}
-	go func() { _ = srv.Serve(&countingListener{Listener: ln, f: f}) }()
-	t.Cleanup(func() { _ = srv.Close() })
+	go func() { _ = srv.Serve(cl) }()
+	t.Cleanup(f.Close)
 	return f
+}
+
+// Close stops the server and drops its connections; it is also called
+// when the test ends.
+func (f *FakeMX) Close() {
+	f.closing.Do(func() {
+		_ = f.srv.Close()
+		_ = f.ln.Close() // in case Serve has not taken it yet
+	})
+}
+
+// Changed returns a channel that is closed at the next connection or
+// command the server records: a test waiting for a transaction checks,
+// then waits on the channel it took before checking.
+func (f *FakeMX) Changed() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.changed
+}
+
+// signal wakes those waiting on Changed; f.mu is held.
+func (f *FakeMX) signal() {
+	close(f.changed)
+	f.changed = make(chan struct{})
 }
 
 // Addr is the address the server listens on.
@@ -160,13 +217,32 @@ func (f *FakeMX) Transactions() []Tx {
 	defer f.mu.Unlock()
 	out := make([]Tx, len(f.txs))
 	for i, tx := range f.txs {
-		out[i] = *tx
-		out[i].Tried = append([]string(nil), tx.Tried...)
-		out[i].Accepted = append([]string(nil), tx.Accepted...)
-		out[i].RcptOpts = append([]smtp.RcptOptions(nil), tx.RcptOpts...)
-		out[i].Notify = append([]string(nil), tx.Notify...)
+		out[i] = tx.copy()
 	}
 	return out
+}
+
+// Tx returns a copy of transaction n (0 first).
+func (f *FakeMX) Tx(n int) Tx {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.txs[n].copy()
+}
+
+// copy copies tx deeply enough that the server's later changes do not
+// show; f.mu is held.
+func (tx *Tx) copy() Tx {
+	c := *tx
+	c.Tried = append([]string(nil), tx.Tried...)
+	c.Accepted = append([]string(nil), tx.Accepted...)
+	c.Refused = append([]string(nil), tx.Refused...)
+	c.RcptOpts = append([]smtp.RcptOptions(nil), tx.RcptOpts...)
+	c.Notify = append([]string(nil), tx.Notify...)
+	if tx.MailOpts.Auth != nil {
+		a := *tx.MailOpts.Auth
+		c.MailOpts.Auth = &a
+	}
+	return c
 }
 
 // Delivered returns the transactions that ended in accepted data.
@@ -211,22 +287,34 @@ func (w transcriptWriter) Write(b []byte) (int, error) {
 	return w.f.transcript.Write(b)
 }
 
-// countingListener records each accepted connection's client address.
+// countingListener records each accepted connection's client address,
+// and wraps the connection in implicit TLS and then in wrap.
 type countingListener struct {
 	net.Listener
-	f *FakeMX
+	f    *FakeMX
+	tls  *tls.Config
+	wrap func(net.Conn, int) net.Conn
 }
 
 func (l *countingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
-	if err == nil {
-		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
-		l.f.mu.Lock()
-		l.f.byAddr[c.RemoteAddr().String()] = len(l.f.conns)
-		l.f.conns = append(l.f.conns, host)
-		l.f.mu.Unlock()
+	if err != nil {
+		return nil, err
 	}
-	return c, err
+	host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+	l.f.mu.Lock()
+	n := len(l.f.conns)
+	l.f.byAddr[c.RemoteAddr().String()] = n
+	l.f.conns = append(l.f.conns, host)
+	l.f.signal()
+	l.f.mu.Unlock()
+	if l.tls != nil {
+		c = tls.Server(c, l.tls)
+	}
+	if l.wrap != nil {
+		c = l.wrap(c, n)
+	}
+	return c, nil
 }
 
 // NewSession implements smtp.Backend.
@@ -240,6 +328,7 @@ type fakeSession struct {
 	f    *FakeMX
 	c    *smtp.Conn
 	conn int
+	user string // authenticated
 	cur  *Tx
 	n    int
 }
@@ -247,25 +336,43 @@ type fakeSession struct {
 func (s *fakeSession) Mail(from string, opts *smtp.MailOptions) error {
 	_, isTLS := s.c.TLSConnectionState()
 	s.f.mu.Lock()
-	s.cur = &Tx{Conn: s.conn, Client: s.f.conns[s.conn], Helo: s.c.Hostname(), TLS: isTLS, At: time.Now(), From: from}
+	s.cur = &Tx{Conn: s.conn, Client: s.f.conns[s.conn], Helo: s.c.Hostname(), TLS: isTLS || s.f.implicitTLS,
+		User: s.user, At: time.Now(), From: from}
 	if opts != nil {
 		s.cur.MailOpts = *opts
+		if opts.Auth != nil {
+			a := *opts.Auth
+			s.cur.MailOpts.Auth = &a
+		}
 	}
 	s.n = len(s.f.txs)
 	s.f.txs = append(s.f.txs, s.cur)
+	s.f.signal()
 	s.f.mu.Unlock()
-	if s.f.script.Mail != nil {
-		return s.f.script.Mail(s.n)
+	if s.f.script.Mail == nil {
+		return nil
 	}
-	return nil
+	err := s.f.script.Mail(s.n)
+	if err != nil {
+		s.f.mu.Lock()
+		s.cur.MailErr = err
+		s.f.signal()
+		s.f.mu.Unlock()
+	}
+	return err
 }
 
 func (s *fakeSession) Rcpt(to string, opts *smtp.RcptOptions) error {
 	s.f.mu.Lock()
 	s.cur.Tried = append(s.cur.Tried, to)
+	s.f.signal()
 	s.f.mu.Unlock()
 	if s.f.script.Rcpt != nil {
 		if err := s.f.script.Rcpt(s.n, to); err != nil {
+			s.f.mu.Lock()
+			s.cur.Refused = append(s.cur.Refused, to)
+			s.f.signal()
+			s.f.mu.Unlock()
 			return err
 		}
 	}
@@ -282,6 +389,7 @@ func (s *fakeSession) Rcpt(to string, opts *smtp.RcptOptions) error {
 	s.cur.Accepted = append(s.cur.Accepted, to)
 	s.cur.RcptOpts = append(s.cur.RcptOpts, ro)
 	s.cur.Notify = append(s.cur.Notify, strings.Join(notify, ","))
+	s.f.signal()
 	return nil
 }
 
@@ -294,17 +402,24 @@ func (s *fakeSession) Data(r io.Reader) error {
 	s.f.mu.Unlock()
 	b, err := io.ReadAll(r)
 	if err != nil {
-		return err
+		return err // go-smtp's own (message too large, connection lost)
 	}
+	if b == nil {
+		b = []byte{}
+	}
+	s.f.mu.Lock()
+	cur.Body = b
+	s.f.mu.Unlock()
 	if s.f.script.Data != nil {
-		if err := s.f.script.Data(n); err != nil {
-			return err
-		}
+		err = s.f.script.Data(n)
 	}
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	cur.Data, cur.Delivered = string(b), true
-	return nil
+	if cur.DataErr = err; err == nil {
+		cur.Data, cur.Delivered = string(b), true
+	}
+	s.f.signal()
+	return err
 }
 
 func (s *fakeSession) Reset()        { s.cur = nil }
@@ -320,14 +435,17 @@ func (s *fakeSession) AuthMechanisms() []string {
 
 // Auth implements smtp.AuthSession.
 func (s *fakeSession) Auth(string) (sasl.Server, error) {
-	return sasl.NewPlainServer(func(_, user, pass string) error {
+	return sasl.NewPlainServer(func(identity, user, pass string) error {
 		s.f.mu.Lock()
 		defer s.f.mu.Unlock()
 		s.f.auths = append(s.f.auths, user+":"+pass)
-		if want, ok := s.f.users[user]; !ok || want != pass {
+		// An authorization identity other than the user's own asks to
+		// act as someone else (RFC 4616 §2), which no user here may.
+		if want, ok := s.f.users[user]; !ok || want != pass || identity != "" && identity != user {
 			return errors.New("bad credentials")
 		}
 		s.f.authed = append(s.f.authed, user)
+		s.user = user
 		return nil
 	}), nil
 }

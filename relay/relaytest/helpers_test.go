@@ -1,6 +1,8 @@
 package relaytest
 
 import (
+	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -9,7 +11,9 @@ import (
 	"net/textproto"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	gosmtp "github.com/emersion/go-smtp"
 )
@@ -163,4 +167,135 @@ func TestPeer(t *testing.T) {
 		string(data[0]) != "hi\r\n.\r\n" || conns != 1 || len(p.Conns()) != 1 {
 		t.Errorf("peer received %q %q over %d connections", lines, data, conns)
 	}
+}
+
+// TestFakeMXRecordsRefusals: a refused MAIL, a refused recipient and a
+// refused message are recorded with the script's answer, the refused
+// message's bytes included; the authenticated user goes with each
+// transaction; Changed announces each of them.
+func TestFakeMXRecordsRefusals(t *testing.T) {
+	f := StartMX(t, "127.0.0.1:0", MXOptions{Users: map[string]string{"u": "p"}, NoTranscript: true,
+		Configure: func(s *gosmtp.Server) { s.AllowInsecureAuth = true },
+		Script: Script{
+			Mail: func(tx int) error {
+				if tx == 0 {
+					return Reply("421 4.7.0 come back later")
+				}
+				return nil
+			},
+			Rcpt: func(_ int, to string) error {
+				if strings.HasPrefix(to, "bad@") {
+					return Reply("550 5.1.1 no such user")
+				}
+				return nil
+			},
+			Data: func(int) error { return Reply("554 5.7.1 spam") },
+		}})
+	changed := f.Changed()
+	c, err := smtp.Dial(f.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case <-changed: // the connection
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change announced for a connection")
+	}
+	if err := c.Auth(smtp.PlainAuth("u", "u", "p", f.Addr().Addr().String())); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Mail("a@x.test"); err == nil {
+		t.Fatal("first MAIL accepted, want 421")
+	}
+	if err := c.Mail("a@x.test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Rcpt("bad@y.test")
+	if err := c.Rcpt("b@y.test"); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.Data()
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(w, "spam\r\n")
+	if err := w.Close(); err == nil {
+		t.Fatal("message accepted, want 554")
+	}
+	txs := f.Transactions()
+	var code *gosmtp.SMTPError
+	if len(txs) != 2 || !errors.As(txs[0].MailErr, &code) || code.Code != 421 || txs[1].MailErr != nil {
+		t.Fatalf("transactions %+v, want a refused MAIL and an accepted one", txs)
+	}
+	tx := txs[1]
+	if !slices.Equal(tx.Refused, []string{"bad@y.test"}) || !slices.Equal(tx.Accepted, []string{"b@y.test"}) ||
+		string(tx.Body) != "spam\r\n" || !errors.As(tx.DataErr, &code) || code.Code != 554 || tx.Delivered || tx.Data != "" ||
+		tx.User != "u" || txs[0].User != "u" {
+		t.Errorf("transaction %+v", tx)
+	}
+	if f.Transcript() != "" {
+		t.Errorf("a transcript with NoTranscript")
+	}
+	// An authorization identity other than the user's own is refused.
+	c2, err := smtp.Dial(f.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := c2.Auth(smtp.PlainAuth("someone-else", "u", "p", f.Addr().Addr().String())); err == nil {
+		t.Error("AUTH as another identity accepted")
+	}
+}
+
+// TestFakeMXImplicitTLSAndWrapConn: with ImplicitTLS the server speaks
+// TLS from the first byte, a transaction over it is marked TLS, and
+// WrapConn sees the plaintext dialogue inside.
+func TestFakeMXImplicitTLSAndWrapConn(t *testing.T) {
+	cert := NewCert(t)
+	var mu sync.Mutex
+	var seen bytes.Buffer
+	f := StartMX(t, "127.0.0.1:0", MXOptions{TLS: cert.Config, ImplicitTLS: true,
+		WrapConn: func(c net.Conn, n int) net.Conn {
+			if n != 0 {
+				t.Errorf("connection index %d, want 0", n)
+			}
+			return &tapConn{Conn: c, mu: &mu, w: &seen}
+		}})
+	conn, err := tls.Dial("tcp", f.Addr().String(), &tls.Config{RootCAs: cert.Pool, ServerName: "localhost"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := smtp.NewClient(conn, "localhost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Mail("a@x.test"); err != nil {
+		t.Fatal(err)
+	}
+	c.Quit()
+	if txs := f.Transactions(); len(txs) != 1 || !txs[0].TLS {
+		t.Errorf("transactions %+v, want one over TLS", txs)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !strings.Contains(seen.String(), "MAIL FROM:<a@x.test>") {
+		t.Errorf("WrapConn saw %q, want the plaintext MAIL", seen.String())
+	}
+}
+
+// tapConn copies what the client sends to w.
+type tapConn struct {
+	net.Conn
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (c *tapConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	c.w.Write(p[:n])
+	c.mu.Unlock()
+	return n, err
 }

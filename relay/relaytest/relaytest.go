@@ -5,7 +5,9 @@
 //   - two fake SMTP servers. FakeMX is a real SMTP server (go-smtp) whose
 //     answers to MAIL, RCPT and the final dot come from a Script, written
 //     as transcript lines (Reply("450 4.2.1 mailbox busy")); it records the
-//     transactions, AUTH attempts and the whole dialogue. Peer plays a
+//     transactions, AUTH attempts and the whole dialogue. It is the one
+//     go-smtp test server: integration/peers' Sink is a FakeMX with the
+//     integration tests' scripts and records on top. Peer plays a
 //     transcript byte for byte (Step: expect this line, send these bytes),
 //     for what a server library will not do: replies cut short, dripped or
 //     flooded, a connection closed or silent mid-dialogue.

@@ -1,0 +1,312 @@
+// Package clustertest holds an in-memory cluster.Store for tests, so that
+// the unit tests of relay/cluster and of the packages built on it run
+// without a Redis server. The Redis store itself is tested against real
+// redis-server instances in the integration package.
+//
+// Memory keeps the same state the Redis store does (leases with expiries,
+// records, the pace, the registry) with the same atomic operations, on
+// this process's clock, and can stand in for the failures a real Redis
+// has: it can be taken down and brought back, and it can lose everything
+// (a restart without persistence).
+package clustertest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"maps"
+	"sync"
+	"time"
+)
+
+// ErrDown is every call's error while a Memory is down.
+var ErrDown = errors.New("clustertest: store down")
+
+// Memory is an in-memory cluster.Store, shared by the nodes of a test the
+// way they share a Redis. It is safe for concurrent use.
+type Memory struct {
+	mu      sync.Mutex
+	down    bool
+	leases  map[string]map[string]time.Time // domain → member → expiry
+	records map[string]entry
+	pace    map[string]time.Time // domain → next free start
+	nodes   map[string]entry
+	subs    map[int]func(string)
+	nsub    int
+}
+
+type entry struct {
+	b   []byte
+	exp time.Time
+}
+
+func (e entry) live(now time.Time) bool { return e.b != nil && now.Before(e.exp) }
+
+// NewMemory returns an empty store that answers.
+func NewMemory() *Memory {
+	m := &Memory{subs: map[int]func(string){}}
+	m.Flush()
+	return m
+}
+
+// SetDown makes every call fail with ErrDown (true), as a killed Redis,
+// or answer again (false) with the state it had.
+func (m *Memory) SetDown(down bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.down = down
+}
+
+// Flush forgets every lease, record, pace and registry entry, as a Redis
+// that restarted without persistence (FLUSHALL).
+func (m *Memory) Flush() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.leases = map[string]map[string]time.Time{}
+	m.records = map[string]entry{}
+	m.pace = map[string]time.Time{}
+	m.nodes = map[string]entry{}
+}
+
+// Leases returns domain's unexpired leases: member → expiry.
+func (m *Memory) Leases(domain string) map[string]time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.expire(domain, time.Now())
+	return maps.Clone(m.leases[domain])
+}
+
+// Subscribers is the number of running Subscribe calls.
+func (m *Memory) Subscribers() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.subs)
+}
+
+// Entry returns name's unexpired registry entry, nil if there is none.
+func (m *Memory) Entry(name string) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.nodes[name]; e.live(time.Now()) {
+		return e.b
+	}
+	return nil
+}
+
+// SetEntry writes name's registry entry for ttl, as another process
+// (an older version, say) would.
+func (m *Memory) SetEntry(name string, b []byte, ttl time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nodes[name] = entry{b, time.Now().Add(ttl)}
+}
+
+// call takes the lock for one operation, or fails while down.
+func (m *Memory) call() error {
+	m.mu.Lock()
+	if m.down {
+		m.mu.Unlock()
+		return ErrDown
+	}
+	return nil
+}
+
+// expire drops domain's expired leases; m.mu is held.
+func (m *Memory) expire(domain string, now time.Time) {
+	for member, exp := range m.leases[domain] {
+		if !now.Before(exp) {
+			delete(m.leases[domain], member)
+		}
+	}
+}
+
+// Ping implements cluster.Store.
+func (m *Memory) Ping(context.Context) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// Acquire implements cluster.Store.
+func (m *Memory) Acquire(_ context.Context, domain, member string, limit int, ttl time.Duration) (bool, error) {
+	if err := m.call(); err != nil {
+		return false, err
+	}
+	defer m.mu.Unlock()
+	now := time.Now()
+	m.expire(domain, now)
+	if len(m.leases[domain]) >= limit {
+		return false, nil
+	}
+	if m.leases[domain] == nil {
+		m.leases[domain] = map[string]time.Time{}
+	}
+	m.leases[domain][member] = now.Add(ttl)
+	return true, nil
+}
+
+// Renew implements cluster.Store.
+func (m *Memory) Renew(_ context.Context, ttl time.Duration, held map[string]map[string]int) (added, refused map[string][]string, err error) {
+	if err := m.call(); err != nil {
+		return nil, nil, err
+	}
+	defer m.mu.Unlock()
+	now := time.Now()
+	added, refused = map[string][]string{}, map[string][]string{}
+	for domain, members := range held {
+		m.expire(domain, now)
+		if m.leases[domain] == nil {
+			m.leases[domain] = map[string]time.Time{}
+		}
+		set := m.leases[domain]
+		var absent []string
+		for member := range members {
+			if _, ok := set[member]; ok {
+				set[member] = now.Add(ttl)
+			} else {
+				absent = append(absent, member)
+			}
+		}
+		for _, member := range absent {
+			if len(set) < members[member] {
+				set[member] = now.Add(ttl)
+				added[domain] = append(added[domain], member)
+			} else {
+				refused[domain] = append(refused[domain], member)
+			}
+		}
+	}
+	return added, refused, nil
+}
+
+// Release implements cluster.Store.
+func (m *Memory) Release(_ context.Context, domain, member string) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	_, held := m.leases[domain][member]
+	delete(m.leases[domain], member)
+	var subs []func(string)
+	if held {
+		subs = make([]func(string), 0, len(m.subs))
+		for _, f := range m.subs {
+			subs = append(subs, f)
+		}
+	}
+	m.mu.Unlock()
+	for _, f := range subs {
+		f(domain)
+	}
+	return nil
+}
+
+// Drop implements cluster.Store.
+func (m *Memory) Drop(_ context.Context, domain, member string) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	delete(m.leases[domain], member)
+	return nil
+}
+
+// Subscribe implements cluster.Store.
+func (m *Memory) Subscribe(ctx context.Context, freed func(string)) {
+	m.mu.Lock()
+	id := m.nsub
+	m.nsub++
+	m.subs[id] = freed
+	m.mu.Unlock()
+	<-ctx.Done()
+	m.mu.Lock()
+	delete(m.subs, id)
+	m.mu.Unlock()
+}
+
+// Record implements cluster.Store.
+func (m *Memory) Record(_ context.Context, domain string) ([]byte, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	if e := m.records[domain]; e.live(time.Now()) {
+		return e.b, nil
+	}
+	return nil, nil
+}
+
+// SetRecord implements cluster.Store.
+func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, ttl time.Duration) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	m.records[domain] = entry{rec, time.Now().Add(ttl)}
+	return nil
+}
+
+// Pace implements cluster.Store.
+func (m *Memory) Pace(_ context.Context, domain string, interval time.Duration) (time.Duration, error) {
+	if err := m.call(); err != nil {
+		return 0, err
+	}
+	defer m.mu.Unlock()
+	now := time.Now()
+	at := now
+	if next := m.pace[domain]; next.After(now) {
+		at = next
+	}
+	m.pace[domain] = at.Add(interval)
+	return at.Sub(now), nil
+}
+
+// Heartbeat implements cluster.Store.
+func (m *Memory) Heartbeat(_ context.Context, name string, b []byte, ttl time.Duration) ([]byte, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	now := time.Now()
+	var prev []byte
+	if e := m.nodes[name]; e.live(now) {
+		prev = e.b
+	}
+	m.nodes[name] = entry{b, now.Add(ttl)}
+	return prev, nil
+}
+
+// Unregister implements cluster.Store.
+func (m *Memory) Unregister(_ context.Context, name, instance string) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	var n struct {
+		Instance string `json:"instance"`
+	}
+	if e := m.nodes[name]; e.live(time.Now()) && json.Unmarshal(e.b, &n) == nil && n.Instance == instance {
+		delete(m.nodes, name)
+	}
+	return nil
+}
+
+// Nodes implements cluster.Store.
+func (m *Memory) Nodes(context.Context) ([][]byte, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	var out [][]byte
+	now := time.Now()
+	for _, e := range m.nodes {
+		if e.live(now) {
+			out = append(out, e.b)
+		}
+	}
+	return out, nil
+}
+
+// Close implements cluster.Store: the store outlives the nodes using it.
+func (m *Memory) Close() error { return nil }

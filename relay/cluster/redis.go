@@ -1,0 +1,329 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/greyrelay/greyrelay/relay/config"
+)
+
+// redisStore is the Store on Redis: one address is a single server,
+// several a Redis Cluster, and master_name selects Sentinel (go-redis's
+// UniversalClient).
+//
+// Keys put the domain in a hash tag ({domain}), so a domain's keys
+// share a slot in a Redis Cluster and a script may touch them together.
+// Every expiry is measured on the server's clock (TIME in the scripts).
+type redisStore struct {
+	rdb redis.UniversalClient
+}
+
+// NewRedis returns the Store on the Redis r names. It connects lazily:
+// go-redis dials on first use.
+func NewRedis(r config.Redis) (Store, error) {
+	uo, err := universalOptions(r)
+	if err != nil {
+		return nil, err
+	}
+	return &redisStore{rdb: redis.NewUniversalClient(uo)}, nil
+}
+
+func universalOptions(r config.Redis) (*redis.UniversalOptions, error) {
+	if len(r.Addresses) == 0 {
+		return nil, errors.New("cluster: cluster.redis.addresses is empty")
+	}
+	uo := &redis.UniversalOptions{Addrs: r.Addresses, MasterName: r.MasterName, Username: r.Username,
+		Password: r.Password, DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+		MaxRetries: -1, PoolSize: 8}
+	if r.TLS {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: r.TLSServerName}
+		if r.TLSCA != "" {
+			pem, err := os.ReadFile(r.TLSCA)
+			if err != nil {
+				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca: %w", err)
+			}
+			tc.RootCAs = x509.NewCertPool()
+			if !tc.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("cluster: cluster.redis.tls_ca %s: no certificate", r.TLSCA)
+			}
+		}
+		uo.TLSConfig = tc
+	}
+	return uo, nil
+}
+
+// nodeKey is the registry key of a node.
+func nodeKey(name string) string { return "greyrelay:node:" + name }
+
+// leaseKey is the sorted set of a domain's leases: members are
+// "node/instance/n", scored by their expiry in milliseconds on Redis's
+// clock.
+func leaseKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:leases" }
+
+// destKey is the shared record of a domain.
+func destKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest" }
+
+// paceKey holds the next free start of a paced domain, in microseconds
+// on Redis's clock.
+func paceKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:pace" }
+
+// freedChannel carries the domains whose lease was released.
+const freedChannel = "greyrelay:freed"
+
+// acquireScript: KEYS[1] the lease set, ARGV limit, member, ttl (ms).
+// Expired members go first, so a dead node's slots free within ttl.
+var acquireScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) * 2)
+return 1
+`)
+
+// renewScript: KEYS[1] the lease set, ARGV ttl (ms) then member, limit
+// pairs. Members present are extended; absent ones are added back while
+// the set has room under their limit, and refused otherwise. Returns
+// {added, refused}.
+var renewScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local absent = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+  else
+    table.insert(absent, i)
+  end
+end
+local added, refused = {}, {}
+for _, i in ipairs(absent) do
+  if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[i + 1]) then
+    redis.call('ZADD', KEYS[1], now + ttl, ARGV[i])
+    table.insert(added, ARGV[i])
+  else
+    table.insert(refused, ARGV[i])
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+return {added, refused}
+`)
+
+// releaseScript: KEYS[1] the lease set, ARGV member, channel, domain.
+// The announcement goes out only for a lease that was still there.
+var releaseScript = redis.NewScript(`
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+  redis.call('PUBLISH', ARGV[2], ARGV[3])
+end
+return 1
+`)
+
+// paceScript: KEYS[1] the domain's next free start, ARGV interval (µs).
+// A token bucket of one token on Redis's clock: returns how long the
+// caller waits for its start (µs), and moves the next free start one
+// interval past it.
+var paceScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local iv = tonumber(ARGV[1])
+local nxt = tonumber(redis.call('GET', KEYS[1]) or '0')
+local at = math.max(now, nxt)
+redis.call('SET', KEYS[1], string.format('%d', at + iv), 'PX', math.floor((at + iv - now) / 1000) + 1000)
+return at - now
+`)
+
+// heartbeatScript writes a node's registry entry and returns the entry it
+// replaced, in one round trip: KEYS[1] is the node's key, ARGV the entry
+// and its lifetime in milliseconds. SET's GET option would do the same,
+// but only from Redis 6.2 on; a script runs on any Redis the rest of this
+// package needs, and an unknown option would mark Redis down for good.
+var heartbeatScript = redis.NewScript(`
+local old = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+return old
+`)
+
+// unregisterScript deletes a node's entry only if this process instance
+// wrote it: a second process with the same name keeps its own.
+var unregisterScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, n = pcall(cjson.decode, v)
+if ok and type(n) == 'table' and n.instance == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
+func (s *redisStore) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
+
+func (s *redisStore) Acquire(ctx context.Context, domain, member string, limit int, ttl time.Duration) (bool, error) {
+	got, err := acquireScript.Run(ctx, s.rdb, []string{leaseKey(domain)}, limit, member, ttl.Milliseconds()).Int()
+	return got == 1, err
+}
+
+// Renew renews every domain's leases in one pipeline.
+func (s *redisStore) Renew(ctx context.Context, ttl time.Duration, held map[string]map[string]int) (added, refused map[string][]string, err error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make(map[string]*redis.Cmd, len(held))
+	for domain, members := range held {
+		args := []any{ttl.Milliseconds()}
+		for m, limit := range members {
+			args = append(args, m, limit)
+		}
+		cmds[domain] = renewScript.Eval(ctx, pipe, []string{leaseKey(domain)}, args...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, nil, err
+	}
+	added, refused = map[string][]string{}, map[string][]string{}
+	for domain, cmd := range cmds {
+		v, _ := cmd.Slice()
+		if len(v) != 2 {
+			continue
+		}
+		added[domain], refused[domain] = strs(v[0]), strs(v[1])
+	}
+	return added, refused, nil
+}
+
+func strs(v any) []string {
+	vs, _ := v.([]any)
+	out := make([]string, 0, len(vs))
+	for _, x := range vs {
+		if s, ok := x.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (s *redisStore) Release(ctx context.Context, domain, member string) error {
+	return releaseScript.Run(ctx, s.rdb, []string{leaseKey(domain)}, member, freedChannel, domain).Err()
+}
+
+func (s *redisStore) Drop(ctx context.Context, domain, member string) error {
+	return s.rdb.ZRem(ctx, leaseKey(domain), member).Err()
+}
+
+// Subscribe keeps one subscription for the node's life; in a Redis
+// Cluster a PUBLISH reaches the subscribers on every master.
+func (s *redisStore) Subscribe(ctx context.Context, freed func(string)) {
+	ps := s.rdb.Subscribe(ctx, freedChannel)
+	defer ps.Close()
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			freed(m.Payload)
+		}
+	}
+}
+
+func (s *redisStore) Record(ctx context.Context, domain string) ([]byte, error) {
+	b, err := s.rdb.Get(ctx, destKey(domain)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	return b, err
+}
+
+func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, ttl time.Duration) error {
+	return s.rdb.Set(ctx, destKey(domain), rec, ttl).Err()
+}
+
+func (s *redisStore) Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error) {
+	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds()).Int64()
+	return time.Duration(us) * time.Microsecond, err
+}
+
+func (s *redisStore) Heartbeat(ctx context.Context, name string, entry []byte, ttl time.Duration) ([]byte, error) {
+	prev, err := heartbeatScript.Run(ctx, s.rdb, []string{nodeKey(name)}, entry, ttl.Milliseconds()).Text()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []byte(prev), nil
+}
+
+func (s *redisStore) Unregister(ctx context.Context, name, instance string) error {
+	return unregisterScript.Run(ctx, s.rdb, []string{nodeKey(name)}, instance).Err()
+}
+
+// Nodes scans the registry keys; SCAN runs on one shard of a Redis
+// Cluster, so there it asks every master.
+func (s *redisStore) Nodes(ctx context.Context) ([][]byte, error) {
+	var keys []string
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		var mu sync.Mutex
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			it := m.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
+			for it.Next(ctx) {
+				mu.Lock()
+				keys = append(keys, it.Val())
+				mu.Unlock()
+			}
+			return it.Err()
+		})
+		if err != nil {
+			return nil, err
+		}
+	} else {
+		it := s.rdb.Scan(ctx, 0, nodeKey("*"), 100).Iterator()
+		for it.Next(ctx) {
+			keys = append(keys, it.Val())
+		}
+		if err := it.Err(); err != nil {
+			return nil, err
+		}
+	}
+	var out [][]byte
+	for _, k := range keys {
+		b, err := s.rdb.Get(ctx, k).Bytes()
+		if err != nil {
+			continue // expired between SCAN and GET
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+func (s *redisStore) Close() error { return s.rdb.Close() }
+
+// RouteRedisLogs sends go-redis's own log lines (pool dial failures and
+// the like, otherwise printed to stderr) to log at debug level: the
+// cluster's state changes are logged once each by this package, and a
+// Redis that is down would otherwise print a line per dial. go-redis
+// keeps one logger per process, so serve calls this once.
+func RouteRedisLogs(log *zap.Logger) {
+	redis.SetLogger(redisLog{log.Named("redis")})
+}
+
+type redisLog struct{ log *zap.Logger }
+
+// Printf implements go-redis's internal.Logging.
+func (l redisLog) Printf(_ context.Context, format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...))
+}

@@ -1,0 +1,58 @@
+package cluster
+
+import (
+	"context"
+	"time"
+)
+
+// Store is where the nodes' shared state lives: Redis in production
+// (NewRedis). The Cluster decides what to share and what to do when the
+// store fails; a Store only keeps the state and applies each operation
+// atomically, with expiries measured on one clock for every node (for
+// Redis, the server's), so that the nodes' own clocks may disagree.
+//
+// Domains come lower-cased. An error means the store did not answer: the
+// Cluster then goes on with local knowledge until Ping succeeds again.
+// An absent record or entry is no error.
+type Store interface {
+	// Ping checks that the store answers.
+	Ping(ctx context.Context) error
+
+	// Acquire adds member to domain's leases, expiring after ttl, if
+	// fewer than limit unexpired leases remain, and reports whether it
+	// did.
+	Acquire(ctx context.Context, domain, member string, limit int, ttl time.Duration) (bool, error)
+	// Renew extends the leases held (domain → member → the limit it was
+	// granted under) to ttl from now. A lease the store lacks (granted
+	// while it was away, or lost) is added back while its domain's limit
+	// allows (added) and refused otherwise (refused), both by domain.
+	Renew(ctx context.Context, ttl time.Duration, held map[string]map[string]int) (added, refused map[string][]string, err error)
+	// Release removes member from domain's leases and, if it was there,
+	// announces domain to every Subscribe.
+	Release(ctx context.Context, domain, member string) error
+	// Drop removes member from domain's leases without an announcement.
+	Drop(ctx context.Context, domain, member string) error
+	// Subscribe calls freed with each domain Release announces, until
+	// ctx is done.
+	Subscribe(ctx context.Context, freed func(domain string))
+
+	// Record returns domain's shared record, nil if there is none.
+	Record(ctx context.Context, domain string) ([]byte, error)
+	// SetRecord stores domain's shared record for ttl.
+	SetRecord(ctx context.Context, domain string, rec []byte, ttl time.Duration) error
+
+	// Pace reserves domain's next start at least interval after the one
+	// reserved before it, and returns how long from now that is.
+	Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error)
+
+	// Heartbeat stores a node's registry entry for ttl and returns the
+	// entry it replaced (nil if none).
+	Heartbeat(ctx context.Context, name string, entry []byte, ttl time.Duration) ([]byte, error)
+	// Unregister removes name's entry if the process instance wrote it.
+	Unregister(ctx context.Context, name, instance string) error
+	// Nodes returns every unexpired registry entry.
+	Nodes(ctx context.Context) ([][]byte, error)
+
+	// Close releases the store's connections.
+	Close() error
+}
