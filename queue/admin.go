@@ -2,8 +2,9 @@ package queue
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
-	"strings"
+	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -16,42 +17,112 @@ import (
 // operator actions and keeps the data model free of secondary indexes.
 
 func (s Selector) validate() error {
-	n := 0
-	if s.ID != 0 {
-		n++
-	}
-	if s.Domain != "" {
-		n++
-	}
-	if s.All {
-		n++
-	}
-	if n != 1 {
-		return fmt.Errorf("%w: selector needs exactly one of ID, Domain, All", ErrInvalid)
+	criteria := s.ID != 0 || s.Domain != "" || s.Status != "" || s.Reason != "" || s.Sender != "" ||
+		!s.ArrivedBefore.IsZero() || s.Tag != ""
+	switch {
+	case s.All && criteria:
+		return fmt.Errorf("%w: a selector for the whole queue takes no other criterion", ErrInvalid)
+	case !s.All && !criteria:
+		return fmt.Errorf("%w: selector needs All or at least one criterion", ErrInvalid)
+	case s.Status != "" && !s.Status.valid():
+		return fmt.Errorf("%w: unknown status %q", ErrInvalid, s.Status)
+	case s.Tag != "" && s.TagOf == nil:
+		return fmt.Errorf("%w: a tag selector needs TagOf", ErrInvalid)
 	}
 	return nil
 }
 
+// only reports whether s selects by ID and nothing else.
+func (s Selector) only() bool {
+	t := s
+	t.ID, t.DryRun, t.TagOf = 0, false, nil
+	return t.filter() == Filter{} && t.Tag == ""
+}
+
+// filter is the part of s that List's Filter can test.
+func (s Selector) filter() Filter {
+	return Filter{Status: s.Status, Reason: s.Reason, Domain: s.Domain, Sender: s.Sender, ArrivedBefore: s.ArrivedBefore}
+}
+
+// errDryRun rolls back the transaction of an action run with DryRun.
+var errDryRun = errors.New("queue: dry run")
+
 // selectRcpts decodes every recipient matched by sel (any status).
-// Undecodable ones are returned as problems.
-func selectRcpts(tx *bolt.Tx, sel Selector) ([]Recipient, []problem) {
+// Undecodable ones are returned as problems. head reads the start of a
+// message for sel.Tag.
+func selectRcpts(tx *bolt.Tx, sel Selector, head func(*bolt.Tx, ID) []byte) ([]Recipient, []problem) {
 	var out []Recipient
 	var ps []problem
 	var prefix []byte
 	if sel.ID != 0 {
 		prefix = idKey(sel.ID)
 	}
+	f := sel.filter()
+	byMsg := f.Sender != "" || !f.ArrivedBefore.IsZero() || sel.Tag != ""
+	msgOK := map[ID]bool{}
 	for rec := range rcptRecords(tx, prefix, &ps) {
 		r, p := rec.decode()
 		if p != nil {
 			ps = append(ps, *p)
 			continue
 		}
-		if sel.Domain == "" || strings.EqualFold(r.Domain, sel.Domain) {
-			out = append(out, r)
+		if !f.matchesRecipient(&r) {
+			continue
 		}
+		if byMsg {
+			ok, seen := msgOK[r.Key.ID]
+			if !seen {
+				ok = sel.matchesMessage(tx, r.Key.ID, head)
+				msgOK[r.Key.ID] = ok
+			}
+			if !ok {
+				continue
+			}
+		}
+		out = append(out, r)
 	}
 	return out, ps
+}
+
+// matchesMessage applies sel's message-level criteria to message id. A
+// message whose record is missing or undecodable is not selected (its
+// recipients are repaired by the readers that report it).
+func (s Selector) matchesMessage(tx *bolt.Tx, id ID, head func(*bolt.Tx, ID) []byte) bool {
+	v := tx.Bucket(bMsgs).Get(idKey(id))
+	if v == nil {
+		return false
+	}
+	m, err := decodeMessage(id, v)
+	if err != nil {
+		return false
+	}
+	f := s.filter()
+	if !f.matchesMessage(&m) {
+		return false
+	}
+	if s.Tag == "" {
+		return true
+	}
+	tag := s.TagOf(head(tx, id))
+	if tag == "" {
+		tag = m.EnvID
+	}
+	return tag == s.Tag
+}
+
+// headOf returns a reader of the start of a message (its body in the
+// database or in the spool), for selecting by tag.
+func (q *Queue) headOf() func(*bolt.Tx, ID) []byte {
+	dir := q.spoolDir()
+	return func(tx *bolt.Tx, id ID) []byte {
+		var head []byte
+		if name := tx.Bucket(bSpool).Get(idKey(id)); name != nil {
+			head = readHead(filepath.Join(dir, string(name)))
+		} else {
+			head = tx.Bucket(bBodies).Get(idKey(id))
+		}
+		return head[:min(len(head), headLimit)]
+	}
 }
 
 // modify runs fn on every recipient sel matches, in one transaction.
@@ -73,9 +144,10 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 	}
 	unsettled := q.unsettled(serr)
 	n := 0
+	head := q.headOf()
 	err := q.update(func(w *wtx) error {
 		n = 0
-		rs, ps := selectRcpts(w.tx, sel)
+		rs, ps := selectRcpts(w.tx, sel, head)
 		for _, p := range ps {
 			if err := w.fix(p); err != nil {
 				return err
@@ -94,10 +166,18 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 			}
 		}
 		if after != nil {
-			return after(w)
+			if err := after(w); err != nil {
+				return err
+			}
+		}
+		if sel.DryRun {
+			return errDryRun // counted; nothing is kept
 		}
 		return nil
 	})
+	if errors.Is(err, errDryRun) {
+		err = nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("queue: %s: %w", op, readOne(err, unsettled))
 	}
@@ -152,10 +232,48 @@ func (q *Queue) Release(sel Selector, now time.Time) (int, error) {
 	}, nil)
 }
 
+// Requeue routes the selected Queued, Deferred and Held recipients
+// again, as Postfix's `postsuper -r` does: each becomes due at now
+// (Queued if never attempted, else Deferred), forgets where its last
+// attempt went (the sticky source address and MX, so the next attempt
+// chooses both anew), and gets its domain recomputed from its address by
+// domainOf (the canonical form the caller compares domains in; a record
+// stored by an older version may have another spelling). Its attempts,
+// greylisting counts and history stay. Active recipients are left to the
+// attempt in flight. A held recipient is released (reason
+// ReasonReleased, with its event).
+func (q *Queue) Requeue(sel Selector, now time.Time, domainOf func(addr string) string) (int, error) {
+	return q.modify("requeue", sel, func(w *wtx, r Recipient) (bool, error) {
+		if r.Status != Queued && r.Status != Deferred && r.Status != Held {
+			return false, nil
+		}
+		before := r
+		held := r.Status == Held
+		r.Status, r.NextAttempt = Deferred, now
+		if r.Attempts == 0 {
+			r.Status = Queued
+		}
+		r.SourceIP, r.MXHost, r.MXAddr = "", "", ""
+		if d := domainOf(r.Addr); d != "" {
+			r.Domain = d
+		}
+		if held {
+			r.Reason = ReasonReleased
+		}
+		if err := w.putRcpt(&before, &r); err != nil {
+			return false, err
+		}
+		if held {
+			return true, w.operated(ReasonReleased, &r)
+		}
+		return true, nil
+	}, nil)
+}
+
 // Delete removes the selected recipients of any status, without DSNs. By ID
-// or All, whole messages go (record, body, every recipient). By Domain, only
-// that domain's recipients go, and a message goes with them once no live
-// recipient is left. It returns the number of recipients removed.
+// alone or All, whole messages go (record, body, every recipient).
+// Otherwise only the selected recipients go, and a message goes with them
+// once no live recipient is left. It returns the number of recipients removed.
 func (q *Queue) Delete(sel Selector) (int, error) {
 	touched := map[ID]bool{}
 	del := func(w *wtx, r Recipient) (bool, error) {
@@ -167,7 +285,7 @@ func (q *Queue) Delete(sel Selector) (int, error) {
 	}
 	after := func(w *wtx) error {
 		switch {
-		case sel.ID != 0:
+		case sel.ID != 0 && sel.only():
 			return w.deleteMessage(sel.ID, nil)
 		case sel.All: // also messages whose recipients were all quarantined
 			var ids []ID
@@ -218,7 +336,7 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 			return fmt.Errorf("message %s: %w", sel.ID, ErrNotFound)
 		}
 		var rs []Recipient
-		rs, ps = selectRcpts(tx, sel)
+		rs, ps = selectRcpts(tx, sel, q.headOf())
 		for _, r := range rs {
 			if !r.Status.Final() {
 				out = append(out, r)

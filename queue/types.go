@@ -339,12 +339,30 @@ type Update struct {
 	Starts []Start
 }
 
-// Selector picks recipients for operator actions: by message ID, by
-// destination domain, or all. Exactly one must be set.
+// Selector picks recipients for operator actions. All selects the whole
+// queue and excludes every other field; otherwise at least one of the
+// others must be set, and a recipient is selected when it matches every
+// one that is (so that a forgotten criterion never widens an action to
+// the whole queue).
 type Selector struct {
 	ID     ID
-	Domain string
+	Domain string // the canonical domain (relay/address.DomainKey); compared case-insensitively
 	All    bool
+	// Status, Reason, Sender and ArrivedBefore select as Filter's fields
+	// of the same names do.
+	Status        Status
+	Reason        string
+	Sender        string
+	ArrivedBefore time.Time
+	// Tag selects the messages whose tag is Tag: TagOf (required with
+	// Tag) reads it from the start of the message (its header section),
+	// and a message without one is tagged with its envelope ID (RFC 3461
+	// §4.4 ENVID), as its events are.
+	Tag   string
+	TagOf func(head []byte) string
+	// DryRun makes an action count what it would change and change
+	// nothing: its transaction is rolled back.
+	DryRun bool
 }
 
 // Filter selects rows for List. Zero fields do not filter.
