@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-
 )
 
 // suspendStore is the Store (kv.go) of the destinations the operator

@@ -107,18 +107,19 @@ func (e *Engine) bounceMessage(id queue.ID, rs []queue.Recipient, now time.Time)
 	return nil
 }
 
-// push moves due recipients of a paused (throttled) destination to until
-// without an attempt, so the loop does not look at them again and again.
-// Recipients whose lifetime is over expire instead (4.4.7 with a DSN).
-func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time) {
+// push moves due recipients of a paused (throttled or suspended)
+// destination to until without an attempt, so the loop does not look at
+// them again and again; why says which. Recipients whose lifetime is over
+// expire instead (4.4.7 with a DSN).
+func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time, why postponement) {
 	byMsg := map[queue.ID][]queue.Recipient{}
 	for _, r := range rs {
 		byMsg[r.Key.ID] = append(byMsg[r.Key.ID], r)
 	}
 	for id, group := range byMsg {
-		if err := e.pushMessage(d, id, group, until, now, throttled); err != nil {
+		if err := e.pushMessage(d, id, group, until, now, why); err != nil {
 			e.requestRescan() // not moved: still behind the scan position
-			e.log.Error("delivery: postponing recipients of a throttled destination failed",
+			e.log.Error("delivery: postponing recipients of a paused destination failed", zap.String("stage", why.stage),
 				zap.String("queue_id", id.String()), zap.String("domain", d.name), zap.Error(err))
 		}
 	}

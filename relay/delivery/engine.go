@@ -119,6 +119,11 @@ type Options struct {
 	// refusal, nor an expiry), and reports whether it suppressed it
 	// (relay/suppress).
 	Suppress func(from, rcpt, reason, reply string, at time.Time) bool
+	// Suspensions shares the operator's suspensions with the other nodes
+	// (suspend.go); nil for a node on its own.
+	Suspensions SuspensionStore
+	// Node names this node in the suspensions it makes ("" on its own).
+	Node string
 }
 
 // Engine delivers queued mail. Create it with New, then call Run once.
@@ -173,6 +178,12 @@ type Engine struct {
 	// (fresh.go). Used by Run's goroutine only.
 	scanned uint64
 	freed   <-chan string // domains whose cluster-wide slot was released (shared.go); nil without Shared
+
+	// susp holds the operator's suspensions by canonical domain
+	// (suspend.go); guarded by mu. suspShared names those the shared
+	// store holds as far as this node knows; guarded by mu.
+	susp       map[string]queue.Suspension
+	suspShared map[string]bool
 }
 
 // New checks opt and returns an engine.
@@ -197,19 +208,21 @@ func New(opt Options) (*Engine, error) {
 		freed = opt.Shared.Freed()
 	}
 	return &Engine{
-		freed:   freed,
-		opt:     opt,
-		cfg:     opt.Config,
-		q:       opt.Queue,
-		policy:  policy,
-		limit:   dsn.NewLimiter(opt.Config.DSN.MaxPerSenderPerHour),
-		log:     opt.Logger,
-		m:       opt.Metrics,
-		kick:    make(chan struct{}, 1),
-		dests:   map[string]*dest{},
-		claimed: map[queue.Key]bool{},
-		hosts:   map[string]*host{},
-		fresh:   opt.Queue.Fresh(),
+		freed:      freed,
+		opt:        opt,
+		cfg:        opt.Config,
+		q:          opt.Queue,
+		policy:     policy,
+		limit:      dsn.NewLimiter(opt.Config.DSN.MaxPerSenderPerHour),
+		log:        opt.Logger,
+		m:          opt.Metrics,
+		kick:       make(chan struct{}, 1),
+		dests:      map[string]*dest{},
+		claimed:    map[queue.Key]bool{},
+		susp:       map[string]queue.Suspension{},
+		suspShared: map[string]bool{},
+		hosts:      map[string]*host{},
+		fresh:      opt.Queue.Fresh(),
 		out: newRecorder(func(u queue.Update) error {
 			_, err := opt.Queue.Apply(u)
 			return err

@@ -28,7 +28,7 @@ import (
 //     So an offer whose journal number a scan may have seen
 //     (queue.Visible when the scan ended) is left to the ordinary path.
 //   - a fresh message the scheduler does not take at once (its
-//     destination is paused or has a full job list, or an attempt would
+//     destination is paused or suspended, or has a full job list, or an attempt would
 //     need a write without a transaction: postponement for dead hosts) is
 //     dropped and takes the ordinary path once inserted.
 
@@ -60,7 +60,7 @@ func (e *Engine) takeFresh(f queue.Fresh) bool {
 	took := false
 	for _, r := range f.Recipients {
 		d := e.dests[domainKey(r.Domain)]
-		if d == nil || e.claimed[r.Key] || d.throttle.Paused(now) {
+		if d == nil || e.claimed[r.Key] || e.paused(d, now) {
 			continue
 		}
 		j := jobs[d]

@@ -142,6 +142,14 @@ func (e *Engine) Run(ctx context.Context) error {
 	if n > 0 {
 		e.log.Info("recovered interrupted delivery attempts", zap.Int("recipients", n))
 	}
+	if err := e.loadSuspensions(); err != nil {
+		return err
+	}
+	if e.opt.Suspensions != nil {
+		sctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go e.syncSuspensions(sctx)
+	}
 	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -285,7 +293,7 @@ func (e *Engine) scan(now time.Time) error {
 	}
 	e.mu.Unlock()
 	for _, p := range push {
-		e.push(p.d, p.rcpts, p.d.throttle.Until, now)
+		e.push(p.d, p.rcpts, p.until, now, p.why)
 	}
 	return nil
 }
@@ -341,7 +349,7 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 	fullIDs := map[string]map[queue.ID]bool{}
 	full := map[string]*dest{}
 	for name, d := range e.dests {
-		if d.throttle.Paused(now) || len(d.pending) < e.pendingCap() {
+		if e.paused(d, now) || len(d.pending) < e.pendingCap() {
 			continue
 		}
 		ids := map[queue.ID]bool{}
@@ -403,10 +411,13 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 	return nil
 }
 
-// pushItem is a set of recipients of a paused destination.
+// pushItem is a set of recipients of a paused destination, to move to
+// until.
 type pushItem struct {
 	d     *dest
 	rcpts []queue.Recipient
+	until time.Time
+	why   postponement
 }
 
 // claim turns due recipients into jobs. Called with e.mu held.
@@ -423,7 +434,7 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 			e.rescan = true // appeared between Due and loadDests' view; next scan
 			continue
 		}
-		if d.throttle.Paused(now) {
+		if e.paused(d, now) {
 			paused[d] = append(paused[d], r)
 			continue
 		}
@@ -435,11 +446,13 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 	}
 	var out []pushItem
 	for d, rcpts := range paused {
-		out = append(out, pushItem{d, rcpts})
+		until, why := e.pauseEnd(d, now)
+		out = append(out, pushItem{d, rcpts, until, why})
 	}
-	// Jobs claimed before the destination was throttled go the same way.
+	// Jobs claimed before the destination was throttled (or suspended) go
+	// the same way.
 	for _, d := range e.dests {
-		if !d.throttle.Paused(now) || len(d.pending) == 0 {
+		if !e.paused(d, now) || len(d.pending) == 0 {
 			continue
 		}
 		var rcpts []queue.Recipient
@@ -450,7 +463,8 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 			}
 		}
 		d.pending = nil
-		out = append(out, pushItem{d, rcpts})
+		until, why := e.pauseEnd(d, now)
+		out = append(out, pushItem{d, rcpts, until, why})
 		if !d.passedAt.IsZero() { // push those too, at the next scan
 			e.rewindTo(d.passedAt)
 			d.passedAt = time.Time{}
@@ -533,7 +547,7 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // more queued transactions than its connections are expected to carry.
 // Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
-	if len(d.pending) == 0 || d.throttle.Paused(now) {
+	if len(d.pending) == 0 || e.paused(d, now) {
 		return false
 	}
 	if d.contended && (now.Before(d.slotWait) || d.acquiring > 0) {

@@ -67,7 +67,7 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan st
 		}
 		e.mu.Lock()
 		switch {
-		case d.throttle.Paused(e.now()) || (served > 0 && e.waiting):
+		case e.paused(d, e.now()) || (served > 0 && e.waiting):
 			e.mu.Unlock()
 			return false
 		case len(d.pending) > 0:
@@ -109,7 +109,7 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan st
 func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(d.pending) == 0 || d.throttle.Paused(e.now()) {
+	if len(d.pending) == 0 || e.paused(d, e.now()) {
 		return nil
 	}
 	if served > 0 && e.waiting {
