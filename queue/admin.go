@@ -26,8 +26,6 @@ func (s Selector) validate() error {
 		return fmt.Errorf("%w: selector needs All or at least one criterion", ErrInvalid)
 	case s.Status != "" && !s.Status.valid():
 		return fmt.Errorf("%w: unknown status %q", ErrInvalid, s.Status)
-	case s.Tag != "" && s.TagOf == nil:
-		return fmt.Errorf("%w: a tag selector needs TagOf", ErrInvalid)
 	}
 	return nil
 }
@@ -35,7 +33,7 @@ func (s Selector) validate() error {
 // only reports whether s selects by ID and nothing else.
 func (s Selector) only() bool {
 	t := s
-	t.ID, t.DryRun, t.TagOf = 0, false, nil
+	t.ID, t.DryRun = 0, false
 	return t.filter() == Filter{} && t.Tag == ""
 }
 
@@ -48,9 +46,9 @@ func (s Selector) filter() Filter {
 var errDryRun = errors.New("queue: dry run")
 
 // selectRcpts decodes every recipient matched by sel (any status).
-// Undecodable ones are returned as problems. head reads the start of a
+// Undecodable ones are returned as problems. tagOf reads the tag of a
 // message for sel.Tag.
-func selectRcpts(tx *bolt.Tx, sel Selector, head func(*bolt.Tx, ID) []byte) ([]Recipient, []problem) {
+func selectRcpts(tx *bolt.Tx, sel Selector, tagOf func(*bolt.Tx, ID) string) ([]Recipient, []problem) {
 	var out []Recipient
 	var ps []problem
 	var prefix []byte
@@ -72,7 +70,7 @@ func selectRcpts(tx *bolt.Tx, sel Selector, head func(*bolt.Tx, ID) []byte) ([]R
 		if byMsg {
 			ok, seen := msgOK[r.Key.ID]
 			if !seen {
-				ok = sel.matchesMessage(tx, r.Key.ID, head)
+				ok = sel.matchesMessage(tx, r.Key.ID, tagOf)
 				msgOK[r.Key.ID] = ok
 			}
 			if !ok {
@@ -87,7 +85,7 @@ func selectRcpts(tx *bolt.Tx, sel Selector, head func(*bolt.Tx, ID) []byte) ([]R
 // matchesMessage applies sel's message-level criteria to message id. A
 // message whose record is missing or undecodable is not selected (its
 // recipients are repaired by the readers that report it).
-func (s Selector) matchesMessage(tx *bolt.Tx, id ID, head func(*bolt.Tx, ID) []byte) bool {
+func (s Selector) matchesMessage(tx *bolt.Tx, id ID, tagOf func(*bolt.Tx, ID) string) bool {
 	v := tx.Bucket(bMsgs).Get(idKey(id))
 	if v == nil {
 		return false
@@ -103,25 +101,29 @@ func (s Selector) matchesMessage(tx *bolt.Tx, id ID, head func(*bolt.Tx, ID) []b
 	if s.Tag == "" {
 		return true
 	}
-	tag := s.TagOf(head(tx, id))
+	tag := tagOf(tx, id)
 	if tag == "" {
 		tag = m.EnvID
 	}
 	return tag == s.Tag
 }
 
-// headOf returns a reader of the start of a message (its body in the
-// database or in the spool), for selecting by tag.
-func (q *Queue) headOf() func(*bolt.Tx, ID) []byte {
-	dir := q.spoolDir()
-	return func(tx *bolt.Tx, id ID) []byte {
+// tagOf returns a reader of the tag of a message (Options.TagOf of the
+// start of its body, in the database or in the spool), for selecting by
+// tag; without Options.TagOf it reads none.
+func (q *Queue) tagOf() func(*bolt.Tx, ID) string {
+	dir, fn := q.spoolDir(), q.opt.TagOf
+	return func(tx *bolt.Tx, id ID) string {
+		if fn == nil {
+			return ""
+		}
 		var head []byte
 		if name := tx.Bucket(bSpool).Get(idKey(id)); name != nil {
 			head = readHead(filepath.Join(dir, string(name)))
 		} else {
 			head = tx.Bucket(bBodies).Get(idKey(id))
 		}
-		return head[:min(len(head), headLimit)]
+		return fn(head[:min(len(head), headLimit)])
 	}
 }
 
@@ -144,10 +146,10 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 	}
 	unsettled := q.unsettled(serr)
 	n := 0
-	head := q.headOf()
+	tagOf := q.tagOf()
 	err := q.update(func(w *wtx) error {
 		n = 0
-		rs, ps := selectRcpts(w.tx, sel, head)
+		rs, ps := selectRcpts(w.tx, sel, tagOf)
 		for _, p := range ps {
 			if err := w.fix(p); err != nil {
 				return err
@@ -336,7 +338,7 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 			return fmt.Errorf("message %s: %w", sel.ID, ErrNotFound)
 		}
 		var rs []Recipient
-		rs, ps = selectRcpts(tx, sel, q.headOf())
+		rs, ps = selectRcpts(tx, sel, q.tagOf())
 		for _, r := range rs {
 			if !r.Status.Final() {
 				out = append(out, r)

@@ -7,8 +7,8 @@
 //	greyrelay config default             print the complete default configuration
 //	greyrelay user add NAME [SENDER...]  read a password on stdin, print a users-file line
 //	greyrelay token add -file F NAME …   append a sending-API token's line to F, print the token
-//	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|salvage …
-//	greyrelay destinations [forget]      what greyrelay learned about destinations; forget it
+//	greyrelay queue list|show|shape|retry|hold|release|delete|bounce|requeue|salvage …
+//	greyrelay destinations [forget|suspend|resume]  what greyrelay learned about destinations; forget it; stop and resume delivery
 //	greyrelay suppression list|add|remove the suppression list
 //	greyrelay probe ADDRESS|DOMAIN       diagnose the delivery path to a destination
 //	greyrelay dkim keygen DOMAIN SELECTOR write a DKIM key, print its DNS record
@@ -160,8 +160,11 @@ const usage = `usage:
                        [-message-id M] [-older-than DUR] [-json] [-cluster]
                                         -tag, -envid, -message-id also list finished messages (history)
                                         -cluster: every node registered in cluster.redis, through its admin API
-  greyrelay queue show|retry|hold|release|delete|bounce ID | -domain D | -all
+  greyrelay queue show ID
   greyrelay queue show [-json] -tag T | -envid E | -message-id M   every message so named, queued or finished
+  greyrelay queue retry|hold|release|delete|bounce|requeue [-dry-run] ID | SELECTION | -all
+                                        SELECTION: -domain D, -status S, -reason R, -sender S, -tag T,
+                                        -older-than DUR (all must match); -dry-run only counts
   greyrelay queue show -headers|-body [-max N] [-raw] ID    a message's content (postcat)
   greyrelay queue show -cluster [-json] ID  the message on whichever registered node holds it
   greyrelay queue shape [-by domain|reason] [-json]         the queue by destination and age (qshape)
@@ -172,6 +175,9 @@ const usage = `usage:
   greyrelay suppression import [-scope D] [-reason R] [-ttl DUR] FILE
                                         recipients refused at RCPT after a permanent address failure
   greyrelay destinations forget DOMAIN | -all
+  greyrelay destinations suspend [-reason TEXT] [-for DUR] DOMAIN
+                                        stop delivery to DOMAIN (all nodes); its mail stays queued
+  greyrelay destinations resume DOMAIN  deliver to it again; its waiting mail is due at once
   greyrelay probe [-config FILE] [-json] [-from SENDER] ADDRESS|DOMAIN
                                         -from also checks SPF, DKIM and DMARC of SENDER's domain
   greyrelay dkim keygen [-algorithm rsa2048|ed25519] [-out FILE] DOMAIN SELECTOR

@@ -209,6 +209,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		FullScan:    checkQueue,
+		TagOf:       events.Tag, // queue actions select by the tag events carry
 		History:     queue.HistoryOptions{Retention: cfg.History.Retention, MaxMessages: cfg.History.MaxMessages},
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))
@@ -490,7 +491,7 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 		opt.TLSPolicy = policy // a nil *Checker in the interface would not be nil
 	}
 	if c != nil { // a nil *cluster.Cluster in the interface would not be nil
-		opt.Shared = c
+		opt.Shared, opt.Suspensions, opt.Node = c, c, cfg.NodeName()
 	}
 	if report != nil {
 		opt.TLSReport = report.Agg

@@ -64,11 +64,20 @@
 //	                          message age (5, 10, 20 … 1280 minutes, older);
 //	                          status, limit (default 100 rows)
 //	POST /api/queue/{id}/{action}           action on one message
-//	POST /api/queue/{action}?domain=D|all=1 action on a domain or on everything
-//	                          action: retry, hold, release, delete, bounce;
-//	                          answers {"action", "recipients": n}; retry also
-//	                          forgets the dead hosts and throttle pause of the
-//	                          recipients' destinations (a flush)
+//	POST /api/queue/{action}?SELECTION      action on the recipients selected
+//	                          by domain, status, reason, sender, tag and
+//	                          older_than (all that are given must match), or
+//	                          all=1 alone for everything; dry_run=1 counts
+//	                          without changing anything.
+//	                          action: retry, hold, release, delete, bounce,
+//	                          requeue; answers {"action", "recipients": n};
+//	                          retry and requeue also forget the dead hosts
+//	                          and throttle pause of the recipients'
+//	                          destinations (a flush)
+//	POST /api/destinations/suspend?domain=D[&reason=TEXT][&for=DUR]
+//	                          stop delivery to D (all nodes) until resumed or
+//	                          for DUR; its mail stays queued
+//	POST /api/destinations/resume?domain=D  end it; D's mail is due at once
 //	GET  /api/destinations    what was learned per destination domain:
 //	                          greylisting and its learned delay, throttling, dead hosts
 //	GET  /api/destinations/{domain}         the same shape, with one destination
@@ -135,6 +144,15 @@ type Engine interface {
 	// Forget drops what was learned about domain, or about every
 	// destination with all, and returns how many destinations changed.
 	Forget(domain string, all bool, now time.Time) (int, error)
+	// Requeue routes the selected recipients again (queue.Requeue) after
+	// a flush of their destinations, as Retry does; it returns how many
+	// it requeued.
+	Requeue(sel queue.Selector, now time.Time) (int, error)
+	// Suspend stops delivery to domain until until (zero: until Resume),
+	// across the cluster; Resume ends it and makes the domain's waiting
+	// recipients due, reporting whether it was suspended and how many.
+	Suspend(domain, reason string, until, now time.Time) (queue.Suspension, error)
+	Resume(domain string, now time.Time) (bool, int, error)
 	// Kick asks the scheduler to look for due work now.
 	Kick()
 }
@@ -268,6 +286,8 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/destinations", s.destinations)
 	mux.HandleFunc("GET /api/destinations/{domain}", s.destination)
 	mux.HandleFunc("POST /api/destinations/forget", s.forget)
+	mux.HandleFunc("POST /api/destinations/suspend", s.suspend)
+	mux.HandleFunc("POST /api/destinations/resume", s.resume)
 	if s.opt.Probe != nil {
 		// It sends SMTP: a POST, so that a web page cannot make a
 		// browser run it (guard.go), and limited (probe.go).

@@ -180,42 +180,90 @@ func (s *Server) show(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, m)
 }
 
+// Actions names the queue actions, in the order usage texts list them.
+var Actions = []string{"retry", "hold", "release", "delete", "bounce", "requeue"}
+
 func (s *Server) actionOne(w http.ResponseWriter, r *http.Request) {
 	id, err := parseID(r.PathValue("id"))
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
-	s.act(w, r, r.PathValue("action"), queue.Selector{ID: id})
+	sel, err := parseSelector(r.URL.Query(), s.opt.Now(), false)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	sel.ID = id
+	s.act(w, r, r.PathValue("action"), sel)
 }
 
-// actionMany handles POST /api/queue/{action}?domain=D or ?all=1. Exactly
-// one of them is required, so that a forgotten parameter never acts on the
-// whole queue.
+// actionMany handles POST /api/queue/{action} with a selection: all=1, or
+// one or more of the filters (domain, status, reason, sender, tag,
+// older_than). At least one is required, so that a forgotten parameter
+// never acts on the whole queue.
 func (s *Server) actionMany(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	dom, all := strings.TrimSpace(q.Get("domain")), q.Get("all")
-	var sel queue.Selector
-	switch {
-	case dom != "" && all == "":
-		sel.Domain = address.DomainKey(dom) // the queue keeps domains canonical
-	case dom == "" && (all == "1" || all == "true"):
-		sel.All = true
-	default:
-		s.fail(w, r, badf("give exactly one of domain=D or all=1"))
+	sel, err := parseSelector(r.URL.Query(), s.opt.Now(), true)
+	if err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	s.act(w, r, r.PathValue("action"), sel)
+}
+
+// parseSelector reads the selection of an action: the filters GET
+// /api/queue takes (validated the same way), tag, all and dry_run. With
+// need, a selection is required: all=1 alone or at least one filter.
+func parseSelector(q url.Values, now time.Time, need bool) (queue.Selector, error) {
+	for name := range q {
+		if !slices.Contains([]string{"domain", "status", "reason", "sender", "older_than", "tag", "all", "dry_run"}, name) {
+			return queue.Selector{}, badf("unknown parameter %q (want domain, status, reason, sender, tag, older_than, all or dry_run)", name)
+		}
+	}
+	f, err := parseFilter(q, now)
+	if err != nil {
+		return queue.Selector{}, err
+	}
+	sel := queue.Selector{Domain: strings.TrimSpace(f.Domain), Status: f.Status, Reason: f.Reason, Sender: f.Sender,
+		ArrivedBefore: f.ArrivedBefore, Tag: q.Get("tag")}
+	if sel.DryRun, err = boolParam(q, "dry_run"); err != nil {
+		return sel, err
+	}
+	if sel.All, err = boolParam(q, "all"); err != nil {
+		return sel, err
+	}
+	filtered := sel.Domain != "" || sel.Status != "" || sel.Reason != "" || sel.Sender != "" ||
+		!sel.ArrivedBefore.IsZero() || sel.Tag != ""
+	switch {
+	case sel.All && (filtered || !need):
+		return sel, badf("all=1 selects the whole queue and takes no other selection")
+	case need && !sel.All && !filtered:
+		return sel, badf("give a selection (domain, status, reason, sender, tag, older_than) or all=1")
+	}
+	return sel, nil
+}
+
+// boolParam reads a flag parameter: absent, "1"/"true" or "0"/"false".
+func boolParam(q url.Values, name string) (bool, error) {
+	switch v := q.Get(name); v {
+	case "", "0", "false":
+		return false, nil
+	case "1", "true":
+		return true, nil
+	default:
+		return false, badf("%s: %q is not 1 or 0", name, v)
+	}
 }
 
 func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel queue.Selector) {
 	now := s.opt.Now()
 	var n int
 	var err error
+	eng := s.opt.Engine
 	switch action {
 	case "retry":
-		if s.opt.Engine != nil {
-			n, err = s.opt.Engine.Retry(sel, now)
+		if eng != nil && !sel.DryRun {
+			n, err = eng.Retry(sel, now)
 		} else {
 			n, err = s.opt.Queue.Retry(sel, now)
 		}
@@ -225,14 +273,24 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 		n, err = s.opt.Queue.Release(sel, now)
 	case "delete":
 		n, err = s.opt.Queue.Delete(sel)
+	case "requeue":
+		if eng != nil && !sel.DryRun {
+			n, err = eng.Requeue(sel, now)
+		} else {
+			n, err = s.opt.Queue.Requeue(sel, now, RecipientDomain)
+		}
 	case "bounce":
-		if s.opt.Engine == nil {
+		switch {
+		case sel.DryRun:
+			n, err = bounceable(s.opt.Queue, sel)
+		case eng == nil:
 			writeError(w, http.StatusServiceUnavailable, errors.New("bounce is not available: no delivery engine"))
 			return
+		default:
+			n, err = eng.Bounce(sel, now)
 		}
-		n, err = s.opt.Engine.Bounce(sel, now)
 	default:
-		writeError(w, http.StatusNotFound, fmt.Errorf("unknown action %q (want retry, hold, release, delete or bounce)", action))
+		writeError(w, http.StatusNotFound, fmt.Errorf("unknown action %q (want %s)", action, strings.Join(Actions, ", ")))
 		return
 	}
 	var unsettled Unsettled
@@ -251,22 +309,61 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 		s.fail(w, r, err)
 		return
 	}
-	if s.opt.Engine != nil && (action == "retry" || action == "release") && n > 0 {
-		s.opt.Engine.Kick()
+	if eng != nil && !sel.DryRun && (action == "retry" || action == "release" || action == "requeue") && n > 0 {
+		eng.Kick()
 	}
-	s.log.Info("queue action", zap.String("action", action), zap.String("selector", selString(sel)),
-		zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
-	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n, Unsettled: unsettled})
+	if !sel.DryRun {
+		s.log.Info("queue action", zap.String("action", action), zap.String("selector", selString(sel)),
+			zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
+	}
+	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n, DryRun: sel.DryRun, Unsettled: unsettled})
+}
+
+// bounceable counts the recipients a bounce of sel would fail: those
+// Engine.Bounce fails (live, not in flight).
+func bounceable(q *queue.Queue, sel queue.Selector) (int, error) {
+	rs, err := q.Select(sel)
+	n := 0
+	for _, r := range rs {
+		if r.Status != queue.Active {
+			n++
+		}
+	}
+	return n, err
+}
+
+// RecipientDomain is the canonical domain of a recipient address (the
+// part after its last "@"), as requeue recomputes it.
+func RecipientDomain(addr string) string {
+	i := strings.LastIndexByte(addr, '@')
+	if i < 0 {
+		return ""
+	}
+	return address.DomainKey(addr[i+1:])
 }
 
 func selString(sel queue.Selector) string {
-	switch {
-	case sel.ID != 0:
-		return "id " + sel.ID.String()
-	case sel.Domain != "":
-		return "domain " + sel.Domain
+	if sel.All {
+		return "all"
 	}
-	return "all"
+	var parts []string
+	add := func(name, v string) {
+		if v != "" {
+			parts = append(parts, name+" "+v)
+		}
+	}
+	if sel.ID != 0 {
+		add("id", sel.ID.String())
+	}
+	add("domain", sel.Domain)
+	add("status", string(sel.Status))
+	add("reason", sel.Reason)
+	add("sender", sel.Sender)
+	add("tag", sel.Tag)
+	if !sel.ArrivedBefore.IsZero() {
+		add("arrived before", sel.ArrivedBefore.UTC().Format(time.RFC3339))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) {

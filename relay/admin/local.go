@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
@@ -56,11 +59,46 @@ func (l *Local) list(f queue.Filter, now time.Time) (ListResult, error) {
 	}
 	out := ListResult{Now: now, Total: total, Offset: f.Offset, Limit: f.Limit, Rows: make([]Row, len(rows)),
 		Unsettled: unsettled}
+	susp := l.suspended(now)
 	for i := range rows {
 		out.Rows[i] = rowOf(&rows[i].Message, &rows[i].Recipient, now)
 		out.Rows[i].Node = l.node
+		markSuspended(&out.Rows[i], susp)
 	}
 	return out, nil
+}
+
+// suspended returns the suspensions in force at now by domain; none when
+// they cannot be read (the views then lack the mark, nothing else).
+func (l *Local) suspended(now time.Time) map[string]*Suspension {
+	ss, err := l.q.Suspensions()
+	if err != nil {
+		return nil
+	}
+	out := map[string]*Suspension{}
+	for _, s := range ss {
+		if s.Active(now) {
+			out[s.Domain] = suspensionOf(s)
+		}
+	}
+	return out
+}
+
+// Suspensions returns the suspensions in force, by domain.
+func (l *Local) Suspensions(now time.Time) []Suspension {
+	m := l.suspended(now)
+	out := make([]Suspension, 0, len(m))
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, *m[name])
+	}
+	return out
+}
+
+// markSuspended marks a row not yet final whose domain is suspended.
+func markSuspended(r *Row, susp map[string]*Suspension) {
+	if s := susp[strings.ToLower(r.Domain)]; s != nil && !queue.Status(r.Status).Final() {
+		r.Suspended = s
+	}
 }
 
 // Message returns one message, as GET /api/queue/{id} does, also one that
@@ -79,10 +117,13 @@ func (l *Local) Message(_ context.Context, id string) (Message, error) {
 	if err != nil {
 		return Message{}, err
 	}
-	out := messageOf(&m, l.now())
+	now := l.now()
+	out := messageOf(&m, now)
 	out.Node = l.node
+	susp := l.suspended(now)
 	for i := range out.Recipients {
 		out.Recipients[i].Node = l.node
+		markSuspended(&out.Recipients[i].Row, susp)
 	}
 	return out, nil
 }
@@ -94,10 +135,18 @@ func (l *Local) Destinations(_ context.Context) (Destinations, error) {
 	if err != nil {
 		return Destinations{}, err
 	}
-	out := Destinations{Now: l.now(), Destinations: make([]Destination, len(ds))}
+	now := l.now()
+	susp := l.suspended(now)
+	out := Destinations{Now: now, Destinations: make([]Destination, len(ds))}
 	for i := range ds {
 		out.Destinations[i] = destinationOf(&ds[i])
+		out.Destinations[i].Suspended = susp[ds[i].Domain]
+		delete(susp, ds[i].Domain)
 	}
+	for _, name := range slices.Sorted(maps.Keys(susp)) { // suspended before anything was learned
+		out.Destinations = append(out.Destinations, Destination{Domain: name, DeadHosts: []DeadHost{}, Suspended: susp[name]})
+	}
+	slices.SortFunc(out.Destinations, func(a, b Destination) int { return strings.Compare(a.Domain, b.Domain) })
 	return out, nil
 }
 
@@ -105,9 +154,17 @@ func (l *Local) Destinations(_ context.Context) (Destinations, error) {
 // was (where GET /api/destinations/{domain} answers 404).
 func (l *Local) Destination(_ context.Context, domain string) (*Destination, error) {
 	d, ok, err := l.q.Destination(domain)
-	if err != nil || !ok {
+	if err != nil {
 		return nil, err
 	}
-	v := destinationOf(&d)
+	s := l.suspended(l.now())[domain]
+	if !ok && s == nil {
+		return nil, nil
+	}
+	v := Destination{Domain: domain, DeadHosts: []DeadHost{}}
+	if ok {
+		v = destinationOf(&d)
+	}
+	v.Suspended = s
 	return &v, nil
 }

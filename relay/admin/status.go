@@ -95,6 +95,7 @@ type pageData struct {
 	Find         pageFind   // the page's search by the application's names
 	FindBy       []string   // what it may search by
 	DKIM         []pageDKIM // the signing keys' records
+	Suspended    []pageSuspension
 
 	expls map[Explanation]*pageExpl
 }
@@ -112,6 +113,9 @@ const pageFound = 50
 
 // findBy names the searches, as the query's by= spells them.
 var findBy = []string{"tag", "envid", "message_id"}
+
+// pageSuspension is a suspended destination on the status page.
+type pageSuspension struct{ Domain, Text string }
 
 func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
 	now := s.opt.Now()
@@ -144,6 +148,9 @@ func (s *Server) pageData(now time.Time) (*pageData, error) {
 		Stats: statsOf(st, s.opt.Queue.DBSize(), now), Probe: s.opt.Probe != nil, FindBy: findBy,
 		expls: map[Explanation]*pageExpl{}}
 	d.Stats.Unsettled = unsettled
+	for _, sp := range s.local.Suspensions(now) {
+		d.Suspended = append(d.Suspended, pageSuspension{Domain: sp.Domain, Text: SuspendedText(&sp, now)})
+	}
 	d.DBSize = HumanBytes(d.Stats.DBBytes)
 	d.OldestAge = "-"
 	if !st.Oldest.IsZero() {

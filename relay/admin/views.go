@@ -59,6 +59,31 @@ type Row struct {
 	// Finished is set when the message has left the queue (all its
 	// recipients final; kept for history.retention): its last outcome.
 	Finished *time.Time `json:"finished,omitempty"`
+	// Suspended is set for a recipient not yet final whose domain the
+	// operator suspended: it is not attempted until the suspension ends.
+	Suspended *Suspension `json:"suspended,omitempty"`
+}
+
+// Suspension is the operator's suspension of a destination domain
+// (greyrelay destinations suspend): delivery to it stops, its mail stays
+// queued.
+type Suspension struct {
+	Domain string     `json:"domain"`
+	Reason string     `json:"reason,omitempty"`
+	Since  time.Time  `json:"since"`
+	Until  *time.Time `json:"until,omitempty"` // absent: until the operator resumes it
+	Node   string     `json:"node,omitempty"`  // the node where it was made
+}
+
+// SuspendResult answers POST /api/destinations/suspend and resume.
+type SuspendResult struct {
+	Action     string      `json:"action"` // "suspend" or "resume"
+	Domain     string      `json:"domain"`
+	Suspension *Suspension `json:"suspension,omitempty"` // what is now in force (suspend)
+	// WasSuspended (resume): the domain was suspended; Recipients: how
+	// many of its recipients resume made due.
+	WasSuspended bool `json:"was_suspended,omitempty"`
+	Recipients   int  `json:"recipients"`
 }
 
 // ListResult is one page of GET /api/queue.
@@ -186,7 +211,8 @@ type ShapeRow struct {
 // ActionResult is the answer to a queue action.
 type ActionResult struct {
 	Action     string `json:"action"`
-	Recipients int    `json:"recipients"` // how many recipients changed
+	Recipients int    `json:"recipients"` // how many recipients changed, or would change with dry_run
+	DryRun     bool   `json:"dry_run,omitempty"`
 	// Unsettled: on a full disk the action was done on the messages the
 	// database holds; the journaled ones it lacks were left as they are.
 	Unsettled
@@ -222,6 +248,9 @@ type Destination struct {
 	GreyLikeRefused int        `json:"grey_like_refused,omitempty"`
 	LastReply       *Reply     `json:"last_reply,omitempty"`
 	Updated         *time.Time `json:"updated,omitempty"`
+	// Suspended is set while the operator has suspended delivery to the
+	// domain.
+	Suspended *Suspension `json:"suspended,omitempty"`
 }
 
 // Destinations is GET /api/destinations, and GET
@@ -312,6 +341,10 @@ func messageOf(m *queue.Message, now time.Time) Message {
 	return out
 }
 
+func suspensionOf(s queue.Suspension) *Suspension {
+	return &Suspension{Domain: s.Domain, Reason: s.Reason, Since: s.Since, Until: ts(s.Until), Node: s.Node}
+}
+
 func destinationOf(d *queue.Destination) Destination {
 	out := Destination{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
 		GreylistPassed: d.GreylistPassed, LearnedDelaySeconds: d.LearnedDelay.Seconds(),
@@ -377,3 +410,7 @@ func (lq ListQuery) Values() url.Values {
 	}
 	return q
 }
+
+// Statuses lists every recipient status a filter takes, in the order
+// usage texts and errors list them.
+func Statuses() []queue.Status { return statuses() }

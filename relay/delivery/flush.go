@@ -2,12 +2,14 @@ package delivery
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/mx"
 )
 
@@ -77,23 +79,61 @@ func (e *Engine) postpone(d *dest, j *job, v classifier.Verdict, wake, now time.
 // makes the Queued and Deferred ones due at now (queue.Retry). It returns
 // how many recipients it made due. The caller kicks the scheduler.
 func (e *Engine) Retry(sel queue.Selector, now time.Time) (int, error) {
-	var domains []string
-	switch {
-	case sel.Domain != "":
-		domains = []string{sel.Domain}
-	case sel.ID != 0:
-		rs, err := e.q.Select(sel)
-		if err != nil {
-			return 0, fmt.Errorf("delivery: retry: %w", err)
-		}
-		for _, r := range rs {
-			domains = append(domains, r.Domain)
-		}
-	}
-	if _, err := e.relearn(domains, sel.All, false, now); err != nil {
+	if err := e.flush(sel, now); err != nil {
 		return 0, fmt.Errorf("delivery: retry: %w", err)
 	}
 	return e.q.Retry(sel, now)
+}
+
+// Requeue is the operator's `postsuper -r`: it flushes the destinations
+// of the recipients sel selects, as Retry does, then routes them again
+// (queue.Requeue): due now, where the last attempt went forgotten, the
+// domain recomputed in its canonical form, the attempts kept. The message
+// is not signed again: DKIM signing happens once, at intake (the stored
+// message carries its signature, which stays valid as long as the
+// message is unchanged). It returns how many recipients it requeued; the
+// caller kicks the scheduler.
+func (e *Engine) Requeue(sel queue.Selector, now time.Time) (int, error) {
+	if err := e.flush(sel, now); err != nil {
+		return 0, fmt.Errorf("delivery: requeue: %w", err)
+	}
+	n, err := e.q.Requeue(sel, now, recipientDomain)
+	if err != nil {
+		return n, fmt.Errorf("delivery: requeue: %w", err)
+	}
+	return n, nil
+}
+
+// recipientDomain is the canonical domain of a recipient address.
+func recipientDomain(addr string) string {
+	i := strings.LastIndexByte(addr, '@')
+	if i < 0 {
+		return ""
+	}
+	return address.DomainKey(addr[i+1:])
+}
+
+// flush forgets the dead hosts and throttle pause of the destinations of
+// the recipients sel selects (every destination with sel.All).
+func (e *Engine) flush(sel queue.Selector, now time.Time) error {
+	var domains []string
+	if sel.Domain != "" {
+		domains = []string{sel.Domain}
+	} else if !sel.All {
+		rs, err := e.q.Select(sel)
+		if err != nil {
+			return err
+		}
+		seen := map[string]bool{}
+		for _, r := range rs {
+			if name := domainKey(r.Domain); !seen[name] {
+				seen[name] = true
+				domains = append(domains, r.Domain)
+			}
+		}
+	}
+	_, err := e.relearn(domains, sel.All, false, now)
+	return err
 }
 
 // Forget drops everything learned about domain, or about every

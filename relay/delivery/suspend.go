@@ -201,7 +201,7 @@ func (e *Engine) syncSuspensionsOnce() {
 	have, wasShared := maps.Clone(e.susp), maps.Clone(e.suspShared)
 	e.mu.Unlock()
 	for name, s := range want {
-		if h, ok := have[name]; ok && h == s {
+		if h, ok := have[name]; ok && sameSuspension(h, s) {
 			e.markShared(name, true)
 			continue
 		}
@@ -246,4 +246,11 @@ func (e *Engine) markShared(name string, shared bool) {
 	if _, ok := e.susp[name]; ok {
 		e.suspShared[name] = shared
 	}
+}
+
+// sameSuspension compares suspensions field by field (times by instant:
+// one read back from the shared store has another location).
+func sameSuspension(a, b queue.Suspension) bool {
+	return a.Domain == b.Domain && a.Reason == b.Reason && a.Node == b.Node &&
+		a.Since.Equal(b.Since) && a.Until.Equal(b.Until)
 }

@@ -29,9 +29,12 @@ const queueUsage = `usage:
   greyrelay queue show [-json] -tag T | -envid E | -message-id M   every message so named, queued or finished
   greyrelay queue show -headers|-body [-max BYTES] [-raw] ID
   greyrelay queue shape [-by domain|reason] [-status S] [-limit N] [-json]
-  greyrelay queue retry|hold|release|delete|bounce [-json] ID | -domain D | -all
+  greyrelay queue retry|hold|release|delete|bounce|requeue [-dry-run] [-json] ID | SELECTION | -all
+    SELECTION: any of -domain D, -status S, -reason R, -sender S, -tag T, -older-than DUR
+    (every one given must match; -dry-run counts what would change and changes nothing)
 statuses: queued, deferred, active, held, delivered, relayed, failed
 (delivered, relayed and failed also list finished messages kept for history.retention)
+durations: 90s, 30m, 2h, 2d
 `
 
 // RunQueue runs `greyrelay queue …`; args are the arguments after "queue".
@@ -46,7 +49,7 @@ func RunQueue(args []string, c *adminclient.Client, stdout, stderr io.Writer) er
 		return queueShow(rest, c, stdout, stderr)
 	case "shape":
 		return queueShape(rest, c, stdout, stderr)
-	case "retry", "hold", "release", "delete", "bounce":
+	case "retry", "hold", "release", "delete", "bounce", "requeue":
 		return queueAction(cmd, rest, c, stdout, stderr)
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, queueUsage)
@@ -93,27 +96,12 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue list", stderr)
 	var lq admin.ListQuery
-	fs.Func("status", "only recipients with this status", func(v string) error { lq.Status = queue.Status(v); return nil })
-	fs.Func("reason", "only recipients with this reason ("+reasonNames()+")", func(v string) error {
-		if !slices.Contains(classifier.Reasons(), classifier.Reason(v)) {
-			return fmt.Errorf("unknown reason %q (want one of %s)", v, reasonNames())
-		}
-		lq.Reason = v
-		return nil
-	})
+	filterFlags(fs, &lq.Status, &lq.Reason, &lq.OlderThan)
 	fs.StringVar(&lq.Domain, "domain", "", "only recipients with this domain")
 	fs.StringVar(&lq.Sender, "sender", "", "only recipients with this sender")
 	fs.StringVar(&lq.Tag, "tag", "", "only messages with this X-Greyrelay-Tag (finished ones too, without -status)")
 	fs.StringVar(&lq.EnvID, "envid", "", "only messages with this ENVID (finished ones too, without -status)")
 	fs.StringVar(&lq.MessageID, "message-id", "", "only messages with this Message-ID (finished ones too, without -status)")
-	fs.Func("older-than", "only messages that arrived at least this long ago (e.g. 2h or 2d)", func(v string) error {
-		d, err := config.ParseDuration(v)
-		if err == nil && d < 0 {
-			err = fmt.Errorf("%q is negative", v)
-		}
-		lq.OlderThan = d
-		return err
-	})
 	fs.IntVar(&lq.Offset, "offset", 0, "skip this many matching recipients")
 	fs.IntVar(&lq.Limit, "limit", admin.DefaultLimit, fmt.Sprintf("show at most this many recipients (at most %d)", admin.MaxLimit))
 	asJSON := fs.Bool("json", false, "print the API's JSON")
@@ -138,6 +126,43 @@ func queueList(args []string, c *adminclient.Client, stdout, stderr io.Writer) e
 		return admin.EncodeJSON(stdout, l)
 	}
 	return printList(stdout, &l)
+}
+
+// filterFlags defines -status, -reason and -older-than, each refusing a
+// value the API would refuse with the list of valid ones: a typo must not
+// select nothing (or, for an action, something else) in silence.
+func filterFlags(fs *flag.FlagSet, status *queue.Status, reason *string, olderThan *time.Duration) {
+	fs.Func("status", "only recipients with this status ("+statusNames()+")", func(v string) error {
+		if !slices.Contains(admin.Statuses(), queue.Status(v)) {
+			return fmt.Errorf("unknown status %q (want one of %s)", v, statusNames())
+		}
+		*status = queue.Status(v)
+		return nil
+	})
+	fs.Func("reason", "only recipients with this reason ("+reasonNames()+")", func(v string) error {
+		if !slices.Contains(classifier.Reasons(), classifier.Reason(v)) {
+			return fmt.Errorf("unknown reason %q (want one of %s)", v, reasonNames())
+		}
+		*reason = v
+		return nil
+	})
+	fs.Func("older-than", "only messages that arrived at least this long ago (e.g. 90s, 30m, 2h or 2d)", func(v string) error {
+		d, err := config.ParseDuration(v)
+		if err == nil && d <= 0 {
+			err = fmt.Errorf("%q is not a positive duration like 30m, 2h or 2d", v)
+		}
+		*olderThan = d
+		return err
+	})
+}
+
+// statusNames lists every status, for the flag's help and its error.
+func statusNames() string {
+	var names []string
+	for _, st := range admin.Statuses() {
+		names = append(names, string(st))
+	}
+	return strings.Join(names, ", ")
 }
 
 // reasonNames lists every reason, for the flag's help and its error.
@@ -182,6 +207,9 @@ func relPtr(t *time.Time, now time.Time) string {
 }
 
 func nextOf(r *admin.Row, now time.Time) string {
+	if s := r.Suspended; s != nil && r.Status != string(queue.Held) && r.Status != string(queue.Active) {
+		return admin.SuspendedText(s, now)
+	}
 	var t time.Time
 	if r.NextAttempt != nil {
 		t = *r.NextAttempt
@@ -344,23 +372,30 @@ func printRecipient(tw *tabwriter.Writer, r *admin.Recipient, now time.Time) {
 
 func queueAction(action string, args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
 	fs := newFlags("queue "+action, stderr)
-	domain := fs.String("domain", "", "act on every recipient at this destination domain")
-	all := fs.Bool("all", false, "act on the whole queue")
+	var t adminclient.Target
+	fs.StringVar(&t.Domain, "domain", "", "act on the recipients at this destination domain")
+	filterFlags(fs, &t.Status, &t.Reason, &t.OlderThan)
+	fs.StringVar(&t.Sender, "sender", "", "act on the recipients of messages from this sender (<> for the null sender)")
+	fs.StringVar(&t.Tag, "tag", "", "act on the messages with this X-Greyrelay-Tag (or, without one, this envelope ID)")
+	fs.BoolVar(&t.All, "all", false, "act on the whole queue")
+	fs.BoolVar(&t.DryRun, "dry-run", false, "count the recipients the action would change, and change nothing")
 	asJSON := fs.Bool("json", false, "print the API's JSON")
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	var t adminclient.Target
-	switch {
-	case len(pos) == 1 && *domain == "" && !*all:
+	if len(pos) > 1 {
+		return fmt.Errorf("queue %s: want at most one queue id\n%s", action, queueUsage)
+	}
+	if len(pos) == 1 {
 		t.ID, _, _ = strings.Cut(pos[0], "/")
-	case len(pos) == 0 && *domain != "" && !*all:
-		t.Domain = *domain
-	case len(pos) == 0 && *domain == "" && *all:
-		t.All = true
-	default:
-		return fmt.Errorf("queue %s: give exactly one of ID, -domain D or -all\n%s", action, queueUsage)
+	}
+	filtered := t.Domain != "" || t.Status != "" || t.Reason != "" || t.Sender != "" || t.Tag != "" || t.OlderThan != 0
+	switch {
+	case t.All && (t.ID != "" || filtered):
+		return fmt.Errorf("queue %s: -all acts on the whole queue and takes no ID or other selection\n%s", action, queueUsage)
+	case !t.All && t.ID == "" && !filtered:
+		return fmt.Errorf("queue %s: give an ID, a selection (-domain, -status, -reason, -sender, -tag, -older-than) or -all\n%s", action, queueUsage)
 	}
 	res, err := c.Act(context.Background(), action, t)
 	if err != nil {
@@ -372,6 +407,10 @@ func queueAction(action string, args []string, c *adminclient.Client, stdout, st
 	if note := res.Unsettled.Note("the recipients it reached"); note != "" { // a full disk
 		fmt.Fprintln(stderr, note)
 	}
+	if res.DryRun {
+		_, err = fmt.Fprintf(stdout, "%s (dry run): %d recipient(s) would change; nothing was changed\n", res.Action, res.Recipients)
+		return err
+	}
 	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
 	return err
 }
@@ -379,8 +418,15 @@ func queueAction(action string, args []string, c *adminclient.Client, stdout, st
 // RunDestinations runs `greyrelay destinations [-json] [DOMAIN]`: what the
 // relay learned per destination (greylisting, throttling, dead hosts).
 func RunDestinations(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "forget" {
-		return destinationsForget(args[1:], c, stdout, stderr)
+	if len(args) > 0 {
+		switch args[0] {
+		case "forget":
+			return destinationsForget(args[1:], c, stdout, stderr)
+		case "suspend":
+			return destinationsSuspend(args[1:], c, stdout, stderr)
+		case "resume":
+			return destinationsResume(args[1:], c, stdout, stderr)
+		}
 	}
 	fs := newFlags("destinations", stderr)
 	asJSON := fs.Bool("json", false, "print the API's JSON")
@@ -412,7 +458,7 @@ func printDestinations(out io.Writer, d *admin.Destinations) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "DOMAIN\tGREYLISTS\tLEARNED DELAY\tGREYLISTED/PASSED\tTHROTTLE\tTHROTTLED FOR\tDEAD HOSTS\tUPDATED\tLAST REPLY")
+	fmt.Fprintln(tw, "DOMAIN\tSUSPENDED\tGREYLISTS\tLEARNED DELAY\tGREYLISTED/PASSED\tTHROTTLE\tTHROTTLED FOR\tDEAD HOSTS\tUPDATED\tLAST REPLY")
 	for _, x := range d.Destinations {
 		grey, delay, throttled := "no", "-", "-"
 		if x.Greylists {
@@ -435,7 +481,11 @@ func printDestinations(out io.Writer, d *admin.Destinations) error {
 		for _, h := range x.DeadHosts {
 			dead = append(dead, fmt.Sprintf("%s (%s)", h.Host, admin.RelTime(h.Until, d.Now)))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", admin.Cell(x.Domain, 60), grey, delay,
+		susp := "no"
+		if x.Suspended != nil {
+			susp = admin.Cell(admin.SuspendedText(x.Suspended, d.Now), 80)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d/%d\t%d\t%s\t%s\t%s\t%s\n", admin.Cell(x.Domain, 60), susp, grey, delay,
 			x.GreylistSeen, x.GreylistPassed, x.ThrottleLevel, throttled, admin.Cell(strings.Join(dead, ", "), 80),
 			relPtr(x.Updated, d.Now), admin.Cell(reply, 70))
 	}

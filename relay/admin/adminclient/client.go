@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
@@ -199,33 +200,85 @@ func (c *Client) Message(ctx context.Context, id string) (admin.Message, error) 
 	return m, err
 }
 
-// Target selects the recipients of a queue action: exactly one of a
-// message id, a destination domain or the whole queue.
+// Target selects the recipients of a queue action: a message id, the
+// filters (every one given must match), or All alone for the whole
+// queue. DryRun counts what the action would change without changing it.
 type Target struct {
-	ID     string
-	Domain string
-	All    bool
+	ID        string
+	Domain    string
+	Status    queue.Status
+	Reason    string
+	Sender    string
+	Tag       string
+	OlderThan time.Duration
+	All       bool
+	DryRun    bool
 }
 
-// Act applies action (retry, hold, release, delete or bounce) to the
-// recipients t selects (POST /api/queue/…).
+// values is t's selection as the query of POST /api/queue/….
+func (t Target) values() url.Values {
+	q := url.Values{}
+	for name, v := range map[string]string{"domain": t.Domain, "status": string(t.Status), "reason": t.Reason,
+		"sender": t.Sender, "tag": t.Tag} {
+		if v != "" {
+			q.Set(name, v)
+		}
+	}
+	if t.OlderThan != 0 {
+		q.Set("older_than", t.OlderThan.String())
+	}
+	if t.All {
+		q.Set("all", "1")
+	}
+	if t.DryRun {
+		q.Set("dry_run", "1")
+	}
+	return q
+}
+
+// filtered reports whether t has a filter besides ID and All.
+func (t Target) filtered() bool {
+	return t.Domain != "" || t.Status != "" || t.Reason != "" || t.Sender != "" || t.Tag != "" || t.OlderThan != 0
+}
+
+// Act applies action (retry, hold, release, delete, bounce or requeue) to
+// the recipients t selects (POST /api/queue/…).
 func (c *Client) Act(ctx context.Context, action string, t Target) (admin.ActionResult, error) {
 	var path string
-	q := url.Values{}
 	switch {
-	case t.ID != "" && t.Domain == "" && !t.All:
+	case t.All && (t.ID != "" || t.filtered()):
+		return admin.ActionResult{}, errors.New("a queue action on the whole queue takes no other selection")
+	case t.ID != "":
 		path = "/api/queue/" + url.PathEscape(t.ID) + "/" + url.PathEscape(action)
-	case t.ID == "" && t.Domain != "" && !t.All:
+	case t.All || t.filtered():
 		path = "/api/queue/" + url.PathEscape(action)
-		q.Set("domain", t.Domain)
-	case t.ID == "" && t.Domain == "" && t.All:
-		path = "/api/queue/" + url.PathEscape(action)
-		q.Set("all", "1")
 	default:
-		return admin.ActionResult{}, errors.New("a queue action needs exactly one of a message id, a domain or all")
+		return admin.ActionResult{}, errors.New("a queue action needs a message id, a selection or all")
 	}
 	var res admin.ActionResult
-	err := c.getJSON(ctx, http.MethodPost, path, q, &res)
+	err := c.getJSON(ctx, http.MethodPost, path, t.values(), &res)
+	return res, err
+}
+
+// Suspend stops delivery to domain (POST /api/destinations/suspend), for
+// d (0: until Resume), saying why.
+func (c *Client) Suspend(ctx context.Context, domain, reason string, d time.Duration) (admin.SuspendResult, error) {
+	q := url.Values{"domain": {domain}}
+	if reason != "" {
+		q.Set("reason", reason)
+	}
+	if d != 0 {
+		q.Set("for", d.String())
+	}
+	var res admin.SuspendResult
+	err := c.getJSON(ctx, http.MethodPost, "/api/destinations/suspend", q, &res)
+	return res, err
+}
+
+// Resume ends the suspension of domain (POST /api/destinations/resume).
+func (c *Client) Resume(ctx context.Context, domain string) (admin.SuspendResult, error) {
+	var res admin.SuspendResult
+	err := c.getJSON(ctx, http.MethodPost, "/api/destinations/resume", url.Values{"domain": {domain}}, &res)
 	return res, err
 }
 

@@ -100,10 +100,23 @@ func TestClientAct(t *testing.T) {
 	if err != nil || res.Recipients != 2 {
 		t.Errorf("release id: %+v %v", res, err)
 	}
-	for _, bad := range []Target{{}, {ID: "1", All: true}, {Domain: "x.test", All: true}, {ID: "1", Domain: "x.test"}} {
-		if _, err := c.Act(ctx, "retry", bad); err == nil || !strings.Contains(err.Error(), "exactly one") {
+	for _, bad := range []Target{{}, {ID: "1", All: true}, {Domain: "x.test", All: true}, {Status: queue.Held, All: true}} {
+		if _, err := c.Act(ctx, "retry", bad); err == nil || !strings.Contains(err.Error(), "selection") {
 			t.Errorf("Act(%+v): %v", bad, err)
 		}
+	}
+	// An ID with a filter narrows it: only the message's recipients at
+	// the domain; a dry run counts and changes nothing.
+	res, err = c.Act(ctx, "hold", Target{ID: f.m1.String(), Domain: "other.test"})
+	if err != nil || res.Recipients != 0 {
+		t.Errorf("hold id at another domain: %+v %v", res, err)
+	}
+	res, err = c.Act(ctx, "hold", Target{Status: queue.Queued, DryRun: true})
+	if err != nil || !res.DryRun || res.Recipients == 0 {
+		t.Errorf("dry-run hold of the queued: %+v %v", res, err)
+	}
+	if again, _ := c.Act(ctx, "hold", Target{Status: queue.Queued, DryRun: true}); again.Recipients != res.Recipients {
+		t.Errorf("a dry run changed the queue: %d then %d would change", res.Recipients, again.Recipients)
 	}
 }
 

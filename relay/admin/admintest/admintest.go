@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/events"
 )
 
 // T0 is when the first test message arrived; Now, two hours later, is the
@@ -50,7 +51,7 @@ type Fixture struct {
 func New(t testing.TB) *Fixture {
 	t.Helper()
 	q, err := queue.Open(filepath.Join(t.TempDir(), "queue.db"), queue.Options{
-		History: queue.HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}})
+		History: queue.HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}, TagOf: events.Tag})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,6 +171,30 @@ func (e *Engine) Bounce(sel queue.Selector, _ time.Time) (int, error) {
 	e.mu.Unlock()
 	rs, err := e.Q.Select(sel)
 	return len(rs), err
+}
+
+// Requeue requeues sel in the queue, with domains lower-cased.
+func (e *Engine) Requeue(sel queue.Selector, now time.Time) (int, error) {
+	return e.Q.Requeue(sel, now, func(addr string) string {
+		_, d, _ := strings.Cut(addr, "@")
+		return strings.ToLower(d)
+	})
+}
+
+// Suspend stores the suspension in the queue, as the engine does.
+func (e *Engine) Suspend(domain, reason string, until, now time.Time) (queue.Suspension, error) {
+	s := queue.Suspension{Domain: domain, Reason: reason, Since: now, Until: until}
+	return s, e.Q.Suspend(s)
+}
+
+// Resume removes the suspension and retries the domain, as the engine does.
+func (e *Engine) Resume(domain string, now time.Time) (bool, int, error) {
+	was, err := e.Q.Resume(domain)
+	if err != nil {
+		return false, 0, err
+	}
+	n, err := e.Q.Retry(queue.Selector{Domain: domain}, now)
+	return was, n, err
 }
 
 // Kick counts the wake-ups.
