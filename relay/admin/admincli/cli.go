@@ -411,7 +411,16 @@ func queueAction(action string, args []string, c *adminclient.Client, stdout, st
 		_, err = fmt.Fprintf(stdout, "%s (dry run): %d recipient(s) would change; nothing was changed\n", res.Action, res.Recipients)
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients)
+	if _, err = fmt.Fprintf(stdout, "%s: %d recipient(s) changed\n", res.Action, res.Recipients); err != nil {
+		return err
+	}
+	if action == "hold" && t.Domain != "" {
+		// The operator who holds a domain usually means "stop sending
+		// there", new mail included, which hold (on what is queued now)
+		// does not do; a suspension does.
+		_, err = fmt.Fprintf(stdout, "hold acts on the recipients queued now; to stop delivery to %s, new mail included, "+
+			"run: greyrelay destinations suspend %s\n", t.Domain, t.Domain)
+	}
 	return err
 }
 
