@@ -106,3 +106,35 @@ func TestDomainSuspendResume(t *testing.T) {
 		t.Errorf("ok.test still shown suspended after resume: %s", res)
 	}
 }
+
+// TestClusterSuspendReachesEveryNode: a suspension made on node A stops
+// node B's delivery to the domain too (through the shared Redis), B shows
+// it, and A's resume lets B's waiting mail go.
+func TestClusterSuspendReachesEveryNode(t *testing.T) {
+	peers.Require(t, "swaks", "redis-server")
+	t.Parallel()
+	n := newMailNet(t)
+	rds := peers.StartRedis(t, "")
+	dest := n.sink("dest.test", peers.SinkOptions{})
+	a := n.clusterNode(rds.Addr)
+	b := n.clusterNode(rds.Addr)
+	if res := a.cli("destinations", "suspend", "-reason", "migration", "dest.test"); res.Code != 0 {
+		t.Fatalf("suspend on A: %s", res)
+	}
+	eventually(t, 15*time.Second, "B shows A's suspension", func() error {
+		if res := b.cli("destinations", "dest.test"); !strings.Contains(res.Stdout, "suspended until resumed (migration)") {
+			return fmt.Errorf("%s", res)
+		}
+		return nil
+	})
+	id := b.send(peers.SwaksMessage{From: "a@src.test", To: []string{"u@dest.test"}, Data: message("a@src.test", "u@dest.test", "cluster suspend")})
+	b.waitLog(postponedBySuspension, id, 20*time.Second)
+	if got := len(dest.Messages()); got != 0 {
+		t.Fatalf("dest.test received %d messages while suspended", got)
+	}
+	if res := a.cli("destinations", "resume", "dest.test"); res.Code != 0 {
+		t.Fatalf("resume on A: %s", res)
+	}
+	dest.WaitFor(t, 1, 20*time.Second)
+	b.waitAttempts(id, "delivered", 20*time.Second)
+}
