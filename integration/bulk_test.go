@@ -122,4 +122,9 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 	// keeps the attempts: the next one is the third.
 	says(must("requeue", "-domain", "full.test"), "requeue: 3 recipient(s) changed")
 	eventually(t, 20*time.Second, "a third attempt of every requeued recipient", attemptsAre(3))
+
+	// docs/operations.md's block, as written.
+	out = runRecipe(t, r, "TestBulkActionsSelectWhatTheOperatorMeans", "full.test")
+	says(out, "hold (dry run): 3 recipient(s) would change")
+	says(out, "requeue: 3 recipient(s) changed")
 }

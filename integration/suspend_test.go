@@ -2,6 +2,9 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -105,6 +108,10 @@ func TestDomainSuspendResume(t *testing.T) {
 	if res := r.cli("destinations", "ok.test"); strings.Contains(res.Stdout, "suspended") {
 		t.Errorf("ok.test still shown suspended after resume: %s", res)
 	}
+
+	// docs/operations.md's block, as written: suspend, look, resume.
+	out := runRecipe(t, r, "TestDomainSuspendResume", "ok.test")
+	says("the operations recipe", out, "delivery to ok.test stops", "resume: delivery to ok.test goes on")
 }
 
 // TestClusterSuspendReachesEveryNode: a suspension made on node A stops
@@ -137,4 +144,29 @@ func TestClusterSuspendReachesEveryNode(t *testing.T) {
 	}
 	dest.WaitFor(t, 1, 20*time.Second)
 	b.waitAttempts(id, "delivered", 20*time.Second)
+}
+
+// runRecipe runs the lines of the docs block marked test as an operator
+// types them, against r (GREYRELAY_CONFIG names its configuration), with
+// example.org standing for domain; each must succeed. It returns their
+// output.
+func runRecipe(t *testing.T, r *testRelay, test, domain string) string {
+	t.Helper()
+	bin := t.TempDir()
+	if err := os.Symlink(peers.Binary(t), filepath.Join(bin, "greyrelay")); err != nil {
+		t.Fatal(err)
+	}
+	var all strings.Builder
+	for _, line := range strings.Split(strings.TrimSpace(recipeBlocks(t, test)[0].Text), "\n") {
+		line = strings.ReplaceAll(line, "example.org", domain)
+		cmd := exec.Command("sh", "-c", line)
+		cmd.Dir = r.Dir
+		cmd.Env = append(peers.CleanEnv(), "PATH="+bin+":"+os.Getenv("PATH"), "GREYRELAY_CONFIG="+r.ConfigPath)
+		out, err := cmd.CombinedOutput()
+		fmt.Fprintf(&all, "$ %s\n%s", line, out)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, out)
+		}
+	}
+	return all.String()
 }
