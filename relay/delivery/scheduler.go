@@ -264,7 +264,7 @@ func (e *Engine) scan(now time.Time) error {
 	}
 	e.mu.Unlock()
 	e.m.Suspended.Set(float64(active)) // also when a suspension with an end has ended
-	hit := map[string]time.Time{} // earliest due time passed over, by full domain
+	hit := map[string]time.Time{}      // earliest due time passed over, by full domain
 	rs, err := e.cur.Next(now, scanBatch, func(domain string, k queue.Key, due time.Time) bool {
 		s, isFull := skip(domain, k)
 		if isFull {
