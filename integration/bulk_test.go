@@ -124,7 +124,7 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 	eventually(t, 20*time.Second, "a third attempt of every requeued recipient", attemptsAre(3))
 
 	// docs/operations.md's block, as written.
-	out = runRecipe(t, r, recipeBlocks(t, "TestBulkActionsSelectWhatTheOperatorMeans")[0].Text, "full.test")
+	out = runOperatorRecipe(t, r, recipeBlocks(t, "TestBulkActionsSelectWhatTheOperatorMeans")[0].Text, "full.test")
 	says(out, "hold (dry run): 3 recipient(s) would change")
 	says(out, "requeue: 3 recipient(s) changed")
 }

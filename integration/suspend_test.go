@@ -110,7 +110,7 @@ func TestDomainSuspendResume(t *testing.T) {
 	}
 
 	// docs/operations.md's block, as written: suspend, look, resume.
-	out := runRecipe(t, r, recipeBlocks(t, "TestDomainSuspendResume")[0].Text, "ok.test")
+	out := runOperatorRecipe(t, r, recipeBlocks(t, "TestDomainSuspendResume")[0].Text, "ok.test")
 	says("the operations recipe", out, "delivery to ok.test stops", "resume: delivery to ok.test goes on")
 }
 
@@ -146,10 +146,10 @@ func TestClusterSuspendReachesEveryNode(t *testing.T) {
 	b.waitAttempts(id, "delivered", 20*time.Second)
 }
 
-// runRecipe runs the lines of a docs block as an operator types them,
+// runOperatorRecipe runs the lines of a docs block as an operator types them,
 // against r (GREYRELAY_CONFIG names its configuration), with example.org
 // standing for domain; each must succeed. It returns their output.
-func runRecipe(t *testing.T, r *testRelay, block, domain string) string {
+func runOperatorRecipe(t *testing.T, r *testRelay, block, domain string) string {
 	t.Helper()
 	bin := t.TempDir()
 	if err := os.Symlink(peers.Binary(t), filepath.Join(bin, "greyrelay")); err != nil {
