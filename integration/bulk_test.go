@@ -29,6 +29,7 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 	n.sink("full.test", peers.SinkOptions{Rcpt: full})
 	n.sink("ok.test", peers.SinkOptions{})
 	n.sink("src.test", peers.SinkOptions{})
+	n.sink("tagged.test", peers.SinkOptions{Rcpt: full})
 	r := n.relay("retry.initial_interval=1h", "retry.max_interval=1h")
 	send := func(from, to string) string {
 		return r.send(peers.SwaksMessage{From: from, To: []string{to}, Data: message(from, to, "bulk "+to)})
@@ -90,6 +91,11 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 		says(must("hold", "-dry-run", "-domain", spelling), "hold (dry run): 3 recipient(s) would change")
 	}
 	says(must("list", "-status", "held"), "no recipients match")
+
+	// The application's tag selects its messages, whatever their domain.
+	tagged := append([]byte("X-Greyrelay-Tag: campaign-7\r\n"), message("a@src.test", "t@tagged.test", "tagged")...)
+	r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"t@tagged.test"}, Data: tagged})
+	says(must("hold", "-dry-run", "-tag", "campaign-7"), "hold (dry run): 1 recipient(s) would change")
 
 	// Filters combine: the deferred mailbox-full recipients of b@src.test.
 	says(must("hold", "-reason", "mailbox-full", "-sender", "b@src.test", "-status", "deferred"), "hold: 1 recipient(s) changed")

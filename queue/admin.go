@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -34,21 +33,21 @@ func (s Selector) validate() error {
 func (s Selector) only() bool {
 	t := s
 	t.ID, t.DryRun = 0, false
-	return t.filter() == Filter{} && t.Tag == ""
+	return t.filter() == Filter{}
 }
 
-// filter is the part of s that List's Filter can test.
+// filter is the part of s that List's Filter tests: all of it.
 func (s Selector) filter() Filter {
-	return Filter{Status: s.Status, Reason: s.Reason, Domain: s.Domain, Sender: s.Sender, ArrivedBefore: s.ArrivedBefore}
+	return Filter{Status: s.Status, Reason: s.Reason, Domain: s.Domain, Sender: s.Sender, Tag: s.Tag,
+		ArrivedBefore: s.ArrivedBefore}
 }
 
 // errDryRun rolls back the transaction of an action run with DryRun.
 var errDryRun = errors.New("queue: dry run")
 
 // selectRcpts decodes every recipient matched by sel (any status).
-// Undecodable ones are returned as problems. tagOf reads the tag of a
-// message for sel.Tag.
-func selectRcpts(tx *bolt.Tx, sel Selector, tagOf func(*bolt.Tx, ID) string) ([]Recipient, []problem) {
+// Undecodable ones are returned as problems.
+func selectRcpts(tx *bolt.Tx, sel Selector) ([]Recipient, []problem) {
 	var out []Recipient
 	var ps []problem
 	var prefix []byte
@@ -56,7 +55,7 @@ func selectRcpts(tx *bolt.Tx, sel Selector, tagOf func(*bolt.Tx, ID) string) ([]
 		prefix = idKey(sel.ID)
 	}
 	f := sel.filter()
-	byMsg := f.Sender != "" || !f.ArrivedBefore.IsZero() || sel.Tag != ""
+	byMsg := f.Sender != "" || f.Tag != "" || !f.ArrivedBefore.IsZero()
 	msgOK := map[ID]bool{}
 	for rec := range rcptRecords(tx, prefix, &ps) {
 		r, p := rec.decode()
@@ -70,7 +69,7 @@ func selectRcpts(tx *bolt.Tx, sel Selector, tagOf func(*bolt.Tx, ID) string) ([]
 		if byMsg {
 			ok, seen := msgOK[r.Key.ID]
 			if !seen {
-				ok = sel.matchesMessage(tx, r.Key.ID, tagOf)
+				ok = matchesMessage(tx, r.Key.ID, &f)
 				msgOK[r.Key.ID] = ok
 			}
 			if !ok {
@@ -82,49 +81,16 @@ func selectRcpts(tx *bolt.Tx, sel Selector, tagOf func(*bolt.Tx, ID) string) ([]
 	return out, ps
 }
 
-// matchesMessage applies sel's message-level criteria to message id. A
+// matchesMessage applies f's message-level filters to message id. A
 // message whose record is missing or undecodable is not selected (its
 // recipients are repaired by the readers that report it).
-func (s Selector) matchesMessage(tx *bolt.Tx, id ID, tagOf func(*bolt.Tx, ID) string) bool {
+func matchesMessage(tx *bolt.Tx, id ID, f *Filter) bool {
 	v := tx.Bucket(bMsgs).Get(idKey(id))
 	if v == nil {
 		return false
 	}
 	m, err := decodeMessage(id, v)
-	if err != nil {
-		return false
-	}
-	f := s.filter()
-	if !f.matchesMessage(&m) {
-		return false
-	}
-	if s.Tag == "" {
-		return true
-	}
-	tag := tagOf(tx, id)
-	if tag == "" {
-		tag = m.EnvID
-	}
-	return tag == s.Tag
-}
-
-// tagOf returns a reader of the tag of a message (Options.TagOf of the
-// start of its body, in the database or in the spool), for selecting by
-// tag; without Options.TagOf it reads none.
-func (q *Queue) tagOf() func(*bolt.Tx, ID) string {
-	dir, fn := q.spoolDir(), q.opt.TagOf
-	return func(tx *bolt.Tx, id ID) string {
-		if fn == nil {
-			return ""
-		}
-		var head []byte
-		if name := tx.Bucket(bSpool).Get(idKey(id)); name != nil {
-			head = readHead(filepath.Join(dir, string(name)))
-		} else {
-			head = tx.Bucket(bBodies).Get(idKey(id))
-		}
-		return fn(head[:min(len(head), headLimit)])
-	}
+	return err == nil && f.matchesMessage(&m)
 }
 
 // modify runs fn on every recipient sel matches, in one transaction.
@@ -146,10 +112,9 @@ func (q *Queue) modify(op string, sel Selector, fn func(w *wtx, r Recipient) (bo
 	}
 	unsettled := q.unsettled(serr)
 	n := 0
-	tagOf := q.tagOf()
 	err := q.update(func(w *wtx) error {
 		n = 0
-		rs, ps := selectRcpts(w.tx, sel, tagOf)
+		rs, ps := selectRcpts(w.tx, sel)
 		for _, p := range ps {
 			if err := w.fix(p); err != nil {
 				return err
@@ -338,7 +303,7 @@ func (q *Queue) Select(sel Selector) ([]Recipient, error) {
 			return fmt.Errorf("message %s: %w", sel.ID, ErrNotFound)
 		}
 		var rs []Recipient
-		rs, ps = selectRcpts(tx, sel, q.tagOf())
+		rs, ps = selectRcpts(tx, sel)
 		for _, r := range rs {
 			if !r.Status.Final() {
 				out = append(out, r)

@@ -21,23 +21,13 @@ func deferAt(t *testing.T, q *Queue, k Key, reason string) {
 	}
 }
 
-// tagOfTest reads an "X-Tag:" line, as events.Tag reads X-Greyrelay-Tag.
-func tagOfTest(head []byte) string {
-	for _, l := range strings.Split(string(head), "\r\n") {
-		if v, ok := strings.CutPrefix(l, "X-Tag: "); ok {
-			return v
-		}
-	}
-	return ""
-}
-
 // TestSelectorCriteria: every criterion narrows the selection, several
 // must all match, and a dry run counts what the action would change
 // while changing nothing.
 func TestSelectorCriteria(t *testing.T) {
-	q := openAt(t, dbPath(t), Options{TagOf: tagOfTest})
+	q, _ := newQ(t)
 	m1 := msg("alice@x.test", "r1@a.test", "r2@b.test")
-	m1.Body = []byte("X-Tag: newsletter\r\nSubject: hi\r\n\r\nbody\r\n")
+	m1.Tag = "newsletter"
 	a := mustEnqueue(t, q, m1)
 	m2 := msg("bob@x.test", "r3@a.test")
 	m2.Arrival, m2.EnvID = t0.Add(2*time.Hour), "env-7"
@@ -56,8 +46,8 @@ func TestSelectorCriteria(t *testing.T) {
 		{"domain any case", Selector{Domain: "A.TEST"}, []Key{{a, 0}, {b, 0}}},
 		{"sender", Selector{Sender: "Alice@x.test"}, []Key{{a, 0}, {a, 1}}},
 		{"arrived before", Selector{ArrivedBefore: t0.Add(time.Hour)}, []Key{{a, 0}, {a, 1}}},
-		{"tag header", Selector{Tag: "newsletter"}, []Key{{a, 0}, {a, 1}}},
-		{"tag is the envelope id without a header", Selector{Tag: "env-7"}, []Key{{b, 0}}},
+		{"tag", Selector{Tag: "newsletter"}, []Key{{a, 0}, {a, 1}}},
+		{"tag is not the envelope id", Selector{Tag: "env-7"}, nil},
 		{"domain and status", Selector{Domain: "a.test", Status: Deferred, Reason: "greylisted"}, []Key{{a, 0}}},
 		{"id and domain", Selector{ID: a, Domain: "b.test"}, []Key{{a, 1}}},
 		{"nothing matches", Selector{Domain: "a.test", Sender: "carol@x.test"}, nil},

@@ -183,10 +183,6 @@ type Options struct {
 	// stored. head is the start of the body (at most 64 KiB). It must not
 	// call back into the Queue.
 	OnOperator func(action string, m *Message, r *Recipient, head []byte) []Event
-	// TagOf, if set, returns the tag of a message from the start of its
-	// body (at most 64 KiB), for Selector.Tag; without it a message is
-	// tagged only by its envelope ID.
-	TagOf func(head []byte) string
 	// OnEvents, if set, is called after each commit that stored outbox
 	// records, with their number by sink (from the writer's goroutine:
 	// it must not call back into the Queue, only signal).
@@ -358,10 +354,8 @@ type Selector struct {
 	Reason        string
 	Sender        string
 	ArrivedBefore time.Time
-	// Tag selects the messages whose tag is Tag: Options.TagOf reads it
-	// from the start of the message (its header section), and a message
-	// without one is tagged with its envelope ID (RFC 3461 §4.4 ENVID),
-	// as its events are.
+	// Tag selects the messages whose stored X-Greyrelay-Tag is Tag, as
+	// Filter.Tag does.
 	Tag string
 	// DryRun makes an action count what it would change and change
 	// nothing: its transaction is rolled back.

@@ -209,7 +209,6 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		LockTimeout: cfg.Queue.LockTimeout,
 		CommitDelay: cfg.Queue.CommitDelay,
 		FullScan:    checkQueue,
-		TagOf:       events.Tag, // queue actions select by the tag events carry
 		History:     queue.HistoryOptions{Retention: cfg.History.Retention, MaxMessages: cfg.History.MaxMessages},
 		OnQuarantine: func(bucket string, key []byte, err error) {
 			log.Error("queue record quarantined", zap.String("bucket", bucket), zap.Binary("key", key), zap.Error(err))

@@ -97,11 +97,3 @@ func stripTag(msg []byte) []byte {
 	}
 	return append(out, msg[at:]...)
 }
-
-// Tag returns the X-Greyrelay-Tag of a message from the start of its body
-// ("" if it has none), as the events read it; the operator's queue
-// actions select by it (queue.Selector.Tag).
-func Tag(head []byte) string {
-	_, tag := scanHeader(head)
-	return tag
-}

@@ -376,7 +376,7 @@ func queueAction(action string, args []string, c *adminclient.Client, stdout, st
 	fs.StringVar(&t.Domain, "domain", "", "act on the recipients at this destination domain")
 	filterFlags(fs, &t.Status, &t.Reason, &t.OlderThan)
 	fs.StringVar(&t.Sender, "sender", "", "act on the recipients of messages from this sender (<> for the null sender)")
-	fs.StringVar(&t.Tag, "tag", "", "act on the messages with this X-Greyrelay-Tag (or, without one, this envelope ID)")
+	fs.StringVar(&t.Tag, "tag", "", "act on the messages with this X-Greyrelay-Tag")
 	fs.BoolVar(&t.All, "all", false, "act on the whole queue")
 	fs.BoolVar(&t.DryRun, "dry-run", false, "count the recipients the action would change, and change nothing")
 	asJSON := fs.Bool("json", false, "print the API's JSON")

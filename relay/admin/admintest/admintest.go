@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
-	"github.com/greyrelay/greyrelay/relay/events"
 )
 
 // T0 is when the first test message arrived; Now, two hours later, is the
@@ -51,7 +50,7 @@ type Fixture struct {
 func New(t testing.TB) *Fixture {
 	t.Helper()
 	q, err := queue.Open(filepath.Join(t.TempDir(), "queue.db"), queue.Options{
-		History: queue.HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}, TagOf: events.Tag})
+		History: queue.HistoryOptions{Retention: 7 * 24 * time.Hour, MaxMessages: 1000}})
 	if err != nil {
 		t.Fatal(err)
 	}
