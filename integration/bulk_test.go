@@ -103,7 +103,7 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 	says(must("hold", "-domain", "full.test"), "hold: 2 recipient(s) changed")
 	says(must("list", "-status", "held"), "recipients 1-3 of 3")
 	says(must("release", "-domain", "full.test"), "release: 3 recipient(s) changed") // due now: a second attempt each
-	settled("the second attempts stored", []string{"delete", "-status", "deferred", "-sender", "a@src.test", "-dry-run"},
+	settled("the second attempts stored", []string{"delete", "-status", "deferred", "-sender", "a@src.test", "-domain", "full.test", "-dry-run"},
 		"delete (dry run): 2 recipient(s) would change")
 	attemptsAre := func(want int) func() error {
 		return func() error {
