@@ -755,3 +755,29 @@ func TestClusterStatusShowsNameConflict(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisStoreSharesSuspensions: the operator's suspensions go through
+// one Redis hash, on a single server and on a Redis Cluster: what one node
+// puts the other reads, and a delete reaches both.
+func TestRedisStoreSharesSuspensions(t *testing.T) {
+	for name, addrs := range rsTargets(t) {
+		t.Run(name, func(t *testing.T) {
+			a, b := startRSNode(t, "a", "", addrs...), startRSNode(t, "b", "", addrs...)
+			now := time.Now().UTC().Truncate(time.Second)
+			s := queue.Suspension{Domain: "dest.test", Reason: "migration", Since: now, Until: now.Add(time.Hour), Node: "a"}
+			if !a.PutSuspension(s) {
+				t.Fatal("PutSuspension failed")
+			}
+			got, ok := b.Suspensions()
+			if !ok || len(got) != 1 || got[0].Reason != "migration" || !got[0].Until.Equal(s.Until) {
+				t.Fatalf("node b reads %+v, %v; want %+v", got, ok, s)
+			}
+			if !b.DeleteSuspension("dest.test") {
+				t.Fatal("DeleteSuspension failed")
+			}
+			if got, ok := a.Suspensions(); !ok || len(got) != 0 {
+				t.Errorf("after the delete: %+v, %v", got, ok)
+			}
+		})
+	}
+}

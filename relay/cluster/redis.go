@@ -252,6 +252,31 @@ func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, t
 	return s.rdb.Set(ctx, destKey(domain), rec, ttl).Err()
 }
 
+// suspendKey is the hash of the operator's suspensions, one field per
+// domain: one key keeps the whole set one read (every node reads it every
+// few seconds) and in one Redis Cluster slot.
+const suspendKey = "greyrelay:suspended"
+
+func (s *redisStore) Suspensions(ctx context.Context) (map[string][]byte, error) {
+	m, err := s.rdb.HGetAll(ctx, suspendKey).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(m))
+	for k, v := range m {
+		out[k] = []byte(v)
+	}
+	return out, nil
+}
+
+func (s *redisStore) SetSuspension(ctx context.Context, domain string, v []byte) error {
+	return s.rdb.HSet(ctx, suspendKey, domain, v).Err()
+}
+
+func (s *redisStore) DeleteSuspension(ctx context.Context, domain string) error {
+	return s.rdb.HDel(ctx, suspendKey, domain).Err()
+}
+
 func (s *redisStore) Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error) {
 	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds()).Int64()
 	return time.Duration(us) * time.Microsecond, err

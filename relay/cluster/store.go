@@ -41,6 +41,12 @@ type Store interface {
 	// SetRecord stores domain's shared record for ttl.
 	SetRecord(ctx context.Context, domain string, rec []byte, ttl time.Duration) error
 
+	// Suspensions returns every suspension the operator made (domain →
+	// value); SetSuspension stores one, DeleteSuspension removes it.
+	Suspensions(ctx context.Context) (map[string][]byte, error)
+	SetSuspension(ctx context.Context, domain string, v []byte) error
+	DeleteSuspension(ctx context.Context, domain string) error
+
 	// Pace reserves domain's next start at least interval after the one
 	// reserved before it, and returns how long from now that is.
 	Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error)

@@ -2,15 +2,11 @@ package cluster
 
 import (
 	"encoding/json"
+	"strings"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
 )
-
-// suspendKey is the hash of the operator's suspensions, one field per
-// canonical domain. One key keeps the whole set one read
-// (delivery.SuspensionStore: every node reads it every few seconds).
-const suspendKey = "greyrelay:suspended"
 
 // suspension is a queue.Suspension as the hash stores it.
 type suspension struct {
@@ -20,7 +16,7 @@ type suspension struct {
 	Node   string    `json:"node,omitempty"`
 }
 
-// Suspensions returns every shared suspension; ok is false while Redis is
+// Suspensions returns every shared suspension; ok is false while the store is
 // away.
 func (c *Cluster) Suspensions() ([]queue.Suspension, bool) {
 	if !c.up.Load() {
@@ -29,14 +25,14 @@ func (c *Cluster) Suspensions() ([]queue.Suspension, bool) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("suspensions")
-	m, err := c.rdb.HGetAll(ctx, suspendKey).Result()
+	m, err := c.store.Suspensions(ctx)
 	if c.failed("suspensions", err) {
 		return nil, false
 	}
 	out := make([]queue.Suspension, 0, len(m))
 	for domain, v := range m {
 		var s suspension
-		if json.Unmarshal([]byte(v), &s) != nil {
+		if json.Unmarshal(v, &s) != nil {
 			continue
 		}
 		out = append(out, queue.Suspension{Domain: domain, Reason: s.Reason, Since: s.Since, Until: s.Until, Node: s.Node})
@@ -44,7 +40,7 @@ func (c *Cluster) Suspensions() ([]queue.Suspension, bool) {
 	return out, true
 }
 
-// PutSuspension shares s; false when Redis is away.
+// PutSuspension shares s; false when the store is away.
 func (c *Cluster) PutSuspension(s queue.Suspension) bool {
 	if !c.up.Load() {
 		return false
@@ -56,11 +52,11 @@ func (c *Cluster) PutSuspension(s queue.Suspension) bool {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("suspend")
-	return !c.failed("suspend", c.rdb.HSet(ctx, suspendKey, s.Domain, b).Err())
+	return !c.failed("suspend", c.store.SetSuspension(ctx, strings.ToLower(s.Domain), b))
 }
 
 // DeleteSuspension removes the shared suspension of domain; false when
-// Redis is away.
+// the store is away.
 func (c *Cluster) DeleteSuspension(domain string) bool {
 	if !c.up.Load() {
 		return false
@@ -68,5 +64,5 @@ func (c *Cluster) DeleteSuspension(domain string) bool {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("resume")
-	return !c.failed("resume", c.rdb.HDel(ctx, suspendKey, domain).Err())
+	return !c.failed("resume", c.store.DeleteSuspension(ctx, strings.ToLower(domain)))
 }

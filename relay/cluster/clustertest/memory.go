@@ -31,6 +31,7 @@ type Memory struct {
 	records map[string]entry
 	pace    map[string]time.Time // domain → next free start
 	nodes   map[string]entry
+	susp    map[string][]byte // the operator's suspensions, by domain
 	subs    map[int]func(string)
 	nsub    int
 }
@@ -66,6 +67,7 @@ func (m *Memory) Flush() {
 	m.records = map[string]entry{}
 	m.pace = map[string]time.Time{}
 	m.nodes = map[string]entry{}
+	m.susp = map[string][]byte{}
 }
 
 // Leases returns domain's unexpired leases: member → expiry.
@@ -235,6 +237,35 @@ func (m *Memory) Record(_ context.Context, domain string) ([]byte, error) {
 		return e.b, nil
 	}
 	return nil, nil
+}
+
+// Suspensions implements cluster.Store.
+func (m *Memory) Suspensions(context.Context) (map[string][]byte, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	return maps.Clone(m.susp), nil
+}
+
+// SetSuspension implements cluster.Store.
+func (m *Memory) SetSuspension(_ context.Context, domain string, v []byte) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	m.susp[domain] = v
+	return nil
+}
+
+// DeleteSuspension implements cluster.Store.
+func (m *Memory) DeleteSuspension(_ context.Context, domain string) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	delete(m.susp, domain)
+	return nil
 }
 
 // SetRecord implements cluster.Store.
