@@ -1,10 +1,9 @@
-// Package smtpvocab holds the SMTP words every other package shares: a
-// reply and its parser, the reader that takes one off a connection,
-// enhanced status codes, the stage of the dialogue and the error for a
-// failed TLS step. It is a leaf, like mox's smtp package: it imports only
-// the standard library and internal/safetext, so the client (relay/smtpclient),
-// the classifier, the server and the test peers can all speak it without
-// importing each other.
+// Package smtpvocab holds the SMTP words other packages share: a reply and
+// its parser, the reader that takes one off a connection, enhanced status
+// codes, the stage of the dialogue and the error for a failed TLS step. It
+// is a leaf, like mox's smtp package: it imports only the standard library
+// and internal/safetext, so relay/smtpclient, the classifier, relay/dsn,
+// relay/probe and the test peers speak it without importing each other.
 //
 // Design notes:
 //
