@@ -12,12 +12,13 @@
 //   - An ordered rule table (DefaultRules, plus operator rules tried first)
 //     only chooses the Reason. It never turns a 4xx into a failure or back.
 //   - Errors that are not replies are recognised by type: *DNSError,
-//     *TLSError, timeouts, refused or dropped connections. A connection that
-//     drops mid-dialogue (EOF, reset) counts as a connect problem: the host or
-//     the path failed, not the message (Exim calls these host errors).
-//   - ReplyParser (reply.go) is greyrelay's one SMTP reply parser; it is
-//     strict and does no I/O: relay/smtpclient reads the lines under its
-//     own limits and hands them over.
+//     *smtpvocab.TLSError, timeouts, refused or dropped connections. A
+//     connection that drops mid-dialogue (EOF, reset) counts as a connect
+//     problem: the host or the path failed, not the message (Exim calls
+//     these host errors).
+//   - The SMTP words it judges (Reply, its parser, Stage, TLSError) live in
+//     internal/smtpvocab, a leaf shared with relay/smtpclient, which so
+//     returns replies without importing the classifier.
 //   - Explain (explain.go) turns a reason and status code into advice for
 //     operators: what it means, who is at fault, what to do.
 //
@@ -36,34 +37,9 @@ import (
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
-
-// Stage is the step of the SMTP dialogue at which an attempt ended.
-type Stage int
-
-// The stages of one delivery attempt, in dialogue order.
-const (
-	StageDNS Stage = iota
-	StageConnect
-	StageGreeting
-	StageEHLO
-	StageSTARTTLS
-	StageAuth
-	StageMAIL
-	StageRCPT
-	StageDATA
-	StageEndOfData
-)
-
-var stageNames = [...]string{"dns", "connect", "greeting", "ehlo", "starttls", "auth", "mail", "rcpt", "data", "end-of-data"}
-
-// String returns the stage's lower-case name, e.g. "rcpt".
-func (s Stage) String() string {
-	if s >= 0 && int(s) < len(stageNames) {
-		return stageNames[s]
-	}
-	return fmt.Sprintf("stage(%d)", int(s))
-}
 
 // Outcome says whether greyrelay retries (Deferred) or bounces (Failed).
 type Outcome int
@@ -172,21 +148,11 @@ func (e *DNSError) Error() string {
 // Unwrap returns the underlying cause.
 func (e *DNSError) Unwrap() error { return e.Err }
 
-// TLSError wraps any failure during STARTTLS, the handshake or certificate
-// verification, so that the stage is unambiguous whatever the cause.
-type TLSError struct{ Err error }
-
-// Error implements error.
-func (e *TLSError) Error() string { return fmt.Sprintf("tls: %v", e.Err) }
-
-// Unwrap returns the underlying cause.
-func (e *TLSError) Unwrap() error { return e.Err }
-
 // Verdict is the classified result of one failed attempt.
 type Verdict struct {
 	Outcome Outcome
 	Reason  Reason
-	Stage   Stage
+	Stage   smtpvocab.Stage
 	Code    int // SMTP reply code; 0 if no reply was involved
 	// Enhanced is the RFC 3463 code from the reply ("" if it had none). For
 	// local failures (Code 0) it is the code greyrelay assigns, e.g. 5.1.10
@@ -207,7 +173,7 @@ func (v Verdict) Status() string {
 	if v.Outcome == Failed {
 		class = 5
 	}
-	if e, ok := parseEnhanced(v.Enhanced); ok {
+	if e, ok := smtpvocab.ParseEnhanced(v.Enhanced); ok {
 		return fmt.Sprintf("%d.%d.%d", class, e[1], e[2])
 	}
 	return fmt.Sprintf("%d.%s", class, reasonStatus(v.Reason, v.Outcome))
@@ -250,7 +216,7 @@ func New(extra []Rule) (*Classifier, error) {
 
 // Classify turns the error that ended an attempt at stage into a Verdict.
 // A nil error or one it does not recognise yields a Deferred verdict.
-func (c *Classifier) Classify(stage Stage, err error) Verdict {
+func (c *Classifier) Classify(stage smtpvocab.Stage, err error) Verdict {
 	if err == nil {
 		return local(stage, Unknown, Deferred, "", "no error reported")
 	}
@@ -264,13 +230,13 @@ func (c *Classifier) Classify(stage Stage, err error) Verdict {
 		}
 		return local(stage, DNS, Deferred, "", err.Error())
 	}
-	var te *TLSError
+	var te *smtpvocab.TLSError
 	if errors.As(err, &te) {
 		// A TLS failure stays deferred even if STARTTLS got a 5xx: another
 		// attempt or MX may succeed (Postfix treats TLS failures as soft too).
 		v := local(stage, TLS, Deferred, "", err.Error())
 		if r, ok := asReply(err); ok {
-			v.Code, v.Enhanced, v.Text = r.Code, normEnhanced(r.Enhanced), sanitize(r.Text)
+			v.Code, v.Enhanced, v.Text = r.Code, smtpvocab.NormEnhanced(r.Enhanced), sanitize(r.Text)
 		}
 		return v
 	}
@@ -281,7 +247,7 @@ func (c *Classifier) Classify(stage Stage, err error) Verdict {
 }
 
 // errorReason recognises errors that are not SMTP replies.
-func errorReason(stage Stage, err error) Reason {
+func errorReason(stage smtpvocab.Stage, err error) Reason {
 	var ne net.Error
 	var op *net.OpError
 	var pe textproto.ProtocolError
@@ -302,18 +268,18 @@ func errorReason(stage Stage, err error) Reason {
 	}
 	// Unrecognised: the stage is the best clue we have.
 	switch stage {
-	case StageDNS:
+	case smtpvocab.StageDNS:
 		return DNS
-	case StageConnect:
+	case smtpvocab.StageConnect:
 		return Connect
-	case StageSTARTTLS:
+	case smtpvocab.StageSTARTTLS:
 		return TLS
 	}
 	return Unknown
 }
 
 // isTLS recognises standard library TLS and certificate errors that reach us
-// without a *TLSError wrapper.
+// without a *smtpvocab.TLSError wrapper.
 func isTLS(err error) bool {
 	var cv *tls.CertificateVerificationError
 	var rh tls.RecordHeaderError
@@ -326,7 +292,7 @@ func isTLS(err error) bool {
 }
 
 // local builds the verdict for a failure that carries no SMTP reply.
-func local(stage Stage, r Reason, o Outcome, enhanced, text string) Verdict {
+func local(stage smtpvocab.Stage, r Reason, o Outcome, enhanced, text string) Verdict {
 	v := Verdict{Outcome: o, Reason: r, Stage: stage, Enhanced: enhanced, Text: sanitize(text)}
 	if v.Enhanced == "" {
 		v.Enhanced = v.Status()
@@ -335,8 +301,8 @@ func local(stage Stage, r Reason, o Outcome, enhanced, text string) Verdict {
 }
 
 // classifyReply applies the code rules and the rule table to a reply.
-func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
-	v := Verdict{Stage: stage, Code: r.Code, Enhanced: normEnhanced(r.Enhanced), Text: sanitize(r.Text)}
+func (c *Classifier) classifyReply(stage smtpvocab.Stage, r smtpvocab.Reply) Verdict {
+	v := Verdict{Stage: stage, Code: r.Code, Enhanced: smtpvocab.NormEnhanced(r.Enhanced), Text: sanitize(r.Text)}
 	code := r.Code
 	if code < 400 || code > 599 {
 		// Not a failure code: the peer or our client misbehaved. Retry.
@@ -345,7 +311,7 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 	}
 	// RFC 5321 §4.5.3.1.10: RFC 821 listed "too many recipients" as 552;
 	// the correct code is 452, and clients SHOULD treat 552 at RCPT as such.
-	if code == 552 && stage == StageRCPT {
+	if code == 552 && stage == smtpvocab.StageRCPT {
 		code = 452
 	}
 	if code >= 500 {
@@ -364,12 +330,12 @@ func (c *Classifier) classifyReply(stage Stage, r Reply) Verdict {
 	return v
 }
 
-// asReply extracts an SMTP reply from err: a *Reply anywhere in its chain,
-// as relay/smtpclient returns them.
-func asReply(err error) (Reply, bool) {
-	var r *Reply
+// asReply extracts an SMTP reply from err: a *smtpvocab.Reply anywhere in
+// its chain, as relay/smtpclient returns them.
+func asReply(err error) (smtpvocab.Reply, bool) {
+	var r *smtpvocab.Reply
 	if errors.As(err, &r) {
 		return *r, true
 	}
-	return Reply{}, false
+	return smtpvocab.Reply{}, false
 }

@@ -1,6 +1,10 @@
 package classifier
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
+)
 
 // Fault names the side that is usually responsible for a failure.
 type Fault string
@@ -98,7 +102,7 @@ func entry(reason Reason, enhanced string) (Explanation, [3]int, bool) {
 	if reason == Greylisted || reason == RateLimited {
 		keys = append(keys, string(reason))
 	}
-	e, ok := parseEnhanced(enhanced)
+	e, ok := smtpvocab.ParseEnhanced(enhanced)
 	if ok && e[1] != 0 { // X.0.x says nothing beyond the class
 		keys = append(keys, fmt.Sprintf("X.%d.%d", e[1], e[2]), fmt.Sprintf("X.%d.x", e[1]))
 	}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 func TestCatalogue_EveryReason(t *testing.T) {
@@ -113,7 +115,7 @@ func TestExplain_String(t *testing.T) {
 // ExampleExplain shows the text an operator sees for a verdict.
 func ExampleExplain() {
 	c, _ := New(nil)
-	v := c.Classify(StageRCPT, &Reply{Code: 451, Enhanced: "4.3.5", Text: "Server configuration error"})
+	v := c.Classify(smtpvocab.StageRCPT, &smtpvocab.Reply{Code: 451, Enhanced: "4.3.5", Text: "Server configuration error"})
 	fmt.Println(v.Reason, v.Status())
 	fmt.Println(Explain(v.Reason, v.Status()))
 	// Output:

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // hintCases are reply texts as greylisters and rate limiters send them,
@@ -59,7 +61,7 @@ func TestHint(t *testing.T) {
 // and a failure's does not.
 func TestHintReachesVerdict(t *testing.T) {
 	c := newClassifier(t)
-	v := c.Classify(StageRCPT, &Reply{Code: 451, Enhanced: "4.7.1", Text: "Greylisting in action, please come back in 00:05:00"})
+	v := c.Classify(smtpvocab.StageRCPT, &smtpvocab.Reply{Code: 451, Enhanced: "4.7.1", Text: "Greylisting in action, please come back in 00:05:00"})
 	if v.Reason != Greylisted || v.Hint != 5*time.Minute {
 		t.Errorf("milter-greylist reply: reason %v hint %v, want greylisted 5m", v.Reason, v.Hint)
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // Rule maps matching SMTP replies to a Reason. All set fields must match;
@@ -153,7 +155,7 @@ func (r rule) match(code int, enhanced, text string) bool {
 		return false
 	}
 	if !r.anyEnh {
-		e, ok := parseEnhanced(enhanced)
+		e, ok := smtpvocab.ParseEnhanced(enhanced)
 		if !ok {
 			return false
 		}

@@ -34,6 +34,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
@@ -862,30 +863,18 @@ func rbDialSMTP(addr, localIP string, implicitTLS bool, helo string) (*rbConn, e
 	return c, nil
 }
 
-// Read reads one reply. A line that does not start with three digits is
-// an error.
+// Read reads one reply with smtpvocab.Read: a malformed reply is an error.
 func (c *rbConn) Read() (rbReply, error) {
 	_ = c.SetReadDeadline(time.Now().Add(c.timeout))
-	var r rbReply
-	for {
-		line, err := c.br.ReadString('\n')
-		if err != nil {
-			return r, err
-		}
-		line = strings.TrimRight(line, "\r\n")
-		if len(line) < 3 {
-			return r, fmt.Errorf("bad reply line %q", line)
-		}
-		code, err := strconv.Atoi(line[:3])
-		if err != nil {
-			return r, fmt.Errorf("bad reply line %q", line)
-		}
-		r.Code = code
-		r.Lines = append(r.Lines, strings.TrimSpace(line[min(4, len(line)):]))
-		if len(line) == 3 || line[3] != '-' {
-			return r, nil
-		}
+	rep, lines, err := smtpvocab.Read(c.br)
+	if err != nil {
+		return rbReply{}, err
 	}
+	r := rbReply{Code: rep.Code}
+	for _, l := range lines {
+		r.Lines = append(r.Lines, strings.TrimSpace(l))
+	}
+	return r, nil
 }
 
 // WriteRaw sends b as it is.

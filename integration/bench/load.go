@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"net"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // loadSpec is one load-generator run: N messages of Size bytes over
@@ -330,25 +331,14 @@ func (g *generator) readReply(stage string) error {
 }
 
 func (g *generator) readLines(stage string) ([]string, error) {
-	var lines []string
-	for {
-		line, err := g.r.ReadString('\n')
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", stage, err)
-		}
-		line = strings.TrimRight(line, "\r\n")
-		if len(line) < 3 {
-			return nil, fmt.Errorf("%s: short reply %q", stage, line)
-		}
-		lines = append(lines, line[min(4, len(line)):])
-		if len(line) == 3 || line[3] != '-' {
-			code, _ := strconv.Atoi(line[:3])
-			if !expected(stage, code) {
-				return nil, &replyError{stage: stage, code: code, line: line[min(4, len(line)):]}
-			}
-			return lines, nil
-		}
+	r, lines, err := smtpvocab.Read(g.r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", stage, err)
 	}
+	if !expected(stage, r.Code) {
+		return nil, &replyError{stage: stage, code: r.Code, line: lines[len(lines)-1]}
+	}
+	return lines, nil
 }
 
 func expected(stage string, code int) bool {

@@ -22,6 +22,7 @@ import (
 	"github.com/miekg/dns"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
@@ -186,13 +187,18 @@ func (r *rawSMTP) send(line, code string) string {
 func (r *rawSMTP) expect(code string) string {
 	r.t.Helper()
 	var all string
+	var p smtpvocab.Parser
 	for {
 		line, err := r.br.ReadString('\n')
 		if err != nil {
 			r.t.Fatalf("reading reply: %v (so far %q)", err, all)
 		}
 		all += line
-		if len(line) < 4 || line[3] != '-' {
+		rep, err := p.Add(strings.TrimRight(line, "\r\n"))
+		if err != nil {
+			r.t.Fatalf("malformed reply %q: %v", all, err)
+		}
+		if rep != nil {
 			break
 		}
 	}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // BinaryEnv names a prebuilt greyrelay binary to use instead of building
@@ -415,17 +417,12 @@ func greets(addr string, implicitTLS bool, preamble string) error {
 	}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	br := bufio.NewReader(conn)
-	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return fmt.Errorf("%s: greeting: %w", addr, err)
-		}
-		if !strings.HasPrefix(line, "220") {
-			return fmt.Errorf("%s: greeting %q", addr, strings.TrimSpace(line))
-		}
-		if len(line) < 4 || line[3] != '-' {
-			break
-		}
+	r, _, err := smtpvocab.Read(br)
+	if err != nil {
+		return fmt.Errorf("%s: greeting: %w", addr, err)
+	}
+	if r.Code != 220 {
+		return fmt.Errorf("%s: greeting %q", addr, r.Error())
 	}
 	_, _ = io.WriteString(conn, "QUIT\r\n")
 	_, _ = br.ReadString('\n')

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // wireMode is what the client's next bytes are.
@@ -36,8 +38,9 @@ type wireConn struct {
 	sink *Sink
 
 	mu      sync.Mutex
-	in, out []byte   // partial client and server lines
-	pending []string // commands awaiting a final reply; "" is the greeting
+	in, out []byte           // partial client and server lines
+	pending []string         // commands awaiting a final reply; "" is the greeting
+	reply   smtpvocab.Parser // the server's reply so far
 	mode    wireMode
 	bdat    int64 // bytes of the current BDAT chunk still to come
 	blind   bool  // STARTTLS done: no more plaintext here
@@ -137,11 +140,15 @@ func (c *wireConn) server(b []byte) {
 
 // serverLine pairs a final reply line with the command it answers.
 func (c *wireConn) serverLine(line string) {
-	if len(line) < 3 || (len(line) > 3 && line[3] == '-') {
+	r, err := c.reply.Add(line)
+	if err == nil && r == nil {
 		return // a continuation line
 	}
-	code := line[:3]
-	if code == "334" {
+	c.reply = smtpvocab.Parser{}
+	if err != nil {
+		return // not a reply: nothing to pair
+	}
+	if r.Code == 334 {
 		c.mode = wireAuth
 		return
 	}
@@ -151,9 +158,9 @@ func (c *wireConn) serverLine(line string) {
 	verb := c.pending[0]
 	c.pending = c.pending[1:]
 	switch {
-	case verb == "DATA" && code == "354":
+	case verb == "DATA" && r.Code == 354:
 		c.mode = wireData
-	case verb == "STARTTLS" && code == "220":
+	case verb == "STARTTLS" && r.Code == 220:
 		c.blind = true
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
@@ -193,7 +194,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			return nil // shutting down: the attempt stays Active and is recovered
 		}
 		if err != nil {
-			rest.v = e.classifyErr(classifier.StageConnect, err)
+			rest.v = e.classifyErr(smtpvocab.StageConnect, err)
 			e.noteDialFailure(d, t, rest.v)
 			continue
 		}
@@ -215,11 +216,11 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, a *attempt) (mx.Rout
 	now := a.start
 	rt, err := e.opt.Router.Route(ctx, d.name)
 	if err != nil {
-		return rt, nil, e.opt.Classifier.Classify(classifier.StageDNS, err)
+		return rt, nil, e.opt.Classifier.Classify(smtpvocab.StageDNS, err)
 	}
 	ts := e.targets(d, rt, j.want, now)
 	if len(ts) == 0 {
-		return rt, nil, e.opt.Classifier.Classify(classifier.StageConnect, e.noTargets(d, rt, now))
+		return rt, nil, e.opt.Classifier.Classify(smtpvocab.StageConnect, e.noTargets(d, rt, now))
 	}
 	ts, refused := e.applyTLSPolicy(ctx, rt, ts, a)
 	if refused != nil {
@@ -261,7 +262,7 @@ func (e *Engine) noTargets(d *dest, rt mx.Route, now time.Time) error {
 // wrong smarthost password), so it defers instead of bouncing, as Postfix
 // does (smtp_skip_5xx_greeting, smtp_sasl_auth_soft_bounce).
 func sessionVerdict(v classifier.Verdict) classifier.Verdict {
-	if v.Stage < classifier.StageMAIL && v.Stage != classifier.StageDNS {
+	if v.Stage < smtpvocab.StageMAIL && v.Stage != smtpvocab.StageDNS {
 		v.Outcome = classifier.Deferred
 	}
 	return v
@@ -327,7 +328,7 @@ func (e *Engine) dial(ctx context.Context, t target, kind string) (*smtpclient.C
 // on the dead-host list for retry.initial_interval. A host that answered,
 // even with 421, is alive and only loses this attempt.
 func (e *Engine) noteDialFailure(d *dest, t target, v classifier.Verdict) {
-	if v.Stage != classifier.StageConnect || (v.Reason != classifier.Connect && v.Reason != classifier.Timeout) {
+	if v.Stage != smtpvocab.StageConnect || (v.Reason != classifier.Connect && v.Reason != classifier.Timeout) {
 		return
 	}
 	d.mu.Lock()
@@ -370,7 +371,7 @@ func (e *Engine) closeSession(ctx context.Context, s *session) {
 }
 
 // classifyErr classifies an error from smtpclient at the stage it names.
-func (e *Engine) classifyErr(stage classifier.Stage, err error) classifier.Verdict {
+func (e *Engine) classifyErr(stage smtpvocab.Stage, err error) classifier.Verdict {
 	var se *smtpclient.Error
 	if errors.As(err, &se) {
 		stage = se.Stage

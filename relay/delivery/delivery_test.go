@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/metrics"
@@ -354,7 +354,7 @@ func TestTooManyRecipients(t *testing.T) {
 		{452, "4.5.3", true}, {452, "", true}, {552, "5.5.3", true}, {552, "", true},
 		{452, "4.2.2", false}, {451, "4.5.3", false}, {550, "5.5.3", false},
 	} {
-		if got := tooManyRecipients(classifier.Reply{Code: c.code, Enhanced: c.enhanced}); got != c.want {
+		if got := tooManyRecipients(smtpvocab.Reply{Code: c.code, Enhanced: c.enhanced}); got != c.want {
 			t.Errorf("tooManyRecipients(%d %s) = %v, want %v", c.code, c.enhanced, got, c.want)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/dsn"
@@ -180,7 +181,7 @@ func domainOf(addr string) (string, bool) {
 
 // replyLine renders a reply as one line: "451 4.7.1 text".
 func replyLine(code int, enhanced, text string) string {
-	r := classifier.Reply{Code: code, Enhanced: enhanced, Text: text}
+	r := smtpvocab.Reply{Code: code, Enhanced: enhanced, Text: text}
 	return r.Error()
 }
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
@@ -50,7 +50,7 @@ func TestSend_FaultingBodyIsAnError(t *testing.T) {
 	env := smtpclient.Envelope{From: "a@x.test", Rcpts: []smtpclient.Rcpt{{Addr: "b@y.test"}}}
 	_, err = send(ctx, &session{c: c}, env, body)
 	var se *smtpclient.Error
-	if !errors.As(err, &se) || se.Stage != classifier.StageDATA {
+	if !errors.As(err, &se) || se.Stage != smtpvocab.StageDATA {
 		t.Fatalf("send with a faulting body: %v, want an *smtpclient.Error at DATA", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -179,7 +180,7 @@ const greyLikeMin = 2
 // greyLike reports whether v, a deferral at the MX address addr, is to be
 // treated as greylisting from what the host's behaviour taught.
 func (e *Engine) greyLike(s *settlement, addr string, v classifier.Verdict, now time.Time) bool {
-	if v.Reason != classifier.ServerError || v.Stage != classifier.StageRCPT || v.Hint > 0 {
+	if v.Reason != classifier.ServerError || v.Stage != smtpvocab.StageRCPT || v.Hint > 0 {
 		return false
 	}
 	h := e.hostFor(s, addr, now)

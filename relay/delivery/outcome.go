@@ -10,6 +10,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/dsn"
 )
@@ -18,7 +19,7 @@ import (
 type outcome struct {
 	r     queue.Recipient    // the recipient as it was due (before Begin)
 	ok    bool               // accepted
-	reply classifier.Reply   // the accepting reply, when ok
+	reply smtpvocab.Reply    // the accepting reply, when ok
 	v     classifier.Verdict // why not, when !ok
 }
 
@@ -264,7 +265,7 @@ func (e *Engine) delivered(s *settlement, rec *queue.Destination, a *attempt, o 
 		res.Status = queue.Relayed
 	}
 	res.Reply = queue.Reply{Code: o.reply.Code, Enhanced: o.reply.Enhanced, Text: o.reply.Text}
-	res.Stage = classifier.StageEndOfData.String()
+	res.Stage = smtpvocab.StageEndOfData.String()
 	if !o.r.FirstGreylisted.IsZero() {
 		passed := now.Sub(o.r.FirstGreylisted)
 		e.learnPassAt(s, rec, res.MXAddr, passed, now)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
@@ -35,9 +36,9 @@ const labelTLSOptional = "tls-required-no"
 func tlsVerdict(c *classifier.Classifier, err error) classifier.Verdict {
 	if errors.Is(err, errRequireTLS) {
 		return classifier.Verdict{Outcome: classifier.Failed, Reason: classifier.TLS,
-			Stage: classifier.StageSTARTTLS, Enhanced: "5.7.30", Text: err.Error()}
+			Stage: smtpvocab.StageSTARTTLS, Enhanced: "5.7.30", Text: err.Error()}
 	}
-	return c.Classify(classifier.StageSTARTTLS, err)
+	return c.Classify(smtpvocab.StageSTARTTLS, err)
 }
 
 // applyTLSPolicy sets each target's TLS mode and configuration from the
@@ -45,7 +46,7 @@ func tlsVerdict(c *classifier.Classifier, err error) classifier.Verdict {
 // the operator configured (smarthost, per-domain route, address literal)
 // keep their configured TLS: a policy published in DNS is about MX
 // delivery. When every target is dropped, refused says why: a
-// *classifier.TLSError (reason "tls", 4.7.5, never a plaintext fallback),
+// *smtpvocab.TLSError (reason "tls", 4.7.5, never a plaintext fallback),
 // or errRequireTLS.
 // The policy of a refused host is noted in a.tried, so the attempt's
 // history names it.
@@ -142,7 +143,7 @@ func (e *Engine) countTLSPolicy(t target, c *smtpclient.Client, err error) {
 	if t.policy == "" {
 		return
 	}
-	var te *classifier.TLSError
+	var te *smtpvocab.TLSError
 	switch {
 	case err == nil:
 		e.m.TLSPolicy.WithLabelValues(t.policy, "ok").Inc()

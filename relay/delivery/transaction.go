@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
@@ -31,7 +32,7 @@ func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, 
 			// RFC 8689 §4.2.1: this host cannot take a REQUIRETLS message
 			// but the next MX may; the 5.7.30 holds only when none can.
 			e.closeSession(ctx, s)
-			return nil, leftover{rcpts: rcpts, v: e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail), noRequireTLS: true}
+			return nil, leftover{rcpts: rcpts, v: e.opt.Classifier.Classify(smtpvocab.StageMAIL, &res.Mail), noRequireTLS: true}
 		}
 		jd := e.judge(rcpts, res, err, round < maxFollowUps)
 		outs := jd.outs
@@ -67,7 +68,7 @@ func send(ctx context.Context, s *session, env smtpclient.Envelope, body []byte)
 			panic(r)
 		}
 		s.c.Close() // left in the middle of DATA
-		err = &smtpclient.Error{Stage: classifier.StageDATA, Err: fmt.Errorf("reading the queued message failed: %v", r)}
+		err = &smtpclient.Error{Stage: smtpvocab.StageDATA, Err: fmt.Errorf("reading the queued message failed: %v", r)}
 	}()
 	return s.c.Send(ctx, env, body)
 }
@@ -93,21 +94,21 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 	var jd judgement
 	var errV classifier.Verdict
 	if err != nil {
-		errV = e.classifyErr(classifier.StageMAIL, err)
+		errV = e.classifyErr(smtpvocab.StageMAIL, err)
 		jd.rest.v = errV
 	}
 	var se *smtpclient.Error
 	connFailed := errors.As(err, &se)
 	end := txEnd{data: res.Data, errV: errV, inline: res.Inline,
-		lostAfterDot: connFailed && se.Stage == classifier.StageEndOfData && res.Data == nil}
+		lostAfterDot: connFailed && se.Stage == smtpvocab.StageEndOfData && res.Data == nil}
 	if res.Mail.Code >= 400 && res.Mail.Code != 421 {
 		// MAIL refused: one verdict for everyone (a 5xx at MAIL bounces all).
-		jd.outs = outcomesOf(rs, e.opt.Classifier.Classify(classifier.StageMAIL, &res.Mail))
+		jd.outs = outcomesOf(rs, e.opt.Classifier.Classify(smtpvocab.StageMAIL, &res.Mail))
 		return jd
 	}
 	var tooMany []outcome
 	for i, r := range rs {
-		var rep classifier.Reply
+		var rep smtpvocab.Reply
 		if i < len(res.Rcpts) {
 			rep = res.Rcpts[i].Reply
 		}
@@ -134,7 +135,7 @@ func (e *Engine) judge(rs []queue.Recipient, res smtpclient.TxResult, err error,
 
 // txEnd is how a transaction's DATA phase ended, for judgeOne.
 type txEnd struct {
-	data         *classifier.Reply  // the final reply; nil if none
+	data         *smtpvocab.Reply   // the final reply; nil if none
 	errV         classifier.Verdict // the verdict on the transaction's error, if any
 	lostAfterDot bool               // the whole body went out and the final reply never came
 	inline       bool               // the body went out with MAIL and RCPT (smtpclient.TxResult.Inline)
@@ -143,7 +144,7 @@ type txEnd struct {
 // judgeOne decides the recipient r whose RCPT got rep (zero if none) in a
 // transaction that ended as end says. answered is false when r has no
 // definite answer (see judge); o then carries end.errV.
-func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, end txEnd) (o outcome, answered bool) {
+func (e *Engine) judgeOne(r queue.Recipient, rep smtpvocab.Reply, end txEnd) (o outcome, answered bool) {
 	o = outcome{r: r, v: end.errV}
 	data := end.data
 	switch {
@@ -155,7 +156,7 @@ func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, end txEnd) (o
 	case rep.Code == 0 || rep.Code == 421: // never asked, or the server closed instead of answering
 		return o, false
 	case rep.Code/100 != 2:
-		o.v = e.opt.Classifier.Classify(classifier.StageRCPT, &rep)
+		o.v = e.opt.Classifier.Classify(smtpvocab.StageRCPT, &rep)
 	case data == nil: // accepted at RCPT; the DATA phase failed
 		return o, end.lostAfterDot
 	case data.Code/100 == 2:
@@ -163,7 +164,7 @@ func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, end txEnd) (o
 	case data.Code == 421:
 		return o, false
 	default:
-		o.v = e.opt.Classifier.Classify(classifier.StageEndOfData, data)
+		o.v = e.opt.Classifier.Classify(smtpvocab.StageEndOfData, data)
 	}
 	return o, true
 }
@@ -171,7 +172,7 @@ func (e *Engine) judgeOne(r queue.Recipient, rep classifier.Reply, end txEnd) (o
 // tooManyRecipients recognises RFC 5321 §4.5.3.1.10's "too many
 // recipients": 452 (or the historical 552) at RCPT, with enhanced code
 // X.5.3 or none. A 452 4.2.2 (mailbox full) is an ordinary deferral.
-func tooManyRecipients(r classifier.Reply) bool {
+func tooManyRecipients(r smtpvocab.Reply) bool {
 	if r.Code != 452 && r.Code != 552 {
 		return false
 	}

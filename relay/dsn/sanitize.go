@@ -6,6 +6,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/greyrelay/greyrelay/internal/safetext"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 const (
@@ -213,24 +214,10 @@ func utf8AddrXtext(addr string) string {
 	return b.String()
 }
 
-// validStatus reports whether s is an RFC 3463 status code class.subject.detail.
-func validStatus(s string) bool {
-	p := strings.Split(s, ".")
-	if len(p) != 3 || (p[0] != "2" && p[0] != "4" && p[0] != "5") {
-		return false
-	}
-	for _, n := range p[1:] {
-		if len(n) == 0 || len(n) > 3 || strings.Trim(n, "0123456789") != "" {
-			return false
-		}
-	}
-	return true
-}
-
 // status returns the recipient's status, or a generic one for its action
 // when the given status is not a valid RFC 3463 code.
 func status(rc Recipient) string {
-	if s := strings.TrimSpace(rc.Status); validStatus(s) {
+	if s := strings.TrimSpace(rc.Status); smtpvocab.NormEnhanced(s) != "" {
 		return s
 	}
 	switch rc.Action {

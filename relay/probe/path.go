@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
@@ -111,7 +112,7 @@ func (p *prober) path(ctx context.Context, s session, addr netip.AddrPort) PathR
 		d = p.opt.Dialer6
 	}
 	if d == nil {
-		rec.add(Step{Name: "connect", Error: "no IPv6 source address configured (delivery.source_ipv6)"}, classifier.StageConnect)
+		rec.add(Step{Name: "connect", Error: "no IPv6 source address configured (delivery.source_ipv6)"}, smtpvocab.StageConnect)
 		pr.Outcome, pr.Reason = Unreachable, string(classifier.Connect)
 	} else if c, err := p.dial(ctx, s, addr, rec, d); err != nil {
 		pr.Outcome, pr.Reason = p.failed(rec, err)
@@ -150,13 +151,13 @@ func (p *prober) dial(ctx context.Context, s session, addr netip.AddrPort, rec *
 	td := &tracingDialer{d: d, rec: rec}
 	c, err := smtpclient.Dial(ctx, td, addr, s.host, o)
 	var e *smtpclient.Error
-	var te *classifier.TLSError
+	var te *smtpvocab.TLSError
 	if err == nil || (o.TLS != smtpclient.TLSMay && o.TLS != "") ||
-		!errors.As(err, &e) || e.Stage != classifier.StageSTARTTLS || !errors.As(err, &te) {
+		!errors.As(err, &e) || e.Stage != smtpvocab.StageSTARTTLS || !errors.As(err, &te) {
 		return c, err
 	}
 	i := rec.failure(err)
-	rec.steps[i].Reason, rec.steps[i].Explanation, _ = p.explain(classifier.StageSTARTTLS, err)
+	rec.steps[i].Reason, rec.steps[i].Explanation, _ = p.explain(smtpvocab.StageSTARTTLS, err)
 	rec.steps[i].Note = "TLS policy is \"may\": the relay retries in plaintext"
 	o.TLS = smtpclient.TLSNone
 	return smtpclient.Dial(ctx, td, addr, s.host, o)
@@ -187,7 +188,7 @@ func (p *prober) transaction(c *smtpclient.Client, rec *recorder) (string, strin
 // failed classifies err (which ended the session or the transaction),
 // annotates the step it happened at, and returns the path's outcome.
 func (p *prober) failed(rec *recorder, err error) (string, string) {
-	stage := classifier.StageConnect
+	stage := smtpvocab.StageConnect
 	var e *smtpclient.Error
 	if errors.As(err, &e) {
 		stage = e.Stage
@@ -197,7 +198,7 @@ func (p *prober) failed(rec *recorder, err error) (string, string) {
 	i := rec.failure(err)
 	reason, x, permanent := p.explain(stage, err)
 	rec.steps[i].Reason, rec.steps[i].Explanation = reason, x
-	var r *classifier.Reply
+	var r *smtpvocab.Reply
 	switch {
 	case permanent:
 		return Refused, reason
@@ -259,7 +260,7 @@ func (t *tracingDialer) DialContext(ctx context.Context, network, addr string) (
 	} else {
 		s.Note = "from " + conn.LocalAddr().String() + " to " + conn.RemoteAddr().String()
 	}
-	t.rec.add(s, classifier.StageConnect)
+	t.rec.add(s, smtpvocab.StageConnect)
 	return conn, err
 }
 
@@ -267,13 +268,13 @@ func (t *tracingDialer) DialContext(ctx context.Context, network, addr string) (
 type recorder struct {
 	now     func() time.Time
 	steps   []Step
-	stages  []classifier.Stage  // per step
-	replies []*classifier.Reply // per step: the reply, or nil
-	open    int                 // the step waiting for its reply; -1 for none
-	ehlo    []string            // lines of the last EHLO reply
+	stages  []smtpvocab.Stage  // per step
+	replies []*smtpvocab.Reply // per step: the reply, or nil
+	open    int                // the step waiting for its reply; -1 for none
+	ehlo    []string           // lines of the last EHLO reply
 }
 
-func (r *recorder) add(s Step, stage classifier.Stage) {
+func (r *recorder) add(s Step, stage smtpvocab.Stage) {
 	r.steps = append(r.steps, s)
 	r.stages = append(r.stages, stage)
 	r.replies = append(r.replies, nil)
@@ -313,7 +314,7 @@ func (r *recorder) last() int { return len(r.steps) - 1 }
 // with that reply or with an error; a failure no step shows (a TLS
 // handshake, a refusal to send credentials) gets a step of its own.
 func (r *recorder) failure(err error) int {
-	var reply *classifier.Reply
+	var reply *smtpvocab.Reply
 	isReply := errors.As(err, &reply)
 	for i := len(r.steps) - 1; i >= 0; i-- {
 		s := r.steps[i]
@@ -325,11 +326,11 @@ func (r *recorder) failure(err error) int {
 		}
 		break
 	}
-	name, stage := "error", classifier.StageConnect
+	name, stage := "error", smtpvocab.StageConnect
 	var e *smtpclient.Error
 	if errors.As(err, &e) {
 		name, stage = e.Stage.String(), e.Stage
-		if e.Stage == classifier.StageSTARTTLS {
+		if e.Stage == smtpvocab.StageSTARTTLS {
 			name = "tls"
 		}
 	}
@@ -347,7 +348,7 @@ func (r *recorder) extensions() []string {
 
 // commandName names a step by its verb; AUTH continuation lines are AUTH.
 func commandName(e smtpclient.Event) string {
-	if e.Stage == classifier.StageAuth {
+	if e.Stage == smtpvocab.StageAuth {
 		return "AUTH"
 	}
 	verb, _, _ := strings.Cut(e.Sent, " ")
@@ -356,7 +357,7 @@ func commandName(e smtpclient.Event) string {
 }
 
 // rawReply writes a reply back in wire form, one line per reply line.
-func rawReply(r *classifier.Reply) string {
+func rawReply(r *smtpvocab.Reply) string {
 	lines := strings.Split(r.Text, "\n")
 	var b strings.Builder
 	for i, l := range lines {

@@ -41,6 +41,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/dkim"
 	"github.com/greyrelay/greyrelay/relay/mx"
@@ -237,7 +238,7 @@ func newReport(target, sender string) (Report, error) {
 
 // explain classifies err at stage and returns the reason, its explanation
 // and whether the relay would give up (a permanent failure).
-func (p *prober) explain(stage classifier.Stage, err error) (string, *Explanation, bool) {
+func (p *prober) explain(stage smtpvocab.Stage, err error) (string, *Explanation, bool) {
 	v := p.opt.Classifier.Classify(stage, err)
 	x := classifier.Explain(v.Reason, v.Status())
 	return string(v.Reason), &Explanation{Meaning: x.Meaning, Fault: string(x.Fault), Action: x.Action}, v.Permanent()

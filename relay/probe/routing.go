@@ -4,7 +4,7 @@ import (
 	"context"
 	"net/netip"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/mx"
 )
 
@@ -52,7 +52,7 @@ func (p *prober) routing(ctx context.Context) (mx.Route, bool) {
 	}
 	if err != nil {
 		r.Error = err.Error()
-		r.Reason, r.Explanation, r.Permanent = p.explain(classifier.StageDNS, err)
+		r.Reason, r.Explanation, r.Permanent = p.explain(smtpvocab.StageDNS, err)
 	}
 	p.rep.Routing = r
 	return rt, err == nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/mx"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
@@ -111,7 +112,7 @@ func (p *prober) applyRule(s *session) error {
 func (p *prober) refusedPath(host string, err error) PathReport {
 	pr := PathReport{Host: host, Steps: []Step{{Name: "tls policy", Error: err.Error()}}, Extensions: []string{},
 		Outcome: Deferred, Reason: string(classifier.TLS)}
-	var te *classifier.TLSError
+	var te *smtpvocab.TLSError
 	if errors.As(err, &te) {
 		pr.Steps[0].Reason = string(classifier.TLS)
 	}

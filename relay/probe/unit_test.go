@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 func TestNewReport(t *testing.T) {
@@ -81,12 +81,12 @@ func TestDNSBLName(t *testing.T) {
 
 func TestRawReply(t *testing.T) {
 	tests := []struct {
-		r    classifier.Reply
+		r    smtpvocab.Reply
 		want string
 	}{
-		{classifier.Reply{Code: 250, Text: "mx Hello\nPIPELINING\nSIZE 100"}, "250-mx Hello\n250-PIPELINING\n250 SIZE 100"},
-		{classifier.Reply{Code: 450, Enhanced: "4.2.0", Text: "Greylisted"}, "450 4.2.0 Greylisted"},
-		{classifier.Reply{Code: 221}, "221"},
+		{smtpvocab.Reply{Code: 250, Text: "mx Hello\nPIPELINING\nSIZE 100"}, "250-mx Hello\n250-PIPELINING\n250 SIZE 100"},
+		{smtpvocab.Reply{Code: 450, Enhanced: "4.2.0", Text: "Greylisted"}, "450 4.2.0 Greylisted"},
+		{smtpvocab.Reply{Code: 221}, "221"},
 	}
 	for _, tc := range tests {
 		if got := rawReply(&tc.r); got != tc.want {

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // dataPiece is how much message data goes out in one write, DATA or BDAT;
@@ -159,14 +159,14 @@ func (r *chunkReader) next() ([]byte, error) {
 // is copied, so that the commands and a small message leave in one write
 // (one TCP send, one run of TLS records). A failure of the first write is
 // at stage, later ones at StageDATA; either closes the connection.
-func (c *Client) writeChunk(ctx context.Context, stage classifier.Stage, head []byte, ch *chunk) error {
-	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", ch.size)})
+func (c *Client) writeChunk(ctx context.Context, stage smtpvocab.Stage, head []byte, ch *chunk) error {
+	c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", ch.size)})
 	r := ch.reader()
 	for first := true; ; first = false {
 		p, err := r.next()
 		if err != nil {
 			c.abort()
-			return &Error{Stage: classifier.StageDATA, Err: err}
+			return &Error{Stage: smtpvocab.StageDATA, Err: err}
 		}
 		if first {
 			p = append(head, p...)
@@ -178,7 +178,7 @@ func (c *Client) writeChunk(ctx context.Context, stage classifier.Stage, head []
 		if err := c.writeOr(ctx, stage, c.opt.DataTimeout, p, c.abort); err != nil {
 			return err
 		}
-		stage = classifier.StageDATA
+		stage = smtpvocab.StageDATA
 	}
 }
 
@@ -201,13 +201,13 @@ func (c *Client) abort() {
 // bdat sends the whole body as one chunk, "BDAT <size> LAST" and the chunk
 // in one write, and returns the final reply (see afterChunk). There is no
 // intermediate reply to wait for, unlike the 354 to DATA.
-func (c *Client) bdat(ctx context.Context, ch *chunk) (*classifier.Reply, error) {
+func (c *Client) bdat(ctx context.Context, ch *chunk) (*smtpvocab.Reply, error) {
 	line := ch.command()
-	c.trace(Event{Time: time.Now(), Stage: classifier.StageEndOfData, Sent: line})
-	if err := c.writeChunk(ctx, classifier.StageDATA, []byte(line+"\r\n"), ch); err != nil {
+	c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageEndOfData, Sent: line})
+	if err := c.writeChunk(ctx, smtpvocab.StageDATA, []byte(line+"\r\n"), ch); err != nil {
 		return nil, err
 	}
-	r, _, err := c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
+	r, _, err := c.exchange(ctx, smtpvocab.StageEndOfData, c.opt.DataTimeout, "", "")
 	return c.afterChunk(r, err)
 }
 
@@ -218,7 +218,7 @@ func (c *Client) bdat(ctx context.Context, ch *chunk) (*classifier.Reply, error)
 // dot, a message that may have been delivered. A 2xx ends the transaction;
 // after a 4xx or 5xx the next one starts with RSET (RFC 3030 §2 leaves the
 // state to the server).
-func (c *Client) afterChunk(r *classifier.Reply, err error) (*classifier.Reply, error) {
+func (c *Client) afterChunk(r *smtpvocab.Reply, err error) (*smtpvocab.Reply, error) {
 	if err != nil {
 		return r, err
 	}
@@ -229,7 +229,7 @@ func (c *Client) afterChunk(r *classifier.Reply, err error) (*classifier.Reply, 
 	default:
 		// BDAT has no intermediate reply: we can no longer tell where we are.
 		c.Close()
-		return nil, &Error{Stage: classifier.StageEndOfData, Err: textproto.ProtocolError("unexpected reply to BDAT: " + r.Error())}
+		return nil, &Error{Stage: smtpvocab.StageEndOfData, Err: textproto.ProtocolError("unexpected reply to BDAT: " + r.Error())}
 	}
 	return r, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/emersion/go-smtp"
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // envelope1 is a transaction for one recipient: its chunk may go out with
@@ -183,7 +184,7 @@ func TestChunking(t *testing.T) {
 			if err != nil || res.Data == nil || res.Data.Code != code {
 				t.Fatalf("Send = %+v, %v; want a final %d", res, err, code)
 			}
-			if v := cl.Classify(classifier.StageEndOfData, res.Data); v.Outcome != outcome {
+			if v := cl.Classify(smtpvocab.StageEndOfData, res.Data); v.Outcome != outcome {
 				t.Errorf("%d classified %v, want %v", code, v.Outcome, outcome)
 			}
 		}
@@ -192,13 +193,13 @@ func TestChunking(t *testing.T) {
 		return func(t *testing.T, res TxResult, err error) {
 			t.Helper()
 			var se *Error
-			if !errors.As(err, &se) || se.Stage != classifier.StageEndOfData || res.Data != nil || !res.Inline {
-				t.Fatalf("Send = %+v, %v; want an error at %s with Inline set", res, err, classifier.StageEndOfData)
+			if !errors.As(err, &se) || se.Stage != smtpvocab.StageEndOfData || res.Data != nil || !res.Inline {
+				t.Fatalf("Send = %+v, %v; want an error at %s with Inline set", res, err, smtpvocab.StageEndOfData)
 			}
 			check(t, err)
 		}
 	}
-	lost := func(stage classifier.Stage, check func(*testing.T, error)) func(*testing.T, TxResult, error) {
+	lost := func(stage smtpvocab.Stage, check func(*testing.T, error)) func(*testing.T, TxResult, error) {
 		return func(t *testing.T, res TxResult, err error) {
 			check(t, stageErr(t, err, stage))
 			if res.Mail.Code != 250 || !slices.Equal(codes(res.Rcpts), []int{250}) || (res.Data != nil && res.Data.Code != 421) {
@@ -257,11 +258,11 @@ func TestChunking(t *testing.T) {
 		{name: "552 to BDAT: permanent", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n552 5.3.4 too big\r\n"}},
 			check: final(552, classifier.Failed)},
 		{name: "421 to BDAT", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", Close: true}},
-			check: lost(classifier.StageEndOfData, isCode(421)), closedOK: true},
+			check: lost(smtpvocab.StageEndOfData, isCode(421)), closedOK: true},
 		{name: "dropped after the chunk", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n", Close: true}},
-			check: lost(classifier.StageEndOfData, isEOF), closedOK: true},
+			check: lost(smtpvocab.StageEndOfData, isEOF), closedOK: true},
 		{name: "silence after the chunk", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n", Hang: true}},
-			check: lost(classifier.StageEndOfData, isTimeout), closedOK: true},
+			check: lost(smtpvocab.StageEndOfData, isTimeout), closedOK: true},
 		// The whole message went with the envelope: a reply lost before
 		// the RCPT's is as ambiguous as a lost reply to the final dot.
 		{name: "dropped before any reply, chunk sent", body: "hi\r\n", script: []step{{Pipe: group1(4), Close: true}},
@@ -272,15 +273,15 @@ func TestChunking(t *testing.T) {
 			script: []step{{Pipe: group1(4), Send: "250 ok\r\n421 4.3.2 bye\r\n", Close: true}},
 			check: func(t *testing.T, res TxResult, err error) {
 				var se *Error
-				if !errors.As(err, &se) || se.Stage != classifier.StageRCPT || res.Data != nil {
+				if !errors.As(err, &se) || se.Stage != smtpvocab.StageRCPT || res.Data != nil {
 					t.Errorf("Send = %+v, %v; want a 421 at RCPT", res, err)
 				}
 			}, closedOK: true},
 		{name: "without PIPELINING, dropped after the chunk", ehlo: ehloChunk1, body: "hi\r\n",
 			script: []step{mailOK, rcptOK, {Expect: "BDAT 4 LAST", Close: true}},
-			check:  lost(classifier.StageEndOfData, isEOF), closedOK: true},
+			check:  lost(smtpvocab.StageEndOfData, isEOF), closedOK: true},
 		{name: "354 to BDAT", body: "hi\r\n", script: []step{{Pipe: group1(4), Send: "250 ok\r\n250 ok\r\n354 what\r\n"}},
-			check: lost(classifier.StageEndOfData, isProtocol), closedOK: true},
+			check: lost(smtpvocab.StageEndOfData, isProtocol), closedOK: true},
 		{name: "two recipients: the chunk waits for an accepted RCPT", env: envelope2, body: "hi\r\n",
 			script: []step{{Pipe: group2[:3], Send: "250 ok\r\n250 ok\r\n450 4.2.0 later\r\n"}, {Expect: "BDAT 4 LAST", Send: "250 ok\r\n"}},
 			check: func(t *testing.T, res TxResult, err error) {

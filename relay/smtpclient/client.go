@@ -56,7 +56,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // Dialer opens connections; *net.Dialer with LocalAddr set pins the source
@@ -126,19 +126,19 @@ type Options struct {
 // Event is one step of the dialogue, for tracing.
 type Event struct {
 	Time    time.Time
-	Stage   classifier.Stage
-	Sent    string            // the line sent, without CRLF ("" for a reply)
-	Reply   *classifier.Reply // the reply received (nil for a sent line)
-	Elapsed time.Duration     // for replies: time since the command was sent
-	Err     error             // set if reading or writing failed
+	Stage   smtpvocab.Stage
+	Sent    string           // the line sent, without CRLF ("" for a reply)
+	Reply   *smtpvocab.Reply // the reply received (nil for a sent line)
+	Elapsed time.Duration    // for replies: time since the command was sent
+	Err     error            // set if reading or writing failed
 }
 
 // Error tags a failure with the stage it happened at. Err is a
-// *classifier.Reply for SMTP replies, a *classifier.TLSError for TLS
+// *smtpvocab.Reply for SMTP replies, a *smtpvocab.TLSError for TLS
 // trouble, a textproto.ProtocolError for unreadable replies, or a network,
 // timeout or context error.
 type Error struct {
-	Stage classifier.Stage
+	Stage smtpvocab.Stage
 	Err   error
 }
 
@@ -197,7 +197,7 @@ func Dial(ctx context.Context, d Dialer, addr netip.AddrPort, serverName string,
 	conn, err := d.DialContext(dctx, "tcp", addr.String())
 	cancel()
 	if err != nil {
-		return nil, &Error{Stage: classifier.StageConnect, Err: err}
+		return nil, &Error{Stage: smtpvocab.StageConnect, Err: err}
 	}
 	if serverName == "" {
 		serverName = addr.Addr().String()
@@ -218,9 +218,9 @@ func Dial(ctx context.Context, d Dialer, addr netip.AddrPort, serverName string,
 func DialWithFallback(ctx context.Context, d Dialer, addr netip.AddrPort, serverName string, opt Options) (*Client, error) {
 	c, err := Dial(ctx, d, addr, serverName, opt)
 	var e *Error
-	var te *classifier.TLSError
+	var te *smtpvocab.TLSError
 	if err == nil || (opt.TLS != TLSMay && opt.TLS != "") ||
-		!errors.As(err, &e) || e.Stage != classifier.StageSTARTTLS || !errors.As(err, &te) {
+		!errors.As(err, &e) || e.Stage != smtpvocab.StageSTARTTLS || !errors.As(err, &te) {
 		return c, err
 	}
 	opt.TLS = TLSNone
@@ -257,14 +257,14 @@ func (opt Options) withDefaults() (Options, error) {
 
 // handshake runs greeting, EHLO, STARTTLS and AUTH.
 func (c *Client) handshake(ctx context.Context) error {
-	r, _, err := c.exchange(ctx, classifier.StageGreeting, c.opt.GreetingTimeout, "", "")
+	r, _, err := c.exchange(ctx, smtpvocab.StageGreeting, c.opt.GreetingTimeout, "", "")
 	if err != nil {
 		return err
 	}
 	if r.Code/100 != 2 {
 		// RFC 5321 §3.1: after a 554 greeting the client should QUIT.
-		c.quietQuit(classifier.StageGreeting)
-		return &Error{Stage: classifier.StageGreeting, Err: r}
+		c.quietQuit(smtpvocab.StageGreeting)
+		return &Error{Stage: smtpvocab.StageGreeting, Err: r}
 	}
 	if err := c.hello(ctx); err != nil {
 		return err
@@ -279,12 +279,12 @@ func (c *Client) handshake(ctx context.Context) error {
 // EHLO is refused with a 5xx (RFC 5321 §3.2).
 func (c *Client) hello(ctx context.Context) error {
 	c.ext = map[string]string{}
-	r, lines, err := c.cmd(ctx, classifier.StageEHLO, "EHLO "+c.opt.Hostname)
+	r, lines, err := c.cmd(ctx, smtpvocab.StageEHLO, "EHLO "+c.opt.Hostname)
 	if err != nil {
 		return err
 	}
 	if r.Code/100 == 5 {
-		r, _, err = c.cmd(ctx, classifier.StageEHLO, "HELO "+c.opt.Hostname)
+		r, _, err = c.cmd(ctx, smtpvocab.StageEHLO, "HELO "+c.opt.Hostname)
 		if err != nil {
 			return err
 		}
@@ -295,8 +295,8 @@ func (c *Client) hello(ctx context.Context) error {
 		}
 	}
 	if r.Code/100 != 2 {
-		c.quietQuit(classifier.StageEHLO)
-		return &Error{Stage: classifier.StageEHLO, Err: r}
+		c.quietQuit(smtpvocab.StageEHLO)
+		return &Error{Stage: smtpvocab.StageEHLO, Err: r}
 	}
 	return nil
 }
@@ -342,13 +342,13 @@ func (c *Client) Reset() error { return c.ResetContext(context.Background()) }
 // closed and ctx's error returned), so a shutdown never waits out the
 // command timeout on a peer that does not answer.
 func (c *Client) ResetContext(ctx context.Context) error {
-	r, _, err := c.cmd(ctx, classifier.StageMAIL, "RSET")
+	r, _, err := c.cmd(ctx, smtpvocab.StageMAIL, "RSET")
 	if err != nil {
 		return err
 	}
 	if r.Code/100 != 2 {
 		c.Close()
-		return &Error{Stage: classifier.StageMAIL, Err: r}
+		return &Error{Stage: smtpvocab.StageMAIL, Err: r}
 	}
 	c.inTx = false
 	return nil
@@ -363,7 +363,7 @@ func (c *Client) Quit() error { return c.QuitContext(context.Background()) }
 // connection is closed either way.
 func (c *Client) QuitContext(ctx context.Context) error {
 	// Errors here are tagged StageEndOfData: the dialogue is over.
-	_, _, err := c.cmd(ctx, classifier.StageEndOfData, "QUIT")
+	_, _, err := c.cmd(ctx, smtpvocab.StageEndOfData, "QUIT")
 	if cerr := c.Close(); err == nil {
 		err = cerr
 	}
@@ -372,7 +372,7 @@ func (c *Client) QuitContext(ctx context.Context) error {
 
 // quietQuit sends QUIT without waiting for the reply, before we close a
 // connection we give up on; failures do not matter.
-func (c *Client) quietQuit(stage classifier.Stage) {
+func (c *Client) quietQuit(stage smtpvocab.Stage) {
 	if c.closed {
 		return
 	}

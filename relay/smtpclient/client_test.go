@@ -17,11 +17,11 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // stageErr asserts err is an *Error at stage and returns it.
-func stageErr(t *testing.T, err error, stage classifier.Stage) *Error {
+func stageErr(t *testing.T, err error, stage smtpvocab.Stage) *Error {
 	t.Helper()
 	var e *Error
 	if !errors.As(err, &e) {
@@ -143,8 +143,8 @@ func TestTLSPolicies(t *testing.T) {
 			}
 			c, err := Dial(context.Background(), nil, addr, tt.serverName, o)
 			if tt.wantErr {
-				e := stageErr(t, err, classifier.StageSTARTTLS)
-				var te *classifier.TLSError
+				e := stageErr(t, err, smtpvocab.StageSTARTTLS)
+				var te *smtpvocab.TLSError
 				if !errors.As(e, &te) {
 					t.Fatalf("err = %v, want a TLSError", err)
 				}
@@ -173,8 +173,8 @@ func TestStartTLSResponseInjection(t *testing.T) {
 	inject := []step{greet, ehloTLS, {Expect: "STARTTLS", Send: "220 go ahead\r\n250 injected\r\n"}}
 	p := startPeer(t, inject, inject, plainScript)
 	_, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
-	e := stageErr(t, err, classifier.StageSTARTTLS)
-	var te *classifier.TLSError
+	e := stageErr(t, err, smtpvocab.StageSTARTTLS)
+	var te *smtpvocab.TLSError
 	if !errors.As(e, &te) || !strings.Contains(err.Error(), "injection") {
 		t.Fatalf("err = %v, want TLSError about injection", err)
 	}
@@ -196,7 +196,7 @@ func TestStartTLSHandshakeFailure(t *testing.T) {
 	broken := []step{greet, ehloTLS, {Expect: "STARTTLS", Send: "220 go ahead\r\n"}, {Expect: "\x16", Send: "this is not TLS\r\n"}}
 	p := startPeer(t, broken, plainScript, broken)
 	_, err := Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
-	stageErr(t, err, classifier.StageSTARTTLS)
+	stageErr(t, err, smtpvocab.StageSTARTTLS)
 
 	p = startPeer(t, broken, plainScript)
 	c, err := DialWithFallback(context.Background(), nil, p.Addr(), "mx.test", opts(TLSMay))
@@ -208,7 +208,7 @@ func TestStartTLSHandshakeFailure(t *testing.T) {
 	// encrypt never falls back.
 	p = startPeer(t, broken, plainScript)
 	_, err = DialWithFallback(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
-	stageErr(t, err, classifier.StageSTARTTLS)
+	stageErr(t, err, smtpvocab.StageSTARTTLS)
 	if _, _, conns := p.Received(); conns != 1 {
 		t.Errorf("encrypt: %d connections, want 1 (no plaintext redial)", conns)
 	}
@@ -223,9 +223,9 @@ func TestStartTLSRefused(t *testing.T) {
 	}
 	c.Quit()
 	_, err = Dial(context.Background(), nil, p.Addr(), "mx.test", opts(TLSEncrypt))
-	e := stageErr(t, err, classifier.StageSTARTTLS)
-	var te *classifier.TLSError
-	var r *classifier.Reply
+	e := stageErr(t, err, smtpvocab.StageSTARTTLS)
+	var te *smtpvocab.TLSError
+	var r *smtpvocab.Reply
 	if !errors.As(e, &te) || !errors.As(e, &r) || r.Code != 454 {
 		t.Fatalf("err = %v, want TLSError wrapping the 454", err)
 	}
@@ -255,7 +255,7 @@ func TestAuth(t *testing.T) {
 			o.Trace = func(e Event) { trace = append(trace, e.Sent) }
 			c, err := Dial(context.Background(), nil, addr, "mx.test", o)
 			if tt.wantErr {
-				stageErr(t, err, classifier.StageAuth)
+				stageErr(t, err, smtpvocab.StageAuth)
 			} else if err != nil {
 				t.Fatal(err)
 			} else {
@@ -430,44 +430,44 @@ func TestHostilePeers(t *testing.T) {
 		name   string
 		script []step
 		send   bool // Dial succeeds; failure is in Send
-		stage  classifier.Stage
+		stage  smtpvocab.Stage
 		check  func(t *testing.T, err error)
 	}{
-		{name: "stalled greeting", script: []step{{Hang: true}}, stage: classifier.StageGreeting, check: isTimeout},
-		{name: "5xx greeting", script: []step{{Send: "554 5.7.1 go away\r\n"}}, stage: classifier.StageGreeting, check: isCode(554)},
-		{name: "421 greeting", script: []step{{Send: "421 4.3.2 busy\r\n"}}, stage: classifier.StageGreeting, check: isCode(421)},
-		{name: "greeting without CRLF", script: []step{{Send: "220 mx.test", Close: true}}, stage: classifier.StageGreeting,
+		{name: "stalled greeting", script: []step{{Hang: true}}, stage: smtpvocab.StageGreeting, check: isTimeout},
+		{name: "5xx greeting", script: []step{{Send: "554 5.7.1 go away\r\n"}}, stage: smtpvocab.StageGreeting, check: isCode(554)},
+		{name: "421 greeting", script: []step{{Send: "421 4.3.2 busy\r\n"}}, stage: smtpvocab.StageGreeting, check: isCode(421)},
+		{name: "greeting without CRLF", script: []step{{Send: "220 mx.test", Close: true}}, stage: smtpvocab.StageGreeting,
 			check: func(t *testing.T, err error) {
 				if !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Errorf("err = %v, want unexpected EOF", err)
 				}
 			}},
-		{name: "garbage code", script: []step{{Send: "999 hello\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
-		{name: "http server", script: []step{{Send: "HTTP/1.1 400 Bad Request\r\n"}}, stage: classifier.StageGreeting, check: isProtocol},
+		{name: "garbage code", script: []step{{Send: "999 hello\r\n"}}, stage: smtpvocab.StageGreeting, check: isProtocol},
+		{name: "http server", script: []step{{Send: "HTTP/1.1 400 Bad Request\r\n"}}, stage: smtpvocab.StageGreeting, check: isProtocol},
 		{name: "endless continuation", script: []step{greet, {Expect: "EHLO", Flood: "250-AAAAAAAAAAAAAAAAAAAA\r\n"}},
-			stage: classifier.StageEHLO, check: isProtocol},
+			stage: smtpvocab.StageEHLO, check: isProtocol},
 		{name: "endless line", script: []step{greet, {Expect: "EHLO", Flood: "2222222222222222222222222"}},
-			stage: classifier.StageEHLO, check: isProtocol},
+			stage: smtpvocab.StageEHLO, check: isProtocol},
 		{name: "dripping reply", script: []step{greet, {Expect: "EHLO", Drip: 20 * time.Millisecond,
 			Send: "250-mx.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250-SIZE 100000\r\n250 ENHANCEDSTATUSCODES\r\n"}},
-			stage: classifier.StageEHLO, check: isTimeout},
-		{name: "ehlo 421", script: []step{greet, {Expect: "EHLO", Send: "421 4.7.0 bye\r\n"}}, stage: classifier.StageEHLO, check: isCode(421)},
+			stage: smtpvocab.StageEHLO, check: isTimeout},
+		{name: "ehlo 421", script: []step{greet, {Expect: "EHLO", Send: "421 4.7.0 bye\r\n"}}, stage: smtpvocab.StageEHLO, check: isCode(421)},
 		{name: "helo refused too", script: []step{greet, {Expect: "EHLO", Send: "502 no\r\n"}, {Expect: "HELO client.test", Send: "550 no\r\n"}},
-			stage: classifier.StageEHLO, check: isCode(550)},
+			stage: smtpvocab.StageEHLO, check: isCode(550)},
 		{name: "final dot never answered", script: append(slices.Clone(tx), step{Data: true, Hang: true}), send: true,
-			stage: classifier.StageEndOfData, check: isTimeout},
+			stage: smtpvocab.StageEndOfData, check: isTimeout},
 		{name: "421 at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Send: "421 4.4.2 closing\r\n"}}, send: true,
-			stage: classifier.StageRCPT, check: isCode(421)},
+			stage: smtpvocab.StageRCPT, check: isCode(421)},
 		{name: "421 after dot", script: append(slices.Clone(tx), step{Data: true, Send: "421 4.3.0 shutting down\r\n"}), send: true,
-			stage: classifier.StageEndOfData, check: isCode(421)},
+			stage: smtpvocab.StageEndOfData, check: isCode(421)},
 		{name: "250 to DATA", script: []step{greet, ehloPlain, mailOK, rcptOK, {Expect: "DATA", Send: "250 what\r\n"}}, send: true,
-			stage: classifier.StageDATA, check: isProtocol},
+			stage: smtpvocab.StageDATA, check: isProtocol},
 		{name: "garbage at MAIL", script: []step{greet, ehloPlain, {Expect: "MAIL", Send: "ok\r\n"}}, send: true,
-			stage: classifier.StageMAIL, check: isProtocol},
+			stage: smtpvocab.StageMAIL, check: isProtocol},
 		{name: "silence at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Hang: true}}, send: true,
-			stage: classifier.StageRCPT, check: isTimeout},
+			stage: smtpvocab.StageRCPT, check: isTimeout},
 		{name: "close at RCPT", script: []step{greet, ehloPlain, mailOK, {Expect: "RCPT", Close: true}}, send: true,
-			stage: classifier.StageRCPT, check: func(t *testing.T, err error) {
+			stage: smtpvocab.StageRCPT, check: func(t *testing.T, err error) {
 				if !errors.Is(err, io.EOF) {
 					t.Errorf("err = %v, want EOF", err)
 				}
@@ -489,7 +489,7 @@ func TestHostilePeers(t *testing.T) {
 				if _, err2 := c.Send(context.Background(), Envelope{From: "a@x.test", Rcpts: []Rcpt{{Addr: "b@y.test"}}}, nil); !errors.Is(err2, net.ErrClosed) {
 					t.Errorf("connection still usable after %v: %v", err, err2)
 				}
-				if tt.stage == classifier.StageEndOfData && (res.Mail.Code != 250 || len(res.Rcpts) != 1) {
+				if tt.stage == smtpvocab.StageEndOfData && (res.Mail.Code != 250 || len(res.Rcpts) != 1) {
 					t.Errorf("partial result lost: %+v", res)
 				}
 			}
@@ -516,7 +516,7 @@ func isProtocol(t *testing.T, err error) {
 func isCode(code int) func(*testing.T, error) {
 	return func(t *testing.T, err error) {
 		t.Helper()
-		var r *classifier.Reply
+		var r *smtpvocab.Reply
 		if !errors.As(err, &r) || r.Code != code {
 			t.Errorf("err = %v, want reply %d", err, code)
 		}
@@ -598,7 +598,7 @@ func TestContextAndDialErrors(t *testing.T) {
 	o := opts(TLSMay)
 	o.GreetingTimeout = 10 * time.Second
 	_, err := Dial(ctx, nil, p.Addr(), "mx.test", o)
-	if e := stageErr(t, err, classifier.StageGreeting); !errors.Is(e, context.Canceled) {
+	if e := stageErr(t, err, smtpvocab.StageGreeting); !errors.Is(e, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", err)
 	}
 
@@ -606,7 +606,7 @@ func TestContextAndDialErrors(t *testing.T) {
 	closed := ln.Addr().(*net.TCPAddr).AddrPort()
 	ln.Close()
 	_, err = Dial(context.Background(), nil, closed, "", opts(TLSMay))
-	stageErr(t, err, classifier.StageConnect)
+	stageErr(t, err, smtpvocab.StageConnect)
 
 	for _, o := range []Options{{Hostname: ""}, {Hostname: "a b"}, {Hostname: "x\r\n"}, {Hostname: "ok.test", TLS: "maybe"}} {
 		if _, err := Dial(context.Background(), nil, closed, "", o); err == nil || errors.As(err, new(*Error)) {

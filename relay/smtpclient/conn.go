@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // within runs fn with the connection's deadline set to timeout from now (or
@@ -44,12 +44,12 @@ func (c *Client) within(ctx context.Context, timeout time.Duration, fn func() er
 // protocol error closes the connection and comes back as *Error. A 421
 // reply (RFC 5321 §3.8: the server is closing the channel) is returned
 // together with an *Error, and the connection is closed.
-func (c *Client) exchange(ctx context.Context, stage classifier.Stage, timeout time.Duration, line, shown string) (*classifier.Reply, []string, error) {
+func (c *Client) exchange(ctx context.Context, stage smtpvocab.Stage, timeout time.Duration, line, shown string) (*smtpvocab.Reply, []string, error) {
 	if len(line) > maxCommandLine || strings.ContainsAny(line, "\r\n") {
 		// Our own bug or unchecked input: never put it on the wire.
 		return nil, nil, fmt.Errorf("smtpclient: refusing to send malformed command line (%d octets)", len(line))
 	}
-	var r *classifier.Reply
+	var r *smtpvocab.Reply
 	var lines []string
 	sent := time.Now()
 	err := c.within(ctx, timeout, func() error {
@@ -60,7 +60,7 @@ func (c *Client) exchange(ctx context.Context, stage classifier.Stage, timeout t
 			}
 		}
 		var err error
-		r, lines, err = readReply(c.br)
+		r, lines, err = smtpvocab.Read(c.br)
 		return err
 	})
 	now := time.Now()
@@ -77,7 +77,7 @@ func (c *Client) exchange(ctx context.Context, stage classifier.Stage, timeout t
 }
 
 // cmd is exchange with the command timeout and an unredacted trace.
-func (c *Client) cmd(ctx context.Context, stage classifier.Stage, line string) (*classifier.Reply, []string, error) {
+func (c *Client) cmd(ctx context.Context, stage smtpvocab.Stage, line string) (*smtpvocab.Reply, []string, error) {
 	return c.exchange(ctx, stage, c.opt.CommandTimeout, line, line)
 }
 
@@ -95,10 +95,10 @@ func (c *Client) startTLS(ctx context.Context) error {
 	case !offered:
 		// Possibly stripped by a man in the middle; the policy forbids
 		// plaintext, so this is a deferral, never a fallback.
-		c.quietQuit(classifier.StageSTARTTLS)
-		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{Err: fmt.Errorf("%w, but TLS policy is %s", ErrNoSTARTTLS, c.opt.TLS)}}
+		c.quietQuit(smtpvocab.StageSTARTTLS)
+		return &Error{Stage: smtpvocab.StageSTARTTLS, Err: &smtpvocab.TLSError{Err: fmt.Errorf("%w, but TLS policy is %s", ErrNoSTARTTLS, c.opt.TLS)}}
 	}
-	r, _, err := c.cmd(ctx, classifier.StageSTARTTLS, "STARTTLS")
+	r, _, err := c.cmd(ctx, smtpvocab.StageSTARTTLS, "STARTTLS")
 	if err != nil {
 		return err
 	}
@@ -108,20 +108,20 @@ func (c *Client) startTLS(ctx context.Context) error {
 			// carries on in plaintext.
 			return nil
 		}
-		c.quietQuit(classifier.StageSTARTTLS)
-		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{Err: r}}
+		c.quietQuit(smtpvocab.StageSTARTTLS)
+		return &Error{Stage: smtpvocab.StageSTARTTLS, Err: &smtpvocab.TLSError{Err: r}}
 	}
 	if n := c.br.Buffered(); n > 0 {
 		// Bytes after the 220 were sent before the handshake, in plaintext:
 		// a man in the middle injecting replies we would read as if they
 		// came through TLS (CVE-2021-38371, CVE-2011-0411 on the client).
 		c.Close()
-		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{
+		return &Error{Stage: smtpvocab.StageSTARTTLS, Err: &smtpvocab.TLSError{
 			Err: fmt.Errorf("%d bytes received after STARTTLS 220 before the handshake (response injection)", n)}}
 	}
 	if err := c.handshakeTLS(ctx); err != nil {
 		c.Close()
-		return &Error{Stage: classifier.StageSTARTTLS, Err: &classifier.TLSError{Err: err}}
+		return &Error{Stage: smtpvocab.StageSTARTTLS, Err: &smtpvocab.TLSError{Err: err}}
 	}
 	// RFC 3207 §4.2: forget what we learnt before TLS and EHLO again.
 	return c.hello(ctx)
@@ -159,9 +159,9 @@ func (c *Client) auth(ctx context.Context) error {
 		return nil
 	}
 	fail := func(err error) error {
-		c.quietQuit(classifier.StageAuth)
+		c.quietQuit(smtpvocab.StageAuth)
 		c.Close()
-		return &Error{Stage: classifier.StageAuth, Err: err}
+		return &Error{Stage: smtpvocab.StageAuth, Err: err}
 	}
 	if !c.tls {
 		return fail(errors.New("refusing to send credentials without TLS"))
@@ -188,7 +188,7 @@ func (c *Client) auth(ctx context.Context) error {
 				shown = line
 			}
 		}
-		r, _, err := c.exchange(ctx, classifier.StageAuth, c.opt.CommandTimeout, line, shown)
+		r, _, err := c.exchange(ctx, smtpvocab.StageAuth, c.opt.CommandTimeout, line, shown)
 		switch {
 		case err != nil:
 			return err

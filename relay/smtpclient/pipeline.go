@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // maxGroup bounds the octets of one pipelined write. RFC 2920 §3.2 bids
@@ -21,7 +21,7 @@ const maxGroup = 4 << 10
 // command is one line of a pipelined group and the stage it belongs to.
 type command struct {
 	line  string
-	stage classifier.Stage
+	stage smtpvocab.Stage
 }
 
 // sendPipelined is Send for a peer that advertises PIPELINING: RSET (if a
@@ -88,18 +88,18 @@ func (c *Client) sendPipelined(ctx context.Context, t tx) (TxResult, error) {
 func group(t tx, reset bool) ([]command, *chunk) {
 	cmds := make([]command, 0, len(t.rcpts)+3)
 	if reset {
-		cmds = append(cmds, command{"RSET", classifier.StageMAIL})
+		cmds = append(cmds, command{"RSET", smtpvocab.StageMAIL})
 	}
-	cmds = append(cmds, command{t.mail, classifier.StageMAIL})
+	cmds = append(cmds, command{t.mail, smtpvocab.StageMAIL})
 	for _, l := range t.rcpts {
-		cmds = append(cmds, command{l, classifier.StageRCPT})
+		cmds = append(cmds, command{l, smtpvocab.StageRCPT})
 	}
 	switch {
 	case t.chunk == nil:
-		return append(cmds, command{"DATA", classifier.StageDATA}), nil
+		return append(cmds, command{"DATA", smtpvocab.StageDATA}), nil
 	case inlineChunk(t, reset):
 		// Its reply is the final one: StageEndOfData (see afterChunk).
-		return append(cmds, command{t.chunk.command(), classifier.StageEndOfData}), t.chunk
+		return append(cmds, command{t.chunk.command(), smtpvocab.StageEndOfData}), t.chunk
 	}
 	return cmds, nil
 }
@@ -121,11 +121,11 @@ func inlineChunk(t tx, reset bool) bool {
 }
 
 // replyQueue hands out a pipelined group's replies in order.
-type replyQueue struct{ rs []*classifier.Reply }
+type replyQueue struct{ rs []*smtpvocab.Reply }
 
 // next returns the next reply; false if reading it failed (the error from
 // pipeline says why).
-func (q *replyQueue) next() (*classifier.Reply, bool) {
+func (q *replyQueue) next() (*smtpvocab.Reply, bool) {
 	if len(q.rs) == 0 {
 		return nil, false
 	}
@@ -162,12 +162,12 @@ func (q *replyQueue) envelope(res *TxResult, env Envelope) (int, bool) {
 // err if reading its reply failed, else the refusal. After a refused RSET
 // nothing in the group can be trusted, so the connection is closed (a 354
 // to the DATA behind it only waits for a body that never comes).
-func (c *Client) resetRefused(r *classifier.Reply, err error) error {
+func (c *Client) resetRefused(r *smtpvocab.Reply, err error) error {
 	if err != nil {
 		return err
 	}
 	c.Close()
-	return &Error{Stage: classifier.StageMAIL, Err: r}
+	return &Error{Stage: smtpvocab.StageMAIL, Err: r}
 }
 
 // pipeline writes cmds in groups of at most maxGroup octets and reads one
@@ -184,14 +184,14 @@ func (c *Client) resetRefused(r *classifier.Reply, err error) error {
 // StageEndOfData whatever command it answered: the peer has the whole
 // message and may deliver it (RFC 1047), as when the reply to a final dot
 // is lost.
-func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (replies []*classifier.Reply, sent bool, err error) {
+func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (replies []*smtpvocab.Reply, sent bool, err error) {
 	for _, cmd := range cmds {
 		if len(cmd.line) > maxCommandLine || strings.ContainsAny(cmd.line, "\r\n") {
 			// Our own bug or unchecked input: never put it on the wire.
 			return nil, false, fmt.Errorf("smtpclient: refusing to send malformed command line (%d octets)", len(cmd.line))
 		}
 	}
-	replies = make([]*classifier.Reply, 0, len(cmds))
+	replies = make([]*smtpvocab.Reply, 0, len(cmds))
 	for len(cmds) > 0 {
 		n, size := 0, 0
 		for n < len(cmds) && (n == 0 || size+len(cmds[n].line)+2 <= maxGroup) {
@@ -208,7 +208,7 @@ func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (r
 		sent = ch != nil
 		for _, cmd := range cmds[:n] {
 			timeout := c.opt.CommandTimeout
-			if cmd.stage == classifier.StageEndOfData {
+			if cmd.stage == smtpvocab.StageEndOfData {
 				timeout = c.opt.DataTimeout
 			}
 			r, _, err := c.exchange(ctx, cmd.stage, timeout, "", "")
@@ -217,7 +217,7 @@ func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (r
 			}
 			var se *Error
 			if err != nil && r == nil && sent && errors.As(err, &se) {
-				se.Stage = classifier.StageEndOfData
+				se.Stage = smtpvocab.StageEndOfData
 			}
 			if err != nil {
 				return replies, sent, err
@@ -248,10 +248,10 @@ func (c *Client) writeGroup(ctx context.Context, cmds []command, ch *chunk) erro
 // recipient (or no sender): RFC 2920 §3.1 has the client send just the
 // final dot. The reply is read to keep the dialogue in step, and ignored.
 func (c *Client) emptyData(ctx context.Context) error {
-	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: "<0 octets of message data>"})
-	if err := c.write(ctx, classifier.StageDATA, c.opt.DataTimeout, []byte(".\r\n")); err != nil {
+	c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageDATA, Sent: "<0 octets of message data>"})
+	if err := c.write(ctx, smtpvocab.StageDATA, c.opt.DataTimeout, []byte(".\r\n")); err != nil {
 		return err
 	}
-	_, _, err := c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
+	_, _, err := c.exchange(ctx, smtpvocab.StageEndOfData, c.opt.DataTimeout, "", "")
 	return err
 }

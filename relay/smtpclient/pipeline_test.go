@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // envelope2 is a transaction for two recipients.
@@ -157,7 +157,7 @@ func TestPipeliningReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	res, err := c.Send(context.Background(), envelope2, []byte("hi\r\n"))
-	isCode(500)(t, stageErr(t, err, classifier.StageMAIL))
+	isCode(500)(t, stageErr(t, err, smtpvocab.StageMAIL))
 	if res.Mail.Code != 0 || res.Data != nil {
 		t.Errorf("refused RSET: %+v", res)
 	}
@@ -178,30 +178,30 @@ func TestPipeliningFailures(t *testing.T) {
 	tests := []struct {
 		name  string
 		steps []step // after the greeting and EHLO
-		stage classifier.Stage
+		stage smtpvocab.Stage
 		check func(*testing.T, error)
 		res   func(TxResult) bool
 	}{
-		{"421 at MAIL", []step{{Pipe: group2, Send: "421 4.3.2 shutting down\r\n", Close: true}}, classifier.StageMAIL, isCode(421),
+		{"421 at MAIL", []step{{Pipe: group2, Send: "421 4.3.2 shutting down\r\n", Close: true}}, smtpvocab.StageMAIL, isCode(421),
 			func(r TxResult) bool { return r.Mail.Code == 421 && len(r.Rcpts) == 0 }},
-		{"421 at RCPT", []step{{Pipe: group2, Send: "250 ok\r\n421 4.4.2 bye\r\n", Close: true}}, classifier.StageRCPT, isCode(421),
+		{"421 at RCPT", []step{{Pipe: group2, Send: "250 ok\r\n421 4.4.2 bye\r\n", Close: true}}, smtpvocab.StageRCPT, isCode(421),
 			func(r TxResult) bool { return r.Mail.Code == 250 && slices.Equal(codes(r.Rcpts), []int{421}) }},
-		{"421 at DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", Close: true}}, classifier.StageDATA, isCode(421),
+		{"421 at DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n421 4.3.0 bye\r\n", Close: true}}, smtpvocab.StageDATA, isCode(421),
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data != nil && r.Data.Code == 421 }},
-		{"closed after MAIL", []step{{Pipe: group2, Send: "250 ok\r\n", Close: true}}, classifier.StageRCPT,
+		{"closed after MAIL", []step{{Pipe: group2, Send: "250 ok\r\n", Close: true}}, smtpvocab.StageRCPT,
 			func(t *testing.T, err error) {
 				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) {
 					t.Errorf("err = %v, want EOF", err)
 				}
 			},
 			func(r TxResult) bool { return r.Mail.Code == 250 && len(r.Rcpts) == 0 }},
-		{"silence at the second RCPT", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n", Hang: true}}, classifier.StageRCPT, isTimeout,
+		{"silence at the second RCPT", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n", Hang: true}}, smtpvocab.StageRCPT, isTimeout,
 			func(r TxResult) bool { return slices.Equal(codes(r.Rcpts), []int{250}) }},
-		{"garbage at DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\nwhat\r\n"}}, classifier.StageDATA, isProtocol,
+		{"garbage at DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\nwhat\r\n"}}, smtpvocab.StageDATA, isProtocol,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
-		{"250 to DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n250 what\r\n"}}, classifier.StageDATA, isProtocol,
+		{"250 to DATA", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n250 what\r\n"}}, smtpvocab.StageDATA, isProtocol,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
-		{"endless reply at MAIL", []step{{Pipe: group2, Flood: "250-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n"}}, classifier.StageMAIL, isProtocol,
+		{"endless reply at MAIL", []step{{Pipe: group2, Flood: "250-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\r\n"}}, smtpvocab.StageMAIL, isProtocol,
 			func(r TxResult) bool { return r.Mail.Code == 0 }},
 		// MAIL's reply comes whole: only the dripped RCPT reply is to
 		// outlast the command timeout (46 octets, 50 ms apart: over 2 s
@@ -209,15 +209,15 @@ func TestPipeliningFailures(t *testing.T) {
 		// only if the deadline holds for the whole reply, not per read.
 		{"dripping reply at RCPT", []step{{Pipe: group2, Send: "250 ok\r\n"},
 			{Drip: 50 * time.Millisecond, Send: "250 this reply takes far too long to arrive\r\n"}},
-			classifier.StageRCPT, isTimeout, func(r TxResult) bool { return r.Mail.Code == 250 && len(r.Rcpts) == 0 }},
-		{"silence after the dot", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}}, classifier.StageEndOfData, isTimeout,
+			smtpvocab.StageRCPT, isTimeout, func(r TxResult) bool { return r.Mail.Code == 250 && len(r.Rcpts) == 0 }},
+		{"silence after the dot", []step{{Pipe: group2, Send: "250 ok\r\n250 ok\r\n250 ok\r\n354 go\r\n"}}, smtpvocab.StageEndOfData, isTimeout,
 			func(r TxResult) bool { return len(r.Rcpts) == 2 && r.Data == nil }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			script := append([]step{greet, ehloPipe}, tt.steps...)
-			if tt.stage == classifier.StageEndOfData {
+			if tt.stage == smtpvocab.StageEndOfData {
 				script = append(script, step{Data: true, Hang: true})
 			}
 			p := startPeer(t, script)

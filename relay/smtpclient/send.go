@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 )
 
 // Rcpt is one recipient with its DSN parameters (RFC 3461 §4).
@@ -38,18 +38,18 @@ type Envelope struct {
 // RcptResult is the reply to one RCPT.
 type RcptResult struct {
 	Rcpt  Rcpt
-	Reply classifier.Reply
+	Reply smtpvocab.Reply
 }
 
 // TxResult is what the peer said during one transaction.
 type TxResult struct {
-	Mail  classifier.Reply // reply to MAIL
-	Rcpts []RcptResult     // replies to the RCPTs sent, in order
+	Mail  smtpvocab.Reply // reply to MAIL
+	Rcpts []RcptResult    // replies to the RCPTs sent, in order
 	// Data is the reply that ended the DATA phase: the reply to the final
 	// dot, the refusal of the DATA command itself, or the reply to BDAT
 	// LAST. nil if no recipient was accepted (DATA or BDAT was not sent,
 	// or, pipelined, its reply does not count) or no reply was read.
-	Data *classifier.Reply
+	Data *smtpvocab.Reply
 	DSN  bool // the peer advertised DSN, so NOTIFY/ORCPT/RET/ENVID were passed on
 	// Inline: the body went out whole in the same write as MAIL and the
 	// RCPT (BDAT under PIPELINING, see inlineChunk), before any reply was
@@ -106,7 +106,7 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 	if utf8, _ := c.Extension("SMTPUTF8"); needsUTF8(env) && !utf8 {
 		// RFC 6531 §3.2: without SMTPUTF8 at the peer the message cannot be
 		// sent; we answer for the peer, as mox does, and send nothing.
-		res.Mail = classifier.Reply{Code: 553, Enhanced: "5.6.7",
+		res.Mail = smtpvocab.Reply{Code: 553, Enhanced: "5.6.7",
 			Text: "local: peer does not support SMTPUTF8, required by this message (RFC 6531)"}
 		return res, nil
 	}
@@ -114,7 +114,7 @@ func (c *Client) Send(ctx context.Context, env Envelope, body []byte) (TxResult,
 		// RFC 8689 §4.2.1: the message must not go to a server that does
 		// not promise to keep requiring TLS; 5.7.30 "REQUIRETLS support
 		// required" (RFC 8689 §6).
-		res.Mail = classifier.Reply{Code: 550, Enhanced: "5.7.30",
+		res.Mail = smtpvocab.Reply{Code: 550, Enhanced: "5.7.30",
 			Text: "local: peer does not support REQUIRETLS, required by this message (RFC 8689)"}
 		res.NoRequireTLS = true
 		return res, nil
@@ -149,7 +149,7 @@ func (c *Client) sendStepwise(ctx context.Context, t tx) (TxResult, error) {
 		}
 	}
 	c.inTx = true
-	r, _, err := c.cmd(ctx, classifier.StageMAIL, t.mail)
+	r, _, err := c.cmd(ctx, smtpvocab.StageMAIL, t.mail)
 	if r != nil {
 		res.Mail = *r
 	}
@@ -158,7 +158,7 @@ func (c *Client) sendStepwise(ctx context.Context, t tx) (TxResult, error) {
 	}
 	accepted := 0
 	for i, line := range t.rcpts {
-		r, _, err := c.cmd(ctx, classifier.StageRCPT, line)
+		r, _, err := c.cmd(ctx, smtpvocab.StageRCPT, line)
 		if r != nil {
 			res.Rcpts = append(res.Rcpts, RcptResult{Rcpt: t.env.Rcpts[i], Reply: *r})
 		}
@@ -174,7 +174,7 @@ func (c *Client) sendStepwise(ctx context.Context, t tx) (TxResult, error) {
 	case t.chunk != nil:
 		res.Data, err = c.bdat(ctx, t.chunk)
 	default:
-		r, _, err = c.cmd(ctx, classifier.StageDATA, "DATA")
+		r, _, err = c.cmd(ctx, smtpvocab.StageDATA, "DATA")
 		res.Data, err = c.afterData(ctx, r, err, t.body)
 	}
 	return res, err
@@ -183,7 +183,7 @@ func (c *Client) sendStepwise(ctx context.Context, t tx) (TxResult, error) {
 // afterData goes on from r, the reply to DATA (err: reading it failed):
 // after a 354 it sends the body and returns the reply to the final dot;
 // otherwise it returns the refusal.
-func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, body []byte) (*classifier.Reply, error) {
+func (c *Client) afterData(ctx context.Context, r *smtpvocab.Reply, err error, body []byte) (*smtpvocab.Reply, error) {
 	if err != nil {
 		return r, err
 	}
@@ -194,9 +194,9 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 	default:
 		// A 2xx to DATA without a body: we can no longer tell where we are.
 		c.Close()
-		return nil, &Error{Stage: classifier.StageDATA, Err: textproto.ProtocolError("unexpected reply to DATA: " + r.Error())}
+		return nil, &Error{Stage: smtpvocab.StageDATA, Err: textproto.ProtocolError("unexpected reply to DATA: " + r.Error())}
 	}
-	c.trace(Event{Time: time.Now(), Stage: classifier.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(body))})
+	c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", len(body))})
 	// The payload is encoded a piece at a time into one reused buffer: a
 	// large message is never copied whole a second time on its way out.
 	enc := newBodyEncoder(body)
@@ -211,11 +211,11 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 		}
 		// The deadline is renewed per piece: a large message on a slow link
 		// is fine as long as it makes progress (Postfix smtp_data_xfer_timeout).
-		if err := c.write(ctx, classifier.StageDATA, c.opt.DataTimeout, buf); err != nil {
+		if err := c.write(ctx, smtpvocab.StageDATA, c.opt.DataTimeout, buf); err != nil {
 			return nil, err
 		}
 	}
-	r, _, err = c.exchange(ctx, classifier.StageEndOfData, c.opt.DataTimeout, "", "")
+	r, _, err = c.exchange(ctx, smtpvocab.StageEndOfData, c.opt.DataTimeout, "", "")
 	if err == nil && r.Code/100 == 2 {
 		c.inTx = false // RFC 5321 §4.1.1.4: the transaction is over
 	}
@@ -224,12 +224,12 @@ func (c *Client) afterData(ctx context.Context, r *classifier.Reply, err error, 
 
 // write writes p under a deadline of timeout; a failure closes the
 // connection and comes back as *Error at stage.
-func (c *Client) write(ctx context.Context, stage classifier.Stage, timeout time.Duration, p []byte) error {
+func (c *Client) write(ctx context.Context, stage smtpvocab.Stage, timeout time.Duration, p []byte) error {
 	return c.writeOr(ctx, stage, timeout, p, func() { c.Close() })
 }
 
 // writeOr is write with the way the connection ends on a failure.
-func (c *Client) writeOr(ctx context.Context, stage classifier.Stage, timeout time.Duration, p []byte, end func()) error {
+func (c *Client) writeOr(ctx context.Context, stage smtpvocab.Stage, timeout time.Duration, p []byte, end func()) error {
 	err := c.within(ctx, timeout, func() error {
 		_, err := c.conn.Write(p)
 		return err
@@ -244,24 +244,24 @@ func (c *Client) writeOr(ctx context.Context, stage classifier.Stage, timeout ti
 // Mail sends MAIL FROM:<from> with raw ESMTP params, for `greyrelay probe`.
 // The error is non-nil for connection-level trouble (see Send); a 421
 // comes with both the reply and an *Error.
-func (c *Client) Mail(from string, params ...string) (*classifier.Reply, error) {
+func (c *Client) Mail(from string, params ...string) (*smtpvocab.Reply, error) {
 	line, err := pathLine("MAIL FROM:", from, params)
 	if err != nil {
 		return nil, err
 	}
 	c.inTx = true
-	r, _, err := c.cmd(context.Background(), classifier.StageMAIL, line)
+	r, _, err := c.cmd(context.Background(), smtpvocab.StageMAIL, line)
 	return r, err
 }
 
 // Rcpt sends RCPT TO:<to> with raw ESMTP params, for `greyrelay probe`.
 // Errors are as for Mail.
-func (c *Client) Rcpt(to string, params ...string) (*classifier.Reply, error) {
+func (c *Client) Rcpt(to string, params ...string) (*smtpvocab.Reply, error) {
 	line, err := pathLine("RCPT TO:", to, params)
 	if err != nil {
 		return nil, err
 	}
-	r, _, err := c.cmd(context.Background(), classifier.StageRCPT, line)
+	r, _, err := c.cmd(context.Background(), smtpvocab.StageRCPT, line)
 	return r, err
 }
 

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/greyrelay/greyrelay/configs"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
@@ -160,9 +161,12 @@ func dialFrom(t testing.TB, addr, src string) *client {
 	return &client{t: t, conn: c, r: bufio.NewReader(c)}
 }
 
-// reply reads one (possibly multi-line) reply and returns its lines.
+// reply reads one (possibly multi-line) reply and returns its lines as
+// sent. smtpvocab.Parser checks each line, so a malformed reply fails the
+// test.
 func (c *client) reply() []string {
 	c.t.Helper()
+	var p smtpvocab.Parser
 	var lines []string
 	for {
 		l, err := c.r.ReadString('\n')
@@ -171,7 +175,11 @@ func (c *client) reply() []string {
 		}
 		l = strings.TrimRight(l, "\r\n")
 		lines = append(lines, l)
-		if len(l) < 4 || l[3] != '-' {
+		r, err := p.Add(l)
+		if err != nil {
+			c.t.Fatalf("malformed reply %q: %v", lines, err)
+		}
+		if r != nil {
 			return lines
 		}
 	}

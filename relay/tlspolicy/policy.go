@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/address"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 )
@@ -77,7 +77,7 @@ type Rule struct {
 	// Config replaces the base TLS configuration when not nil.
 	Config *tls.Config
 	// Refuse, when set, forbids connecting to the host in this attempt; it
-	// is a *classifier.TLSError.
+	// is a *smtpvocab.TLSError.
 	Refuse error
 	// Authenticated: the server will be authenticated by DANE or MTA-STS
 	// (what REQUIRETLS needs, RFC 8689 §4.2.1).
@@ -110,7 +110,7 @@ func (d Decision) Rule(host string) Rule {
 
 // refuse builds a Rule that forbids a host.
 func refuse(label string, err error) Rule {
-	return Rule{Label: label, Refuse: &classifier.TLSError{Err: err}}
+	return Rule{Label: label, Refuse: &smtpvocab.TLSError{Err: err}}
 }
 
 // Decide finds the policy of domain, whose MX hosts are hosts, before any of

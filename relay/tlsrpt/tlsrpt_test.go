@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/relay/smtpclient"
 	"github.com/greyrelay/greyrelay/relay/tlspolicy"
 )
@@ -135,11 +136,11 @@ func TestResultType(t *testing.T) {
 		err  error
 		want string
 	}{
-		{&classifier.TLSError{Err: fmt.Errorf("x: %w", tlspolicy.ErrDANEMismatch)}, ResultTLSAInvalid},
+		{&smtpvocab.TLSError{Err: fmt.Errorf("x: %w", tlspolicy.ErrDANEMismatch)}, ResultTLSAInvalid},
 		{&tls.CertificateVerificationError{Err: x509.HostnameError{Host: "a"}}, ResultHostMismatch},
 		{&tls.CertificateVerificationError{Err: x509.CertificateInvalidError{Reason: x509.Expired}}, ResultExpired},
 		{&tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}, ResultNotTrusted},
-		{&classifier.TLSError{Err: fmt.Errorf("%w, but", smtpclient.ErrNoSTARTTLS)}, ResultSTARTTLSNotSupported},
+		{&smtpvocab.TLSError{Err: fmt.Errorf("%w, but", smtpclient.ErrNoSTARTTLS)}, ResultSTARTTLSNotSupported},
 		{errors.New("handshake failure"), ResultValidationFailure},
 	}
 	for _, tc := range tests {

@@ -1,4 +1,4 @@
-package classifier
+package smtpvocab
 
 import (
 	"fmt"
@@ -8,10 +8,6 @@ import (
 
 	"github.com/greyrelay/greyrelay/internal/safetext"
 )
-
-// maxText bounds Verdict.Text: enough for any real reply, small enough for
-// a log line, a queue record and a DSN's Diagnostic-Code.
-const maxText = 512
 
 // Reply is an SMTP reply as received from a peer. It implements error so
 // that an SMTP client can return it as is.
@@ -33,7 +29,7 @@ func (r *Reply) Error() string {
 	return s
 }
 
-// ReplyParser parses one SMTP reply a line at a time (RFC 5321 §4.2.1),
+// Parser parses one SMTP reply a line at a time (RFC 5321 §4.2.1),
 // without reading anything itself: the caller reads lines (with CRLF or LF
 // removed) under its own limits and hands them to Add. The zero value is
 // ready for one reply.
@@ -41,17 +37,16 @@ func (r *Reply) Error() string {
 // It is strict: every line is "ddd text", "ddd-text" or "ddd"; every line of
 // a reply carries the same code; codes outside 200-599 cannot be a reply to
 // anything a client sends (1xx is unused by SMTP, 6xx-9xx do not exist).
-// Malformed input is a textproto.ProtocolError, which Classify treats as
-// temporary. The text is returned as the peer sent it: sanitising is the
-// job of whoever prints or stores it.
-type ReplyParser struct {
+// Malformed input is a textproto.ProtocolError. The text is returned as the
+// peer sent it.
+type Parser struct {
 	code  int
 	lines []string
 }
 
 // Add parses the next line. It returns the reply when line was the last one
 // (a space after the code, or nothing), and nil while more lines follow.
-func (p *ReplyParser) Add(line string) (*Reply, error) {
+func (p *Parser) Add(line string) (*Reply, error) {
 	code, final, text, err := splitLine(line)
 	if err != nil {
 		return nil, err
@@ -72,7 +67,7 @@ func (p *ReplyParser) Add(line string) (*Reply, error) {
 
 // Lines returns the text of each line added so far (after "ddd-" or
 // "ddd "), which EHLO parsing needs.
-func (p *ReplyParser) Lines() []string { return p.lines }
+func (p *Parser) Lines() []string { return p.lines }
 
 // splitLine parses "ddd text", "ddd-text" or "ddd".
 func splitLine(line string) (code int, final bool, text string, err error) {
@@ -145,38 +140,4 @@ func quote(s string) string {
 		s = s[:80] + "..."
 	}
 	return strconv.Quote(s)
-}
-
-// parseEnhanced parses an RFC 3463 code: class 2, 4 or 5, then subject and
-// detail of one to three digits each.
-func parseEnhanced(s string) ([3]int, bool) {
-	var e [3]int
-	parts := strings.Split(s, ".")
-	if len(parts) != 3 || (parts[0] != "2" && parts[0] != "4" && parts[0] != "5") {
-		return e, false
-	}
-	for i, p := range parts {
-		if len(p) < 1 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
-			return e, false
-		}
-		e[i], _ = strconv.Atoi(p)
-	}
-	return e, true
-}
-
-func fmtEnhanced(e [3]int) string { return fmt.Sprintf("%d.%d.%d", e[0], e[1], e[2]) }
-
-// normEnhanced returns s in canonical form ("4.07.1" is "4.7.1"), or "" if
-// it is not a valid enhanced status code.
-func normEnhanced(s string) string {
-	if e, ok := parseEnhanced(s); ok {
-		return fmtEnhanced(e)
-	}
-	return ""
-}
-
-// sanitize makes outside text one safe line (safetext.Line) of at most
-// maxText bytes.
-func sanitize(s string) string {
-	return strings.TrimSpace(safetext.Cut(safetext.Line(s), maxText))
 }

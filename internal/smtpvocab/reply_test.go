@@ -1,16 +1,15 @@
-package classifier
+package smtpvocab
 
 import (
 	"net/textproto"
 	"strings"
 	"testing"
-	"unicode/utf8"
 )
 
 // ParseReply parses a whole reply written as text, lines separated by LF
-// or CRLF, with ReplyParser, as relay/smtpclient does when it reads one.
+// or CRLF, with Parser, as Read does when it reads one.
 func ParseReply(s string) (Reply, error) {
-	var p ReplyParser
+	var p Parser
 	lines := strings.Split(strings.TrimSuffix(s, "\n"), "\n")
 	for i, l := range lines {
 		r, err := p.Add(strings.TrimSuffix(l, "\r"))
@@ -82,25 +81,5 @@ func TestReply_Error(t *testing.T) {
 		if got := r.Error(); got != want {
 			t.Errorf("%+v.Error() = %q, want %q", r, got, want)
 		}
-	}
-}
-
-func TestSanitize(t *testing.T) {
-	long := strings.Repeat("é", 400) // 800 bytes
-	cases := map[string]string{
-		"a\r\nb":          "a b",
-		"a\x00b\tc":       "a b c",
-		"  lots   of \n ": "lots of",
-		"\xffbad":         "\uFFFDbad",
-		"x\u0085y":        "x y",
-	}
-	for in, want := range cases {
-		if got := sanitize(in); got != want {
-			t.Errorf("sanitize(%q) = %q, want %q", in, got, want)
-		}
-	}
-	got := sanitize(long)
-	if len(got) > maxText || !utf8.ValidString(got) || len(got) < maxText-utf8.UTFMax {
-		t.Errorf("sanitize(long) = %d bytes, valid %v", len(got), utf8.ValidString(got))
 	}
 }

@@ -1,4 +1,4 @@
-package smtpclient
+package smtpvocab
 
 import (
 	"bufio"
@@ -6,8 +6,6 @@ import (
 	"io"
 	"net/textproto"
 	"strings"
-
-	"github.com/greyrelay/greyrelay/classifier"
 )
 
 // Limits on what we read from a peer, which may be hostile. RFC 5321 §4.5.3.1.5
@@ -15,18 +13,18 @@ import (
 // error texts, so we are generous, but never unbounded: textproto.Reader's
 // ReadLine would buffer an endless line, which is why replies are read here.
 const (
-	maxReplyLine  = 4096     // octets per line, without CRLF
-	maxReplyLines = 100      // lines per reply
-	maxReplyBytes = 64 << 10 // octets per reply
+	maxLine  = 4096     // octets per line, without CRLF
+	maxLines = 100      // lines per reply
+	maxBytes = 64 << 10 // octets per reply
 )
 
-// readReply reads one possibly multi-line reply (RFC 5321 §4.2.1) under the
-// limits above and parses it with classifier.ReplyParser; it also returns
+// Read reads one possibly multi-line reply (RFC 5321 §4.2.1) under the
+// limits above and parses it with Parser; it also returns
 // the text of each line (after "ddd-"), which EHLO parsing needs. Malformed
 // replies are textproto.ProtocolError; the classifier treats them as
 // temporary.
-func readReply(br *bufio.Reader) (*classifier.Reply, []string, error) {
-	var p classifier.ReplyParser
+func Read(br *bufio.Reader) (*Reply, []string, error) {
+	var p Parser
 	total := 0
 	for {
 		line, err := readLine(br)
@@ -34,7 +32,7 @@ func readReply(br *bufio.Reader) (*classifier.Reply, []string, error) {
 			return nil, nil, err
 		}
 		total += len(line) + 2
-		if total > maxReplyBytes || len(p.Lines()) >= maxReplyLines {
+		if total > maxBytes || len(p.Lines()) >= maxLines {
 			return nil, nil, textproto.ProtocolError("reply longer than allowed")
 		}
 		r, err := p.Add(line)
@@ -48,12 +46,12 @@ func readReply(br *bufio.Reader) (*classifier.Reply, []string, error) {
 }
 
 // readLine reads one line ending in LF (CRLF expected, bare LF tolerated)
-// of at most maxReplyLine octets.
+// of at most maxLine octets.
 func readLine(br *bufio.Reader) (string, error) {
 	var buf []byte
 	for {
 		frag, err := br.ReadSlice('\n')
-		if len(buf)+len(frag) > maxReplyLine+2 {
+		if len(buf)+len(frag) > maxLine+2 {
 			return "", textproto.ProtocolError("reply line too long")
 		}
 		buf = append(buf, frag...)
