@@ -116,8 +116,10 @@ type pendingOutcome struct {
 // settle turns the outcomes of one attempt into results, DSNs and what was
 // learned about the destination, logs one line per recipient, and hands
 // them to the queue as one update (queue.ApplyAsync) and to the recorder,
-// which collects the commit (record.go): the one route of every outcome,
-// fresh (fresh.go) or Begun. The lines are logged before the update is
+// which collects the commit (record.go): the one route of every attempt's
+// outcome, fresh (fresh.go) or Begun, and of an expiry without one
+// (settleNow takes the same steps for the operator's bounce and a
+// postponement). The lines are logged before the update is
 // handed over, so whoever sees the queue change finds the attempt in the
 // log and the metrics already. It decides under d.mu, so that concurrent
 // workers of one destination never learn from stale destination state.
