@@ -57,7 +57,8 @@ func (e *Engine) Bounce(sel queue.Selector, now time.Time) (int, error) {
 	return n, errors.Join(errs...)
 }
 
-// bounceMessage fails rs, all recipients of message id, with one DSN.
+// bounceMessage fails rs, all recipients of message id, with one DSN: an
+// outcome of kind bounced each, settled like any other (settleNow).
 func (e *Engine) bounceMessage(id queue.ID, rs []queue.Recipient, now time.Time) error {
 	msg, err := e.q.Message(id)
 	if err != nil {
@@ -67,44 +68,34 @@ func (e *Engine) bounceMessage(id queue.ID, rs []queue.Recipient, now time.Time)
 	if err != nil {
 		return fmt.Errorf("delivery: bounce %s: %w", id, err)
 	}
-	var u queue.Update
-	var notice []dsn.Recipient
-	for _, r := range rs {
-		u.Results = append(u.Results, queue.Result{Key: r.Key, Status: queue.Failed, Reason: reasonOperator,
-			Reply: r.Reply, Stage: "operator", End: now, FirstGreylisted: r.FirstGreylisted,
-			GreylistTries: r.GreylistTries, DelayWarnings: r.DelayWarnings})
-		if !notifies(r.Notify, notifyFailure) {
-			continue
-		}
-		rc := dsn.Recipient{Final: r.Addr, Original: r.ORCPT, Action: dsn.Failed, Status: BounceStatus,
-			RemoteMTA: r.MXHost, LastAttempt: r.LastAttempt,
-			Explanation: "The relay's operator returned this message before it could be delivered. " +
-				"Ask the operator of " + e.cfg.Hostname + " why, or send it again later."}
-		if r.Reply.Code != 0 {
-			rc.Diagnostic = replyLine(r.Reply.Code, r.Reply.Enhanced, r.Reply.Text)
-		}
-		notice = append(notice, rc)
+	outs := make([]outcome, len(rs))
+	for i, r := range rs {
+		outs[i] = outcome{r: r, kind: bounced}
 	}
-	e.attachBounceEvents(msg, body, rs, &u)
-	if len(notice) > 0 {
-		if m, ok := e.dsnMessage(msg, body, notice, now); ok {
-			u.DSNs = append(u.DSNs, m)
-		}
-	}
-	if _, err := e.q.Apply(u); err != nil {
+	if err := e.settleNow(&attempt{msg: msg, body: body, start: now, none: true}, outs, now); err != nil {
 		return fmt.Errorf("delivery: bounce %s: %w", id, err)
 	}
-	if len(u.DSNs) > 0 {
-		e.m.DSNs.WithLabelValues(string(dsn.Failed)).Inc()
-	}
-	for _, r := range rs {
-		e.m.Deliveries.WithLabelValues(string(queue.Failed), reasonOperator).Inc()
-		e.m.Recent.Add(string(queue.Failed), now)
-		e.log.Info("bounced by the operator", zap.String("queue_id", id.String()), zap.String("rcpt", r.Addr),
-			zap.String("domain", r.Domain), zap.String("outcome", string(queue.Failed)),
-			zap.String("reason", reasonOperator), zap.String("enhanced", BounceStatus))
-	}
 	return nil
+}
+
+// bounced records the operator's bounce of o.r: Failed with reason
+// "operator" at stage "operator", keeping the last reply for the
+// diagnosis, and a failure notice (status BounceStatus) that says who
+// returned the message.
+func (e *Engine) bounced(s *settlement, a *attempt, o outcome, res *queue.Result) {
+	res.Status, res.Reason, res.Reply, res.Stage = queue.Failed, reasonOperator, o.r.Reply, "operator"
+	if notifies(o.r.Notify, notifyFailure) {
+		rc := dsn.Recipient{Final: o.r.Addr, Original: o.r.ORCPT, Action: dsn.Failed, Status: BounceStatus,
+			RemoteMTA: o.r.MXHost, LastAttempt: o.r.LastAttempt,
+			Explanation: "The relay's operator returned this message before it could be delivered. " +
+				"Ask the operator of " + e.cfg.Hostname + " why, or send it again later."}
+		if o.r.Reply.Code != 0 {
+			rc.Diagnostic = replyLine(o.r.Reply.Code, o.r.Reply.Enhanced, o.r.Reply.Text)
+		}
+		s.notices[dsn.Failed] = append(s.notices[dsn.Failed], rc)
+	}
+	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Failed), reason: reasonOperator,
+		code: o.r.Reply.Code, enhanced: o.r.Reply.Enhanced, text: o.r.Reply.Text, status: BounceStatus, kind: bounced})
 }
 
 // push moves due recipients of a paused (throttled or suspended)
@@ -144,39 +135,38 @@ func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, 
 		return err
 	}
 	dl := e.deadline(msg)
-	if !now.Before(dl) {
-		body, err := e.q.Body(id)
-		if err != nil {
-			return err
-		}
-		outs := make([]outcome, len(rs))
-		for i, r := range rs {
-			outs[i] = outcome{r: r, v: storedVerdict(r, why.v)}
-		}
-		e.settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
-		return nil
-	}
 	if until.After(dl) {
 		until = dl // it expires at its deadline, not at the end of a longer pause
 	}
-	var u queue.Update
-	for _, r := range rs {
-		reason, reply := r.Reason, r.Reply
-		if reason == "" && why.label {
-			reason, reply = string(why.v.Reason), queue.Reply{Code: why.v.Code, Enhanced: why.v.Enhanced, Text: why.v.Text}
-		}
-		u.Results = append(u.Results, queue.Result{Key: r.Key, Status: r.Status, Reason: reason, Reply: reply,
-			Stage: why.stage, End: now, NextAttempt: until, FirstGreylisted: r.FirstGreylisted,
-			GreylistTries: r.GreylistTries, DelayWarnings: r.DelayWarnings})
+	outs := make([]outcome, len(rs))
+	for i, r := range rs {
+		outs[i] = outcome{r: r, v: storedVerdict(r, why.v), kind: postponed, why: &why, until: until}
 	}
-	if _, err = e.q.Apply(u); err != nil || why.log == "" {
+	if now.Before(dl) {
+		return e.settleNow(&attempt{msg: msg, start: now, none: true}, outs, now)
+	}
+	// Their lifetime is over: they expire (settleOne), and the destination
+	// learns from it as from any expiry (settle).
+	body, err := e.q.Body(id)
+	if err != nil {
 		return err
 	}
-	for _, r := range rs {
-		e.log.Info(why.log, zap.String("queue_id", r.Key.ID.String()), zap.String("rcpt", r.Addr),
-			zap.String("domain", r.Domain), zap.Int("attempts", r.Attempts), zap.Time("next_attempt", until))
-	}
+	e.settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
 	return nil
+}
+
+// postponed records o.r moved to o.until without an attempt: its status
+// stays, and so do its reason and reply, unless it has none and the
+// postponement labels it (o.why).
+func (e *Engine) postponed(s *settlement, o outcome, res *queue.Result) {
+	res.Status, res.Reason, res.Reply = o.r.Status, o.r.Reason, o.r.Reply
+	if res.Reason == "" && o.why.label {
+		v := o.why.v
+		res.Reason, res.Reply = string(v.Reason), queue.Reply{Code: v.Code, Enhanced: v.Enhanced, Text: v.Text}
+	}
+	res.Stage, res.NextAttempt = o.why.stage, o.until
+	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(o.r.Status), reason: res.Reason,
+		kind: postponed, note: o.why.log})
 }
 
 // storedVerdict rebuilds the verdict of a recipient's last deferral from

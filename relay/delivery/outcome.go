@@ -15,13 +15,34 @@ import (
 	"github.com/greyrelay/greyrelay/relay/dsn"
 )
 
-// outcome is what one attempt did for one recipient.
+// outcome is what one attempt did for one recipient, or what ended its
+// wait without an attempt (kind).
 type outcome struct {
 	r     queue.Recipient    // the recipient as it was due (before Begin)
 	ok    bool               // accepted
 	reply smtpvocab.Reply    // the accepting reply, when ok
 	v     classifier.Verdict // why not, when !ok
+	kind  outcomeKind
+	// why and until: a postponement's reason and new due time.
+	why   *postponement
+	until time.Time
 }
+
+// outcomeKind says where an outcome came from. Every kind is settled by
+// settleOne and reported by report, so results, DSNs, events, log lines
+// and counters are written in one place whatever ended the wait.
+type outcomeKind int
+
+const (
+	// attempted: an attempt's reply, or its failure to get one; a
+	// deferral past the lifetime expires (also without an attempt, a.none).
+	attempted outcomeKind = iota
+	// bounced: the operator's bounce (Bounce), a failure with status
+	// BounceStatus.
+	bounced
+	// postponed: moved to until without an attempt (pushMessage).
+	postponed
+)
 
 // attempt is the context shared by the outcomes of one transaction (or of
 // one attempt that never reached a transaction).
@@ -70,6 +91,8 @@ type logLine struct {
 	expired        bool
 	status         string // a failure's RFC 3463 status, as its DSN reports it
 	suppressed     bool   // the failure put the address on the suppression list
+	kind           outcomeKind
+	note           string // a postponement's log line (none if empty)
 }
 
 // pendingOutcome is a settled attempt on its way into the queue: the
@@ -94,8 +117,10 @@ type pendingOutcome struct {
 // settle turns the outcomes of one attempt into results, DSNs and what was
 // learned about the destination, logs one line per recipient, and hands
 // them to the queue as one update (queue.ApplyAsync) and to the recorder,
-// which collects the commit (record.go): the one route of every outcome,
-// fresh (fresh.go) or Begun. The lines are logged before the update is
+// which collects the commit (record.go): the one route of every attempt's
+// outcome, fresh (fresh.go) or Begun, and of an expiry without one
+// (settleNow takes the same steps for the operator's bounce and a
+// postponement). The lines are logged before the update is
 // handed over, so whoever sees the queue change finds the attempt in the
 // log and the metrics already. It decides under d.mu, so that concurrent
 // workers of one destination never learn from stale destination state.
@@ -140,10 +165,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	pruneDead(&rec, now)
 	po := &pendingOutcome{d: d, a: *a, lines: s.lines, decided: make(chan struct{})}
 	po.a.body = nil // may be a mapped spool file, unmapped when runJob returns
-	s.u.DSNs, po.actions = e.notices(a, s.notices, now)
-	e.attachEvents(a, s)
-	po.u = s.u
-	po.u.Starts = freshStart(a, outs)
+	po.u, po.actions = e.conclude(a, s, outs, now)
 	learned := !sameDest(rec, d.stored)
 	if learned {
 		// Stored with the outcome. It is handed to the queue under d.mu,
@@ -178,15 +200,46 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	}
 }
 
+// settleNow settles outcomes that no attempt had and no destination
+// learns from (the operator's bounce, a postponement) as settle does,
+// through settleOne, conclude and report, but stores them with a
+// synchronous Apply and reports them only once stored: its caller (the
+// operator waiting for an answer, a scan that must not find the
+// recipients due again) learns whether they were, and no log line or
+// counter tells of an outcome the queue refused.
+func (e *Engine) settleNow(a *attempt, outs []outcome, now time.Time) error {
+	if len(outs) == 0 {
+		return nil
+	}
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start}
+	var rec queue.Destination // learns nothing: no destination answered
+	for _, o := range outs {
+		e.settleOne(s, &rec, a, o, now)
+	}
+	u, actions := e.conclude(a, s, outs, now)
+	if _, err := e.q.Apply(u); err != nil {
+		return err
+	}
+	e.report(a, s.lines, actions)
+	return nil
+}
+
+// conclude completes what settleOne decided: the DSN messages (with their
+// actions, for the metric) and the events of the results, in the update
+// that stores them.
+func (e *Engine) conclude(a *attempt, s *settlement, outs []outcome, now time.Time) (queue.Update, []dsn.Action) {
+	var actions []dsn.Action
+	s.u.DSNs, actions = e.notices(a, s.notices, now)
+	e.attachEvents(a, s)
+	u := s.u
+	u.Starts = freshStart(a, outs)
+	return u, actions
+}
+
 // submit logs and counts po's attempt, then hands its update to the queue
 // and to the recorder.
 func (e *Engine) submit(po *pendingOutcome) {
-	for _, action := range po.actions {
-		e.m.DSNs.WithLabelValues(string(action)).Inc()
-	}
-	for _, l := range po.lines {
-		e.logAttempt(&po.a, l)
-	}
+	e.report(&po.a, po.lines, po.actions)
 	p := e.q.ApplyAsync(po.u)
 	po.wait = func() error {
 		_, err := p.Wait()
@@ -230,6 +283,8 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 		res.TLS = a.tried.policy // no host answered: the policy the last one was tried under
 	}
 	switch {
+	case o.kind == bounced:
+		e.bounced(s, a, o, &res)
 	case o.ok:
 		e.delivered(s, rec, a, o, &res, now)
 	case o.v.Outcome == classifier.Failed:
@@ -240,6 +295,8 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 		// expired DSN is only logged: no DSN is ever sent about a DSN.
 		e.failed(s, a, o, &res, "4.4.7", true)
 		s.expired = true
+	case o.kind == postponed:
+		e.postponed(s, o, &res)
 	default:
 		e.deferred(s, rec, a, o, &res, now)
 	}
@@ -396,6 +453,33 @@ func (e *Engine) warningsDue(arrival, now time.Time) int {
 		}
 	}
 	return n
+}
+
+// report counts the DSNs of one settled attempt (actions) and writes the
+// one log line per recipient, and counts it: every outcome's line and
+// counters are written here.
+func (e *Engine) report(a *attempt, lines []logLine, actions []dsn.Action) {
+	for _, action := range actions {
+		e.m.DSNs.WithLabelValues(string(action)).Inc()
+	}
+	for _, l := range lines {
+		switch l.kind {
+		case postponed: // no attempt and no end: not counted
+			if l.note != "" {
+				e.log.Info(l.note, zap.String("queue_id", l.r.Key.ID.String()), zap.String("rcpt", l.r.Addr),
+					zap.String("domain", l.r.Domain), zap.Int("attempts", l.r.Attempts),
+					zap.Time("next_attempt", l.res.NextAttempt))
+			}
+		case bounced:
+			e.m.Deliveries.WithLabelValues(l.outcome, l.reason).Inc()
+			e.m.Recent.Add(l.outcome, l.res.End)
+			e.log.Info("bounced by the operator", zap.String("queue_id", l.r.Key.ID.String()),
+				zap.String("rcpt", l.r.Addr), zap.String("domain", l.r.Domain), zap.String("outcome", l.outcome),
+				zap.String("reason", l.reason), zap.String("enhanced", l.status))
+		default:
+			e.logAttempt(a, l)
+		}
+	}
 }
 
 // logAttempt writes the one line per recipient and attempt, and counts it.

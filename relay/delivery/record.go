@@ -31,6 +31,13 @@ import (
 // usual: the held recipients are Active in the queue (or Queued and
 // claimed, for a fresh attempt), where nothing else touches them.
 //
+// Outcomes that no attempt had and no destination learns from (the
+// operator's bounce, the postponement of a paused destination's
+// recipients) are decided, described and reported by the same functions
+// (settleOne, conclude, report) in settleNow, which stores them with a
+// synchronous Apply instead: its caller needs the answer, and nothing is
+// held for it.
+//
 // Run stops the recorder only after every worker has ended, and the
 // recorder ends only once every outcome handed to it has its commit
 // decided: so when Run returns, every outcome is stored, or logged as not
