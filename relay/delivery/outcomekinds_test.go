@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/classifier"
+	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/dsn"
 )
@@ -23,12 +24,12 @@ import (
 func TestOutcomeKinds(t *testing.T) {
 	t.Parallel()
 	const rcpt = "r@kind.test"
-	deferral := classifier.Verdict{Reason: classifier.ServerError, Stage: classifier.StageRCPT,
+	deferral := classifier.Verdict{Reason: classifier.ServerError, Stage: smtpvocab.StageRCPT,
 		Code: 451, Enhanced: "4.3.0", Text: "try later"}
-	refusal := classifier.Verdict{Outcome: classifier.Failed, Reason: classifier.NoSuchUser, Stage: classifier.StageRCPT,
+	refusal := classifier.Verdict{Outcome: classifier.Failed, Reason: classifier.NoSuchUser, Stage: smtpvocab.StageRCPT,
 		Code: 550, Enhanced: "5.1.1", Text: "no such user"}
 	unreachable := deadHost
-	unreachable.v = classifier.Verdict{Reason: classifier.Connect, Stage: classifier.StageConnect,
+	unreachable.v = classifier.Verdict{Reason: classifier.Connect, Stage: smtpvocab.StageConnect,
 		Enhanced: "4.4.1", Text: "every address failed recently"}
 	type env struct {
 		h   *harness
@@ -58,7 +59,7 @@ func TestOutcomeKinds(t *testing.T) {
 		}, status: queue.Failed, reason: "no-such-user", stage: "rcpt",
 			event: "bounced", counted: "failed no-such-user", line: "delivery attempt", dsn: dsn.Failed},
 		{name: "attempt accepted", run: func(t *testing.T, x env) {
-			x.h.eng.settle(x.d, x.a, []outcome{{r: x.r, ok: true, reply: classifier.Reply{Code: 250, Text: "ok"}}})
+			x.h.eng.settle(x.d, x.a, []outcome{{r: x.r, ok: true, reply: smtpvocab.Reply{Code: 250, Text: "ok"}}})
 		}, status: queue.Delivered, stage: "end-of-data",
 			event: "delivered", counted: "delivered none", line: "delivery attempt"},
 		{name: "expired while throttled", late: true, run: func(t *testing.T, x env) {
