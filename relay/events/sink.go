@@ -50,9 +50,7 @@ func (e *Events) Stored(added map[string]int) {
 func (e *Events) Run(ctx context.Context, q *queue.Queue) {
 	done := make(chan struct{}, len(e.sinks))
 	for _, s := range e.sinks {
-		if n, err := q.OutboxLen(s.name); err == nil && e.opt.Metrics != nil {
-			e.opt.Metrics.Pending.WithLabelValues(s.label).Set(float64(n))
-		}
+		e.recount(q, s)
 		go func() {
 			e.read(ctx, q, s)
 			done <- struct{}{}
@@ -105,7 +103,22 @@ func (e *Events) read(ctx context.Context, q *queue.Queue, s *sink) {
 			sleep(ctx, nil, minBackoff)
 			continue
 		}
-		e.count(s, func(m metricSet) { m.sent.Add(float64(len(recs))); m.pending.Sub(float64(len(recs))) })
+		e.count(s, func(m metricSet) { m.sent.Add(float64(len(recs))) })
+		e.recount(q, s)
+	}
+}
+
+// recount sets s's pending gauge to what its outbox holds. Stored adds new
+// records as they are committed, but a commit can land between Run's first
+// count and its Set, or between a removal and a Sub, and an incremental
+// count would then stay wrong (it was seen at -2); reading the length
+// after each removal corrects any such drift within one batch.
+func (e *Events) recount(q *queue.Queue, s *sink) {
+	if e.opt.Metrics == nil {
+		return
+	}
+	if n, err := q.OutboxLen(s.name); err == nil {
+		e.opt.Metrics.Pending.WithLabelValues(s.label).Set(float64(n))
 	}
 }
 
@@ -135,7 +148,8 @@ func (e *Events) dropOld(q *queue.Queue, s *sink, recs []queue.OutboxRecord) []q
 		e.opt.Logger.Error("events: dropping old events failed", zap.String("sink", s.label), zap.Error(err))
 		return recs
 	}
-	e.count(s, func(m metricSet) { m.dropped.Add(float64(n)); m.pending.Sub(float64(n)) })
+	e.count(s, func(m metricSet) { m.dropped.Add(float64(n)) })
+	e.recount(q, s)
 	e.opt.Logger.Warn("events: dropped undelivered events older than events.max_age", zap.String("sink", s.label),
 		zap.Int("events", n), zap.Time("oldest", oldest), zap.Duration("max_age", e.opt.MaxAge))
 	return recs[n:]
