@@ -476,7 +476,7 @@ func (e *Engine) report(a *attempt, lines []logLine, actions []dsn.Action) {
 			e.log.Info("bounced by the operator", zap.String("queue_id", l.r.Key.ID.String()),
 				zap.String("rcpt", l.r.Addr), zap.String("domain", l.r.Domain), zap.String("outcome", l.outcome),
 				zap.String("reason", l.reason), zap.String("enhanced", l.status))
-		default:
+		case attempted:
 			e.logAttempt(a, l)
 		}
 	}
