@@ -74,8 +74,13 @@ func (p *proc) stop(grace time.Duration) error {
 	if p.wait(grace) {
 		return p.err
 	}
+	// A Go program dumps every goroutine's stack to stderr on SIGQUIT:
+	// what it was waiting for is the one thing a hung shutdown's test
+	// needs to show.
+	_ = p.cmd.Process.Signal(syscall.SIGQUIT)
+	p.wait(3 * time.Second)
 	p.kill()
-	return fmt.Errorf("%s did not exit within %v of SIGTERM; killed", p.cmd.Path, grace)
+	return fmt.Errorf("%s did not exit within %v of SIGTERM; SIGQUIT (goroutine dump in its log), then killed", p.cmd.Path, grace)
 }
 
 // kill sends SIGKILL and waits for the exit.

@@ -208,7 +208,7 @@ func StartRelay(t testing.TB, yamlConfig string, opts ...RelayOption) *Relay {
 	t.Cleanup(func() {
 		if done, _ := r.current.exited(); !done {
 			if err := r.Stop(); err != nil {
-				t.Errorf("peers: relay shutdown: %v\n%s", err, tail(r.Log(), 40))
+				t.Errorf("peers: relay shutdown: %v\n%s", err, tail(r.Log(), 400))
 			}
 		}
 		if t.Failed() {
