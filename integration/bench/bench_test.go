@@ -285,7 +285,7 @@ func TestPeerConfigs(t *testing.T) {
 		want []string
 	}{
 		{"smtpd.conf", openSMTPDConfig(a), []string{
-			"smtp limit max-mails 1000000", "mta limit max-conn-per-route 20", "mta limit conn-delay-route 0",
+			"smtp limit max-mails 1000000", "mta limit max-conn-per-route 20", "mta limit conn-delay-route 0", "mta limit task-hiwat 100000",
 			"listen on 127.0.0.60 port 2525", `action "relay" relay host smtp://127.0.0.40:2600`,
 			`match from any for domain "dest.test" action "relay"`}},
 		{"exim.conf", eximConfig(a, "/w/exim"), []string{
