@@ -50,7 +50,7 @@ func sizeLabel(n int) string {
 func roundsTable(w io.Writer, rs []roundResult) {
 	t := &table{head: []string{"system", "tools", "round", "phase", "msgs", "size", "sessions", "reuse",
 		"accepted/s", "delivered/s", "drain s", "p50 ms", "p99 ms", "max ms", "e2e p50 ms", "e2e p99 ms",
-		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "syscalls/msg", "switches/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
+		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "fsyncs/msg", "syscalls/msg", "switches/msg", "tools CPU ms/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
 	for _, r := range rs {
 		phase := r.Label
 		if r.Rate > 0 {
@@ -63,8 +63,8 @@ func roundsTable(w io.Writer, rs []roundResult) {
 		t.add(r.SUT, r.Tools, fmt.Sprint(r.Round), phase, fmt.Sprint(r.Messages), sizeLabel(r.Size), fmt.Sprint(r.Sessions),
 			fmt.Sprint(r.Reuse), f0(r.AccRate), f0(r.DelivRate), f2(r.Drain.Seconds()),
 			ms(r.P50), ms(r.P99), ms(r.Max), ms(r.E2E50), ms(r.E2E99),
-			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg), f1(r.SyscallsPerMsg), f1(r.SwitchesPerMsg),
-			f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), lost)
+			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg), syncsCell(r.SyncsPerMsg), f1(r.SyscallsPerMsg), f1(r.SwitchesPerMsg),
+			f3(r.ToolsCPUPer1000), f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), lost)
 	}
 	t.write(w)
 	for _, r := range rs {
@@ -72,6 +72,14 @@ func roundsTable(w io.Writer, rs []roundResult) {
 			fmt.Fprintf(w, "- %s round %d %s: not accepted: %v\n", r.SUT, r.Round, r.Label, r.Codes)
 		}
 	}
+}
+
+// syncsCell shows fsync calls per message, or – when not counted.
+func syncsCell(v float64) string {
+	if v < 0 {
+		return "–"
+	}
+	return f2(v)
 }
 
 // metric is one line of the side-by-side summary.
@@ -94,6 +102,7 @@ var compareMetrics = []metric{
 	{"peak PSS, MB (Σ over processes)", func(r roundResult) float64 { return r.Usage.PeakPSSMB }, f1},
 	{"CPU s per 1000 msgs", func(r roundResult) float64 { return r.CPUPer1000 }, f3},
 	{"disk flushes per msg", func(r roundResult) float64 { return r.FlushPerMsg }, f2},
+	{"fsync + fdatasync calls per msg (perf stat)", func(r roundResult) float64 { return r.SyncsPerMsg }, f2},
 	{"syscalls per msg (perf stat)", func(r roundResult) float64 { return r.SyscallsPerMsg }, f1},
 	{"context switches per msg (perf stat)", func(r roundResult) float64 { return r.SwitchesPerMsg }, f1},
 }
