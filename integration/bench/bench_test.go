@@ -486,3 +486,23 @@ func TestGoalsAgainstPeers(t *testing.T) {
 		}
 	}
 }
+
+func TestRoundFits(t *testing.T) {
+	tests := []struct {
+		elapsed time.Duration
+		done    int
+		limit   time.Duration
+		want    bool
+	}{
+		{0, 0, time.Minute, true},
+		{10 * time.Minute, 2, 0, true},
+		{10 * time.Minute, 2, 15 * time.Minute, true}, // 10 + 5
+		{10 * time.Minute, 2, 14 * time.Minute, false},
+		{20 * time.Minute, 1, 30 * time.Minute, false},
+	}
+	for _, tc := range tests {
+		if got := roundFits(tc.elapsed, tc.done, tc.limit); got != tc.want {
+			t.Errorf("roundFits(%v, %d, %v) = %v", tc.elapsed, tc.done, tc.limit, got)
+		}
+	}
+}

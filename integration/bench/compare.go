@@ -19,6 +19,7 @@ type compareFlags struct {
 	only, tools, systemList         string
 	peerCache                       string
 	smoke                           bool
+	maxDuration                     time.Duration
 	toolSets                        []string
 	systemNames                     []string
 }
@@ -41,6 +42,7 @@ func (c *compareFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.only, "only", "", "greyrelay, postfix, both (the two), or sink (the load generator straight into the sink: the machine's ceiling); overrides -systems")
 	fs.StringVar(&c.systemList, "systems", strings.Join(allSystems, ","), "comma-separated systems to run each round: "+strings.Join(allSystems, ", "))
 	fs.StringVar(&c.peerCache, "peer-cache", "", "where the other relays' unpacked packages and maddy's build are kept between runs (default ~/.cache/greyrelay-bench)")
+	fs.DurationVar(&c.maxDuration, "max-duration", 0, "start no round that, at the average round's length so far, would end after this much time (0: no limit); the rounds run are whole")
 	fs.BoolVar(&c.smoke, "smoke", false, "a quick check that every system runs and relays: -rounds 1 -n 500 -warmup 50 -paced-seconds 0 unless given")
 	fs.StringVar(&c.tools, "tools", toolsGo, "load generator and sink: go (this harness's), postfix (Postfix's smtp-source and smtp-sink) or both (each round runs each system with each)")
 }
@@ -111,6 +113,16 @@ func roundOrder(names []string, r int) []string {
 		slices.Reverse(out)
 	}
 	return out
+}
+
+// roundFits reports whether another round, as long as the average of
+// the done ones so far, ends within limit (always, with no limit or
+// before the first round).
+func roundFits(elapsed time.Duration, done int, limit time.Duration) bool {
+	if limit <= 0 || done == 0 {
+		return true
+	}
+	return elapsed+elapsed/time.Duration(done) <= limit
 }
 
 // applySmoke sets the smoke test's small counts for the flags not given.
@@ -194,9 +206,15 @@ func (c *compareFlags) run(ctx context.Context, command string, sizes []int, cou
 	defer e.close()
 	machine(os.Stdout, e.root)
 	var all []roundResult
+	start, stopped := time.Now(), ""
 phases:
 	for _, size := range sizes {
 		for r := 1; r <= c.rounds; r++ {
+			if !roundFits(time.Since(start), r-1, c.maxDuration) {
+				stopped = fmt.Sprintf("**Stopped after %d of %d rounds: another would have passed -max-duration %v.**\n\n", r-1, c.rounds, c.maxDuration)
+				fmt.Fprintf(os.Stderr, "bench: stopping after round %d of %d (-max-duration %v)\n", r-1, c.rounds, c.maxDuration)
+				break phases
+			}
 			for _, name := range c.systems(r) {
 				for _, tool := range c.toolsOf(r) {
 					rs, err := c.round(ctx, e, bin, name, tool, r, size, counts[size])
@@ -215,6 +233,7 @@ phases:
 	if c.smoke {
 		fmt.Printf("**Smoke test: %d round(s) of %d messages. These figures check that every system runs; they are not measurements.**\n\n", c.rounds, c.n)
 	}
+	fmt.Print(stopped)
 	if d := e.peers.describe(); d != "" {
 		fmt.Printf("Peers:\n\n%s\n", d)
 	}
