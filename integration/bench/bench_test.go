@@ -506,3 +506,26 @@ func TestRoundFits(t *testing.T) {
 		}
 	}
 }
+
+// A root unpacked by an earlier run is reused as it is: no apt-get.
+func TestDebRootReused(t *testing.T) {
+	cache := t.TempDir()
+	dir := filepath.Join(cache, "exim-root")
+	if err := os.MkdirAll(filepath.Join(dir, "root", "usr", "sbin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	marker := "exim4-base 4.96-15+deb12u11\nexim4-daemon-light 4.96-15+deb12u11\nlibidn12 1.41-1\n"
+	if err := os.WriteFile(filepath.Join(dir, "packages"), []byte(marker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", t.TempDir()) // no apt-get, no dpkg-deb: any call would fail
+	root, versions, err := debRoot(cache, "exim", []string{"exim4-base", "exim4-daemon-light", "libidn12"})
+	if err != nil || root != filepath.Join(dir, "root") || versions != strings.TrimSpace(marker) {
+		t.Fatalf("got %q, %q, %v", root, versions, err)
+	}
+	// A root whose marker lacks a package is made again, which here
+	// fails for want of apt-get.
+	if _, _, err := debRoot(cache, "exim", []string{"exim4-base", "exim4-config"}); err == nil {
+		t.Fatal("incomplete root reused")
+	}
+}
