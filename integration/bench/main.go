@@ -143,12 +143,6 @@ func main() {
 	if _, set := os.LookupEnv("GOGC"); !set {
 		debug.SetGCPercent(400)
 	}
-	// integration/peers asks testing.Short() before it starts a peer;
-	// outside `go test` that panics unless the testing flags exist and
-	// were parsed. They live on the default FlagSet, which the commands
-	// do not use: parsed empty, -short is false.
-	testing.Init()
-	_ = flag.CommandLine.Parse(nil)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	cmds := map[string]func(context.Context, []string) error{
