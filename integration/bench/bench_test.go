@@ -2,6 +2,13 @@ package main
 
 import (
 	"bytes"
+	"flag"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -200,5 +207,325 @@ func TestParsePerfStat(t *testing.T) {
 	}
 	if _, err := parsePerfStat("<not counted>,,raw_syscalls:sys_enter,0,100.00,,\n"); err == nil {
 		t.Fatal("no counts: want an error")
+	}
+}
+
+func TestCgroup2Mount(t *testing.T) {
+	tests := []struct {
+		name, mounts, want string
+		wantErr            bool
+	}{
+		{"hybrid", "cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\ncgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n", "/sys/fs/cgroup/unified", false},
+		{"unified", "sysfs /sys sysfs rw 0 0\ncgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n", "/sys/fs/cgroup", false},
+		{"v1 only", "cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n", "", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := cgroup2Mount(tc.mounts)
+			if got != tc.want || (err != nil) != tc.wantErr {
+				t.Fatalf("got %q, %v; want %q (error %v)", got, err, tc.want, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestParseCPUStat(t *testing.T) {
+	us, err := parseCPUStat("usage_usec 2154864\nuser_usec 100\nsystem_usec 2154764\nnice_usec 0\n")
+	if err != nil || us != 2154864 {
+		t.Fatalf("got %d, %v", us, err)
+	}
+	if _, err := parseCPUStat("user_usec 1\n"); err == nil {
+		t.Fatal("no usage_usec: want an error")
+	}
+}
+
+func TestPerfArgs(t *testing.T) {
+	got := strings.Join(perfArgs("greyrelay-bench-1/003-exim", nil), " ")
+	want := "stat -x, -e raw_syscalls:sys_enter,context-switches,syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -a -G " +
+		"greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim"
+	if got != want {
+		t.Errorf("cgroup:\n got %s\nwant %s", got, want)
+	}
+	if got := strings.Join(perfArgs("", []int{12, 34}), " "); !strings.HasSuffix(got, " -p 12,34") || strings.Contains(got, "-G") {
+		t.Errorf("pids: %s", got)
+	}
+}
+
+func TestParsePerfStatSyncs(t *testing.T) {
+	// perf stat -a -G prints the cgroup in the fourth field.
+	text := "864,,syscalls:sys_enter_fsync,g,133244506,100.00,,\n" +
+		"1,,syscalls:sys_enter_fdatasync,g,133244506,100.00,,\n" +
+		"3862,,raw_syscalls:sys_enter,g,133244506,100.00,,\n" +
+		"142,,context-switches,g,133244506,100.00,,\n"
+	c, err := parsePerfStat(text)
+	if err != nil || c != (perfCounts{Syscalls: 3862, Switches: 142, Syncs: 865, SyncsCounted: true}) {
+		t.Fatalf("got %+v, %v", c, err)
+	}
+	c, err = parsePerfStat("5,,raw_syscalls:sys_enter,,1,100.00,,\n6,,context-switches,,1,100.00,,\n")
+	if err != nil || c.SyncsCounted {
+		t.Fatalf("without the sync tracepoints: got %+v, %v", c, err)
+	}
+}
+
+// loopbackOnly fails if text names an IPv4 address outside 127.0.0.0/8.
+func loopbackOnly(t *testing.T, name, text string) {
+	t.Helper()
+	for _, m := range regexp.MustCompile(`\b\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}\b`).FindAllString(text, -1) {
+		if !strings.HasPrefix(m, "127.") {
+			t.Errorf("%s names %s, not a loopback address", name, m)
+		}
+	}
+}
+
+func TestPeerConfigs(t *testing.T) {
+	a := peerAddrs{listen: "127.0.0.60:2525", sink: "127.0.0.40:2600", extra: []string{"127.0.0.62:2587", "127.0.0.62:2465"}}
+	tests := []struct {
+		name string
+		text string
+		want []string
+	}{
+		{"smtpd.conf", openSMTPDConfig(a), []string{
+			"smtp limit max-mails 1000000", "mta limit max-conn-per-route 20", "mta limit conn-delay-route 0", "mta limit task-hiwat 100000",
+			"listen on 127.0.0.60 port 2525", `action "relay" relay host smtp://127.0.0.40:2600`,
+			`match from any for domain "dest.test" action "relay"`}},
+		{"exim.conf", eximConfig(a, "/w/exim"), []string{
+			"local_interfaces = <; 127.0.0.60.2525", "daemon_smtp_ports = 2525", "spool_directory = /w/exim/spool",
+			"log_file_path = /w/exim/log/%slog", "smtp_accept_queue_per_connection = 0", "route_list = * 127.0.0.40",
+			"port = 2600", "domainlist relay_to_domains = dest.test", "hostlist relay_from_hosts = <; 127.0.0.0/8",
+			"rfc1413_hosts =\n", "host_lookup =\n", "tls_advertise_hosts =\n"}},
+		{"chasquid.conf", chasquidConfig(a, "/w/chasquid"), []string{
+			`smtp_address: "127.0.0.60:2525"`, `submission_address: "127.0.0.62:2587"`,
+			`submission_over_tls_address: "127.0.0.62:2465"`, `data_dir: "/w/chasquid/data"`}},
+		{"chasquid aliases", chasquidAliases(), []string{"rcpt: rcpt@" + sinkHost + "\n"}},
+		{"maddy.conf", maddyConfig(a, "/w/maddy"), []string{
+			"targets tcp://127.0.0.40:2600", "starttls no", "location /w/maddy/queue", "max_parallelism 20",
+			"smtp tcp://127.0.0.60:2525 {", "destination dest.test {", "deliver_to &relay_queue", "dmarc no",
+			"state_dir /w/maddy/state", "tls off"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, w := range tc.want {
+				if !strings.Contains(tc.text, w) {
+					t.Errorf("missing %q in\n%s", w, tc.text)
+				}
+			}
+			if strings.Contains(tc.text, "%!") {
+				t.Errorf("formatting error in\n%s", tc.text)
+			}
+			loopbackOnly(t, tc.name, tc.text)
+		})
+	}
+}
+
+func TestNSScript(t *testing.T) {
+	got := nsScript([]mount{
+		{kind: "bind", src: "/w/resolv.conf", dst: "/etc/resolv.conf"},
+		{kind: "tmpfs", dst: "/run"},
+		{kind: "overlay", src: "/c/root/usr/lib/x:/usr/lib/x", dst: "/usr/lib/x"},
+	}, []string{"/usr/sbin/exim4", "-C", "/w/it's.conf"})
+	want := "set -e\n" +
+		"mount --bind '/w/resolv.conf' '/etc/resolv.conf'\n" +
+		"mount -t tmpfs tmpfs '/run'\n" +
+		"mount -t overlay overlay -o 'lowerdir=/c/root/usr/lib/x:/usr/lib/x' '/usr/lib/x'\n" +
+		"exec '/usr/sbin/exim4' '-C' '/w/it'\\''s.conf'\n"
+	if got != want {
+		t.Fatalf("got\n%s\nwant\n%s", got, want)
+	}
+	if out, err := exec.Command("sh", "-n", "-c", got).CombinedOutput(); err != nil {
+		t.Fatalf("sh -n: %v: %s", err, out)
+	}
+}
+
+func TestMarkerHas(t *testing.T) {
+	marker := "exim4-base 4.96-15+deb12u11\nexim4-daemon-light 4.96-15+deb12u11\nlibidn12 1.41-1\n"
+	tests := []struct {
+		pkgs []string
+		want bool
+	}{
+		{[]string{"exim4-base", "exim4-daemon-light", "libidn12"}, true},
+		{[]string{"exim4-base", "exim4-config"}, false},
+		{nil, false},
+	}
+	for _, tc := range tests {
+		if got := markerHas(marker, tc.pkgs); got != tc.want {
+			t.Errorf("markerHas(%v) = %v", tc.pkgs, got)
+		}
+	}
+}
+
+func TestRoundOrder(t *testing.T) {
+	if got := roundOrder([]string{"A", "B"}, 1); !slices.Equal(got, []string{"A", "B"}) {
+		t.Errorf("round 1: %v", got)
+	}
+	if got := roundOrder([]string{"A", "B"}, 2); !slices.Equal(got, []string{"B", "A"}) {
+		t.Errorf("round 2: %v", got)
+	}
+	// Over five rounds of seven systems, each runs once a round and no
+	// system is always first.
+	first := map[string]int{}
+	for r := 1; r <= 5; r++ {
+		got := roundOrder(allSystems, r)
+		if s := slices.Sorted(slices.Values(got)); !slices.Equal(s, slices.Sorted(slices.Values(allSystems))) {
+			t.Fatalf("round %d: %v", r, got)
+		}
+		first[got[0]]++
+	}
+	for s, n := range first {
+		if n > 2 {
+			t.Errorf("%s first in %d of 5 rounds", s, n)
+		}
+	}
+}
+
+func TestResolveSystems(t *testing.T) {
+	tests := []struct {
+		only, list string
+		want       []string
+		wantErr    bool
+	}{
+		{"", "greyrelay, exim,exim", []string{"greyrelay", "exim"}, false},
+		{"both", "maddy", []string{"greyrelay", "postfix"}, false},
+		{"sink", "", []string{"sink"}, false},
+		{"", "greyrelay,sendmail", nil, true},
+		{"", " , ", nil, true},
+		{"exim", "", nil, true},
+	}
+	for _, tc := range tests {
+		c := compareFlags{only: tc.only, systemList: tc.list}
+		err := c.resolveSystems()
+		if (err != nil) != tc.wantErr || !slices.Equal(c.systemNames, tc.want) {
+			t.Errorf("-only %q -systems %q: got %v, %v", tc.only, tc.list, c.systemNames, err)
+		}
+	}
+}
+
+func TestSmokeFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		rounds int
+		n      int
+	}{
+		{[]string{"-smoke"}, 1, 500},
+		{[]string{"-smoke", "-n", "2000"}, 1, 2000},
+		{[]string{"-rounds", "3"}, 3, 20000},
+	} {
+		var c compareFlags
+		fs := flag.NewFlagSet("compare", flag.ContinueOnError)
+		c.register(fs)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		c.applySmoke(fs)
+		if c.rounds != tc.rounds || c.n != tc.n || (c.smoke && c.pacedSeconds != 0) {
+			t.Errorf("%v: rounds %d, n %d, paced %v", tc.args, c.rounds, c.n, c.pacedSeconds)
+		}
+	}
+}
+
+func TestCountFiles(t *testing.T) {
+	dir := t.TempDir()
+	if n, err := countFiles(filepath.Join(dir, "missing")); n != 0 || err != nil {
+		t.Fatalf("missing directory: %d, %v", n, err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := countFiles(dir); n != 0 {
+		t.Fatalf("empty directories: %d files", n)
+	}
+	for _, f := range []string{"x", "a/y", "a/b/z"} {
+		if err := os.WriteFile(filepath.Join(dir, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := countFiles(dir); n != 3 || err != nil {
+		t.Fatalf("got %d, %v; want 3", n, err)
+	}
+}
+
+// phase is a saturating phase for the report tests.
+func phase(system, tools string, acc, deliv, cpuMs, toolsMs float64) roundResult {
+	return roundResult{SUT: system, Tools: tools, Label: "4 KiB", AccRate: acc, DelivRate: deliv,
+		CPUPer1000: cpuMs, ToolsCPUPer1000: toolsMs, SyncsPerMsg: 1}
+}
+
+func TestGoalsAgainstPeers(t *testing.T) {
+	rs := []roundResult{
+		phase("greyrelay", toolsPostfix, 4000, 3900, 0.30, 0.1),
+		phase("postfix", toolsPostfix, 500, 400, 5, 0.1),
+		phase("exim", toolsPostfix, 100, 100, 14, 0.1),
+		phase("maddy", toolsPostfix, 1000, 2000, 1, 0.1),
+		phase("opensmtpd", toolsPostfix, 3000, 150, 2, 0.1), // does not sync: reported beside only
+		phase("sink", toolsPostfix, 10000, 10000, 0, 0.25),
+	}
+	var b strings.Builder
+	goalsTable(&b, rs, "4 KiB", []string{toolsPostfix})
+	out := b.String()
+	for _, want := range []string{
+		"accepted ≥ 2× the best peer that syncs before its 250 | 4.00× maddy (4000 vs 1000/s): met",
+		"delivered ≥ 2× the best peer that syncs before its 250 | 1.95× maddy (3900 vs 2000/s): **not met**",
+		"beside: accepted against the best peer that does not sync | 1.33× OpenSMTPD (4000 vs 3000/s) |",
+		"accepted ≥ 5× Postfix | 8.00× (4000 vs 500/s): met",
+		"delivered ≥ 5× Postfix | 9.75× (3900 vs 400/s): met",
+		"accepted ≥ 45% of the tools alone | 40% (4000 of 10000/s): **not met**",
+		"CPU per message ≤ 1.5× smtp-source + smtp-sink | 1.20× (0.300 vs 0.250 ms): met",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+	b.Reset()
+	peersTable(&b, rs, "4 KiB", []string{toolsPostfix})
+	for _, want := range []string{
+		"| greyrelay | yes | 4000 | 3900 | – | – | 40% | 0.300 | 1.20× |",
+		"| OpenSMTPD | no | 3000 | 150 | 1.33× | 26.00× | 30% |",
+		"| load tools alone | – | 10000 | 10000 | – | – | 100% | 0.250 (the tools) | 1.00× |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("missing %q in\n%s", want, b.String())
+		}
+	}
+}
+
+func TestRoundFits(t *testing.T) {
+	tests := []struct {
+		elapsed time.Duration
+		done    int
+		limit   time.Duration
+		want    bool
+	}{
+		{0, 0, time.Minute, true},
+		{10 * time.Minute, 2, 0, true},
+		{10 * time.Minute, 2, 15 * time.Minute, true}, // 10 + 5
+		{10 * time.Minute, 2, 14 * time.Minute, false},
+		{20 * time.Minute, 1, 30 * time.Minute, false},
+	}
+	for _, tc := range tests {
+		if got := roundFits(tc.elapsed, tc.done, tc.limit); got != tc.want {
+			t.Errorf("roundFits(%v, %d, %v) = %v", tc.elapsed, tc.done, tc.limit, got)
+		}
+	}
+}
+
+// A root unpacked by an earlier run is reused as it is: no apt-get.
+func TestDebRootReused(t *testing.T) {
+	cache := t.TempDir()
+	dir := filepath.Join(cache, "exim-root")
+	if err := os.MkdirAll(filepath.Join(dir, "root", "usr", "sbin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	marker := "exim4-base 4.96-15+deb12u11\nexim4-daemon-light 4.96-15+deb12u11\nlibidn12 1.41-1\n"
+	if err := os.WriteFile(filepath.Join(dir, "packages"), []byte(marker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", t.TempDir()) // no apt-get, no dpkg-deb: any call would fail
+	root, versions, err := debRoot(cache, "exim", []string{"exim4-base", "exim4-daemon-light", "libidn12"})
+	if err != nil || root != filepath.Join(dir, "root") || versions != strings.TrimSpace(marker) {
+		t.Fatalf("got %q, %q, %v", root, versions, err)
+	}
+	// A root whose marker lacks a package is made again, which here
+	// fails for want of apt-get.
+	if _, _, err := debRoot(cache, "exim", []string{"exim4-base", "exim4-config"}); err == nil {
+		t.Fatal("incomplete root reused")
 	}
 }

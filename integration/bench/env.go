@@ -23,6 +23,36 @@ type env struct {
 	mu       sync.Mutex
 	cleanups []func()
 	n        int
+	cgRoot   *cgroupRoot // made on first use; nil when cgErr is set
+	cgErr    error
+	cgTried  bool
+	peers    *peerEnv // the other relays' cache, users and DNS server, made on first use
+}
+
+// group makes a fresh cgroup for one system or tool set, removed by
+// close. It fails where no cgroup2 filesystem is mounted; callers that
+// can count by /proc instead then do so.
+func (e *env) group(name string) (*cgroup, error) {
+	e.mu.Lock()
+	if !e.cgTried {
+		e.cgTried = true
+		e.cgRoot, e.cgErr = newCgroupRoot()
+		if e.cgErr == nil {
+			root := e.cgRoot
+			e.cleanups = append(e.cleanups, root.remove)
+		}
+	}
+	root, err := e.cgRoot, e.cgErr
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	g, err := root.group(name)
+	if err != nil {
+		return nil, err
+	}
+	e.defer_(g.remove)
+	return g, nil
 }
 
 func newEnv(base string, keep bool) (*env, error) {

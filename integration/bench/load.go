@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/greyrelay/greyrelay/internal/smtpvocab"
@@ -31,6 +32,9 @@ type loadSpec struct {
 	// Tool is the load generator: "" or "go" for this harness's client,
 	// "postfix" for Postfix's smtp-source (postfixtools.go).
 	Tool string
+	// ToolGroup is the cgroup smtp-source runs in, so that its CPU time
+	// is counted (nil: not counted).
+	ToolGroup *cgroup
 }
 
 // toolName names the load generator (and sink) of a phase.
@@ -104,14 +108,14 @@ func runLoad(ctx context.Context, spec loadSpec) loadResult {
 	res := loadResult{Codes: map[string]int{}, AckAt: make([]int64, spec.Messages)}
 	lat := make([]time.Duration, spec.Messages)
 	var next atomic.Int64
-	var mu sync.Mutex
+	var mu, firstDial sync.Mutex
 	var wg sync.WaitGroup
 	res.Start = time.Now()
 	for range spec.Sessions {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			g := &generator{spec: &spec, msg: msg, start: res.Start}
+			g := &generator{spec: &spec, msg: msg, start: res.Start, firstDial: &firstDial}
 			for ctx.Err() == nil {
 				i := int(next.Add(1) - 1)
 				if i >= spec.Messages {
@@ -166,6 +170,14 @@ type generator struct {
 	w        *bufio.Writer
 	pipeline bool
 	sent     int
+	// firstDial is held while a session makes its first connection,
+	// so that the sessions connect one after another (each a
+	// millisecond or so) rather than all in the same instant: a burst
+	// of 20 overflows OpenSMTPD's listen backlog of 5, and a connection
+	// the kernel dropped waits a second or more for a SYN-ACK
+	// retransmission.
+	firstDial *sync.Mutex
+	dialed    bool
 }
 
 // pace waits until message i's slot when a rate is set.
@@ -198,8 +210,15 @@ func (g *generator) send(ctx context.Context, id int) (time.Duration, time.Time,
 		g.close()
 	}
 	if g.conn == nil {
-		if err := g.dial(ctx); err != nil {
-			g.close()
+		if !g.dialed && g.firstDial != nil {
+			g.firstDial.Lock()
+			err := g.connect(ctx)
+			g.firstDial.Unlock()
+			g.dialed = true
+			if err != nil {
+				return 0, time.Time{}, err
+			}
+		} else if err := g.connect(ctx); err != nil {
 			return 0, time.Time{}, err
 		}
 	}
@@ -216,6 +235,25 @@ func (g *generator) send(ctx context.Context, id int) (time.Duration, time.Time,
 		}
 	}
 	return d, at, err
+}
+
+// connect opens the session. A connection reset before the greeting is
+// tried again (up to 10 times, 20 ms apart), as any MTA would retry it:
+// OpenSMTPD listens with a backlog of 5, and when the load's 20 sessions
+// connect at once the kernel resets those beyond it.
+func (g *generator) connect(ctx context.Context) error {
+	var err error
+	for range 10 {
+		if err = g.dial(ctx); err == nil {
+			return nil
+		}
+		g.close()
+		if !errors.Is(err, syscall.ECONNRESET) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return err
 }
 
 func (g *generator) dial(ctx context.Context) error {

@@ -1,7 +1,10 @@
-// Command bench measures greyrelay side by side with Postfix on this
-// machine and prints the results as Markdown tables (BENCHMARKS.md
-// publishes them with the commands that produced them).
+// Command bench measures greyrelay side by side with Postfix and the
+// other relays a user could pick instead (OpenSMTPD, Exim, chasquid,
+// maddy: mtas.go) on this machine, beside the load tools' own rate, and
+// prints the results as Markdown tables (BENCHMARKS.md publishes them
+// with the commands that produced them).
 //
+//	go run ./integration/bench compare -smoke -tools both   # every system once, 500 messages: does it all run?
 //	go run ./integration/bench compare -n 20000 -size 4096 -c 20 -reuse=true -rounds 2
 //	go run ./integration/bench sizes
 //	go run ./integration/bench storm -storm 100000
@@ -23,9 +26,12 @@
 //   - A comparison alternates the systems round by round (A B, then B A) on
 //     fresh queues in the same temporary directory, hence on the same disk,
 //     so that drift on a shared machine and the disk's state hit both.
-//   - Resource figures come from /proc: CPU is utime+stime (plus reaped
-//     children: Postfix's master collects its daemons' time when they exit)
-//     as a before/after difference; memory is sampled every 100 ms as Σ
+//   - Every system runs in a cgroup of its own, so its CPU time is that of
+//     every process it ran during a phase (cpu.stat), and `perf stat -G`
+//     counts its system calls and fsync/fdatasync calls. Without cgroup2,
+//     CPU comes from /proc: utime+stime (plus reaped children: Postfix's
+//     master collects its daemons' time when they exit) as a before/after
+//     difference. Memory is sampled every 100 ms as Σ
 //     VmRSS and Σ Pss over the system's processes (Postfix's are found by
 //     working directory: every daemon chdirs to its queue); disk flushes
 //     are the "flushes completed" counter of /proc/diskstats for the
@@ -52,7 +58,8 @@ import (
 const usageText = `usage: go run ./integration/bench COMMAND [flags]
 
 commands:
-  compare   greyrelay vs Postfix: N messages of S bytes over C sessions, alternating rounds
+  compare   greyrelay vs Postfix, OpenSMTPD, Exim, chasquid, maddy and the load tools alone:
+            N messages of S bytes over C sessions, alternating rounds
   sizes     compare at 1 KiB, 100 KiB and 10 MiB
   storm     deferral-storm isolation: a healthy stream with and without a black-holed backlog
   scale     a big deferred queue: RSS, database size, restart time, idle CPU, queue list
@@ -62,7 +69,9 @@ commands:
   cluster   1 node vs 3 nodes behind HAProxy, without and with Redis sharing
 
 Run "go run ./integration/bench COMMAND -h" for a command's flags. Needs root
-(Postfix switches users) and the postfix package for Postfix rounds.
+(Postfix switches users) and the postfix package for Postfix rounds; the
+other relays are fetched into -peer-cache on first use (apt-get download,
+go mod download).
 `
 
 // common are the flags of every command.

@@ -9,13 +9,17 @@ import (
 	"syscall"
 )
 
-// perfStat counts the system calls and context switches of the system
-// under test over a phase with `perf stat` (linux-perf). Both are less
-// sensitive to a busy shared machine than rates or CPU time: a change that
-// saves a write per reply shows in them whatever else runs. perf attaches
-// to the processes that exist when the phase starts (and their threads);
-// for Postfix, daemons started during the phase are not counted, so its
-// figures are a lower bound.
+// perfStat counts the system calls, context switches and fsync and
+// fdatasync calls of the system under test over a phase with `perf stat`
+// (linux-perf). The first two are less sensitive to a busy shared machine
+// than rates or CPU time: a change that saves a write per reply shows in
+// them whatever else runs. The syncs tell how often a system asks the
+// disk to make its queue durable, whatever the device does with that.
+// A system in a cgroup is counted there (`perf stat -a -G`: every
+// process, also those forked during the phase); otherwise perf attaches
+// to the processes that exist when the phase starts (and their threads),
+// which for Postfix without a cgroup misses daemons started during the
+// phase.
 type perfStat struct {
 	cmd *exec.Cmd
 	out bytes.Buffer
@@ -24,21 +28,48 @@ type perfStat struct {
 // perfCounts is what perfStat measured.
 type perfCounts struct {
 	Syscalls, Switches int64
+	Syncs              int64 // fsync + fdatasync calls
+	SyncsCounted       bool  // the syscall tracepoints were available
 }
 
-// startPerfStat starts counting for pids; it returns nil (and counts
-// nothing) when perf is missing or there is nothing to attach to.
-func startPerfStat(pids []int) *perfStat {
-	path, err := exec.LookPath("perf")
-	if err != nil || len(pids) == 0 {
-		return nil
+// perfEvents are the events counted, in order.
+var perfEvents = []string{"raw_syscalls:sys_enter", "context-switches", "syscalls:sys_enter_fsync", "syscalls:sys_enter_fdatasync"}
+
+// perfArgs renders perf's arguments: per cgroup (-a, and -G repeating
+// the group once per event, as perf pairs them) or per process.
+func perfArgs(group string, pids []int) []string {
+	args := []string{"stat", "-x,", "-e", strings.Join(perfEvents, ",")}
+	if group != "" {
+		gs := make([]string, len(perfEvents))
+		for i := range gs {
+			gs[i] = group
+		}
+		return append(args, "-a", "-G", strings.Join(gs, ","))
 	}
 	ps := make([]string, len(pids))
 	for i, p := range pids {
 		ps[i] = strconv.Itoa(p)
 	}
+	return append(args, "-p", strings.Join(ps, ","))
+}
+
+// startPerfStat starts counting for s; it returns nil (and counts
+// nothing) when perf is missing or there is nothing to attach to.
+func startPerfStat(s sut) *perfStat {
+	path, err := exec.LookPath("perf")
+	if err != nil {
+		return nil
+	}
+	var args []string
+	if gs, ok := s.(grouped); ok && gs.group() != nil {
+		args = perfArgs(gs.group().rel, nil)
+	} else if pids := s.Pids(); len(pids) > 0 {
+		args = perfArgs("", pids)
+	} else {
+		return nil
+	}
 	p := &perfStat{}
-	p.cmd = exec.Command(path, "stat", "-x,", "-e", "raw_syscalls:sys_enter,context-switches", "-p", strings.Join(ps, ","))
+	p.cmd = exec.Command(path, args...)
 	p.cmd.Stderr = &p.out
 	if err := p.cmd.Start(); err != nil {
 		return nil
@@ -74,6 +105,9 @@ func parsePerfStat(text string) (perfCounts, error) {
 			c.Syscalls, found = n, found+1
 		case "context-switches":
 			c.Switches, found = n, found+1
+		case "syscalls:sys_enter_fsync", "syscalls:sys_enter_fdatasync":
+			c.Syncs += n
+			c.SyncsCounted = true
 		}
 	}
 	if found < 2 {

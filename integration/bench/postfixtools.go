@@ -84,8 +84,21 @@ func runSource(ctx context.Context, spec loadSpec) loadResult {
 	cmd := exec.CommandContext(ctx, smtpSource, append(args, spec.Addr)...)
 	var errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = out, &errb
+	release := func() {}
+	if spec.ToolGroup != nil {
+		if cmd.SysProcAttr, release, err = spec.ToolGroup.procAttr(); err != nil {
+			res.Failed = spec.Messages
+			res.Codes[errKey(err)] = res.Failed
+			return res
+		}
+	}
 	res.Start = time.Now()
-	err = cmd.Run()
+	if err = cmd.Start(); err == nil {
+		release()
+		err = cmd.Wait()
+	} else {
+		release()
+	}
 	res.LastAck = time.Now()
 	counts, rerr := os.ReadFile(out.Name())
 	res.Accepted = min(lastCount(counts), spec.Messages)
@@ -134,8 +147,9 @@ type psink struct {
 const sinkPoll = 5 * time.Millisecond
 
 // startPSink starts smtp-sink on a free port of ip as user nobody (it
-// refuses to run as root) and waits until it greets.
-func startPSink(ip string) (*psink, error) {
+// refuses to run as root), in group g when not nil, and waits until it
+// greets.
+func startPSink(ip string, g *cgroup) (*psink, error) {
 	addr, err := freeAddr(ip)
 	if err != nil {
 		return nil, err
@@ -147,7 +161,16 @@ func startPSink(ip string) (*psink, error) {
 	os.Remove(out.Name()) // open, it stays readable; nothing is left behind
 	cmd := exec.Command(smtpSinkBin, "-c", "-u", "nobody", "-h", "sink.bench.test", addr, "256")
 	cmd.Stdout, cmd.Stderr = out, os.Stderr
-	if err := cmd.Start(); err != nil {
+	release := func() {}
+	if g != nil {
+		if cmd.SysProcAttr, release, err = g.procAttr(); err != nil {
+			out.Close()
+			return nil, err
+		}
+	}
+	err = cmd.Start()
+	release()
+	if err != nil {
 		out.Close()
 		return nil, fmt.Errorf("smtp-sink: %w", err)
 	}

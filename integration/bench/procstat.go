@@ -154,9 +154,12 @@ func parseDiskstats(text string, major, minor uint32) (diskFlushes, error) {
 // processes that come and go.
 type monitor struct {
 	pids         func() []int
+	cpu          func() float64 // CPU seconds of the system so far
+	tools        *cgroup        // the load tools' group (smtp-source and smtp-sink), or nil
 	major, minor uint32
 	t0           time.Time
 	cpu0, self0  float64
+	tools0       float64
 	disk0        diskFlushes
 
 	mu       sync.Mutex
@@ -172,6 +175,7 @@ type usage struct {
 	Seconds    float64 // wall time of the phase
 	CPU        float64 // CPU seconds of the system under test
 	SelfCPU    float64 // CPU seconds of this benchmark process (load generator and sink)
+	ToolsCPU   float64 // CPU seconds of smtp-source and smtp-sink when they are the tools (their cgroup)
 	Flushes    int64   // disk flushes (or writes, see diskFlushes) on the queue's device
 	Writes     int64
 	FlushField bool
@@ -181,19 +185,30 @@ type usage struct {
 	Device     string
 }
 
-// startMonitor takes the "before" readings and starts the memory sampler.
-// queuePath locates the disk device.
-func startMonitor(pids func() []int, queuePath string) (*monitor, error) {
-	m := &monitor{pids: pids, stop: make(chan struct{}), finished: make(chan struct{})}
+// startMonitor takes the "before" readings of s and starts the memory
+// sampler. Its queue directory locates the disk device. A system in a
+// cgroup is counted there (every process it ran, also those gone by the
+// end); otherwise over its processes' /proc entries. tools, if not nil,
+// is the cgroup of Postfix's load tools, counted beside.
+func startMonitor(s sut, tools *cgroup) (*monitor, error) {
+	m := &monitor{pids: s.Pids, tools: tools, stop: make(chan struct{}), finished: make(chan struct{})}
+	m.cpu = func() float64 { return cpuOf(m.pids()) }
+	if gs, ok := s.(grouped); ok && gs.group() != nil {
+		g := gs.group()
+		m.cpu = func() float64 { v, _ := g.cpuSeconds(); return v }
+	}
 	var err error
-	if m.major, m.minor, err = diskDevice(queuePath); err != nil {
+	if m.major, m.minor, err = diskDevice(s.QueueDir()); err != nil {
 		return nil, err
 	}
 	if m.disk0, err = readDiskstats(m.major, m.minor); err != nil {
 		return nil, err
 	}
-	m.cpu0 = cpuOf(pids())
+	m.cpu0 = m.cpu()
 	m.self0 = selfCPU()
+	if tools != nil {
+		m.tools0, _ = tools.cpuSeconds()
+	}
 	m.t0 = time.Now()
 	m.sample()
 	go m.sampler()
@@ -256,10 +271,14 @@ func (m *monitor) finish() usage {
 	d1, _ := readDiskstats(m.major, m.minor)
 	u := usage{
 		Seconds: time.Since(m.t0).Seconds(),
-		CPU:     cpuOf(m.pids()) - m.cpu0,
+		CPU:     m.cpu() - m.cpu0,
 		SelfCPU: selfCPU() - m.self0,
 		Flushes: d1.Flushes - m.disk0.Flushes, Writes: d1.Writes - m.disk0.Writes,
 		FlushField: d1.HasFlushField, Device: d1.Name,
+	}
+	if m.tools != nil {
+		t1, _ := m.tools.cpuSeconds()
+		u.ToolsCPU = t1 - m.tools0
 	}
 	m.mu.Lock()
 	u.PeakRSSMB, u.PeakPSSMB, u.PeakHWMMB = float64(m.peakRSS)/1024, float64(m.peakPSS)/1024, float64(m.peakHWM)/1024

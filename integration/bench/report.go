@@ -50,7 +50,7 @@ func sizeLabel(n int) string {
 func roundsTable(w io.Writer, rs []roundResult) {
 	t := &table{head: []string{"system", "tools", "round", "phase", "msgs", "size", "sessions", "reuse",
 		"accepted/s", "delivered/s", "drain s", "p50 ms", "p99 ms", "max ms", "e2e p50 ms", "e2e p99 ms",
-		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "syscalls/msg", "switches/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
+		"peak RSS MB", "peak PSS MB", "CPU s/1000 msgs", "flushes/msg", "fsyncs/msg", "syscalls/msg", "switches/msg", "tools CPU ms/msg", "bench CPU s", "not accepted", "lost/dup/bad"}}
 	for _, r := range rs {
 		phase := r.Label
 		if r.Rate > 0 {
@@ -63,8 +63,8 @@ func roundsTable(w io.Writer, rs []roundResult) {
 		t.add(r.SUT, r.Tools, fmt.Sprint(r.Round), phase, fmt.Sprint(r.Messages), sizeLabel(r.Size), fmt.Sprint(r.Sessions),
 			fmt.Sprint(r.Reuse), f0(r.AccRate), f0(r.DelivRate), f2(r.Drain.Seconds()),
 			ms(r.P50), ms(r.P99), ms(r.Max), ms(r.E2E50), ms(r.E2E99),
-			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg), f1(r.SyscallsPerMsg), f1(r.SwitchesPerMsg),
-			f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), lost)
+			f1(r.Usage.PeakRSSMB), f1(r.Usage.PeakPSSMB), f3(r.CPUPer1000), f2(r.FlushPerMsg), syncsCell(r.SyncsPerMsg), f1(r.SyscallsPerMsg), f1(r.SwitchesPerMsg),
+			f3(r.ToolsCPUPer1000), f1(r.Usage.SelfCPU), fmt.Sprint(r.Failed), lost)
 	}
 	t.write(w)
 	for _, r := range rs {
@@ -72,6 +72,14 @@ func roundsTable(w io.Writer, rs []roundResult) {
 			fmt.Fprintf(w, "- %s round %d %s: not accepted: %v\n", r.SUT, r.Round, r.Label, r.Codes)
 		}
 	}
+}
+
+// syncsCell shows fsync calls per message, or – when not counted.
+func syncsCell(v float64) string {
+	if v < 0 {
+		return "–"
+	}
+	return f2(v)
 }
 
 // metric is one line of the side-by-side summary.
@@ -94,6 +102,7 @@ var compareMetrics = []metric{
 	{"peak PSS, MB (Σ over processes)", func(r roundResult) float64 { return r.Usage.PeakPSSMB }, f1},
 	{"CPU s per 1000 msgs", func(r roundResult) float64 { return r.CPUPer1000 }, f3},
 	{"disk flushes per msg", func(r roundResult) float64 { return r.FlushPerMsg }, f2},
+	{"fsync + fdatasync calls per msg (perf stat)", func(r roundResult) float64 { return r.SyncsPerMsg }, f2},
 	{"syscalls per msg (perf stat)", func(r roundResult) float64 { return r.SyscallsPerMsg }, f1},
 	{"context switches per msg (perf stat)", func(r roundResult) float64 { return r.SwitchesPerMsg }, f1},
 }
@@ -191,4 +200,197 @@ func machine(w io.Writer, queueDir string) {
 	}
 	fmt.Fprintf(w, "machine: %d CPUs (%s), %s RAM, kernel %s, queue disk %s, load average at start %s\n\n",
 		numCPU(), cpu, mem, strings.TrimSpace(string(kern)), dev, strings.Join(strings.Fields(string(load))[:3], " "))
+}
+
+// systemsIn lists the systems of rs in the report's order (allSystems).
+func systemsIn(rs []roundResult) []string {
+	seen := map[string]bool{}
+	for _, r := range rs {
+		seen[r.SUT] = true
+	}
+	var out []string
+	for _, s := range allSystems {
+		if seen[s] {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// saturating selects the saturating phases of one size and tool set.
+func saturating(rs []roundResult, label, tool, system string) []roundResult {
+	var out []roundResult
+	for _, r := range rs {
+		if r.Label == label && r.Rate == 0 && r.Tools == tool && r.SUT == system {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// medianOf is the median of f over a system's saturating phases, and
+// whether there were any.
+func medianOf(rs []roundResult, label, tool, system string, f func(roundResult) float64) (float64, bool) {
+	sel := saturating(rs, label, tool, system)
+	return median(sel, f), len(sel) > 0
+}
+
+func accRate(r roundResult) float64   { return r.AccRate }
+func delivRate(r roundResult) float64 { return r.DelivRate }
+func cpuMs(r roundResult) float64     { return r.CPUPer1000 }      // CPU s per 1000 = CPU ms per message
+func toolsMs(r roundResult) float64   { return r.ToolsCPUPer1000 } // likewise, of the load tools
+
+// toolsCost is the CPU milliseconds per message of smtp-source and
+// smtp-sink straight into each other in this run: the yardstick of the
+// CPU goal.
+func toolsCost(rs []roundResult, label string) (float64, bool) {
+	return medianOf(rs, label, toolsPostfix, "sink", toolsMs)
+}
+
+// bestSyncing is the peer (any system but greyrelay and the tools alone)
+// with the highest median of f among those whose syncs match want.
+func bestSyncing(rs []roundResult, label, tool string, f func(roundResult) float64, want string) (string, float64) {
+	best, bestV := "", 0.0
+	for _, s := range systemsIn(rs) {
+		if s == "greyrelay" || s == "sink" || syncsBefore250(s) != want {
+			continue
+		}
+		if v, ok := medianOf(rs, label, tool, s, f); ok && v > bestV {
+			best, bestV = s, v
+		}
+	}
+	return best, bestV
+}
+
+// peersTable prints, per tool set, every system's medians side by side:
+// rates, greyrelay's ratio to each, the share of the load tools' own
+// rate, CPU, syncs and memory.
+func peersTable(w io.Writer, rs []roundResult, label string, tools []string) {
+	cost, haveCost := toolsCost(rs, label)
+	for _, tool := range tools {
+		fmt.Fprintf(w, "%s, saturating (medians of rounds):\n\n", toolsTitle(tool))
+		t := &table{head: []string{"system", "syncs before 250", "accepted/s", "delivered/s", "greyrelay ÷ it, accepted", "greyrelay ÷ it, delivered",
+			"accepted, share of the tools alone", "CPU ms/msg", "CPU ÷ smtp-source+smtp-sink", "fsync calls/msg", "disk flushes/msg", "peak PSS MB", "rounds"}}
+		gAcc, gOK := medianOf(rs, label, tool, "greyrelay", accRate)
+		gDel, _ := medianOf(rs, label, tool, "greyrelay", delivRate)
+		ceiling, cOK := medianOf(rs, label, tool, "sink", accRate)
+		for _, s := range systemsIn(rs) {
+			sel := saturating(rs, label, tool, s)
+			if len(sel) == 0 {
+				continue
+			}
+			acc, del := median(sel, accRate), median(sel, delivRate)
+			ratio := func(g, v float64) string {
+				if !gOK || s == "greyrelay" || s == "sink" || v <= 0 {
+					return "–"
+				}
+				return fmt.Sprintf("%.2f×", g/v)
+			}
+			share := "–"
+			if cOK && ceiling > 0 {
+				share = fmt.Sprintf("%.0f%%", acc/ceiling*100)
+			}
+			cpu := median(sel, cpuMs)
+			cpuCell, vsTools := f3(cpu), "–"
+			if s == "sink" {
+				cpu = median(sel, toolsMs)
+				cpuCell = f3(cpu) + " (the tools)"
+			}
+			if haveCost && cost > 0 {
+				vsTools = fmt.Sprintf("%.2f×", cpu/cost)
+			}
+			syncs, flushes, pss, sy := "–", "–", "–", syncsBefore250(s)
+			if s != "sink" {
+				if v := median(sel, func(r roundResult) float64 { return r.SyncsPerMsg }); v >= 0 {
+					syncs = f2(v)
+				}
+				flushes = f2(median(sel, func(r roundResult) float64 { return r.FlushPerMsg }))
+				pss = f1(median(sel, func(r roundResult) float64 { return r.Usage.PeakPSSMB }))
+			}
+			if sy == "" {
+				sy = "–"
+			}
+			t.add(titleOf(s), sy, f0(acc), f0(del), ratio(gAcc, acc), ratio(gDel, del), share, cpuCell, vsTools, syncs, flushes, pss, fmt.Sprint(len(sel)))
+		}
+		t.write(w)
+	}
+}
+
+// goalsTable prints greyrelay's targets against this run's figures, per
+// tool set.
+func goalsTable(w io.Writer, rs []roundResult, label string, tools []string) {
+	if len(saturating(rs, label, tools[0], "greyrelay")) == 0 && (len(tools) < 2 || len(saturating(rs, label, tools[1], "greyrelay")) == 0) {
+		return
+	}
+	head := []string{"target (medians)"}
+	for _, tool := range tools {
+		head = append(head, toolsTitle(tool))
+	}
+	t := &table{head: head}
+	cost, haveCost := toolsCost(rs, label)
+	type goal struct {
+		name string
+		cell func(tool string) string
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "**not met**"
+	}
+	vsPeer := func(f func(roundResult) float64, want string, min float64) func(string) string {
+		return func(tool string) string {
+			g, ok := medianOf(rs, label, tool, "greyrelay", f)
+			peer, v := bestSyncing(rs, label, tool, f, want)
+			if !ok || peer == "" || v <= 0 {
+				return "–"
+			}
+			x := g / v
+			if min == 0 {
+				return fmt.Sprintf("%.2f× %s (%s vs %s/s)", x, titleOf(peer), f0(g), f0(v))
+			}
+			return fmt.Sprintf("%.2f× %s (%s vs %s/s): %s", x, titleOf(peer), f0(g), f0(v), verdict(x >= min))
+		}
+	}
+	vsPostfix := func(f func(roundResult) float64) func(string) string {
+		return func(tool string) string {
+			g, ok1 := medianOf(rs, label, tool, "greyrelay", f)
+			p, ok2 := medianOf(rs, label, tool, "postfix", f)
+			if !ok1 || !ok2 || p <= 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.2f× (%s vs %s/s): %s", g/p, f0(g), f0(p), verdict(g/p >= 5))
+		}
+	}
+	goals := []goal{
+		{"accepted ≥ 2× the best peer that syncs before its 250", vsPeer(accRate, "yes", 2)},
+		{"delivered ≥ 2× the best peer that syncs before its 250", vsPeer(delivRate, "yes", 2)},
+		{"beside: accepted against the best peer that does not sync", vsPeer(accRate, "no", 0)},
+		{"beside: delivered against the best peer that does not sync", vsPeer(delivRate, "no", 0)},
+		{"accepted ≥ 5× Postfix", vsPostfix(accRate)},
+		{"delivered ≥ 5× Postfix", vsPostfix(delivRate)},
+		{"accepted ≥ 45% of the tools alone", func(tool string) string {
+			g, ok1 := medianOf(rs, label, tool, "greyrelay", accRate)
+			c, ok2 := medianOf(rs, label, tool, "sink", accRate)
+			if !ok1 || !ok2 || c <= 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.0f%% (%s of %s/s): %s", g/c*100, f0(g), f0(c), verdict(g/c >= 0.45))
+		}},
+		{"CPU per message ≤ 1.5× smtp-source + smtp-sink", func(tool string) string {
+			g, ok := medianOf(rs, label, tool, "greyrelay", cpuMs)
+			if !ok || !haveCost || cost <= 0 {
+				return "–"
+			}
+			return fmt.Sprintf("%.2f× (%.3f vs %.3f ms): %s", g/cost, g, cost, verdict(g/cost <= 1.5))
+		}},
+	}
+	for _, g := range goals {
+		row := []string{g.name}
+		for _, tool := range tools {
+			row = append(row, g.cell(tool))
+		}
+		t.add(row...)
+	}
+	t.write(w)
 }

@@ -38,6 +38,8 @@ type roundResult struct {
 	FlushPerMsg      float64
 	SyscallsPerMsg   float64 // system calls of the system under test per accepted message (perf stat; 0: not measured)
 	SwitchesPerMsg   float64 // its context switches per accepted message
+	SyncsPerMsg      float64 // its fsync and fdatasync calls per accepted message (perf stat; -1: not measured)
+	ToolsCPUPer1000  float64 // CPU seconds of the load tools per 1000 accepted messages: smtp-source and smtp-sink, or this harness process for the Go tools
 }
 
 // roundSpec says how to measure.
@@ -45,6 +47,7 @@ type roundSpec struct {
 	Load         loadSpec
 	Label        string
 	DrainTimeout time.Duration // how long to wait for the queue to empty after the last 250
+	Tools        *cgroup       // the cgroup of smtp-source and smtp-sink, when they are the tools (nil: not counted)
 }
 
 // measure runs one load phase against s, with sk as the destination, and
@@ -57,19 +60,23 @@ func measure(ctx context.Context, s sut, sk destination, rs roundSpec) (roundRes
 	if d := waitQuiet(); d > quietWindow+100*time.Millisecond {
 		fmt.Fprintf(os.Stderr, "bench: %s: waited %.1f s for an idle machine\n", s.Name(), d.Seconds())
 	}
-	mon, err := startMonitor(s.Pids, s.QueueDir())
+	mon, err := startMonitor(s, rs.Tools)
 	if err != nil {
 		return roundResult{}, err
 	}
-	ps := startPerfStat(s.Pids())
+	ps := startPerfStat(s)
 	lr := runLoad(ctx, spec)
 	tEmpty, werr := waitDrained(ctx, s, sk, lr.Accepted, rs.DrainTimeout)
 	pc, perr := ps.finish()
 	u := mon.finish()
 	r := summarize(s.Name(), rs, lr, sk, tEmpty, u)
+	r.SyncsPerMsg = -1
 	if perr == nil && lr.Accepted > 0 {
 		r.SyscallsPerMsg = float64(pc.Syscalls) / float64(lr.Accepted)
 		r.SwitchesPerMsg = float64(pc.Switches) / float64(lr.Accepted)
+		if pc.SyncsCounted {
+			r.SyncsPerMsg = float64(pc.Syncs) / float64(lr.Accepted)
+		}
 	}
 	if werr != nil {
 		return r, werr
@@ -138,6 +145,11 @@ func summarize(name string, rs roundSpec, lr loadResult, sk destination, tEmpty 
 	r.E2E50, r.E2E99 = percentile(e2e, 50), percentile(e2e, 99)
 	if lr.Accepted > 0 {
 		r.CPUPer1000 = u.CPU / float64(lr.Accepted) * 1000
+		tools := u.SelfCPU
+		if spec.toolName() == toolsPostfix {
+			tools = u.ToolsCPU
+		}
+		r.ToolsCPUPer1000 = tools / float64(lr.Accepted) * 1000
 		r.FlushPerMsg = float64(u.Flushes) / float64(lr.Accepted)
 	}
 	return r

@@ -47,6 +47,12 @@ type sut interface {
 	Stop() error
 }
 
+// grouped is a system whose processes all live in one cgroup: its CPU
+// time and system calls are counted there.
+type grouped interface {
+	group() *cgroup // nil when it is counted by /proc instead
+}
+
 // --- greyrelay ---
 
 // greyrelay is one `greyrelay serve` process in its own directory.
@@ -56,6 +62,7 @@ type greyrelay struct {
 	cmd                        *exec.Cmd
 	done                       chan struct{}
 	exitErr                    error
+	cg                         *cgroup // nil: counted by its pid in /proc
 }
 
 // grOptions is what a benchmark varies in the relay's config.
@@ -138,6 +145,7 @@ func startGreyrelay(e *env, bin string, o grOptions) (*greyrelay, error) {
 		return nil, err
 	}
 	g := &greyrelay{bin: bin, dir: dir, cfgPath: filepath.Join(dir, "greyrelay.yaml"), logPath: filepath.Join(dir, "relay.log")}
+	g.cg, _ = e.group(filepath.Base(dir)) // without cgroup2, /proc counts the one process as well
 	if g.smtp, err = freeAddr(ipGreyrelay); err != nil {
 		return nil, err
 	}
@@ -169,8 +177,16 @@ func (g *greyrelay) start(timeout time.Duration) (time.Duration, error) {
 	cmd := exec.Command(g.bin, "serve", "-config", g.cfgPath)
 	cmd.Dir, cmd.Stdout, cmd.Stderr = g.dir, logf, logf
 	cmd.Env = peers.CleanEnv()
+	release := func() {}
+	if g.cg != nil {
+		if cmd.SysProcAttr, release, err = g.cg.procAttr(); err != nil {
+			return 0, err
+		}
+	}
 	t0 := time.Now()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	release()
+	if err != nil {
 		return 0, err
 	}
 	g.cmd, g.done, g.exitErr = cmd, make(chan struct{}), nil
@@ -217,8 +233,13 @@ func (g *greyrelay) Pids() []int {
 	if g.cmd == nil || g.exited() != nil {
 		return nil
 	}
+	if g.cg != nil {
+		return g.cg.procs()
+	}
 	return []int{g.cmd.Process.Pid}
 }
+
+func (g *greyrelay) group() *cgroup { return g.cg }
 
 // relayStats is the part of GET /api/stats the benchmark reads.
 type relayStats struct {
@@ -294,6 +315,7 @@ func tailFile(path string, n int) string {
 // default_process_limit 100, in_flow_delay 1s, connection cache on demand).
 type postfix struct {
 	px *peers.Postfix
+	cg *cgroup // nil: its processes are found by working directory
 }
 
 // startPostfix starts an instance relaying each route's domain to its sink.
@@ -319,12 +341,30 @@ func startPostfix(e *env, routes map[string]string, messageLimit int) (*postfix,
 	}
 	px := peers.StartPostfix(e.tb("postfix"), peers.PostfixConfig{Listen: listen, Hostname: "postfix.bench.test",
 		RelayDomains: domains, BindAddress: ipPostfix, Main: main})
-	return &postfix{px: px}, nil
+	p := &postfix{px: px}
+	// Postfix daemonizes, so it cannot be started inside a cgroup: its
+	// processes move in once running, and the master's later children
+	// are born there.
+	if cg, err := e.group(filepath.Base(px.Dir)); err == nil {
+		p.cg = cg
+		for _, pid := range peers.ProcessesIn(p.QueueDir()) {
+			if err := cg.add(pid); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return p, nil
 }
 
-func (p *postfix) Name() string              { return "postfix" }
-func (p *postfix) SMTPAddr() string          { return p.px.Listen }
-func (p *postfix) QueueDir() string          { return filepath.Join(p.px.Dir, "spool") }
-func (p *postfix) Pids() []int               { return peers.ProcessesIn(p.QueueDir()) }
+func (p *postfix) Name() string     { return "postfix" }
+func (p *postfix) SMTPAddr() string { return p.px.Listen }
+func (p *postfix) QueueDir() string { return filepath.Join(p.px.Dir, "spool") }
+func (p *postfix) Pids() []int {
+	if p.cg != nil {
+		return p.cg.procs()
+	}
+	return peers.ProcessesIn(p.QueueDir())
+}
+func (p *postfix) group() *cgroup            { return p.cg }
 func (p *postfix) QueueEmpty() (bool, error) { return p.px.QueueEmpty(), nil }
 func (p *postfix) Stop() error               { p.px.Stop(); return nil }
