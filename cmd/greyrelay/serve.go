@@ -244,13 +244,16 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		defer shared.Close()
 		go reportQueued(ctx, q, shared)
 	}
-	sup, err := openSuppressions(cfg)
+	sup, err := openSuppressions(cfg, shared)
 	if err != nil {
 		return err
 	}
 	if sup != nil {
 		defer sup.Close()
 		go pruneSuppressions(ctx, sup, log)
+		if shared != nil {
+			go syncSuppressions(ctx, sup, log)
+		}
 	}
 	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, suppressFunc(sup, log)); err != nil {
 		return err

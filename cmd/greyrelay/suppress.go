@@ -9,18 +9,44 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/relay/admin/admincli"
+	"github.com/greyrelay/greyrelay/relay/cluster"
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/suppress"
 )
 
 // openSuppressions opens the suppression list beside the queue file, or
-// returns nil when suppression.enabled is false.
-func openSuppressions(cfg *config.Config) (*suppress.List, error) {
+// returns nil when suppression.enabled is false. With a cluster the list
+// is shared through it (syncSuppressions).
+func openSuppressions(cfg *config.Config, shared *cluster.Cluster) (*suppress.List, error) {
 	if !cfg.Suppression.Enabled {
 		return nil, nil
 	}
-	return suppress.Open(filepath.Join(filepath.Dir(cfg.Queue.Path), "suppressions.db"),
-		suppress.Options{Scope: cfg.Suppression.Scope, TTL: cfg.Suppression.TTL})
+	opt := suppress.Options{Scope: cfg.Suppression.Scope, TTL: cfg.Suppression.TTL}
+	if shared != nil { // a nil *cluster.Cluster in the interface would not be nil
+		opt.Shared = shared
+	}
+	return suppress.Open(filepath.Join(filepath.Dir(cfg.Queue.Path), "suppressions.db"), opt)
+}
+
+// suppressionSync is how often a node of a cluster follows the shared
+// suppression list: an address suppressed on one node is refused on the
+// others within about this long.
+const suppressionSync = 2 * time.Second
+
+// syncSuppressions follows the shared suppression list until ctx ends.
+func syncSuppressions(ctx context.Context, l *suppress.List, log *zap.Logger) {
+	t := time.NewTicker(suppressionSync)
+	defer t.Stop()
+	for {
+		if err := l.Sync(); err != nil {
+			log.Error("following the shared suppression list failed", zap.Error(err))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // suppressFunc is the delivery engine's Options.Suppress: it adds the

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/suppress"
 )
 
 // redisStore is the Store on Redis: one address is a single server,
@@ -351,4 +352,128 @@ type redisLog struct{ log *zap.Logger }
 // Printf implements go-redis's internal.Logging.
 func (l redisLog) Printf(_ context.Context, format string, v ...any) {
 	l.log.Debug(fmt.Sprintf(format, v...))
+}
+
+// The suppression list's keys share one hash tag, so that a script may
+// touch them together in a Redis Cluster: the entries (a hash), the log of
+// changes (a stream) and the epoch.
+const (
+	suppressEntriesKey = "greyrelay:{suppressions}:entries"
+	suppressLogKey     = "greyrelay:{suppressions}:log"
+	suppressEpochKey   = "greyrelay:{suppressions}:epoch"
+)
+
+// suppressPutScript: KEYS entries, log; ARGV key, value ("" removes),
+// the log's length. The entry and its change are one step.
+var suppressPutScript = redis.NewScript(`
+if ARGV[2] == '' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+else
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[3], '*', 'k', ARGV[1], 'v', ARGV[2])
+return 1
+`)
+
+// suppressLogScript: KEYS epoch, log; ARGV new epoch, after, count.
+// Returns {epoch, changes from after on}.
+var suppressLogScript = redis.NewScript(`
+local e = redis.call('GET', KEYS[1])
+if not e then
+  redis.call('SET', KEYS[1], ARGV[1])
+  e = ARGV[1]
+end
+return {e, redis.call('XRANGE', KEYS[2], ARGV[2], '+', 'COUNT', tonumber(ARGV[3]))}
+`)
+
+// suppressSnapshotScript: KEYS epoch, log, entries; ARGV new epoch.
+// Returns {epoch, the log's last ID, every entry}; an empty log gets a
+// marker, so that a node has a position to follow from.
+var suppressSnapshotScript = redis.NewScript(`
+local e = redis.call('GET', KEYS[1])
+if not e then
+  redis.call('SET', KEYS[1], ARGV[1])
+  e = ARGV[1]
+end
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local id
+if #last > 0 then
+  id = last[1][1]
+else
+  id = redis.call('XADD', KEYS[2], '*', 'k', '', 'v', '')
+end
+return {e, id, redis.call('HGETALL', KEYS[3])}
+`)
+
+// suppressForgetScript: KEYS entries; ARGV key, value.
+var suppressForgetScript = redis.NewScript(`
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 1
+`)
+
+func (s *redisStore) SuppressionPut(ctx context.Context, key string, v []byte) error {
+	return suppressPutScript.Run(ctx, s.rdb, []string{suppressEntriesKey, suppressLogKey}, key, v, suppressionLogLen).Err()
+}
+
+func (s *redisStore) SuppressionLog(ctx context.Context, newEpoch, after string, limit int) (string, []suppress.Change, error) {
+	v, err := suppressLogScript.Run(ctx, s.rdb, []string{suppressEpochKey, suppressLogKey}, newEpoch, after, limit).Slice()
+	if err != nil {
+		return "", nil, err
+	}
+	if len(v) != 2 {
+		return "", nil, fmt.Errorf("cluster: suppression log: %d values", len(v))
+	}
+	epoch, _ := v[0].(string)
+	return epoch, logEntries(v[1]), nil
+}
+
+// logEntries decodes XRANGE's answer: {{id, {field, value, ...}}, ...}.
+func logEntries(v any) []suppress.Change {
+	rows, _ := v.([]any)
+	out := make([]suppress.Change, 0, len(rows))
+	for _, r := range rows {
+		pair, _ := r.([]any)
+		if len(pair) != 2 {
+			continue
+		}
+		e := suppress.Change{}
+		e.ID, _ = pair[0].(string)
+		fields := strs(pair[1])
+		for i := 0; i+1 < len(fields); i += 2 {
+			switch fields[i] {
+			case "k":
+				e.Key = fields[i+1]
+			case "v":
+				if fields[i+1] != "" {
+					e.Value = []byte(fields[i+1])
+				}
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func (s *redisStore) SuppressionSnapshot(ctx context.Context, newEpoch string) (string, string, map[string][]byte, error) {
+	v, err := suppressSnapshotScript.Run(ctx, s.rdb, []string{suppressEpochKey, suppressLogKey, suppressEntriesKey}, newEpoch).Slice()
+	if err != nil {
+		return "", "", nil, err
+	}
+	if len(v) != 3 {
+		return "", "", nil, fmt.Errorf("cluster: suppression snapshot: %d values", len(v))
+	}
+	epoch, _ := v[0].(string)
+	last, _ := v[1].(string)
+	kv := strs(v[2])
+	all := make(map[string][]byte, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		all[kv[i]] = []byte(kv[i+1])
+	}
+	return epoch, last, all, nil
+}
+
+func (s *redisStore) SuppressionForget(ctx context.Context, key string, v []byte) error {
+	return suppressForgetScript.Run(ctx, s.rdb, []string{suppressEntriesKey}, key, v).Err()
 }

@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/suppress"
 )
 
 // Store is where the nodes' shared state lives: Redis in production
@@ -58,6 +60,22 @@ type Store interface {
 	Unregister(ctx context.Context, name, instance string) error
 	// Nodes returns every unexpired registry entry.
 	Nodes(ctx context.Context) ([][]byte, error)
+
+	// SuppressionPut stores v under the suppression list's key (v nil:
+	// removes it) and appends the change to the list's log, which keeps
+	// about the last suppressionLogLen changes.
+	SuppressionPut(ctx context.Context, key string, v []byte) error
+	// SuppressionLog returns (a change with Key "" is a marker) the list's epoch (newEpoch, stored, if it
+	// has none) and the log's changes from after on, after's own first if
+	// the log still holds it, at most limit.
+	SuppressionLog(ctx context.Context, newEpoch, after string, limit int) (epoch string, log []suppress.Change, err error)
+	// SuppressionSnapshot returns the epoch (as SuppressionLog), the ID
+	// of the log's last change (adding a marker to an empty log, so that
+	// there is one) and every entry.
+	SuppressionSnapshot(ctx context.Context, newEpoch string) (epoch, last string, all map[string][]byte, err error)
+	// SuppressionForget removes key if its value is still v, without a
+	// change in the log.
+	SuppressionForget(ctx context.Context, key string, v []byte) error
 
 	// Close releases the store's connections.
 	Close() error

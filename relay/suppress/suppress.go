@@ -11,6 +11,10 @@
 // expire after a configured time, so an address that comes back to life
 // is tried again. The delivery engine adds entries; the operator lists,
 // adds and removes them through the admin API.
+//
+// In a cluster the nodes share the list through a Shared store (Redis,
+// relay/cluster); shared.go tells how. Check reads only the local file,
+// so a RCPT never waits for the network.
 package suppress
 
 import (
@@ -19,12 +23,17 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
-var bucket = []byte("suppressed")
+var (
+	bucket  = []byte("suppressed")
+	pending = []byte("pending") // keys changed here that the shared store has not taken yet
+	meta    = []byte("meta")    // the shared list's epoch and the last change applied
+)
 
 // Scope modes (suppression.scope).
 const (
@@ -47,12 +56,16 @@ type Options struct {
 	Scope string        // ScopeGlobal or ScopeSenderDomain
 	TTL   time.Duration // how long an entry lasts
 	Now   func() time.Time
+	// Shared, if set, is the store the nodes of a cluster share the list
+	// through (shared.go).
+	Shared Shared
 }
 
 // List is the suppression list. Its methods are safe for concurrent use.
 type List struct {
-	db  *bolt.DB
-	opt Options
+	db    *bolt.DB
+	opt   Options
+	pubMu sync.Mutex // one publication or sync at a time (shared.go)
 }
 
 // Open opens (or creates) the list's file.
@@ -68,8 +81,12 @@ func Open(path string, opt Options) (*List, error) {
 		return nil, fmt.Errorf("suppression list %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error {
-		_, err := tx.CreateBucketIfNotExists(bucket)
-		return err
+		for _, b := range [][]byte{bucket, pending, meta} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
 	}); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("suppression list %s: %w", path, err)
@@ -137,9 +154,14 @@ func (l *List) Put(e Entry) error {
 	if err != nil {
 		return err
 	}
-	return l.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucket).Put(key(e.Scope, e.Address), v)
-	})
+	k := key(e.Scope, e.Address)
+	if err := l.db.Update(func(tx *bolt.Tx) error {
+		return l.markPending(tx, k, tx.Bucket(bucket).Put(k, v))
+	}); err != nil {
+		return err
+	}
+	l.publish(k)
+	return nil
 }
 
 // ErrNotFound is Remove's answer for an address not on the list.
@@ -148,14 +170,18 @@ var ErrNotFound = errors.New("suppress: not on the suppression list")
 // Remove takes an address off the list, in one scope ("" for the global
 // scope).
 func (l *List) Remove(scope, addr string) error {
-	return l.db.Update(func(tx *bolt.Tx) error {
+	k := key(scope, addr)
+	if err := l.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
-		k := key(scope, addr)
 		if b.Get(k) == nil {
 			return ErrNotFound
 		}
-		return b.Delete(k)
-	})
+		return l.markPending(tx, k, b.Delete(k))
+	}); err != nil {
+		return err
+	}
+	l.publish(k)
+	return nil
 }
 
 // List returns the entries in force, by scope and address.
@@ -174,29 +200,34 @@ func (l *List) List() ([]Entry, error) {
 	return out, err
 }
 
-// Prune deletes expired entries and returns how many.
+// Prune deletes expired entries and returns how many. With a shared
+// store it removes them there too, unless another node renewed them: every
+// node expires an entry by its own clock, so no change is announced.
 func (l *List) Prune() (int, error) {
 	now := l.opt.Now()
-	n := 0
+	old := map[string][]byte{}
 	err := l.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
-		var old [][]byte
 		b.ForEach(func(k, v []byte) error {
 			var e Entry
 			if json.Unmarshal(v, &e) != nil || !now.Before(e.Expires) {
-				old = append(old, bytes.Clone(k))
+				old[string(k)] = bytes.Clone(v)
 			}
 			return nil
 		})
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
+		for k := range old {
+			if err := b.Delete([]byte(k)); err != nil {
 				return err
 			}
 		}
-		n = len(old)
 		return nil
 	})
-	return n, err
+	if err == nil && l.opt.Shared != nil {
+		for k, v := range old {
+			l.opt.Shared.ForgetSuppression(k, v)
+		}
+	}
+	return len(old), err
 }
 
 func cutLast(s, sep string) (before, after string, found bool) {

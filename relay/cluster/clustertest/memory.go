@@ -14,9 +14,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
+
+	"github.com/greyrelay/greyrelay/relay/suppress"
 )
 
 // ErrDown is every call's error while a Memory is down.
@@ -34,6 +38,10 @@ type Memory struct {
 	susp    map[string][]byte // the operator's suspensions, by domain
 	subs    map[int]func(string)
 	nsub    int
+	supp    suppressions
+	// SuppressionLogLen is how many changes the suppression log keeps
+	// (NewMemory: 10000).
+	SuppressionLogLen int
 }
 
 type entry struct {
@@ -45,7 +53,7 @@ func (e entry) live(now time.Time) bool { return e.b != nil && now.Before(e.exp)
 
 // NewMemory returns an empty store that answers.
 func NewMemory() *Memory {
-	m := &Memory{subs: map[int]func(string){}}
+	m := &Memory{subs: map[int]func(string){}, SuppressionLogLen: 10000}
 	m.Flush()
 	return m
 }
@@ -68,6 +76,7 @@ func (m *Memory) Flush() {
 	m.pace = map[string]time.Time{}
 	m.nodes = map[string]entry{}
 	m.susp = map[string][]byte{}
+	m.supp = suppressions{entries: map[string][]byte{}, seq: m.supp.seq}
 }
 
 // Leases returns domain's unexpired leases: member → expiry.
@@ -341,3 +350,90 @@ func (m *Memory) Nodes(context.Context) ([][]byte, error) {
 
 // Close implements cluster.Store: the store outlives the nodes using it.
 func (m *Memory) Close() error { return nil }
+
+// suppressions is the suppression list's shared copy, as the Redis
+// store keeps it: entries, a log of changes with increasing IDs, an epoch.
+type suppressions struct {
+	entries map[string][]byte
+	log     []suppress.Change
+	seq     int
+	epoch   string
+}
+
+// SuppressionPut implements cluster.Store.
+func (m *Memory) SuppressionPut(_ context.Context, key string, v []byte) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if v == nil {
+		delete(m.supp.entries, key)
+	} else {
+		m.supp.entries[key] = v
+	}
+	m.logSuppression(key, v)
+	return nil
+}
+
+func (m *Memory) logSuppression(key string, v []byte) string {
+	m.supp.seq++
+	id := fmt.Sprintf("%d-0", m.supp.seq)
+	m.supp.log = append(m.supp.log, suppress.Change{ID: id, Key: key, Value: v})
+	if len(m.supp.log) > m.SuppressionLogLen {
+		m.supp.log = slices.Clone(m.supp.log[len(m.supp.log)-m.SuppressionLogLen:])
+	}
+	return id
+}
+
+func (m *Memory) suppressionEpoch(newEpoch string) string {
+	if m.supp.epoch == "" {
+		m.supp.epoch = newEpoch
+	}
+	return m.supp.epoch
+}
+
+// SuppressionLog implements cluster.Store.
+func (m *Memory) SuppressionLog(_ context.Context, newEpoch, after string, limit int) (string, []suppress.Change, error) {
+	if err := m.call(); err != nil {
+		return "", nil, err
+	}
+	defer m.mu.Unlock()
+	var a int
+	fmt.Sscanf(after, "%d-", &a)
+	var out []suppress.Change
+	for _, e := range m.supp.log {
+		var n int
+		fmt.Sscanf(e.ID, "%d-", &n)
+		if n >= a && len(out) < limit {
+			out = append(out, e)
+		}
+	}
+	return m.suppressionEpoch(newEpoch), out, nil
+}
+
+// SuppressionSnapshot implements cluster.Store.
+func (m *Memory) SuppressionSnapshot(_ context.Context, newEpoch string) (string, string, map[string][]byte, error) {
+	if err := m.call(); err != nil {
+		return "", "", nil, err
+	}
+	defer m.mu.Unlock()
+	last := ""
+	if len(m.supp.log) == 0 {
+		last = m.logSuppression("", nil)
+	} else {
+		last = m.supp.log[len(m.supp.log)-1].ID
+	}
+	return m.suppressionEpoch(newEpoch), last, maps.Clone(m.supp.entries), nil
+}
+
+// SuppressionForget implements cluster.Store.
+func (m *Memory) SuppressionForget(_ context.Context, key string, v []byte) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if string(m.supp.entries[key]) == string(v) {
+		delete(m.supp.entries, key)
+	}
+	return nil
+}
