@@ -265,7 +265,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if users != nil {
 		go watchDirectory(ctx, cfg, users, log)
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup); err != nil {
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup, shared); err != nil {
 		return err
 	}
 	if cfg.API.Address != "" {
@@ -322,6 +322,9 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 		<-engineDone
 		return err
 	}
+	usageCtx, stopUsage := context.WithCancel(context.Background())
+	usageDone := make(chan struct{})
+	go func() { p.smtp.KeepUsage(usageCtx); close(usageDone) }()
 	ready.Store(true)
 	log.Info("greyrelay started", zap.String("version", version()), zap.String("hostname", cfg.Hostname),
 		zap.Stringers("smtp", p.smtp.Addrs()), zap.String("admin", cfg.Admin.Address), zap.String("queue", cfg.Queue.Path))
@@ -352,6 +355,8 @@ func (p relayParts) run(ctx context.Context, cfg *config.Config, log *zap.Logger
 	if err := p.smtp.Shutdown(shutCtx); err != nil {
 		log.Warn("smtp shutdown", zap.Error(err))
 	}
+	stopUsage() // after the last session: its message counts after a restart
+	<-usageDone
 	stopEngine()
 	<-engineDone
 	if p.report != nil {
@@ -395,11 +400,22 @@ func loadDirectory(cfg *config.Config) (*smtpd.Users, error) {
 	return u, nil
 }
 
+// usageStoreName is the queue store that keeps a lone node's user_limits
+// counts.
+const usageStoreName = "user-usage"
+
 func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer,
-	users *smtpd.Users, sup *suppress.List) (*smtpd.Server, error) {
+	users *smtpd.Users, sup *suppress.List, shared *cluster.Cluster) (*smtpd.Server, error) {
 	opt := smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now, DKIM: signer}
 	if sup != nil {
 		opt.Suppress = sup
+	}
+	// user_limits counts outlive a restart: in the cluster's Redis, shared
+	// by the nodes, or in the queue's file.
+	if shared != nil {
+		opt.Usage = shared
+	} else {
+		opt.Usage = smtpd.NewStoredUsage(q.Store(usageStoreName))
 	}
 	return smtpd.New(opt)
 }

@@ -56,6 +56,11 @@
 //     entry only at its first heartbeat, which is therefore no conflict
 //     (registry.go).
 //
+//   - The suppression list (suppress.go) and user_limits counts (usage.go)
+//     are shared too: each node keeps its own copy, which it checks, and
+//     exchanges it with Redis every few seconds, so checking a recipient or
+//     a sender never waits for Redis.
+//
 // The Redis client is go-redis's UniversalClient: one address is a single
 // server, several a Redis Cluster, and master_name selects Sentinel.
 package cluster
@@ -162,7 +167,7 @@ func New(opt Options) (*Cluster, error) {
 		up: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_cluster_redis_up",
 			Help: "1 while the shared Redis answers, 0 while the node works on local knowledge alone."}),
 		commands: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_cluster_redis_commands_total",
-			Help: "Redis round trips by purpose (load, publish, acquire, release, pace, renew, heartbeat, ping)."}, []string{"op"}),
+			Help: "Redis round trips by purpose (load, publish, acquire, release, pace, renew, heartbeat, ping, suspensions, suppress, usage)."}, []string{"op"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{Name: "greyrelay_cluster_node_name_conflicts_total",
 			Help: "Heartbeats that found this node's registry entry written by another running process with the same cluster.node_name since the previous heartbeat."}),
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -476,4 +477,73 @@ func (s *redisStore) SuppressionSnapshot(ctx context.Context, newEpoch string) (
 
 func (s *redisStore) SuppressionForget(ctx context.Context, key string, v []byte) error {
 	return suppressForgetScript.Run(ctx, s.rdb, []string{suppressEntriesKey}, key, v).Err()
+}
+
+// usageKey is the hash of one identity's user_limits counts: fields
+// "m<minute>" (messages) and "r<minute>" (recipients), by Unix minute.
+func usageKey(id string) string { return "greyrelay:usage:{" + id + "}" }
+
+// usageTTL is how long an identity's counts outlive its last message: the
+// longest window a limit has (a day), and a little more.
+const usageTTL = 25 * 60 * 60 * 1000 // ms
+
+// usageScript: KEYS the identity's hash; ARGV since, ttl (ms), then
+// minute, messages, recipients for each bucket to add. Returns the
+// remaining fields and values.
+var usageScript = redis.NewScript(`
+for i = 3, #ARGV, 3 do
+  redis.call('HINCRBY', KEYS[1], 'm' .. ARGV[i], ARGV[i + 1])
+  redis.call('HINCRBY', KEYS[1], 'r' .. ARGV[i], ARGV[i + 2])
+end
+local all = redis.call('HGETALL', KEYS[1])
+local since = tonumber(ARGV[1])
+local out = {}
+for i = 1, #all, 2 do
+  local m = tonumber(string.sub(all[i], 2))
+  if m == nil or m < since then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    table.insert(out, all[i])
+    table.insert(out, all[i + 1])
+  end
+end
+if #out > 0 then redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[2])) end
+return out
+`)
+
+func (s *redisStore) AddUsage(ctx context.Context, id string, add map[int64][2]int64, since int64) (map[int64][2]int64, error) {
+	args := []any{since, usageTTL}
+	for m, c := range add {
+		args = append(args, m, c[0], c[1])
+	}
+	kv, err := usageScript.Run(ctx, s.rdb, []string{usageKey(id)}, args...).StringSlice()
+	if err != nil {
+		return nil, err
+	}
+	return usageFields(kv), nil
+}
+
+// usageFields decodes "m<minute>"/"r<minute>" fields and their counts.
+func usageFields(kv []string) map[int64][2]int64 {
+	out := map[int64][2]int64{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		f := kv[i]
+		if len(f) < 2 {
+			continue
+		}
+		m, err1 := strconv.ParseInt(f[1:], 10, 64)
+		n, err2 := strconv.ParseInt(kv[i+1], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		c := out[m]
+		switch f[0] {
+		case 'm':
+			c[0] = n
+		case 'r':
+			c[1] = n
+		}
+		out[m] = c
+	}
+	return out
 }

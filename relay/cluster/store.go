@@ -77,6 +77,11 @@ type Store interface {
 	// change in the log.
 	SuppressionForget(ctx context.Context, key string, v []byte) error
 
+	// AddUsage adds add (Unix minute → messages, recipients) to id's
+	// user_limits counts, forgets minutes before since, keeps the rest for
+	// a day, and returns them.
+	AddUsage(ctx context.Context, id string, add map[int64][2]int64, since int64) (map[int64][2]int64, error)
+
 	// Close releases the store's connections.
 	Close() error
 }

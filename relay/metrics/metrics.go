@@ -29,6 +29,7 @@ type Metrics struct {
 	SchedulerWakeup prometheus.Counter     // scheduler loop iterations
 	UserMessages    *prometheus.CounterVec // messages accepted per AUTH user or API token
 	UserLimited     *prometheus.CounterVec // refusals by user_limits, per identity and limit
+	UserUsage       *prometheus.GaugeVec   // messages per identity in the last hour, as the shared counts say
 	Suspended       prometheus.Gauge       // destinations the operator suspended (a count: domains are no label)
 	// Recent counts the same outcomes as Deliveries per minute, in memory,
 	// for the status page's charts (not a Prometheus collector).
@@ -62,11 +63,13 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Messages accepted per AUTH user or API token."}, []string{"user"}),
 		UserLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "greyrelay_user_limited_total",
 			Help: "MAIL and RCPT commands refused by user_limits, per AUTH user or API token and limit."}, []string{"user", "limit"}),
+		UserUsage: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "greyrelay_user_messages_last_hour",
+			Help: "Messages each AUTH user or API token sent in the last hour, by every node of a cluster, as this node last read the shared counts (user_limits)."}, []string{"user"}),
 		Suspended: prometheus.NewGauge(prometheus.GaugeOpts{Name: "greyrelay_suspended_destinations", Help: "Destination domains whose delivery the operator suspended (greyrelay destinations suspend); `greyrelay destinations` names them."}),
 		Recent:    NewRecent(),
 	}
 	reg.MustRegister(m.Accepted, m.AcceptedBytes, m.Rejected, m.IntakeLatency, m.ConnectionsIn,
 		m.ConnectionsOut, m.TLSIn, m.TLSOut, m.TLSPolicy, m.AuthFailures, m.Deliveries, m.AttemptsPerMsg,
-		m.GreylistPass, m.DSNs, m.DSNsSuppressed, m.SchedulerWakeup, m.UserMessages, m.UserLimited, m.Suspended)
+		m.GreylistPass, m.DSNs, m.DSNsSuppressed, m.SchedulerWakeup, m.UserMessages, m.UserLimited, m.UserUsage, m.Suspended)
 	return m
 }

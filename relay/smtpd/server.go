@@ -99,6 +99,7 @@ type Options struct {
 	DiskFree func(path string) (uint64, error) // free bytes where the queue lives, less its reserve; nil: statfs
 	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
 	Suppress Suppressions                      // refused recipients (suppress.go); nil: none
+	Usage    UsageStore                        // keeps user_limits counts (userlimits.go); nil: in memory
 }
 
 // Server is the SMTP server for every configured listener.
@@ -211,7 +212,14 @@ func New(opt Options) (*Server, error) {
 	lim := s.cfg.Limits
 	s.authLim = newAuthLimiter(lim.MaxAuthFailuresPerUser, lim.MaxAuthFailuresPerIP, time.Hour, lim.IPv6PrefixLength)
 	s.lim = newLimiter(s)
-	s.quota = newUserQuota(s.cfg.UserLimits)
+	s.quota = newUserQuota(s.cfg.UserLimits, opt.Usage)
+	if s.quota != nil {
+		s.quota.report = func(id string, lastHour int) {
+			if !strings.HasPrefix(id, trustedPrefix) { // trusted clients would share one series
+				s.metrics.UserUsage.WithLabelValues(id).Set(float64(lastHour))
+			}
+		}
+	}
 	return s, nil
 }
 

@@ -1,6 +1,7 @@
 package smtpd
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,46 +15,90 @@ import (
 // relaying by trusted_networks without AUTH (by address), so that one
 // compromised or runaway application cannot spend the whole relay's
 // reputation. They are checked at MAIL (messages) and RCPT (recipients),
-// never after DATA, and counted when a message is committed. The counts
-// are kept in memory, per node, in one-minute buckets over the last day.
+// never after DATA, and counted when a message is committed, in
+// one-minute buckets over the last day.
+//
+// The counts outlive the process and are shared by a cluster's nodes
+// through a UsageStore (the queue's file on one node, Redis in a
+// cluster): a relay restarted in a loop, or an application spread over
+// several nodes, still meets its quota. Checks read this node's copy,
+// never the store: the first check of an identity since the start reads
+// the store once, then every usageSync each node adds what it counted and
+// reads the sum back. So the nodes of a cluster may together pass a limit
+// by what they accept within one usageSync, and while the store is away
+// each node counts on its own (from what it last read).
+
+// UsageStore keeps user_limits counts beyond one process (relay/cluster
+// over Redis; the queue's file on one node). Its one method returns
+// quickly; ok false means the store is away.
+type UsageStore interface {
+	// AddUsage adds add (one-minute bucket, as Unix minutes → messages,
+	// recipients) to id's counts, forgets buckets before since, and
+	// returns id's counts as the store now has them.
+	AddUsage(id string, add map[int64][2]int64, since int64) (map[int64][2]int64, bool)
+}
+
+// usageSync is how often the counts of active identities are exchanged
+// with the UsageStore.
+const usageSync = time.Second
 
 // bucketsPerDay is the number of one-minute buckets a day holds.
 const bucketsPerDay = 24 * 60
 
 type usage struct {
-	minute      [bucketsPerDay]int64 // the minute (Unix) bucket i counts, to tell stale buckets
-	msgs, rcpts [bucketsPerDay]int32
+	base    map[int64][2]int64 // the store's counts (all counts without one)
+	pend    map[int64][2]int64 // counted here since the last exchange
+	synced  bool               // the store's counts were read once
+	lastUse time.Time
 }
 
 // userQuota keeps every identity's usage.
 type userQuota struct {
-	lim config.UserLimits
-	mu  sync.Mutex
-	by  map[string]*usage
+	lim   config.UserLimits
+	store UsageStore // nil: counts live in this process alone
+	mu    sync.Mutex
+	by    map[string]*usage
+	xmu   sync.Mutex // one exchange with the store at a time
+	// report, if set, is told an identity's messages in the last hour
+	// after each exchange (the metric greyrelay_user_messages_last_hour).
+	report func(id string, lastHour int)
 }
 
-func newUserQuota(lim config.UserLimits) *userQuota {
+func newUserQuota(lim config.UserLimits, store UsageStore) *userQuota {
 	if !lim.Any() {
 		return nil
 	}
-	return &userQuota{lim: lim, by: make(map[string]*usage)}
+	return &userQuota{lim: lim, store: store, by: make(map[string]*usage)}
+}
+
+// get returns user's usage, created empty. Called with q.mu held.
+func (q *userQuota) get(user string) *usage {
+	u := q.by[user]
+	if u == nil {
+		u = &usage{base: map[int64][2]int64{}, pend: map[int64][2]int64{}}
+		q.by[user] = u
+	}
+	return u
 }
 
 // sums returns user's messages and recipients in the last hour and day.
+// Called with q.mu held.
 func (q *userQuota) sums(user string, now time.Time) (mh, md, rh, rd int) {
 	u := q.by[user]
 	if u == nil {
 		return
 	}
 	m := now.Unix() / 60
-	for i := range u.minute {
-		age := m - u.minute[i]
-		if age < 0 || age >= bucketsPerDay {
-			continue
-		}
-		md, rd = md+int(u.msgs[i]), rd+int(u.rcpts[i])
-		if age < 60 {
-			mh, rh = mh+int(u.msgs[i]), rh+int(u.rcpts[i])
+	for _, set := range []map[int64][2]int64{u.base, u.pend} {
+		for minute, c := range set {
+			age := m - minute
+			if age < 0 || age >= bucketsPerDay {
+				continue
+			}
+			md, rd = md+int(c[0]), rd+int(c[1])
+			if age < 60 {
+				mh, rh = mh+int(c[0]), rh+int(c[1])
+			}
 		}
 	}
 	return
@@ -62,6 +107,7 @@ func (q *userQuota) sums(user string, now time.Time) (mh, md, rh, rd int) {
 // overMessages names the message limit a new message from user would
 // pass ("" for none).
 func (q *userQuota) overMessages(user string, now time.Time) string {
+	q.first(user, now)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	mh, md, _, _ := q.sums(user, now)
@@ -78,6 +124,7 @@ func (q *userQuota) overMessages(user string, now time.Time) string {
 // overRecipients names the recipient limit that pending more recipients
 // (those of the message in progress, the new one included) would pass.
 func (q *userQuota) overRecipients(user string, pending int, now time.Time) string {
+	q.first(user, now)
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	_, _, rh, rd := q.sums(user, now)
@@ -95,18 +142,105 @@ func (q *userQuota) overRecipients(user string, pending int, now time.Time) stri
 func (q *userQuota) add(user string, rcpts int, now time.Time) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	u := q.by[user]
-	if u == nil {
-		u = &usage{}
-		q.by[user] = u
+	u := q.get(user)
+	u.lastUse = now
+	set := u.base
+	if q.store != nil {
+		set = u.pend
 	}
 	m := now.Unix() / 60
-	i := m % bucketsPerDay
-	if u.minute[i] != m {
-		u.minute[i], u.msgs[i], u.rcpts[i] = m, 0, 0
+	c := set[m]
+	set[m] = [2]int64{c[0] + 1, c[1] + int64(rcpts)}
+}
+
+// first reads user's counts from the store the first time user is
+// checked since the start.
+func (q *userQuota) first(user string, now time.Time) {
+	if q.store == nil {
+		return
 	}
-	u.msgs[i]++
-	u.rcpts[i] += int32(rcpts)
+	q.mu.Lock()
+	u := q.get(user)
+	u.lastUse = now
+	done := u.synced
+	q.mu.Unlock()
+	if !done {
+		q.exchange(user, now)
+	}
+}
+
+// exchange adds user's pending counts to the store and takes the store's
+// sum as user's base. While the store is away the counts stay pending.
+func (q *userQuota) exchange(user string, now time.Time) {
+	q.xmu.Lock()
+	defer q.xmu.Unlock()
+	q.mu.Lock()
+	u := q.get(user)
+	sent := u.pend
+	u.pend = map[int64][2]int64{}
+	q.mu.Unlock()
+	since := now.Unix()/60 - bucketsPerDay
+	got, ok := q.store.AddUsage(user, sent, since)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !ok {
+		for m, c := range sent {
+			p := u.pend[m]
+			u.pend[m] = [2]int64{p[0] + c[0], p[1] + c[1]}
+		}
+		return
+	}
+	u.base, u.synced = got, true
+	for m := range u.base {
+		if m < since {
+			delete(u.base, m)
+		}
+	}
+	if q.report != nil {
+		mh, _, _, _ := q.sums(user, now)
+		q.report(user, mh)
+	}
+}
+
+// runSync exchanges the counts of every identity that sent in the last
+// day (or has counts pending) every usageSync, and once more when ctx
+// ends, so that a restart finds them.
+func (q *userQuota) runSync(ctx context.Context, now func() time.Time) {
+	t := time.NewTicker(usageSync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			q.syncAll(now())
+			return
+		case <-t.C:
+			q.syncAll(now())
+		}
+	}
+}
+
+// KeepUsage exchanges the user_limits counts with Options.Usage until ctx
+// ends, and once more then (call it to end after Shutdown, so that the
+// last messages count after a restart). Without either it returns at once.
+func (s *Server) KeepUsage(ctx context.Context) {
+	if s.quota == nil || s.quota.store == nil {
+		return
+	}
+	s.quota.runSync(ctx, s.now)
+}
+
+func (q *userQuota) syncAll(now time.Time) {
+	q.mu.Lock()
+	var ids []string
+	for id, u := range q.by {
+		if len(u.pend) > 0 || now.Sub(u.lastUse) < 24*time.Hour {
+			ids = append(ids, id)
+		}
+	}
+	q.mu.Unlock()
+	for _, id := range ids {
+		q.exchange(id, now)
+	}
 }
 
 // limitID is whose limits a transaction counts against: the AUTH user or

@@ -39,6 +39,7 @@ type Memory struct {
 	subs    map[int]func(string)
 	nsub    int
 	supp    suppressions
+	usage   map[string]map[int64][2]int64 // user_limits counts by identity
 	// SuppressionLogLen is how many changes the suppression log keeps
 	// (NewMemory: 10000).
 	SuppressionLogLen int
@@ -77,6 +78,7 @@ func (m *Memory) Flush() {
 	m.nodes = map[string]entry{}
 	m.susp = map[string][]byte{}
 	m.supp = suppressions{entries: map[string][]byte{}, seq: m.supp.seq}
+	m.usage = nil
 }
 
 // Leases returns domain's unexpired leases: member → expiry.
@@ -436,4 +438,30 @@ func (m *Memory) SuppressionForget(_ context.Context, key string, v []byte) erro
 		delete(m.supp.entries, key)
 	}
 	return nil
+}
+
+// AddUsage implements cluster.Store.
+func (m *Memory) AddUsage(_ context.Context, id string, add map[int64][2]int64, since int64) (map[int64][2]int64, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	if m.usage == nil {
+		m.usage = map[string]map[int64][2]int64{}
+	}
+	u := m.usage[id]
+	if u == nil {
+		u = map[int64][2]int64{}
+		m.usage[id] = u
+	}
+	for minute, c := range add {
+		o := u[minute]
+		u[minute] = [2]int64{o[0] + c[0], o[1] + c[1]}
+	}
+	for minute := range u {
+		if minute < since {
+			delete(u, minute)
+		}
+	}
+	return maps.Clone(u), nil
 }
