@@ -55,7 +55,6 @@
 //     status` and the status page. A restart finds its previous run's
 //     entry only at its first heartbeat, which is therefore no conflict
 //     (registry.go).
-//
 //   - The suppression list (suppress.go) and user_limits counts (usage.go)
 //     are shared too: each node keeps its own copy, which it checks, and
 //     exchanges it with Redis every few seconds, so checking a recipient or
