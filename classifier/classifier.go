@@ -96,6 +96,11 @@ const (
 	OperatorDeleted  Reason = "deleted"
 )
 
+// Suppressed is the reason of a recipient bounced without an attempt
+// because its address is on the suppression list (suppression.action
+// "bounce"): not a classification of a reply either.
+const Suppressed Reason = "suppressed"
+
 // OperatorReasons returns the reasons of the operator's actions.
 func OperatorReasons() []Reason {
 	return []Reason{OperatorBounced, OperatorHeld, OperatorReleased, OperatorDeleted}

@@ -9,14 +9,17 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 func TestSuppressionWithPostfix(t *testing.T) {
@@ -110,4 +113,87 @@ func TestSuppressionWithPostfix(t *testing.T) {
 	if len(suppressed) != 2 || suppressed[0] != "unknown@dest.test" || suppressed[1] != "unknown@dest.test" {
 		t.Errorf("suppressed events for %q, want unknown@dest.test twice", suppressed)
 	}
+}
+
+// TestSuppressionAcceptAndBounce: with suppression.action bounce, a
+// recipient that a real Postfix's 550 5.1.1 suppressed is accepted (250)
+// next time and bounced at once, without a connection to the destination:
+// the sender's MX gets an RFC 3464 DSN whose Diagnostic-Code names the
+// suppression (date, reason, Postfix's reply); the other recipient of the
+// same message is delivered, and the events say it was bounced.
+func TestSuppressionAcceptAndBounce(t *testing.T) {
+	peers.Require(t, "postfix", "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	final := peers.StartSink(t, net.JoinHostPort(n.host(""), "0"), peers.SinkOptions{})
+	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, KnownRecipients: []string{"known@dest.test"}})
+	senderMX := n.sink("src.test", peers.SinkOptions{})
+	r := n.relay("suppression.action=bounce", "events.file=events.jsonl")
+
+	id := r.send(peers.SwaksMessage{From: "", To: []string{"unknown@dest.test"}, Data: message("app@src.test", "unknown@dest.test", "first")})
+	r.waitAttempts(id, "failed", 30*time.Second)
+	r.waitSuppressed("unknown@dest.test", true, 10*time.Second)
+	r.waitQueueEmpty(20 * time.Second)
+
+	id = r.send(peers.SwaksMessage{From: "app@src.test", To: []string{"known@dest.test", "Unknown@dest.test"},
+		Data: message("app@src.test", "known@dest.test", "second")})
+	atts := r.waitAttempts(id, "failed", 20*time.Second)
+	a := atts[len(atts)-1]
+	if a.str("rcpt") != "Unknown@dest.test" || a.str("reason") != "suppressed" || a.str("mx_addr") != "" {
+		t.Errorf("the suppressed recipient's attempt: %v, want a failure with reason suppressed and no MX", a)
+	}
+	dsn := senderMX.WaitFor(t, 1, 20*time.Second)[0]
+	rep := parseDSN(t, dsn.Data)
+	g := rep.recipient("Unknown@dest.test")
+	if len(rep.Recipients) != 1 || g == nil {
+		t.Fatalf("DSN names %v, want only Unknown@dest.test", rep.Recipients)
+	}
+	dc := oneSpace(g.Get("Diagnostic-Code"))
+	if g.Get("Action") != "failed" || g.Get("Status") != "5.1.1" ||
+		!strings.Contains(dc, "550 5.1.1 <Unknown@dest.test>: Recipient address suppressed since "+time.Now().UTC().Format(time.DateOnly)+" (reason: no-such-user): 550 5.1.1") ||
+		!strings.Contains(dc, "User unknown in relay recipient table") {
+		t.Errorf("DSN Action %q Status %q Diagnostic-Code %q, want failed 5.1.1 naming the suppression", g.Get("Action"), g.Get("Status"), dc)
+	}
+	if got := final.WaitFor(t, 1, 20*time.Second)[0]; !slices.Equal(got.Rcpts, []string{"known@dest.test"}) {
+		t.Errorf("destination got %v, want known@dest.test alone", got.Rcpts)
+	}
+	r.waitQueueEmpty(10 * time.Second)
+
+	relaytest.Eventually(t, 20*time.Second, "a bounced event for the suppressed recipient", func() error {
+		var kinds []string
+		for _, ev := range suppressionEvents(t, filepath.Join(r.Dir, "events.jsonl")) {
+			if strings.EqualFold(ev.Rcpt, "Unknown@dest.test") {
+				kinds = append(kinds, ev.Event+"/"+ev.Reason)
+			}
+		}
+		if !slices.Contains(kinds, "bounced/suppressed") {
+			return fmt.Errorf("events for the recipient: %v", kinds)
+		}
+		return nil
+	})
+}
+
+// suppressionEvent is one line of an events file, as far as the
+// suppression tests read it.
+type suppressionEvent struct {
+	Event, Rcpt, Reason string
+}
+
+func suppressionEvents(t *testing.T, path string) []suppressionEvent {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []suppressionEvent
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var ev suppressionEvent
+		if json.Unmarshal(sc.Bytes(), &ev) == nil {
+			out = append(out, ev)
+		}
+	}
+	return out
 }

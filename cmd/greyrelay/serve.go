@@ -255,7 +255,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 			go syncSuppressions(ctx, sup, log)
 		}
 	}
-	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, suppressFunc(sup, log)); err != nil {
+	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, sup); err != nil {
 		return err
 	}
 	users, err := loadDirectory(cfg)
@@ -481,7 +481,7 @@ func reportQueued(ctx context.Context, q *queue.Queue, c *cluster.Cluster) {
 }
 
 func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, ev *events.Events, c *cluster.Cluster,
-	sup func(from, rcpt, reason, reply string, at time.Time) bool) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
+	sup *suppress.List) (*delivery.Engine, *tlspolicy.Checker, *tlsrpt.Reporter, error) {
 	cl, err := classifier.New(cfg.Retry.Rules)
 	if err != nil {
 		return nil, nil, nil, err
@@ -514,7 +514,10 @@ func newEngine(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.M
 	if report != nil {
 		opt.TLSReport = report.Agg
 	}
-	opt.Suppress = sup
+	opt.Suppress = suppressFunc(sup, log)
+	if sup != nil && cfg.Suppression.Action == config.SuppressBounce {
+		opt.Suppressed = sup.Why
+	}
 	e, err := delivery.New(opt)
 	return e, policy, report, err
 }

@@ -282,7 +282,20 @@ type Suppression struct {
 	Enabled bool          `yaml:"enabled"`
 	Scope   string        `yaml:"scope"` // global | sender-domain
 	TTL     time.Duration `yaml:"ttl"`
+	// Action is what intake does with a suppressed recipient: "refuse"
+	// it at RCPT, or "bounce" it (accept, then fail it at once with a
+	// DSN).
+	Action string `yaml:"action"`
+	// Imports are files of addresses (one a line) kept on the list while
+	// they list them: read at start, on SIGHUP and when they change.
+	Imports []string `yaml:"imports"`
 }
+
+// Suppression actions (suppression.action).
+const (
+	SuppressRefuse = "refuse"
+	SuppressBounce = "bounce"
+)
 
 // UserLimits bounds what each AUTH user and API token may send, in a
 // sliding hour and day; 0 is no limit. Overrides gives some identities

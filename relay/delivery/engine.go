@@ -119,6 +119,11 @@ type Options struct {
 	// refusal, nor an expiry), and reports whether it suppressed it
 	// (relay/suppress).
 	Suppress func(from, rcpt, reason, reply string, at time.Time) bool
+	// Suppressed, if set, says whether mail from sender to rcpt is on
+	// the suppression list, since when, why and for which reply; such
+	// recipients fail at once, without an attempt (suppressed.go). Set
+	// for suppression.action "bounce", where intake accepts them.
+	Suppressed func(sender, rcpt string) (since time.Time, reason, reply string, ok bool)
 	// Suspensions shares the operator's suspensions with the other nodes
 	// (suspend.go); nil for a node on its own.
 	Suspensions SuspensionStore

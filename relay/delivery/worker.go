@@ -145,6 +145,9 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 		return s
 	}
 	defer release()
+	if e.bounceSuppressed(d, j, msg, body); len(j.rcpts) == 0 {
+		return s
+	}
 	// The open connection carries j only if it gives j's message every TLS
 	// guarantee its own policy demands (session.rides); otherwise the
 	// message opens its own, under its own policy.

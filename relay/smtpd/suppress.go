@@ -6,13 +6,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/greyrelay/greyrelay/relay/address"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // Suppressions says which recipients are refused at RCPT: addresses whose
 // mail failed permanently for a reason about the address (relay/suppress).
 // Refusing them at the door, rather than accepting and bouncing, tells the
 // client at once and sends nothing to a destination that already said the
-// mailbox does not exist.
+// mailbox does not exist. With suppression.action "bounce" they are
+// accepted instead, for applications that read bounces rather than SMTP
+// replies, and the delivery engine fails them at once.
 type Suppressions interface {
 	// Suppressed returns when mail from sender to rcpt was suppressed and
 	// the reply that caused it, if it is.
@@ -29,6 +32,13 @@ func (s *session) checkSuppressed(env *envelope, a address.Address) error {
 	}
 	since, rep, ok := s.srv.suppress.Suppressed(env.from, a.String())
 	if !ok {
+		return nil
+	}
+	if s.srv.cfg.Suppression.Action == config.SuppressBounce {
+		// Accepted: the delivery engine fails it at once, with a DSN
+		// naming the suppression (relay/delivery, suppressed.go).
+		s.srv.log.Info("recipient suppressed: accepted, to be bounced", zap.String("client", s.clientS),
+			zap.String("rcpt", printable(a.String())), zap.Time("since", since))
 		return nil
 	}
 	s.srv.log.Info("recipient suppressed", zap.String("client", s.clientS), zap.String("rcpt", printable(a.String())),

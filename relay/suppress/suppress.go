@@ -242,3 +242,11 @@ func (l *List) Suppressed(sender, rcpt string) (time.Time, string, bool) {
 	e, ok := l.Check(sender, rcpt)
 	return e.Since, e.Reply, ok
 }
+
+// Why is Check in the form the delivery engine asks it: when mail from
+// sender to rcpt was suppressed, why (the classifier's reason, or the
+// operator's) and the reply that caused it.
+func (l *List) Why(sender, rcpt string) (since time.Time, reason, reply string, ok bool) {
+	e, ok := l.Check(sender, rcpt)
+	return e.Since, e.Reason, e.Reply, ok
+}
