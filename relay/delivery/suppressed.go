@@ -65,11 +65,11 @@ func suppressedVerdict(rcpt string, since time.Time, reason, reply string) class
 	}
 	text := "<" + rcpt + ">: Recipient address suppressed since " + since.UTC().Format(time.DateOnly) +
 		" (reason: " + reason + "): " + strings.Map(func(r rune) rune {
-			if r == '\r' || r == '\n' || r == 0 {
-				return ' '
-			}
-			return r
-		}, reply)
+		if r == '\r' || r == '\n' || r == 0 {
+			return ' '
+		}
+		return r
+	}, reply)
 	if len(text) > maxVerdictText {
 		text = strings.ToValidUTF8(text[:maxVerdictText], "")
 	}
