@@ -87,8 +87,8 @@ func explainOperator(reason Reason) (Explanation, bool) {
 		x.Meaning = "The relay's operator released this recipient from hold (greyrelay queue release): it was due at once and is delivered as usual." + earlier
 		x.Action = "Nothing to do; the outcome of its next attempt replaces this."
 	case Suppressed:
-		x.Meaning = "The address is on the relay's suppression list: an earlier message to it failed permanently for a reason about the address (or the operator put it there), so greyrelay did not try it again (suppression.action bounce)."
-		x.Action = "greyrelay sent the sender a DSN. Stop mailing this address; if it works again, take it off the list (greyrelay suppression remove)."
+		x.Meaning = "The address is on the relay's suppression list: an earlier message to it failed permanently for a reason about the address (or the operator put it there), so greyrelay does not try it again. It refuses it at RCPT (suppression.action refuse) or accepts it and returns it at once with a DSN (suppression.action bounce)."
+		x.Action = "Stop mailing this address; if it works again, the relay's operator takes it off the list (greyrelay suppression remove)."
 		x.Fault = FaultSender
 	case OperatorDeleted:
 		x.Meaning = "The relay's operator deleted this recipient (greyrelay queue delete): greyrelay no longer tries it, and its sender was not told (no DSN)."

@@ -96,7 +96,8 @@ func TestSuppressionWithPostfix(t *testing.T) {
 		}
 	}
 
-	// The event file has a suppressed event for each of unknown@'s bounces.
+	// The event file has a suppressed event for each of unknown@'s bounces
+	// and each address the operator added.
 	var suppressed []string
 	f, err := os.Open(filepath.Join(r.Dir, "events.jsonl"))
 	if err != nil {
@@ -110,9 +111,27 @@ func TestSuppressionWithPostfix(t *testing.T) {
 			suppressed = append(suppressed, ev.Rcpt)
 		}
 	}
-	if len(suppressed) != 2 || suppressed[0] != "unknown@dest.test" || suppressed[1] != "unknown@dest.test" {
-		t.Errorf("suppressed events for %q, want unknown@dest.test twice", suppressed)
+	// The operator's additions (add, import) are suppressed events too.
+	if want := []string{"unknown@dest.test", "unknown@dest.test", "abuse-reporter@dest.test", "old1@dest.test", "old2@dest.test"}; !slices.Equal(suppressed, want) {
+		t.Errorf("suppressed events for %q, want %q", suppressed, want)
 	}
+	// And a refused event for each recipient refused at RCPT for it.
+	relaytest.Eventually(t, 20*time.Second, "refused events", func() error {
+		var refused []string
+		for _, ev := range suppressionEvents(t, filepath.Join(r.Dir, "events.jsonl")) {
+			if ev.Event == "refused" {
+				if ev.Reason != "suppressed" || !strings.Contains(ev.Reply.Text, "Recipient address suppressed since") || ev.Reply.Code != 550 || ev.QueueID != "" {
+					return fmt.Errorf("refused event %+v", ev)
+				}
+				refused = append(refused, ev.Rcpt)
+			}
+		}
+		want := []string{"Unknown@dest.test", "unknown@dest.test", "unknown@dest.test", "abuse-reporter@dest.test", "old1@dest.test", "old2@dest.test"}
+		if !slices.Equal(refused, want) {
+			return fmt.Errorf("refused events for %q, want %q", refused, want)
+		}
+		return nil
+	})
 }
 
 // TestSuppressionAcceptAndBounce: with suppression.action bounce, a
@@ -177,6 +196,11 @@ func TestSuppressionAcceptAndBounce(t *testing.T) {
 // suppression tests read it.
 type suppressionEvent struct {
 	Event, Rcpt, Reason string
+	QueueID             string `json:"queue_id"`
+	Reply               struct {
+		Code int
+		Text string
+	}
 }
 
 func suppressionEvents(t *testing.T, path string) []suppressionEvent {

@@ -199,3 +199,12 @@ func sinkBucket(tx *bolt.Tx, sink string) *bolt.Bucket {
 	}
 	return root.Bucket([]byte(sink))
 }
+
+// AddEvents stores es in the outbox alone, for an event whose cause
+// changes nothing in the queue (a recipient refused at RCPT).
+func (q *Queue) AddEvents(es []Event) error {
+	if len(es) == 0 {
+		return nil
+	}
+	return q.update(func(w *wtx) error { return w.putEvents(es) })
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/greyrelay/greyrelay/relay/config"
 	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/metrics"
+	"github.com/greyrelay/greyrelay/relay/smtpd"
 )
 
 // newEvents builds the delivery events of cfg.Events. It comes before the
@@ -62,5 +63,20 @@ func runEvents(ctx context.Context, ev *events.Events, q *queue.Queue) (stop fun
 		<-done
 		signal.Stop(hup)
 		ev.Close()
+	}
+}
+
+// refusedEvents stores a refused event for each recipient intake refuses
+// for being suppressed; nil without event sinks. A failed write (a full
+// disk) loses the event, not the reply: the refusal is what the client
+// sees, and nothing was queued.
+func refusedEvents(q *queue.Queue, ev *events.Events, log *zap.Logger) func(smtpd.Refusal) {
+	if !ev.Enabled() {
+		return nil
+	}
+	return func(r smtpd.Refusal) {
+		if err := q.AddEvents(ev.Refused(r.From, r.Rcpt, r.Reason, r.Code, r.Enhanced, r.Text, r.Time)); err != nil {
+			log.Warn("storing a refused event failed", zap.String("rcpt", r.Rcpt), zap.Error(err))
+		}
 	}
 }

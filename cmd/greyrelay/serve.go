@@ -265,7 +265,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 	if users != nil {
 		go watchDirectory(ctx, cfg, users, log)
 	}
-	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup, shared); err != nil {
+	if p.smtp, err = newSMTP(cfg, q, log, m, signer, users, sup, shared, ev); err != nil {
 		return err
 	}
 	if cfg.API.Address != "" {
@@ -287,7 +287,7 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		aopt.TLSReport = tlsReportFunc(p.report)
 	}
 	if sup != nil {
-		aopt.Suppressions = sup
+		aopt.Suppressions = announcedList{list: sup, q: q, ev: ev, log: log}
 	}
 	p.admin, err = admin.New(aopt)
 	if err != nil {
@@ -405,10 +405,11 @@ func loadDirectory(cfg *config.Config) (*smtpd.Users, error) {
 const usageStoreName = "user-usage"
 
 func newSMTP(cfg *config.Config, q *queue.Queue, log *zap.Logger, m *metrics.Metrics, signer *dkim.Signer,
-	users *smtpd.Users, sup *suppress.List, shared *cluster.Cluster) (*smtpd.Server, error) {
+	users *smtpd.Users, sup *suppress.List, shared *cluster.Cluster, ev *events.Events) (*smtpd.Server, error) {
 	opt := smtpd.Options{Config: cfg, Queue: q, Users: users, Logger: log, Metrics: m, Now: time.Now, DKIM: signer}
 	if sup != nil {
 		opt.Suppress = sup
+		opt.OnRefused = refusedEvents(q, ev, log)
 	}
 	// user_limits counts outlive a restart: in the cluster's Redis, shared
 	// by the nodes, or in the queue's file.

@@ -4,13 +4,16 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin/admincli"
 	"github.com/greyrelay/greyrelay/relay/cluster"
 	"github.com/greyrelay/greyrelay/relay/config"
+	"github.com/greyrelay/greyrelay/relay/events"
 	"github.com/greyrelay/greyrelay/relay/suppress"
 )
 
@@ -92,3 +95,29 @@ func suppressionCmd(args []string, stdout, stderr io.Writer) error {
 	}
 	return admincli.RunSuppression(rest, c, stdout, stderr)
 }
+
+// announcedList is the suppression list as the admin API changes it: an
+// entry the operator adds is also a suppressed event.
+type announcedList struct {
+	list *suppress.List
+	q    *queue.Queue
+	ev   *events.Events
+	log  *zap.Logger
+}
+
+// Put implements admin.SuppressionList.
+func (l announcedList) Put(e suppress.Entry) error {
+	if err := l.list.Put(e); err != nil {
+		return err
+	}
+	if err := l.q.AddEvents(l.ev.SuppressedBy(strings.ToLower(e.Address), strings.ToLower(e.Scope), e.Reason, e.Since)); err != nil {
+		l.log.Warn("storing a suppressed event failed", zap.String("address", e.Address), zap.Error(err))
+	}
+	return nil
+}
+
+// List implements admin.SuppressionList.
+func (l announcedList) List() ([]suppress.Entry, error) { return l.list.List() }
+
+// Remove implements admin.SuppressionList.
+func (l announcedList) Remove(scope, addr string) error { return l.list.Remove(scope, addr) }

@@ -8,7 +8,7 @@ import (
 )
 
 // eventKinds are the names events.webhooks[].events accepts (relay/events).
-var eventKinds = []string{"accepted", "delivered", "relayed", "deferred", "delayed", "bounced", "expired", "held", "released", "deleted", "suppressed"}
+var eventKinds = []string{"accepted", "delivered", "relayed", "deferred", "delayed", "bounced", "expired", "held", "released", "deleted", "suppressed", "refused"}
 
 // events checks the event sinks: webhooks need an http(s) URL and a
 // readable, non-empty secret, since an unsigned event could be forged.

@@ -1,6 +1,7 @@
 // Package events tells applications what happened to their mail: one JSON
 // object per recipient and event (accepted, delivered or relayed, deferred,
-// delayed, bounced, expired, and the operator's held, released, deleted), POSTed in signed batches to webhooks and
+// delayed, bounced, expired, the operator's held, released, deleted, and
+// suppressed and refused for the suppression list), POSTed in signed batches to webhooks and
 // written as JSON lines to a file for log shippers.
 //
 // Durability comes from the queue, not from this package. An event is
@@ -64,6 +65,10 @@ const (
 	// Suppressed: a bounce for a reason about the address put it on the
 	// suppression list; later mail to it is refused at RCPT.
 	Suppressed Kind = "suppressed"
+	// Refused: intake refused a recipient at RCPT (or the sending API
+	// refused it) because its address is on the suppression list; nothing
+	// was queued for it, so the event has no queue ID.
+	Refused Kind = "refused"
 )
 
 // Event is the JSON object sent for one recipient and event.
@@ -224,6 +229,33 @@ func (e *Events) Operator(action string, m *queue.Message, r *queue.Recipient, h
 		ev.NextAttempt = &next
 	}
 	return e.encode(nil, &ev)
+}
+
+// Refused returns the refused event of recipient rcpt of mail from from,
+// refused with reply for reason (classifier.Suppressed) at t.
+func (e *Events) Refused(from, rcpt, reason string, code int, enhanced, text string, t time.Time) []queue.Event {
+	if !e.Enabled() {
+		return nil
+	}
+	ev := Event{Event: Refused, Time: t, From: from, Rcpt: rcpt, Reason: reason,
+		Reply:       &Reply{Code: code, Enhanced: enhanced, Text: text},
+		Explanation: classifier.Explain(classifier.Reason(reason), enhanced).String()}
+	return e.encode(nil, &ev)
+}
+
+// SuppressedBy returns the suppressed event of an address the operator put
+// on the suppression list (greyrelay suppression add), without a message:
+// reason is the entry's (operator, complaint...), scope its sending domain
+// ("" for every sender) as from.
+func (e *Events) SuppressedBy(addr, scope, reason string, t time.Time) []queue.Event {
+	if !e.Enabled() {
+		return nil
+	}
+	from := ""
+	if scope != "" {
+		from = "@" + scope
+	}
+	return e.encode(nil, &Event{Event: Suppressed, Time: t, From: from, Rcpt: addr, Reason: reason})
 }
 
 // Outcome is one recipient's stored delivery outcome.

@@ -100,22 +100,26 @@ type Options struct {
 	DKIM     *dkim.Signer                      // signs at intake (sign.go); nil: nothing is signed
 	Suppress Suppressions                      // refused recipients (suppress.go); nil: none
 	Usage    UsageStore                        // keeps user_limits counts (userlimits.go); nil: in memory
+	// OnRefused, if set, is told of each recipient refused for being
+	// suppressed (suppress.go), before the reply goes out.
+	OnRefused func(Refusal)
 }
 
 // Server is the SMTP server for every configured listener.
 type Server struct {
-	cfg      *config.Config
-	queue    Queue
-	users    *Users
-	log      *zap.Logger
-	metrics  *metrics.Metrics
-	now      func() time.Time
-	diskFree func(string) (uint64, error)
-	dkim     *dkim.Signer
-	suppress Suppressions
-	quota    *userQuota // user_limits; nil without any (userlimits.go)
-	room     room       // the last diskFree measurement (room.go)
-	trusted  []netip.Prefix
+	cfg       *config.Config
+	queue     Queue
+	users     *Users
+	log       *zap.Logger
+	metrics   *metrics.Metrics
+	now       func() time.Time
+	diskFree  func(string) (uint64, error)
+	dkim      *dkim.Signer
+	suppress  Suppressions
+	quota     *userQuota // user_limits; nil without any (userlimits.go)
+	onRefused func(Refusal)
+	room      room // the last diskFree measurement (room.go)
+	trusted   []netip.Prefix
 	// Load balancers whose PROXY headers are believed (proxy.go).
 	proxyTrusted []netip.Prefix
 	tls          []*tls.Config // per listener; nil without a certificate
@@ -159,7 +163,7 @@ func New(opt Options) (*Server, error) {
 		return nil, errors.New("smtpd: Config and Queue are required")
 	}
 	s := &Server{cfg: opt.Config, queue: opt.Queue, users: opt.Users, log: opt.Logger,
-		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM, suppress: opt.Suppress,
+		metrics: opt.Metrics, now: opt.Now, diskFree: opt.DiskFree, dkim: opt.DKIM, suppress: opt.Suppress, onRefused: opt.OnRefused,
 		dataEnded: make(chan struct{}, 1)}
 	if s.log == nil {
 		s.log = zap.NewNop()

@@ -1,6 +1,7 @@
 package smtpd
 
 import (
+	"fmt"
 	"time"
 
 	"go.uber.org/zap"
@@ -43,6 +44,21 @@ func (s *session) checkSuppressed(env *envelope, a address.Address) error {
 	}
 	s.srv.log.Info("recipient suppressed", zap.String("client", s.clientS), zap.String("rcpt", printable(a.String())),
 		zap.Time("since", since))
-	return s.refuse(reasonSuppressed, reply(550, 5, 1, 1, "<"+a.String()+">: Recipient address suppressed since "+
-		since.UTC().Format(time.DateOnly)+": "+rep))
+	r := reply(550, 5, 1, 1, "<"+a.String()+">: Recipient address suppressed since "+
+		since.UTC().Format(time.DateOnly)+": "+rep)
+	if s.srv.onRefused != nil {
+		s.srv.onRefused(Refusal{From: env.from, Rcpt: a.String(), Reason: string(reasonSuppressed), Code: r.Code,
+			Enhanced: fmt.Sprintf("%d.%d.%d", r.EnhancedCode[0], r.EnhancedCode[1], r.EnhancedCode[2]),
+			Text: r.Message, Time: s.srv.now()})
+	}
+	return s.refuse(reasonSuppressed, r)
+}
+
+// Refusal is a recipient refused for being suppressed, as
+// Options.OnRefused is told of it (for the refused event).
+type Refusal struct {
+	From, Rcpt, Reason string
+	Code               int
+	Enhanced, Text     string
+	Time               time.Time
 }
