@@ -49,7 +49,7 @@ func (s *session) checkSuppressed(env *envelope, a address.Address) error {
 	if s.srv.onRefused != nil {
 		s.srv.onRefused(Refusal{From: env.from, Rcpt: a.String(), Reason: string(reasonSuppressed), Code: r.Code,
 			Enhanced: fmt.Sprintf("%d.%d.%d", r.EnhancedCode[0], r.EnhancedCode[1], r.EnhancedCode[2]),
-			Text: r.Message, Time: s.srv.now()})
+			Text:     r.Message, Time: s.srv.now()})
 	}
 	return s.refuse(reasonSuppressed, r)
 }
