@@ -15,8 +15,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/emersion/go-smtp"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
 	"github.com/greyrelay/greyrelay/relay/relaytest"
@@ -220,4 +224,87 @@ func suppressionEvents(t *testing.T, path string) []suppressionEvent {
 		}
 	}
 	return out
+}
+
+// TestSuppressionImportsReload: a file of suppression.imports is applied
+// at start, again when it changes (no signal) and on SIGHUP; an address
+// taken out of it is mailed again, and sessions are not dropped.
+func TestSuppressionImportsReload(t *testing.T) {
+	peers.Require(t, "swaks")
+	t.Parallel()
+	n := newMailNet(t)
+	sink := n.sink("dest.test", peers.SinkOptions{})
+	list := filepath.Join(t.TempDir(), "suppressed.txt")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(list+".new", []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(list+".new", list); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("# from the old ESP\nold@dest.test\n")
+	// docs/suppression.md's example, with this test's file.
+	var doc struct {
+		Suppression struct {
+			Action  string   `yaml:"action"`
+			Imports []string `yaml:"imports"`
+		} `yaml:"suppression"`
+	}
+	if err := yaml.Unmarshal([]byte(recipeBlocks(t, "TestSuppressionImportsReload")[0].Text), &doc); err != nil || len(doc.Suppression.Imports) != 1 {
+		t.Fatalf("docs/suppression.md's imports example: %v %+v", err, doc)
+	}
+	r := n.relay("suppression.action="+doc.Suppression.Action, fmt.Sprintf("suppression.imports=[%q]", list))
+	refused := func(addr string) bool {
+		out, code := r.swaksTo(addr)
+		return code != 0 && strings.Contains(out, "550 5.1.1") && strings.Contains(out, "suppressed since")
+	}
+	applied := func(cause string) int { return strings.Count(r.Log(), cause+": suppression import applied") }
+	if !refused("Old@dest.test") {
+		t.Fatal("an address of the import file is not refused after the start")
+	}
+	// A session open across the reloads keeps working.
+	held, err := smtp.Dial(r.SMTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	if err := held.Hello("client.test"); err != nil {
+		t.Fatal(err)
+	}
+
+	before := applied("file changed")
+	write("new@dest.test\n")
+	relaytest.Eventually(t, 20*time.Second, "the changed file applied", func() error {
+		if applied("file changed") <= before {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	if !refused("new@dest.test") {
+		t.Error("an address added to the file is not refused")
+	}
+	if refused("old@dest.test") {
+		t.Error("an address taken out of the file is still refused")
+	}
+
+	// SIGHUP applies it at once, changed or not.
+	before = applied("SIGHUP")
+	if err := r.Cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	relaytest.Eventually(t, 20*time.Second, "SIGHUP applied the file", func() error {
+		if applied("SIGHUP") <= before {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	if err := held.SendMail("a@src.test", []string{"held@dest.test"}, strings.NewReader("Subject: held\r\n\r\nstill here\r\n")); err != nil {
+		t.Errorf("the session open across the reloads: %v", err)
+	}
+	if !refused("new@dest.test") {
+		t.Error("after SIGHUP the file's address is not refused")
+	}
+	sink.WaitFor(t, 2, 30*time.Second)
 }

@@ -43,7 +43,8 @@ import (
 )
 
 // serve runs the relay until SIGTERM or SIGINT. SIGHUP re-reads the DKIM
-// keys (reloadDKIM), users_file and api.tokens_file (watchDirectory).
+// keys (reloadDKIM), users_file and api.tokens_file (watchDirectory) and
+// suppression.imports (watchImports).
 func serve(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -253,6 +254,12 @@ func runRelay(ctx context.Context, cfg *config.Config, log *zap.Logger, checkQue
 		go pruneSuppressions(ctx, sup, log)
 		if shared != nil {
 			go syncSuppressions(ctx, sup, log)
+		}
+		if files := cfg.Suppression.Imports; len(files) > 0 {
+			for _, f := range files {
+				loadImport(sup, f, "start", log)
+			}
+			go watchImports(ctx, files, sup, log)
 		}
 	}
 	if p.engine, p.policy, p.report, err = newEngine(cfg, q, log, m, ev, shared, sup); err != nil {

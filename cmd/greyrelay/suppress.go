@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"io"
+	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -121,3 +124,74 @@ func (l announcedList) List() ([]suppress.Entry, error) { return l.list.List() }
 
 // Remove implements admin.SuppressionList.
 func (l announcedList) Remove(scope, addr string) error { return l.list.Remove(scope, addr) }
+
+// importRefresh is how often every import is applied again even when no
+// file changed: an address whose other entry ended (a bounce's) is
+// suppressed by its import again within this time.
+const importRefresh = time.Hour
+
+// loadImport applies one file of suppression.imports to the list and
+// logs what changed. A file that cannot be read or parsed changes nothing
+// (the entries it made stay) and is logged.
+func loadImport(l *suppress.List, path, cause string, log *zap.Logger) {
+	f, err := os.Open(path)
+	if err != nil {
+		log.Error(cause+": suppression import not read, its entries stay", zap.String("file", path), zap.Error(err))
+		return
+	}
+	addrs, err := suppress.ParseAddresses(f)
+	f.Close()
+	if err != nil {
+		log.Error(cause+": suppression import not read, its entries stay", zap.String("file", path), zap.Error(err))
+		return
+	}
+	added, removed, err := l.Import(path, addrs)
+	if err != nil {
+		log.Error(cause+": suppression import failed", zap.String("file", path), zap.Error(err))
+		return
+	}
+	log.Info(cause+": suppression import applied", zap.String("file", path), zap.Int("addresses", len(addrs)),
+		zap.Int("added", added), zap.Int("removed", removed))
+}
+
+// watchImports applies suppression.imports again on SIGHUP, when a file
+// changes (polled every directoryPoll) and every importRefresh, until ctx
+// ends. The caller applied them once at start.
+func watchImports(ctx context.Context, files []string, l *suppress.List, log *zap.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	tick := time.NewTicker(directoryPoll)
+	defer tick.Stop()
+	seen := make([]fileStamp, len(files))
+	for i, f := range files {
+		seen[i] = stampOf(f)
+	}
+	last := time.Now()
+	for {
+		all := ""
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			all = "SIGHUP"
+		case <-tick.C:
+			if time.Since(last) >= importRefresh {
+				all = "refresh"
+			}
+		}
+		if all != "" {
+			last = time.Now()
+		}
+		for i, f := range files {
+			st := stampOf(f)
+			switch {
+			case all != "":
+				loadImport(l, f, all, log)
+			case st != seen[i]:
+				loadImport(l, f, "file changed", log)
+			}
+			seen[i] = st
+		}
+	}
+}

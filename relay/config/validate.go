@@ -47,6 +47,9 @@ func (c *Config) Validate() error {
 	v.oneOf("suppression.scope", c.Suppression.Scope, "global", "sender-domain")
 	v.positive("suppression.ttl", int64(c.Suppression.TTL))
 	v.oneOf("suppression.action", c.Suppression.Action, SuppressRefuse, SuppressBounce)
+	for i, f := range c.Suppression.Imports {
+		v.readable(fmt.Sprintf("suppression.imports[%d]", i), f)
+	}
 	v.userLimits("user_limits.", c.UserLimits.For("\x00")) // the defaults: no identity has a NUL
 	for id, o := range c.UserLimits.Overrides {
 		v.userLimits("user_limits.overrides."+id+".", o)

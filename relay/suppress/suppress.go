@@ -49,6 +49,9 @@ type Entry struct {
 	Reply   string    `json:"reply,omitempty"` // the reply that caused it
 	Since   time.Time `json:"since"`
 	Expires time.Time `json:"expires"`
+	// Source is the file of suppression.imports the entry comes from; it
+	// lasts while the file lists it (imports.go).
+	Source string `json:"source,omitempty"`
 }
 
 // Options configure Open.
@@ -114,15 +117,23 @@ func key(scope, addr string) []byte {
 }
 
 // Check returns the entry that suppresses mail from sender to rcpt, if
-// one is in force.
+// one is in force. With the sender-domain scope an entry for every sender
+// (scope "": the operator's or an import's) counts too.
 func (l *List) Check(sender, rcpt string) (Entry, bool) {
 	var e Entry
 	found := false
 	now := l.opt.Now()
+	scopes := []string{l.ScopeOf(sender)}
+	if scopes[0] != "" {
+		scopes = append(scopes, "")
+	}
 	l.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucket).Get(key(l.ScopeOf(sender), rcpt))
-		if v != nil && json.Unmarshal(v, &e) == nil && now.Before(e.Expires) {
-			found = true
+		for _, sc := range scopes {
+			v := tx.Bucket(bucket).Get(key(sc, rcpt))
+			if v != nil && json.Unmarshal(v, &e) == nil && now.Before(e.Expires) {
+				found = true
+				return nil
+			}
 		}
 		return nil
 	})
