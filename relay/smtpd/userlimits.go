@@ -22,9 +22,9 @@ import (
 // through a UsageStore (the queue's file on one node, Redis in a
 // cluster): a relay restarted in a loop, or an application spread over
 // several nodes, still meets its quota. Checks read this node's copy,
-// never the store: the first check of an identity since the start reads
-// the store once, then every usageSync each node adds what it counted and
-// reads the sum back. So the nodes of a cluster may together pass a limit
+// never the store: the first check of an identity since the start (or
+// since it was idle for usageIdle) reads the store, then while it sends,
+// every usageSync, each node adds what it counted and reads the sum back. So the nodes of a cluster may together pass a limit
 // by what they accept within one usageSync, and while the store is away
 // each node counts on its own (from what it last read).
 
@@ -42,6 +42,12 @@ type UsageStore interface {
 // with the UsageStore.
 const usageSync = time.Second
 
+// usageIdle is how long after its last check or message an identity stops
+// being exchanged every usageSync; its next check reads the store first.
+// So the store's traffic follows the identities that are sending, not
+// every one seen in the last day.
+const usageIdle = time.Minute
+
 // bucketsPerDay is the number of one-minute buckets a day holds.
 const bucketsPerDay = 24 * 60
 
@@ -50,6 +56,7 @@ type usage struct {
 	pend    map[int64][2]int64 // counted here since the last exchange
 	synced  bool               // the store's counts were read once
 	lastUse time.Time
+	read    time.Time // the last exchange
 }
 
 // userQuota keeps every identity's usage.
@@ -154,7 +161,7 @@ func (q *userQuota) add(user string, rcpts int, now time.Time) {
 }
 
 // first reads user's counts from the store the first time user is
-// checked since the start.
+// checked since the start, or since it was idle (usageIdle).
 func (q *userQuota) first(user string, now time.Time) {
 	if q.store == nil {
 		return
@@ -162,9 +169,9 @@ func (q *userQuota) first(user string, now time.Time) {
 	q.mu.Lock()
 	u := q.get(user)
 	u.lastUse = now
-	done := u.synced
+	fresh := u.synced && now.Sub(u.read) < usageIdle
 	q.mu.Unlock()
-	if !done {
+	if !fresh {
 		q.exchange(user, now)
 	}
 }
@@ -190,7 +197,7 @@ func (q *userQuota) exchange(user string, now time.Time) {
 		}
 		return
 	}
-	u.base, u.synced = got, true
+	u.base, u.synced, u.read = got, true, now
 	for m := range u.base {
 		if m < since {
 			delete(u.base, m)
@@ -202,9 +209,9 @@ func (q *userQuota) exchange(user string, now time.Time) {
 	}
 }
 
-// runSync exchanges the counts of every identity that sent in the last
-// day (or has counts pending) every usageSync, and once more when ctx
-// ends, so that a restart finds them.
+// runSync exchanges the counts of every identity that was checked or sent
+// within usageIdle (or has counts pending) every usageSync, and once more
+// when ctx ends, so that a restart finds them.
 func (q *userQuota) runSync(ctx context.Context, now func() time.Time) {
 	t := time.NewTicker(usageSync)
 	defer t.Stop()
@@ -233,7 +240,7 @@ func (q *userQuota) syncAll(now time.Time) {
 	q.mu.Lock()
 	var ids []string
 	for id, u := range q.by {
-		if len(u.pend) > 0 || now.Sub(u.lastUse) < 24*time.Hour {
+		if len(u.pend) > 0 || now.Sub(u.lastUse) < usageIdle {
 			ids = append(ids, id)
 		}
 	}
