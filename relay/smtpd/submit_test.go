@@ -11,6 +11,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/relay/address"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // TestSubmit drives the HTTP door's intake: it refuses what an
@@ -133,7 +134,11 @@ func (f fakeSuppressions) Suppressed(_, rcpt string) (time.Time, string, bool) {
 func TestRcptSuppressed(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.TrustedNetworks = []string{"127.0.0.0/8"}
-	e := startServer(t, cfg, func(o *Options) { o.Suppress = fakeSuppressions{"gone@dest.example": "550 5.1.1 User unknown"} })
+	var refused []Refusal
+	e := startServer(t, cfg, func(o *Options) {
+		o.Suppress = fakeSuppressions{"gone@dest.example": "550 5.1.1 User unknown"}
+		o.OnRefused = func(r Refusal) { refused = append(refused, r) }
+	})
 	c := dial(t, e.addr(0))
 	c.expect("220")
 	c.send("EHLO client.test")
@@ -144,6 +149,36 @@ func TestRcptSuppressed(t *testing.T) {
 	c.expect("550 5.1.1 <Gone@dest.example>: Recipient address suppressed since 2026-12-01: 550 5.1.1 User unknown")
 	c.send("RCPT TO:<alive@dest.example>")
 	c.expect("250")
+	// The refusal is told, for the refused event, as it was given.
+	if len(refused) != 1 || refused[0].Rcpt != "Gone@dest.example" || refused[0].From != "a@src.example" || refused[0].Code != 550 ||
+		refused[0].Enhanced != "5.1.1" || refused[0].Reason != "suppressed" || !strings.HasPrefix(refused[0].Text, "<Gone@dest.example>: Recipient address suppressed since") {
+		t.Errorf("refusals told: %+v", refused)
+	}
+}
+
+// TestRcptSuppressedBounce: with suppression.action bounce a suppressed
+// recipient is accepted (the delivery engine fails it) and no refusal is
+// told.
+func TestRcptSuppressedBounce(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.TrustedNetworks = []string{"127.0.0.0/8"}
+	cfg.Suppression.Action = config.SuppressBounce
+	told := 0
+	e := startServer(t, cfg, func(o *Options) {
+		o.Suppress = fakeSuppressions{"gone@dest.example": "550 5.1.1 User unknown"}
+		o.OnRefused = func(Refusal) { told++ }
+	})
+	c := dial(t, e.addr(0))
+	c.expect("220")
+	c.send("EHLO client.test")
+	c.expect("250")
+	c.send("MAIL FROM:<a@src.example>")
+	c.expect("250")
+	c.send("RCPT TO:<Gone@dest.example>")
+	c.expect("250")
+	if told != 0 {
+		t.Errorf("%d refusals told under action bounce", told)
+	}
 }
 
 // TestNoAuthWithTokensOnly: a directory with the API's tokens and no
