@@ -10,6 +10,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestBulkActionsSelectWhatTheOperatorMeans runs the queue actions as an
@@ -55,7 +56,7 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 	r.waitAttempts(okID, "delivered", 15*time.Second)
 	settled := func(what string, args []string, want string) { // the outcomes logged are stored
 		t.Helper()
-		eventually(t, 15*time.Second, what, func() error {
+		relaytest.Eventually(t, 15*time.Second, what, func() error {
 			if out := must(args...); !strings.Contains(out, want) {
 				return fmt.Errorf("%v: %s", args, out)
 			}
@@ -122,12 +123,12 @@ func TestBulkActionsSelectWhatTheOperatorMeans(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 15*time.Second, "two attempts each", attemptsAre(2))
+	relaytest.Eventually(t, 15*time.Second, "two attempts each", attemptsAre(2))
 
 	// Requeue routes again at once (the retry interval is an hour) and
 	// keeps the attempts: the next one is the third.
 	says(must("requeue", "-domain", "full.test"), "requeue: 3 recipient(s) changed")
-	eventually(t, 20*time.Second, "a third attempt of every requeued recipient", attemptsAre(3))
+	relaytest.Eventually(t, 20*time.Second, "a third attempt of every requeued recipient", attemptsAre(3))
 
 	// docs/operations.md's block, as written.
 	out = runOperatorRecipe(t, r, recipeBlocks(t, "TestBulkActionsSelectWhatTheOperatorMeans")[0].Text, "full.test")

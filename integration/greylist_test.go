@@ -17,6 +17,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestGreylistPostgreyPasses delivers through a Postfix that asks a real
@@ -195,7 +196,7 @@ func learnTrueDelay(t *testing.T, delay time.Duration, messages int) {
 	}
 	// The learned window must promise the goal for any delay it allows,
 	// not only for this one.
-	eventually(t, 10*time.Second, "a narrow learned window", func() error {
+	relaytest.Eventually(t, 10*time.Second, "a narrow learned window", func() error {
 		d, _ := r.destination("dest.test")
 		if w := (backoff.Window{Low: seconds(d.GreylistLowSeconds), High: seconds(d.LearnedDelaySeconds)}); !w.Narrow() {
 			return fmt.Errorf("learned window %v..%v is not narrow enough for the goal", w.Low, w.High)
@@ -238,7 +239,7 @@ func TestGreylistRateLimitThrottles(t *testing.T) {
 	for _, rc := range []string{"r1@rl.test", "r2@rl.test", "r3@rl.test"} {
 		ids = append(ids, r.send(peers.SwaksMessage{From: "a@src.test", To: []string{rc}, Data: message("a@src.test", rc, "rate "+rc)}))
 	}
-	eventually(t, 10*time.Second, "rl.test throttled in the destinations API", func() error {
+	relaytest.Eventually(t, 10*time.Second, "rl.test throttled in the destinations API", func() error {
 		if d, ok := r.destination("rl.test"); !ok || d.ThrottleLevel < 1 || d.PaceSeconds <= 0 || d.ThrottledUntil != nil {
 			return fmt.Errorf("destination: %+v", d)
 		}

@@ -374,14 +374,6 @@ func outcomes(es []logEntry) []string {
 	return out
 }
 
-// eventually is relaytest.Eventually under its old name, for the two
-// calls in greylist_test.go (being reworked on another branch); new code
-// calls relaytest.Eventually, and this goes when those two do.
-func eventually(t *testing.T, timeout time.Duration, what string, check func() error) {
-	t.Helper()
-	relaytest.Eventually(t, timeout, what, check)
-}
-
 // The admin API's JSON, as far as the tests read it.
 type (
 	apiReply struct {

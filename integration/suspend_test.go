@@ -10,12 +10,13 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // waitLog waits until the relay logged a line with msg for queue id.
 func (r *testRelay) waitLog(msg, id string, timeout time.Duration) {
 	r.t.Helper()
-	eventually(r.t, timeout, fmt.Sprintf("%q for %s", msg, id), func() error {
+	relaytest.Eventually(r.t, timeout, fmt.Sprintf("%q for %s", msg, id), func() error {
 		for _, e := range r.logEntries() {
 			if e.str("msg") == msg && e.str("queue_id") == id {
 				return nil
@@ -128,7 +129,7 @@ func TestClusterSuspendReachesEveryNode(t *testing.T) {
 	if res := a.cli("destinations", "suspend", "-reason", "migration", "dest.test"); res.Code != 0 {
 		t.Fatalf("suspend on A: %s", res)
 	}
-	eventually(t, 15*time.Second, "B shows A's suspension", func() error {
+	relaytest.Eventually(t, 15*time.Second, "B shows A's suspension", func() error {
 		if res := b.cli("destinations", "dest.test"); !strings.Contains(res.Stdout, "suspended until resumed (migration)") {
 			return fmt.Errorf("%s", res)
 		}
