@@ -6,9 +6,18 @@
 //     a C1 control (U+0080-U+009F). C1 controls matter as much as C0 ones:
 //     U+009B is a terminal's CSI and U+0085 (NEL) a line break to some
 //     readers.
+//   - A bidirectional formatting character (Unicode's Bidi_Control: the
+//     embeddings, overrides and isolates U+202A-U+202E and U+2066-U+2069,
+//     and the marks U+200E, U+200F, U+061C) is unsafe too: it reorders
+//     the text around it on display, so that a line reads differently
+//     from what it holds (the "Trojan Source" trick, CVE-2021-42574), and
+//     an override left open runs on into the text printed after it.
 //   - Invalid UTF-8 counts as unsafe too; each invalid byte is one unsafe
 //     character.
 //   - Cutting to a length in octets never splits a UTF-8 sequence.
+//
+// Text and Writer are the terminal's form, for multi-line text (message
+// content, a report): they keep line breaks and tabs.
 //
 // The functions are pure and allocate only when they change something.
 package safetext
@@ -23,16 +32,24 @@ import (
 // IsControl reports whether r is a C0 control, DEL or a C1 control.
 func IsControl(r rune) bool { return r < 0x20 || r >= 0x7f && r <= 0x9f }
 
-// Replace returns s with every control character and every invalid UTF-8
-// byte (and U+FFFD, which stands for one) replaced by with. Nothing else
-// changes.
+// IsBidi reports whether r is a bidirectional formatting character
+// (Unicode's Bidi_Control property).
+func IsBidi(r rune) bool { return r >= 0x61c && unicode.Is(unicode.Bidi_Control, r) }
+
+// unsafe reports whether r, from ranging over a string, is a control
+// character, a bidi formatting character or stands for an invalid byte.
+func unsafe(r rune) bool { return r == utf8.RuneError || IsControl(r) || IsBidi(r) }
+
+// Replace returns s with every control character, bidi formatting
+// character and invalid UTF-8 byte (and U+FFFD, which stands for one)
+// replaced by with. Nothing else changes.
 func Replace(s string, with rune) string {
 	if clean(s) {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if r == utf8.RuneError || IsControl(r) {
+		if unsafe(r) {
 			r = with
 		}
 		b.WriteRune(r)
@@ -40,14 +57,14 @@ func Replace(s string, with rune) string {
 	return b.String()
 }
 
-// Line returns s as one line of printable text: control characters and
-// runs of white space become one space, leading and trailing space goes,
+// Line returns s as one line of printable text: control characters, bidi
+// formatting characters and runs of white space become one space, leading and trailing space goes,
 // and each invalid UTF-8 byte becomes U+FFFD.
 func Line(s string) string {
 	var b strings.Builder
 	space := false
 	for _, r := range s {
-		if IsControl(r) || unicode.IsSpace(r) {
+		if IsControl(r) || IsBidi(r) || unicode.IsSpace(r) {
 			space = true
 			continue
 		}
@@ -89,10 +106,11 @@ func Escape(s string, max int) string {
 	return s
 }
 
-// clean reports whether s is valid UTF-8 without control characters.
+// clean reports whether s is valid UTF-8 without control or bidi
+// formatting characters.
 func clean(s string) bool {
 	for _, r := range s {
-		if r == utf8.RuneError || IsControl(r) {
+		if unsafe(r) {
 			return false
 		}
 	}

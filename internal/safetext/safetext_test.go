@@ -15,14 +15,25 @@ func TestIsControl(t *testing.T) {
 	}
 }
 
+func TestIsBidi(t *testing.T) {
+	for r, want := range map[rune]bool{0x61c: true, 0x200e: true, 0x200f: true, 0x202a: true, 0x202e: true,
+		0x2066: true, 0x2069: true, 0x2029: false, 0x202f: false, 0x2065: false, 0x5d0: false, 'a': false, 0x9b: false} {
+		if got := IsBidi(r); got != want {
+			t.Errorf("IsBidi(%U) = %v, want %v", r, got, want)
+		}
+	}
+}
+
 func TestReplace(t *testing.T) {
 	cases := map[string]string{
-		"plain é text":  "plain é text",
-		"a\r\nb\x00c":   "a??b?c",
-		"csi \u009b31m": "csi ?31m",
-		"bad \xff\xfe":  "bad ??",
-		"nbsp\u00a0ok":  "nbsp\u00a0ok",
-		"ff \ufffd":     "ff ?",
+		"plain é text":      "plain é text",
+		"a\r\nb\x00c":       "a??b?c",
+		"csi \u009b31m":     "csi ?31m",
+		"bad \xff\xfe":      "bad ??",
+		"nbsp\u00a0ok":      "nbsp\u00a0ok",
+		"ff \ufffd":         "ff ?",
+		"rlo \u202egpj.exe": "rlo ?gpj.exe",
+		"lri \u2066x\u2069": "lri ?x?",
 	}
 	for in, want := range cases {
 		if got := Replace(in, '?'); got != want {
@@ -40,6 +51,8 @@ func TestLine(t *testing.T) {
 		"x\u0085y":        "x y",
 		"x\u009by":        "x y",
 		"nbsp\u00a0x":     "nbsp x",
+		"x\u202ey":        "x y",
+		"x\u200fy":        "x y",
 		"":                "",
 	}
 	for in, want := range cases {
@@ -92,7 +105,7 @@ func FuzzLine(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, s string, n int) {
 		for _, out := range []string{Line(s), Replace(s, ' ')} {
-			if !utf8.ValidString(out) || strings.ContainsFunc(out, IsControl) {
+			if !utf8.ValidString(out) || strings.ContainsFunc(out, IsControl) || strings.ContainsFunc(out, IsBidi) {
 				t.Fatalf("unsafe output %q for %q", out, s)
 			}
 		}

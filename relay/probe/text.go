@@ -12,9 +12,10 @@ import (
 )
 
 // printer writes lines and keeps the first write error. Peer-controlled
-// text (replies, TXT records, certificate names) reaches a terminal, so
-// control characters other than newline are replaced: an escape sequence
-// in a reply must not drive the operator's terminal.
+// text (replies, TXT records, host and certificate names) reaches a
+// terminal, so each line goes through safetext.Text: an escape sequence or
+// a bidi override in a reply must not drive the operator's terminal or
+// disguise what the report says.
 type printer struct {
 	w   io.Writer
 	err error
@@ -22,16 +23,8 @@ type printer struct {
 
 func (p *printer) f(format string, a ...any) {
 	if p.err == nil {
-		_, p.err = io.WriteString(p.w, strings.Map(printable, fmt.Sprintf(format, a...))+"\n")
+		_, p.err = io.WriteString(p.w, safetext.Text(fmt.Sprintf(format, a...))+"\n")
 	}
-}
-
-// printable maps control characters (C0 but newline, DEL, C1) to "?".
-func printable(r rune) rune {
-	if r != '\n' && safetext.IsControl(r) {
-		return '?'
-	}
-	return r
 }
 
 // WriteText writes the report for people: the five steps in order (a

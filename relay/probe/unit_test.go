@@ -7,8 +7,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/greyrelay/greyrelay/internal/smtpvocab"
+	"github.com/greyrelay/greyrelay/relay/mx"
 )
 
 func TestNewReport(t *testing.T) {
@@ -106,18 +108,33 @@ func TestMillisJSON(t *testing.T) {
 	}
 }
 
-// TestWriteText_ControlCharacters: peer text cannot drive the terminal.
+// TestWriteText_ControlCharacters: peer text (a reply, a host name from
+// DNS, a certificate's names) cannot drive the terminal: C0 and C1
+// controls, escape sequences and bidi overrides are printed as '?'.
 func TestWriteText_ControlCharacters(t *testing.T) {
+	host := "mx\u202egpj.exe\x1b[31m.example.test"
 	rep := Report{Target: "example.test", Verdict: Refused, ExitCode: 2, Paths: []PathReport{{
-		Host: "mx.example.test", Outcome: Refused,
-		Steps: []Step{{Name: "greeting", Reply: "554 \x1b[2J\x1b]0;pwned\x07 go away\u009b"}},
-	}}}
+		Host: host, Outcome: Refused,
+		Steps: []Step{{Name: "greeting", Reply: "554 \x1b[2J\x1b]0;pwned\x07 go away\u009b \u2067x\u2069\u0085"}},
+		TLS:   &TLSInfo{ServerName: host, Subject: "cn\u202e", Issuer: "ca\x1b", VerifiesFor: true},
+	}}, Routing: RoutingReport{Kind: mx.KindMX, Hops: []HopReport{{Host: host, Port: 25, Addrs: []string{"192.0.2.1"}}}}}
 	var b bytes.Buffer
 	if err := rep.WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	if strings.ContainsAny(b.String(), "\x1b\x07\u009b") || !strings.Contains(b.String(), "554 ?[2J?]0;pwned? go away?") {
-		t.Errorf("text:\n%q", b.String())
+	out := b.String()
+	for _, r := range out {
+		// package unicode's definitions, not safetext's: the check must
+		// not share the code it checks.
+		if r != '\n' && unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
+			t.Errorf("%U reached the terminal:\n%q", r, out)
+			break
+		}
+	}
+	for _, want := range []string{"554 ?[2J?]0;pwned? go away? ?x??", "mx?gpj.exe?[31m.example.test"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text lacks %q:\n%q", want, out)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"github.com/greyrelay/greyrelay/internal/safetext"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
@@ -18,9 +19,10 @@ type contentOpts struct {
 	max                int64
 }
 
-// showContent prints the parts co asks for. Unless co.raw, lines end in
-// LF and control characters other than tab become '?': the content came
-// from a client and must not drive the terminal.
+// showContent prints the parts co asks for. Unless co.raw, it prints
+// safetext.Text of them (lines end in LF; control characters other than
+// tab, bidi formatting characters and invalid UTF-8 become '?'): the
+// content came from a client and must not drive the terminal.
 func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stderr io.Writer) error {
 	if co.max < 1 || co.max > admin.MaxContentMax {
 		return fmt.Errorf("queue show: -max must be from 1 to %d", admin.MaxContentMax)
@@ -34,9 +36,9 @@ func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stder
 	}
 	for i, part := range parts {
 		w := stdout
-		var sw *safeWriter
+		var sw *safetext.Writer
 		if !co.raw {
-			sw = &safeWriter{w: stdout}
+			sw = safetext.NewWriter(stdout)
 			w = sw
 		}
 		info, err := c.Content(context.Background(), id, part, co.max, w)
@@ -44,7 +46,7 @@ func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stder
 			return err
 		}
 		if sw != nil {
-			if err := sw.flush(); err != nil {
+			if err := sw.Flush(); err != nil {
 				return err
 			}
 		}
@@ -63,65 +65,6 @@ func showContent(c *adminclient.Client, id string, co contentOpts, stdout, stder
 		}
 	}
 	return nil
-}
-
-// safeWriter turns CRLF into LF and every other control character but tab
-// and LF (escape sequences, bare CR, backspace, DEL, and the C1 controls
-// U+0080 to U+009F in UTF-8, which some terminals obey too) into '?',
-// streaming: a CR or a 0xC2 at the end of one Write waits for the next.
-type safeWriter struct {
-	w    io.Writer
-	held byte // a CR or 0xC2 held back from the last Write; 0: none
-	buf  []byte
-}
-
-func (s *safeWriter) Write(p []byte) (int, error) {
-	s.buf = s.buf[:0]
-	for _, b := range p {
-		switch held := s.held; {
-		case held == '\r' && b == '\n':
-			s.held = 0
-			s.buf = append(s.buf, '\n')
-			continue
-		case held == 0xc2 && b >= 0x80 && b <= 0x9f:
-			s.held = 0
-			s.buf = append(s.buf, '?')
-			continue
-		case held == '\r':
-			s.buf = append(s.buf, '?')
-		case held != 0:
-			s.buf = append(s.buf, held)
-		}
-		s.held = 0
-		switch {
-		case b == '\r' || b == 0xc2:
-			s.held = b
-		case b == '\n' || b == '\t':
-			s.buf = append(s.buf, b)
-		case b < 0x20 || b == 0x7f:
-			s.buf = append(s.buf, '?')
-		default:
-			s.buf = append(s.buf, b)
-		}
-	}
-	if _, err := s.w.Write(s.buf); err != nil {
-		return 0, err
-	}
-	return len(p), nil
-}
-
-// flush writes what the last Write held back.
-func (s *safeWriter) flush() error {
-	held := s.held
-	s.held = 0
-	switch held {
-	case 0:
-		return nil
-	case '\r':
-		held = '?'
-	}
-	_, err := s.w.Write([]byte{held})
-	return err
 }
 
 func queueShape(args []string, c *adminclient.Client, stdout, stderr io.Writer) error {

@@ -48,34 +48,6 @@ func TestCLIQueueShowContent(t *testing.T) {
 	}
 }
 
-func TestSafeWriter(t *testing.T) {
-	tests := []struct {
-		writes []string
-		want   string
-	}{
-		{[]string{"a\r", "\nb\r", "c\x7f\td\r"}, "a\nb?c?\td?"},
-		{[]string{"\x1b[2J\x08x\n"}, "?[2J?x\n"},
-		{[]string{"csi \xc2", "\x9b31m é \xc2\xa0"}, "csi ?31m é \xc2\xa0"}, // C1 CSI; é and NBSP stay
-		{[]string{"end \xc2"}, "end \xc2"},
-		{[]string{"\r\r\n"}, "?\n"},
-	}
-	for _, tc := range tests {
-		var out strings.Builder
-		w := &safeWriter{w: &out}
-		for _, p := range tc.writes {
-			if n, err := w.Write([]byte(p)); n != len(p) || err != nil {
-				t.Fatalf("Write: %d, %v", n, err)
-			}
-		}
-		if err := w.flush(); err != nil {
-			t.Fatal(err)
-		}
-		if out.String() != tc.want {
-			t.Errorf("%q: got %q, want %q", tc.writes, out.String(), tc.want)
-		}
-	}
-}
-
 func TestCLIQueueShowFinished(t *testing.T) {
 	f, c := cliFixture(t)
 	finishKeys(t, f.q, testNow.Add(-time.Hour), queue.Failed, "no-such-user", noSuchUser, queue.Key{ID: f.m3})
