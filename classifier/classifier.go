@@ -101,11 +101,6 @@ const (
 // "bounce"): not a classification of a reply either.
 const Suppressed Reason = "suppressed"
 
-// OperatorReasons returns the reasons of the operator's actions.
-func OperatorReasons() []Reason {
-	return []Reason{OperatorBounced, OperatorHeld, OperatorReleased, OperatorDeleted}
-}
-
 // Reasons returns every Reason, in a fixed order.
 func Reasons() []Reason {
 	return []Reason{Greylisted, RateLimited, MailboxFull, ServerConfig, ServerError, Policy,

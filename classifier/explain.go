@@ -44,7 +44,7 @@ const commonAdvice = "Read the enhanced code, decide which side is misconfigured
 // them under arbitrary codes (postgrey 4.2.0, rspamd 4.7.1, Gmail 4.2.1), so
 // for them the reason comes first. A class 4 or 5 adds what greyrelay does.
 //
-// An operator's action (OperatorReasons) is explained as itself, whatever
+// An operator's action (the Operator* reasons) is explained as itself, whatever
 // the last reply was: that reply came from an earlier attempt, and its
 // class says nothing of what greyrelay does now.
 func Explain(reason Reason, enhanced string) Explanation {

@@ -109,7 +109,7 @@ func smashBranch(t *testing.T, path string, name []byte) {
 	if binary.LittleEndian.Uint16(p[8:]) != boltfile.PageBranch {
 		t.Fatalf("bucket %s: root page %d is not a branch page (fill more)", name, root)
 	}
-	off := int(root) * f.PageSize()
+	off := int(root) * int(f.Meta().PageSize)
 	n := int(binary.LittleEndian.Uint16(p[10:]))
 	for i := off + boltfile.PageHeaderSize + 4; i < off+boltfile.PageHeaderSize+n*boltfile.PageElemSize; i++ {
 		b[i] = byte(0xA5 ^ i)

@@ -118,10 +118,6 @@ func (f *File) Valid() bool { return f.valid }
 // Meta returns the newest valid meta page (the zero Meta without one).
 func (f *File) Meta() Meta { return f.meta }
 
-// PageSize returns the file's page size (the guess without a valid meta
-// page).
-func (f *File) PageSize() int { return f.psize }
-
 // Page returns page id with its overflow pages, or why it cannot: every
 // offset is checked against the file, and the page's header must name it.
 func (f *File) Page(id uint64) ([]byte, error) {

@@ -126,7 +126,7 @@ func TestDamagedBranchPage(t *testing.T) {
 	if err != nil || binary.LittleEndian.Uint16(p[8:]) != PageBranch {
 		t.Fatalf("bucket big: page %d is not a branch page (%v)", big, err)
 	}
-	off := int(big) * f.PageSize()
+	off := int(big) * int(f.Meta().PageSize)
 	for i := off + PageHeaderSize + 4; i < off+PageHeaderSize+int(binary.LittleEndian.Uint16(p[10:]))*PageElemSize; i++ {
 		b[i] = byte(0xA5 ^ i)
 	}

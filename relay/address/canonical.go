@@ -45,23 +45,6 @@ func DomainKey(domain string) string {
 	return strings.ToLower(strings.TrimSuffix(domain, "."))
 }
 
-// SameDomain reports whether a and b are spellings of one domain.
-func SameDomain(a, b string) bool { return DomainKey(a) == DomainKey(b) }
-
-// UnicodeDomain returns a canonical domain with its A-labels shown as
-// U-labels, for people to read; a name that does not convert comes back
-// as it is.
-func UnicodeDomain(domain string) string {
-	if !needsIDNA(domain) {
-		return domain
-	}
-	u, err := idna.Registration.ToUnicode(domain)
-	if err != nil {
-		return domain
-	}
-	return u
-}
-
 // needsIDNA reports whether d (lower case) has a non-ASCII character or an
 // A-label.
 func needsIDNA(d string) bool {

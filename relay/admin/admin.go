@@ -344,9 +344,6 @@ func (s *Server) tokenOK(r *http.Request) bool {
 	return subtle.ConstantTimeCompare(h[:], s.token[:]) == 1
 }
 
-// Handler returns the server's handler, for tests and for embedding.
-func (s *Server) Handler() http.Handler { return s.handler }
-
 // Start listens on admin.address and serves in the background. It fails
 // when the address is empty (the admin server is disabled) or in use.
 func (s *Server) Start() error {
@@ -377,16 +374,6 @@ func (s *Server) Start() error {
 		}
 	}()
 	return nil
-}
-
-// Addr returns the listening address, or nil before Start.
-func (s *Server) Addr() net.Addr {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ln == nil {
-		return nil
-	}
-	return s.ln.Addr()
 }
 
 // Shutdown stops accepting connections and waits for requests in flight

@@ -486,7 +486,7 @@ func TestProbeHook(t *testing.T) {
 	req.Host = "127.0.0.1:8025"
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	rec := httptest.NewRecorder()
-	g.srv.Handler().ServeHTTP(rec, req)
+	g.srv.handler.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "form.test") {
 		t.Errorf("form POST: %d %s", rec.Code, rec.Body)
 	}
@@ -558,7 +558,7 @@ func TestProbeLimits(t *testing.T) {
 		req := httptest.NewRequest("POST", "/api/probe?target="+target, nil)
 		req.Host, req.RemoteAddr = "127.0.0.1:8025", client+":40000"
 		rec := httptest.NewRecorder()
-		f.srv.Handler().ServeHTTP(rec, req)
+		f.srv.handler.ServeHTTP(rec, req)
 		return rec
 	}
 	// Two probes of a tarpit hold both places.
@@ -648,13 +648,13 @@ func TestGetsHaveNoEffect(t *testing.T) {
 
 func TestStartServesAndShutsDown(t *testing.T) {
 	f := newFixture(t)
-	if f.srv.Addr() != nil {
-		t.Error("Addr before Start")
+	if boundAddr(f.srv) != nil {
+		t.Error("bound before Start")
 	}
 	if err := f.srv.Start(); err != nil {
 		t.Fatal(err)
 	}
-	base := "http://" + f.srv.Addr().String()
+	base := "http://" + boundAddr(f.srv).String()
 	if code, body := httpGet(t, base+"/healthz"); code != 200 || strings.TrimSpace(body) != "ok" {
 		t.Errorf("healthz %d %q", code, body)
 	}

@@ -27,7 +27,7 @@ func startReal(t *testing.T, f *fixture) string {
 		defer cancel()
 		f.srv.Shutdown(ctx)
 	})
-	return "http://" + f.srv.Addr().String()
+	return "http://" + boundAddr(f.srv).String()
 }
 
 // send makes one request; host, when set, replaces the Host header (what a

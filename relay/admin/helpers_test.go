@@ -3,6 +3,7 @@ package admin
 import (
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -64,7 +65,7 @@ func (f *fixture) do(t testing.TB, method, target string, header ...string) *htt
 		req.Header.Set(header[i], header[i+1])
 	}
 	rec := httptest.NewRecorder()
-	f.srv.Handler().ServeHTTP(rec, req)
+	f.srv.handler.ServeHTTP(rec, req)
 	return rec
 }
 
@@ -92,4 +93,14 @@ func httpGet(t testing.TB, url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// boundAddr returns the address s listens on, or nil before Start.
+func boundAddr(s *Server) net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ln == nil {
+		return nil
+	}
+	return s.ln.Addr()
 }

@@ -70,7 +70,6 @@ type Server struct {
 	idem   *idemStore
 	find   func(user, messageID string, since time.Time) (string, bool, error)
 	http   *http.Server
-	ln     net.Listener
 	stop   chan struct{}
 	done   chan struct{}
 }
@@ -139,7 +138,6 @@ func (s *Server) Start() error {
 	// As many connections as the SMTP listeners take in all: enough for
 	// any application, and a bound for clients that open and hold them.
 	ln = netutil.LimitListener(ln, s.cfg.Limits.MaxConnections)
-	s.ln = ln
 	s.http = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout: 10 * time.Minute, WriteTimeout: 10 * time.Minute, IdleTimeout: 2 * time.Minute,
 		MaxHeaderBytes: 64 << 10, ErrorLog: zap.NewStdLog(s.log)}
@@ -148,9 +146,6 @@ func (s *Server) Start() error {
 	s.log.Info("sending API listening", zap.String("address", ln.Addr().String()), zap.Bool("tls", a.TLSCert != ""))
 	return nil
 }
-
-// Addr is the bound address (after Start).
-func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // Shutdown stops taking requests and waits for those under way (each
 // either gets its 202 after the commit or its refusal), then closes the

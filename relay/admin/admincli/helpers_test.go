@@ -1,7 +1,7 @@
 package admincli
 
 import (
-	"net/http/httptest"
+	"context"
 	"testing"
 	"time"
 
@@ -32,13 +32,16 @@ type fixture struct {
 // options adjusts the server options of a fixture before admin.New.
 type options func(*admin.Options)
 
-// cliFixture serves a fixture over real loopback HTTP for the CLI.
+// cliFixture serves a fixture over real loopback HTTP for the CLI, started
+// as serve starts it (Start on admin.address, 127.0.0.1:0).
 func cliFixture(t *testing.T, opts ...options) (*fixture, *adminclient.Client) {
 	t.Helper()
 	d := admintest.New(t)
 	f := &fixture{q: d.Q, engine: &admintest.Engine{Q: d.Q}, m1: d.M1, m2: d.M2, m3: d.M3, m4: d.M4}
 	o := admin.Options{Config: &config.Config{Hostname: "relay.test", Admin: config.Admin{Address: "127.0.0.1:0"}},
 		Queue: f.q, Engine: f.engine, Registry: prometheus.NewRegistry(), Now: func() time.Time { return testNow }}
+	log, base := admintest.Listening(t)
+	o.Logger = log
 	for _, fn := range opts {
 		fn(&o)
 	}
@@ -46,7 +49,13 @@ func cliFixture(t *testing.T, opts ...options) (*fixture, *adminclient.Client) {
 	if f.srv, err = admin.New(o); err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(f.srv.Handler())
-	t.Cleanup(ts.Close)
-	return f, &adminclient.Client{Base: ts.URL, HTTP: ts.Client()}
+	if err := f.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		f.srv.Shutdown(ctx)
+	})
+	return f, &adminclient.Client{Base: base()}
 }

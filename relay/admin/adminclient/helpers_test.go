@@ -1,7 +1,7 @@
 package adminclient
 
 import (
-	"net/http/httptest"
+	"context"
 	"testing"
 	"time"
 
@@ -20,6 +20,7 @@ var testNow = admintest.Now
 type fixture struct {
 	q              *queue.Queue
 	srv            *admin.Server
+	base           func() string // the base URL, once started (admintest.Listening)
 	m1, m2, m3, m4 queue.ID
 }
 
@@ -33,6 +34,7 @@ func newFixture(t *testing.T, opts ...options) *fixture {
 	f := &fixture{q: d.Q, m1: d.M1, m2: d.M2, m3: d.M3, m4: d.M4}
 	o := admin.Options{Config: &config.Config{Hostname: "relay.test", Admin: config.Admin{Address: "127.0.0.1:0"}},
 		Queue: f.q, Engine: &admintest.Engine{Q: d.Q}, Registry: prometheus.NewRegistry(), Now: func() time.Time { return testNow }}
+	o.Logger, f.base = admintest.Listening(t)
 	for _, fn := range opts {
 		fn(&o)
 	}
@@ -47,7 +49,20 @@ func newFixture(t *testing.T, opts ...options) *fixture {
 func cliFixture(t *testing.T, opts ...options) (*fixture, *Client) {
 	t.Helper()
 	f := newFixture(t, opts...)
-	ts := httptest.NewServer(f.srv.Handler())
-	t.Cleanup(ts.Close)
-	return f, &Client{Base: ts.URL, HTTP: ts.Client()}
+	return f, &Client{Base: f.start(t)}
+}
+
+// start starts f's server as serve starts it (Start on admin.address,
+// 127.0.0.1:0), stopped when the test ends, and returns its base URL.
+func (f *fixture) start(t *testing.T) string {
+	t.Helper()
+	if err := f.srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		f.srv.Shutdown(ctx)
+	})
+	return f.base()
 }

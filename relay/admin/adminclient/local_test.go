@@ -150,15 +150,7 @@ func TestClientUnreachable(t *testing.T) {
 // against web pages (Host and cross-origin checks) on a real listener.
 func TestClientThroughGuard(t *testing.T) {
 	f := newFixture(t)
-	if err := f.srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		f.srv.Shutdown(ctx)
-	})
-	c := &Client{Base: "http://" + f.srv.Addr().String()}
+	c := &Client{Base: f.start(t)}
 	res, err := c.Act(context.Background(), "hold", Target{Domain: "new.test"})
 	if err != nil || res.Recipients != 1 {
 		t.Fatalf("client hold: %+v %v", res, err)

@@ -14,6 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -229,4 +232,22 @@ func (e *Engine) Kicks() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.kicks
+}
+
+// Listening returns a logger for an admin server and a function that
+// reads the server's base URL ("http://127.0.0.1:PORT") from the line it
+// logs when Start has bound admin.address: with port 0 there, that line
+// is where an operator, and a test, learns the port.
+func Listening(t testing.TB) (*zap.Logger, func() string) {
+	core, logs := observer.New(zap.InfoLevel)
+	return zap.New(core), func() string {
+		t.Helper()
+		for _, e := range logs.FilterMessage("admin server listening").All() {
+			if addr, ok := e.ContextMap()["address"].(string); ok {
+				return "http://" + addr
+			}
+		}
+		t.Fatal("admintest: the admin server logged no listening address (not started?)")
+		return ""
+	}
 }
