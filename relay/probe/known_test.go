@@ -15,6 +15,7 @@ import (
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
+	"github.com/greyrelay/greyrelay/relay/admin/admintest"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -61,17 +62,25 @@ func knownQueue(t *testing.T) *queue.Queue {
 }
 
 // adminClient serves q with the real admin server, which requires
-// knownToken, and returns a client that presents token.
+// knownToken, started as serve starts it, and returns a client that
+// presents token.
 func adminClient(t *testing.T, q *queue.Queue, token string) *adminclient.Client {
 	t.Helper()
-	srv, err := admin.New(admin.Options{Queue: q, Now: func() time.Time { return knownNow },
+	log, base := admintest.Listening(t)
+	srv, err := admin.New(admin.Options{Queue: q, Now: func() time.Time { return knownNow }, Logger: log,
 		Config: &config.Config{Admin: config.Admin{Address: "127.0.0.1:0", Token: knownToken}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(srv.Handler())
-	t.Cleanup(ts.Close)
-	return &adminclient.Client{Base: ts.URL, Token: token, HTTP: ts.Client()}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return &adminclient.Client{Base: base(), Token: token}
 }
 
 // downClient is a client of an admin API where nothing listens.
