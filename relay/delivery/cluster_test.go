@@ -255,3 +255,76 @@ func TestLostSlotClosesAtMessageBoundary(t *testing.T) {
 		t.Errorf("%d slots acquired, want a new one after the first was taken back", sh.acquired)
 	}
 }
+
+// TestSharedPaceReachesOpenConnection: a pace another node learns while
+// this node's worker keeps a connection to the destination open applies
+// to that connection's next transactions within sharedRefresh, not only
+// to the next connection: until then the node, not paced, neither waits
+// nor reserves its starts across the nodes, and runs into theirs (three
+// nodes of the real binary were refused four and five times, one node
+// carrying on at full speed on the connection it opened before the
+// others learned the pace).
+func TestSharedPaceReachesOpenConnection(t *testing.T) {
+	t.Parallel()
+	ip := relaytest.Loopback(t)
+	st := clustertest.NewMemory()
+	teacher := clusterNode(t, "teacher", st)
+	const interval = 400 * time.Millisecond
+	var (
+		mu        sync.Mutex
+		mails     []time.Time
+		published time.Time
+	)
+	script := relaytest.Script{
+		Mail: func(int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			mails = append(mails, time.Now())
+			if len(mails) == 2 { // the connection is open and carries messages: another node learns the pace
+				published = time.Now()
+				teacher.Publish(queue.Destination{Domain: "paced.test", PaceInterval: interval, PaceBase: interval,
+					Updated: published})
+			}
+			return nil
+		},
+		Data: func(int) error { time.Sleep(100 * time.Millisecond); return nil }, // a transaction takes a while
+	}
+	h := newHarness(t, func(c *config.Config) { c.Delivery.MaxPerDestination = 1 })
+	h.dns.MX("paced.test", 10, "mx.paced.test").A("mx.paced.test", ip)
+	mx := startMX(t, ip, h.port, relaytest.MXOptions{Script: script})
+	var ids []queue.ID
+	for i := range 24 {
+		ids = append(ids, h.enqueue("alice@sender.test", fmt.Sprintf("r%d@paced.test", i)))
+	}
+	h.start(func(o *Options) { o.Shared = clusterNode(t, "a", st) })
+	relaytest.Eventually(t, 60*time.Second, "24 messages delivered", func() error {
+		for _, id := range ids {
+			if !h.gone(id) {
+				return fmt.Errorf("%v not delivered yet", id)
+			}
+		}
+		return nil
+	})
+	if c := mx.Connections(); len(c) != 1 {
+		t.Fatalf("%d connections, want the one the node kept open: the test needs it", len(c))
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	// After sharedRefresh (and a transaction in flight) the node knows the
+	// pace: from then on its starts are at least the pace apart.
+	known := published.Add(sharedRefresh + 300*time.Millisecond)
+	paced := 0
+	for i := 1; i < len(mails); i++ {
+		if mails[i-1].Before(known) {
+			continue
+		}
+		paced++
+		if gap := mails[i].Sub(mails[i-1]); gap < interval-100*time.Millisecond {
+			t.Errorf("MAILs %d and %d %v apart on the open connection, %v after another node learned a pace of %v",
+				i-1, i, gap.Round(time.Millisecond), mails[i-1].Sub(published).Round(time.Millisecond), interval)
+		}
+	}
+	if paced < 3 {
+		t.Fatalf("only %d MAILs came after the pace was known; the test needs more", paced)
+	}
+}

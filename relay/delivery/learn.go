@@ -147,6 +147,7 @@ const paceIdle = 5 * time.Second
 // seconds thus starts a due transaction within N seconds. The start is
 // given back (giveBackStart) when the worker then finds no job.
 func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, bool) {
+	e.refreshShared(d) // a pace another node learned applies on an open connection too
 	released := false
 	for {
 		d.mu.Lock()

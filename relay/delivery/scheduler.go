@@ -107,6 +107,9 @@ type dest struct {
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
+	// sharedAt is when the other nodes' view was last read (loadShared);
+	// guarded by mu.
+	sharedAt time.Time
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one

@@ -8,8 +8,9 @@ import (
 
 // Shared is what several nodes share about destinations (relay/cluster
 // implements it over Redis). The engine calls it when it loads a domain's
-// state and when a worker opens a connection (Load, Acquire), and when its
-// own record of a domain changed (Publish): never per message. Every
+// state and when a worker opens a connection (Load, Acquire), before a
+// transaction on a kept connection at most once per sharedRefresh (Load),
+// and when its own record of a domain changed (Publish): never per message. Every
 // method must return quickly and fail soft, granting and finding nothing
 // while the shared store is away: local knowledge and local limits are the
 // fallback.
@@ -86,15 +87,42 @@ func (e *Engine) loadShared(d *dest) {
 	if e.opt.Shared == nil {
 		return
 	}
+	now := e.now()
+	d.mu.Lock()
+	d.sharedAt = now
+	d.mu.Unlock()
 	sh, ok := e.opt.Shared.Load(d.name)
 	if !ok {
 		return
 	}
-	now := e.now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	adoptShared(&d.rec, sh, now)
 	e.adopt(d, d.rec)
+}
+
+// sharedRefresh is how old d's shared view may be when a transaction
+// starts on a connection kept open (refreshShared). Read only when a
+// worker opens a connection, the view missed a pace that another node
+// learned for as long as the connection carried messages: this node,
+// not paced, neither waited nor reserved its starts across the nodes,
+// and its starts ran into theirs (three nodes were refused 4 and 5
+// times where one refusal teaches all). Once a second per destination
+// is no per-message load on the shared store.
+const sharedRefresh = time.Second
+
+// refreshShared reads d's shared view again (loadShared) when it is
+// older than sharedRefresh.
+func (e *Engine) refreshShared(d *dest) {
+	if e.opt.Shared == nil {
+		return
+	}
+	d.mu.Lock()
+	stale := e.now().Sub(d.sharedAt) >= sharedRefresh
+	d.mu.Unlock()
+	if stale {
+		e.loadShared(d)
+	}
 }
 
 // takeSlot is a worker's first step with other nodes: it refreshes d's
