@@ -117,7 +117,7 @@ func (d *DNS) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 	var resp *dns.Msg
 	var err error
 	for attempt := 0; attempt <= max(d.Retries, 0); attempt++ {
-		resp, _, err = udp.ExchangeContext(ctx, m, d.Server)
+		resp, err = Exchange(ctx, udp, m, d.Server)
 		if err == nil || errKind(err) != classifier.DNSTimeout || ctx.Err() != nil {
 			break
 		}
@@ -130,7 +130,29 @@ func (d *DNS) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
 		return resp, nil
 	}
 	tcp := &dns.Client{Net: "tcp", Timeout: d.Timeout}
-	resp, _, err = tcp.ExchangeContext(ctx, m, d.Server)
+	return Exchange(ctx, tcp, m, d.Server)
+}
+
+// Exchange sends m to server with c and returns the answer. Unlike
+// c.ExchangeContext, which takes only ctx's deadline for its reads and
+// writes, it stops as soon as ctx ends: a resolver that does not answer
+// must not hold a delivery worker, and with it the relay's stop on
+// SIGTERM, for the whole query timeout (10 s, at the edge of Docker's
+// default stop grace).
+func Exchange(ctx context.Context, c *dns.Client, m *dns.Msg, server string) (*dns.Msg, error) {
+	conn, err := c.DialContext(ctx, server)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	// Closing the connection ends a read in progress; a deadline set now
+	// would not, as ExchangeWithConnContext sets its own.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	resp, _, err := c.ExchangeWithConnContext(ctx, m, conn)
+	if err != nil && ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	return resp, err
 }
 

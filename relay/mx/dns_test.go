@@ -222,3 +222,32 @@ func TestOversizedUDPAnswerUsesTCP(t *testing.T) {
 		t.Fatalf("LookupMX(many.test) = %d records, %v", len(got), err)
 	}
 }
+
+// TestCancelEndsQuery: a cancelled context ends a query to a resolver
+// that does not answer at once, not at the query's timeout: a delivery
+// worker waiting for it held the relay's stop on SIGTERM for up to the
+// 10 s the relay gives a query.
+func TestCancelEndsQuery(t *testing.T) {
+	_, d := zone(t)
+	d.Retries, d.Timeout = 1, 30*time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		_, err := d.LookupMX(ctx, "slow.test")
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want the cancellation", err)
+		}
+		dnsKind(t, err)
+		if el := time.Since(start); el > 5*time.Second {
+			t.Errorf("returned %v after the cancellation", el)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the query went on 10 s after its context was cancelled")
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/greyrelay/greyrelay/relay/mx"
 )
 
 // Security is the DNSSEC state of an answer.
@@ -51,10 +53,10 @@ func (d *DNSSEC) lookup(ctx context.Context, name string, qtype uint16) (answer,
 	m.SetEdns0(1232, true)
 	m.AuthenticatedData = true // RFC 6840 §5.7: ask for the AD bit
 	c := &dns.Client{Net: "udp", Timeout: d.Timeout}
-	resp, _, err := c.ExchangeContext(ctx, m, d.Server)
+	resp, err := mx.Exchange(ctx, c, m, d.Server) // ends with ctx, not only at its deadline
 	if err == nil && resp.Truncated {
 		c.Net = "tcp"
-		resp, _, err = c.ExchangeContext(ctx, m, d.Server)
+		resp, err = mx.Exchange(ctx, c, m, d.Server)
 	}
 	if err != nil {
 		return answer{sec: Bogus}, fmt.Errorf("%s %s: %w", dns.TypeToString[qtype], name, err)

@@ -2,6 +2,7 @@ package tlspolicy
 
 import (
 	"context"
+	"errors"
 	"net"
 	"reflect"
 	"slices"
@@ -154,5 +155,31 @@ func TestDANEConfigServerName(t *testing.T) {
 	cfg := DANEConfig(nil, HostDANE{Host: "alias.s.test", Base: "target.s.test"}, time.Now)
 	if cfg.ServerName != "target.s.test" || cfg.VerifyConnection == nil {
 		t.Errorf("DANEConfig: ServerName %q (want target.s.test), VerifyConnection set %v", cfg.ServerName, cfg.VerifyConnection != nil)
+	}
+}
+
+// TestDNSSECCancelEndsQuery: a cancelled context ends a DNSSEC query to a
+// resolver that does not answer at once, not at the query's timeout.
+func TestDNSSECCancelEndsQuery(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0") // a resolver that never answers
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	d := &DNSSEC{Server: pc.LocalAddr().String(), Timeout: 30 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	done := make(chan error, 1)
+	go func() {
+		_, err := d.lookup(ctx, "mx.example.test", dns.TypeTLSA)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want the cancellation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the query went on 10 s after its context was cancelled")
 	}
 }
