@@ -215,7 +215,7 @@ func TestDANE(t *testing.T) {
 	}
 }
 
-// lastPolicy returns the TLS policy of the newest attempt of message id's
+// lastPolicy returns the TLS policy of the newest ended attempt of message id's
 // only recipient, from `greyrelay queue show -json`.
 func lastPolicy(t *testing.T, r *testRelay, id string) string {
 	t.Helper()
@@ -223,15 +223,24 @@ func lastPolicy(t *testing.T, r *testRelay, id string) string {
 	var m struct {
 		Recipients []struct {
 			History []struct {
-				TLS string `json:"tls_policy"`
+				TLS string     `json:"tls_policy"`
+				End *time.Time `json:"end"`
 			} `json:"history"`
 		} `json:"recipients"`
 	}
-	if err := json.Unmarshal([]byte(res.Stdout), &m); err != nil || len(m.Recipients) != 1 || len(m.Recipients[0].History) == 0 {
+	if err := json.Unmarshal([]byte(res.Stdout), &m); err != nil || len(m.Recipients) != 1 {
 		t.Fatalf("queue show -json %s: %v\n%s", id, err, res)
 	}
+	// The last attempt that ended: a deferred recipient's next one may be
+	// under way, not yet under any policy.
 	h := m.Recipients[0].History
-	return h[len(h)-1].TLS
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i].End != nil {
+			return h[i].TLS
+		}
+	}
+	t.Fatalf("queue show -json %s: no attempt ended\n%s", id, res)
+	return ""
 }
 
 // stsServer serves MTA-STS policies over HTTPS on ip:443 for the domains
