@@ -500,6 +500,8 @@ func TestCleanHeader(t *testing.T) {
 		{"UTF-8 kept in SMTPUTF8", "Subject: héllo", false, "Subject: héllo"},
 		{"UTF-8 in ASCII", "Subject: héllo", true, "Subject: h?llo"},
 		{"invalid UTF-8", "Subject: a\xffb", false, "Subject: a?b"},
+		{"bidi override in SMTPUTF8", "Subject: a\u202egpj.exe\u202c", false, "Subject: a?gpj.exe?"},
+		{"invalid UTF-8 in ASCII", "Subject: a\xff\xc3b", true, "Subject: a??b"},
 	} {
 		if got := string(cleanHeader([]byte(tc.in), tc.ascii)); got != tc.want {
 			t.Errorf("%s: cleanHeader(%q, %v) = %q, want %q", tc.name, tc.in, tc.ascii, got, tc.want)

@@ -111,23 +111,21 @@ func nextLine(raw []byte) (line, rest []byte) {
 	return raw, nil
 }
 
-// cleanHeader makes one returned header line safe: control characters
-// other than TAB (safetext's rule: C0, DEL and C1, NUL included) become
-// '?', and so does every non-ASCII octet in an ASCII DSN, or invalid UTF-8
-// in an SMTPUTF8 one.
+// cleanHeader makes one returned header line safe: safetext.Text (control
+// characters other than TAB, C1 and NUL included, bidi formatting
+// characters and invalid UTF-8 become '?'), and in an ASCII DSN every
+// other non-ASCII character too, one '?' each.
 func cleanHeader(line []byte, ascii bool) []byte {
-	out := make([]byte, 0, len(line))
-	for len(line) > 0 {
-		r, n := utf8.DecodeRune(line)
-		switch {
-		case r != '\t' && safetext.IsControl(r):
-			out = append(out, '?')
-		case r >= utf8.RuneSelf && (ascii || r == utf8.RuneError && n == 1):
-			out = append(out, '?') // one '?' per character or invalid octet
-		default:
-			out = append(out, line[:n]...)
+	s := safetext.Text(string(line)) // a split line holds no CR or LF
+	if !ascii {
+		return []byte(s)
+	}
+	out := make([]byte, 0, len(s))
+	for _, r := range s {
+		if r >= utf8.RuneSelf {
+			r = '?'
 		}
-		line = line[n:]
+		out = utf8.AppendRune(out, r)
 	}
 	return out
 }
