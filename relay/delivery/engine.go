@@ -133,7 +133,7 @@ type Options struct {
 
 // Engine delivers queued mail. Create it with New, then call Run once.
 type Engine struct {
-	pause  storagePause // after a failed Begin (a full disk): storagepause.go
+	pause  storagePause // after a failed Begin (a full disk): storagepause.go; the loop's
 	opt    Options
 	cfg    *config.Config
 	q      *queue.Queue
@@ -158,22 +158,17 @@ type Engine struct {
 	rewind   time.Time
 	lastFull time.Time
 
-	// cmu guards claimed, the recipients held in jobs. It is taken inside
-	// e.mu or alone, and never held across a queue call, so the scan
-	// filter may take it inside a queue read transaction.
 	// hmu guards hosts, what was learned per MX address (host.go).
 	hmu   sync.Mutex
 	hosts map[string]*host
 
-	cmu     sync.Mutex
-	claimed map[queue.Key]bool
-
-	cur *queue.DueCursor // the scan's position; used by Run's goroutine only
-
-	// fmu orders loading a destination's record (loadDests) with the
-	// operator's changes to it (flush.go), so that a record read before
-	// a change is never adopted after it. Taken before d.mu and e.mu.
-	fmu sync.Mutex
+	// The loop's own (loop.go): read and written by Run's goroutine only,
+	// and reached from others through notes and ops.
+	claimed map[queue.Key]bool // the recipients held in jobs
+	cur     *queue.DueCursor   // the scan's position
+	notes   mailbox            // what workers and the recorder tell the loop
+	ops     chan op            // the operator's changes the loop runs (inLoop)
+	ended   chan struct{}      // closed when the loop takes no more ops
 
 	out *recorder // collects the commits of outcomes (record.go)
 
@@ -213,6 +208,9 @@ func New(opt Options) (*Engine, error) {
 		freed = opt.Shared.Freed()
 	}
 	return &Engine{
+		notes:      mailbox{wake: make(chan struct{}, 1)},
+		ops:        make(chan op),
+		ended:      make(chan struct{}),
 		freed:      freed,
 		opt:        opt,
 		cfg:        opt.Config,

@@ -19,12 +19,10 @@ func recorderEngine(store func(queue.Update) error) *Engine {
 }
 
 // handed hands over an outcome of a fresh attempt for key, claimed as
-// takeFresh claims it, carrying the destination records recs, whose commit
+// takeFresh claims it (the test goroutine plays the loop), carrying the destination records recs, whose commit
 // ends with what commit delivers, and returns it.
 func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queue.Destination) *pendingOutcome {
-	e.cmu.Lock()
 	e.claimed[key] = true
-	e.cmu.Unlock()
 	po := &pendingOutcome{d: d, own: len(recs) > 0, decided: make(chan struct{}), wait: func() error { return <-commit },
 		u: queue.Update{Starts: []queue.Start{{Keys: []queue.Key{key}}},
 			Results: []queue.Result{{Key: key, Status: queue.Delivered}}, Destinations: recs}}
@@ -32,10 +30,10 @@ func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queu
 	return po
 }
 
-// isClaimed reports whether key is claimed.
+// isClaimed reports whether key is claimed, once the loop (played by the
+// test goroutine) has read what the recorder told it.
 func isClaimed(e *Engine, key queue.Key) bool {
-	e.cmu.Lock()
-	defer e.cmu.Unlock()
+	e.readNotes()
 	return e.claimed[key]
 }
 
@@ -96,7 +94,7 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		var tries []time.Time
 		store := func(u queue.Update) error {
 			tries = append(tries, time.Now())
-			for name, mu := range map[string]locker{"d.mu": &d.mu, "e.mu": &e.mu, "e.cmu": &e.cmu} {
+			for name, mu := range map[string]locker{"d.mu": &d.mu, "e.mu": &e.mu, "the loop's mailbox": &e.notes.mu} {
 				if !mu.TryLock() {
 					t.Errorf("held outcome stored again with %s held", name)
 					continue

@@ -133,6 +133,7 @@ func (j *job) keys() []queue.Key {
 // stay recorded as in progress and are recovered at the next start) and
 // every outcome handed to the queue has its commit decided (record.go).
 func (e *Engine) Run(ctx context.Context) error {
+	defer e.endLoop()
 	e.cur = e.q.DueCursor()
 	defer e.cur.Close()
 	n, err := e.q.Recover(e.now())
@@ -153,6 +154,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer e.endLoop() // before wg.Wait: an operator's change no longer waits for the loop
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -171,15 +173,28 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
+// endLoop marks the loop as ended (inLoop then runs an operator's change
+// on its caller's goroutine). Run's goroutine alone calls it, at the end
+// of the loop and on every return; the first call counts.
+func (e *Engine) endLoop() {
+	select {
+	case <-e.ended:
+	default:
+		close(e.ended)
+	}
+}
+
 // sleep waits for the next reason to schedule: the timer, a queue change,
-// a kick. A fresh message is claimed and dispatched meanwhile without a
-// scan (the timer stays as it was). It reports false when ctx ends.
+// a kick, a note asking for a scan. A fresh message is claimed and
+// dispatched meanwhile without a scan (the timer stays as it was), and an
+// operator's change is run. It reports false when ctx ends.
 func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan queue.Fresh, timer *time.Timer) bool {
 	for {
 		select {
 		case <-ctx.Done():
 			return false
 		case f := <-fresh:
+			e.readNotes()
 			if e.takeFresh(f) {
 				e.dispatch(ctx, wg)
 			}
@@ -189,6 +204,13 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 				e.dispatch(ctx, wg)
 			}
 			continue
+		case o := <-e.ops:
+			e.runOp(o)
+			continue
+		case <-e.notes.wake:
+			if !e.readNotes() {
+				continue
+			}
 		case <-timer.C:
 		case <-e.q.Wake():
 		case <-e.kick:
@@ -203,6 +225,7 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
+	e.readNotes()
 	e.takeWaitingFresh()
 	if d, paused := e.pause.left(e.now()); paused {
 		return d, true
@@ -305,15 +328,6 @@ func (e *Engine) scan(now time.Time) error {
 	return nil
 }
 
-// requestRescan makes the next scan start from the first key and wakes the
-// loop for it.
-func (e *Engine) requestRescan() {
-	e.mu.Lock()
-	e.rescan = true
-	e.mu.Unlock()
-	e.Kick()
-}
-
 // passOver notes that due recipients of d, the earliest due at at, were
 // left in the queue because its job list was full. If it has meanwhile
 // drained to half (nextJob did not see the note), the scan goes back for
@@ -349,9 +363,9 @@ func (e *Engine) pendingCap() int { return e.cfg.Delivery.MaxPerDestination * re
 // list is full (unless they belong to a message with a job there, which
 // they join). The filter runs inside a queue read transaction, where
 // taking e.mu could deadlock against a writer, so it reads the claimed set
-// under e.cmu (never held across a queue call) and a snapshot of the full
-// destinations, which it also returns. Called with e.mu held; the filter
-// reports (skip, skipped because full).
+// (the loop's own: loop.go) and a snapshot of the full destinations,
+// which it also returns. Called with e.mu held; the filter reports (skip,
+// skipped because full).
 func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bool, bool), map[string]*dest) {
 	fullIDs := map[string]map[queue.ID]bool{}
 	full := map[string]*dest{}
@@ -366,10 +380,7 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 		fullIDs[name], full[name] = ids, d
 	}
 	return func(domain string, k queue.Key) (bool, bool) {
-		e.cmu.Lock()
-		held := e.claimed[k]
-		e.cmu.Unlock()
-		if held {
+		if e.claimed[k] {
 			return true, false
 		}
 		if ids, ok := fullIDs[domainKey(domain)]; ok && !ids[k.ID] {
@@ -382,8 +393,6 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 // loadDests creates the scheduler state of every domain in rs it does not
 // know yet, reading what is stored about it.
 func (e *Engine) loadDests(rs []queue.Recipient) error {
-	e.fmu.Lock()
-	defer e.fmu.Unlock()
 	e.mu.Lock()
 	missing := map[string]bool{}
 	for _, r := range rs {
@@ -430,8 +439,6 @@ type pushItem struct {
 // claim turns due recipients into jobs. Called with e.mu held.
 func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 	paused := map[*dest][]queue.Recipient{}
-	e.cmu.Lock()
-	defer e.cmu.Unlock()
 	for _, r := range rs {
 		if e.claimed[r.Key] {
 			continue

@@ -137,8 +137,7 @@ func (e *Engine) nextJob(d *dest, s *session, served int) *job {
 func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
 	msg, body, release, err := e.load(j)
 	if err != nil {
-		e.unclaim(j.rcpts)
-		e.requestRescan()                       // dropped without a write: behind the scan position
+		e.dropped(j.rcpts)                      // without a write: behind the scan position
 		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
 			e.log.Error("delivery: loading message failed", zap.String("queue_id", j.id.String()), zap.Error(err))
 		}
@@ -203,8 +202,9 @@ func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 // (queue.Begin), with t as the first host and a lease for hops hosts.
 // Recipients the operator held, bounced or deleted since they were
 // claimed are dropped from j. It reports whether any is left. Either way
-// j's recipients are no longer claimed: Begun ones are Active and
-// invisible to the scan.
+// the loop is told that j's recipients are no longer claimed (Begun ones
+// are Active and invisible to the scan), and how the Begin went
+// (storagePause).
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
@@ -215,10 +215,11 @@ func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 		a.begun = &start
 		return true
 	}
-	defer e.unclaim(j.rcpts)
+	claimed := start.Keys
 	err := e.q.Begin(start)
 	if errors.Is(err, queue.ErrState) || errors.Is(err, queue.ErrNotFound) {
 		if j.rcpts = e.stillDue(j); len(j.rcpts) == 0 {
+			e.tell(note{unclaim: claimed})
 			return false
 		}
 		start.Keys = j.keys()
@@ -226,11 +227,11 @@ func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	}
 	if err != nil {
 		e.log.Error("delivery: recording the attempt failed", zap.String("queue_id", j.id.String()), zap.Error(err))
-		e.pause.failed(e.now())
-		e.requestRescan() // dropped without a write: behind the scan position
+		// Dropped without a write: behind the scan position.
+		e.tell(note{unclaim: claimed, rescan: true, begun: true, failedAt: e.now()})
 		return false
 	}
-	e.pause.ok()
+	e.tell(note{unclaim: claimed, begun: true})
 	return true
 }
 
@@ -259,14 +260,6 @@ func (e *Engine) lease(hops, rcpts int) time.Duration {
 	setup := d.ConnectTimeout + d.GreetingTimeout + 5*d.CommandTimeout // EHLO, STARTTLS, handshake, EHLO, AUTH
 	tx := time.Duration(rcpts+3)*d.CommandTimeout + 2*d.DataTimeout    // RSET, MAIL, RCPTs, DATA; data, final dot
 	return time.Duration(max(hops, 1))*(2*setup+tx) + maxFollowUps*tx
-}
-
-func (e *Engine) unclaim(rs []queue.Recipient) {
-	e.cmu.Lock()
-	for _, r := range rs {
-		delete(e.claimed, r.Key)
-	}
-	e.cmu.Unlock()
 }
 
 // early settles j without a connection (DNS failure, every host known to
