@@ -168,6 +168,8 @@ type Engine struct {
 	cur     *queue.DueCursor   // the scan's position
 	notes   mailbox            // what workers and the recorder tell the loop
 	ops     chan op            // the operator's changes the loop runs (inLoop)
+	asks    chan ask           // workers' questions for their next job (askLoop)
+	rewake  bool               // a note asked the loop to schedule again
 	ended   chan struct{}      // closed when the loop takes no more ops
 
 	out *recorder // collects the commits of outcomes (record.go)
@@ -210,6 +212,7 @@ func New(opt Options) (*Engine, error) {
 	return &Engine{
 		notes:      mailbox{wake: make(chan struct{}, 1)},
 		ops:        make(chan op),
+		asks:       make(chan ask),
 		ended:      make(chan struct{}),
 		freed:      freed,
 		opt:        opt,

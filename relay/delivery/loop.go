@@ -1,6 +1,8 @@
 package delivery
 
 import (
+	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -33,7 +35,11 @@ type note struct {
 	// begun reports a Begin: failed (at failedAt) or not (storagePause).
 	begun    bool
 	failedAt time.Time
+	ended    *dest // a worker of this destination ended
 }
+
+// wakes reports whether n makes the loop schedule again.
+func (n note) wakes() bool { return n.rescan || n.ended != nil }
 
 // mailbox is the loop's unbounded inbox: put never blocks, so a worker or
 // the recorder never waits for the loop, which may itself be waiting for
@@ -52,7 +58,7 @@ func (m *mailbox) put(n note) {
 	m.mu.Lock()
 	m.notes = append(m.notes, n)
 	m.mu.Unlock()
-	if !n.rescan {
+	if !n.wakes() {
 		return
 	}
 	select {
@@ -98,11 +104,18 @@ func (e *Engine) dropped(rs []queue.Recipient) {
 // scan from the first key.
 func (e *Engine) requestRescan() { e.tell(note{rescan: true}) }
 
-// readNotes applies the notes put since the last call and reports
-// whether one asked for a scan. Run's goroutine only.
-func (e *Engine) readNotes() bool {
+// readNotes applies the notes put since the last call; one that asks
+// the loop to schedule again sets e.rewake. Run's goroutine only.
+func (e *Engine) readNotes() {
 	rescan := false
 	for _, n := range e.notes.take() {
+		if n.ended != nil {
+			e.mu.Lock()
+			e.workers--
+			n.ended.active--
+			e.mu.Unlock()
+		}
+		e.rewake = e.rewake || n.wakes()
 		for _, k := range n.unclaim {
 			delete(e.claimed, k)
 		}
@@ -117,7 +130,6 @@ func (e *Engine) readNotes() bool {
 	if rescan {
 		e.rescan = true
 	}
-	return rescan
 }
 
 // op is an operator's change run by the loop (inLoop).
@@ -143,4 +155,125 @@ func (e *Engine) inLoop(fn func()) {
 func (e *Engine) runOp(o op) {
 	defer close(o.done)
 	o.fn()
+}
+
+// A worker asks the loop for its next job (askLoop) and waits for the
+// answer: the loop alone decides which job goes to which connection, and
+// keeps the idle connections of each destination (dest.idle) until it has
+// a job for one or wants its slot for another domain.
+
+// askKind says what a worker asks.
+type askKind int
+
+const (
+	askAwait    askKind = iota // is there a job for me (answerAwait)
+	askTake                    // give me the next job (answerTake)
+	askWithdraw                // I stop waiting as an idle connection
+)
+
+// ask is a worker's question to the loop. reply is the worker's own
+// channel, with room for every answer the loop may have outstanding on
+// it (two: parked, then woken), so the loop never blocks on it.
+type ask struct {
+	kind   askKind
+	d      *dest
+	s      *session // askTake: the open connection, nil if none
+	open   bool     // askAwait: the connection may wait for another job
+	served int      // transactions the worker has served
+	reply  chan answer
+}
+
+// answer is the loop's answer to an ask.
+type answer struct {
+	ok      bool // askAwait: there is a job; askWithdraw: always false
+	parked  bool // askAwait: wait on reply for the next answer
+	recheck bool // woken while parked: ask again
+	job     *job // askTake: the job, nil if none
+}
+
+// askLoop sends a to the loop and returns its first answer; false when
+// the loop has ended or ctx did.
+func (e *Engine) askLoop(ctx context.Context, a ask) (answer, bool) {
+	select {
+	case e.asks <- a:
+	case <-e.ended:
+		return answer{}, false
+	}
+	select {
+	case ans := <-a.reply:
+		return ans, true
+	case <-e.ended:
+		return answer{}, false
+	}
+}
+
+// reply sends ans on c without blocking (c has room: see ask).
+func reply(c chan answer, ans answer) {
+	select {
+	case c <- ans:
+	default:
+	}
+}
+
+// answerAsk answers a on the loop's goroutine.
+func (e *Engine) answerAsk(a ask) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch a.kind {
+	case askAwait:
+		e.answerAwait(a)
+	case askTake:
+		reply(a.reply, answer{job: e.answerTake(a)})
+	case askWithdraw:
+		if i := slices.Index(a.d.idle, a.reply); i >= 0 {
+			a.d.idle = slices.Delete(a.d.idle, i, i+1)
+			reply(a.reply, answer{})
+		} // else woken already: that answer is on its way
+	}
+}
+
+// answerAwait tells a's worker whether its destination has a job for it,
+// or parks it with the destination's idle connections. Called with e.mu
+// held.
+func (e *Engine) answerAwait(a ask) {
+	d := a.d
+	switch {
+	case e.paused(d, e.now()) || (a.served > 0 && e.waiting):
+		reply(a.reply, answer{})
+	case len(d.pending) > 0:
+		reply(a.reply, answer{ok: true})
+	case !a.open:
+		reply(a.reply, answer{})
+	default:
+		d.idle = append(d.idle, a.reply)
+		reply(a.reply, answer{parked: true})
+	}
+}
+
+// answerTake takes d's next job, preferring one the open connection can
+// carry (its recipients are not bound to another MX by greylisting).
+// Called with e.mu held.
+func (e *Engine) answerTake(a ask) *job {
+	d := a.d
+	if len(d.pending) == 0 || e.paused(d, e.now()) {
+		return nil
+	}
+	if a.served > 0 && e.waiting {
+		return nil // fairness: give the connection slot to a waiting domain
+	}
+	i := 0
+	if s := a.s; s != nil {
+		if k := slices.IndexFunc(d.pending, func(j *job) bool { return s.carries(j) }); k >= 0 {
+			i = k
+		}
+	}
+	j := d.pending[i]
+	d.pending = slices.Delete(d.pending, i, i+1)
+	if !d.passedAt.IsZero() && len(d.pending) <= e.pendingCap()/2 {
+		// Room for due work a scan left behind: go back for it.
+		e.rewindTo(d.passedAt)
+		d.passedAt = time.Time{}
+		e.Kick()
+	}
+	return j
 }

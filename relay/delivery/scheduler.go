@@ -58,7 +58,7 @@ type dest struct {
 	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
 	// idle are the wake channels of d's workers waiting with an open
 	// connection for a job (awaitJob); guarded by Engine.mu.
-	idle []chan struct{}
+	idle []chan answer
 	// passedAt is the earliest due time of recipients a scan left in the
 	// queue because pending was full (zero: none); draining to half of it
 	// moves the scan back there. Guarded by Engine.mu.
@@ -194,7 +194,6 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 		case <-ctx.Done():
 			return false
 		case f := <-fresh:
-			e.readNotes()
 			if e.takeFresh(f) {
 				e.dispatch(ctx, wg)
 			}
@@ -207,8 +206,11 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 		case o := <-e.ops:
 			e.runOp(o)
 			continue
+		case a := <-e.asks:
+			e.answerAsk(a)
+			continue
 		case <-e.notes.wake:
-			if !e.readNotes() {
+			if e.readNotes(); !e.rewake {
 				continue
 			}
 		case <-timer.C:
@@ -226,6 +228,7 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 		return 0, false
 	}
 	e.readNotes()
+	e.rewake = false // this is the schedule asked for
 	e.takeWaitingFresh()
 	if d, paused := e.pause.left(e.now()); paused {
 		return d, true
@@ -582,10 +585,7 @@ func wakeIdle(d *dest, all bool) {
 		n = min(n, len(d.pending))
 	}
 	for _, c := range d.idle[len(d.idle)-n:] {
-		select {
-		case c <- struct{}{}:
-		default:
-		}
+		reply(c, answer{recheck: true})
 	}
 	clear(d.idle[len(d.idle)-n:])
 	d.idle = d.idle[:len(d.idle)-n]
@@ -599,11 +599,7 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	go func() {
 		defer wg.Done()
 		e.work(ctx, d)
-		e.mu.Lock()
-		e.workers--
-		d.active--
-		e.mu.Unlock()
-		e.Kick()
+		e.tell(note{ended: d})
 	}()
 }
 

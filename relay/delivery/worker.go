@@ -28,16 +28,16 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	defer release()
 	var s *session
 	defer func() { e.closeSession(ctx, s) }()
-	wake := make(chan struct{}, 1)
+	reply := make(chan answer, 2) // room for every answer outstanding (ask)
 	for served := 0; ctx.Err() == nil; served++ {
-		if !e.awaitJob(ctx, d, s, wake, lost, served) {
+		if !e.awaitJob(ctx, d, s, reply, lost, served) {
 			return
 		}
 		taken, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
 		if !ok {
 			return
 		}
-		j := e.nextJob(d, s, served)
+		j := e.nextJob(ctx, d, s, reply, served)
 		if j == nil {
 			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
@@ -48,16 +48,19 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 
 // awaitJob reports whether d has a job for this worker, waiting up to
 // delivery.connection_cache_time for one when its connection s is open and
-// may carry more; the scheduler signals wake when it claims one (wakeIdle).
-// Without that wait, a message arriving just after the last one was sent
-// found the worker closing its connection (a worker still counts against
-// the destination's concurrency), waited for it to end, for a scan, and
-// for a new worker to dial, greet and say EHLO. It reports false when the
-// worker should end: nothing came, ctx ended, d is paused, another
-// domain waits for a connection slot (fairness), or the cluster took the
+// may carry more. Without that wait, a message arriving just after the
+// last one was sent found the worker closing its connection (a worker
+// still counts against the destination's concurrency), waited for it to
+// end, for a scan, and for a new worker to dial, greet and say EHLO. The
+// loop decides (answerAwait): it answers at once, or parks the worker
+// with d's idle connections and answers when it claims a job for d or
+// wants the slot for another domain (wakeIdle). It reports false when the
+// worker should end: nothing came, ctx ended, d is paused, another domain
+// waits for a connection slot (fairness), or the cluster took the
 // worker's slot back (lost is closed: Shared.Acquire). This is the
 // message boundary where a worker gives up its connection.
-func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, lost <-chan struct{}, served int) bool {
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, reply chan answer, lost <-chan struct{}, served int) bool {
+	open := s != nil && s.count < e.cfg.Delivery.MaxMessagesPerConnection && e.cfg.Delivery.ConnectionCacheTime > 0
 	var t *time.Timer
 	for {
 		select {
@@ -65,71 +68,43 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan st
 			return false
 		default:
 		}
-		e.mu.Lock()
-		switch {
-		case e.paused(d, e.now()) || (served > 0 && e.waiting):
-			e.mu.Unlock()
-			return false
-		case len(d.pending) > 0:
-			e.mu.Unlock()
-			return true
-		case s == nil || s.count >= e.cfg.Delivery.MaxMessagesPerConnection || e.cfg.Delivery.ConnectionCacheTime <= 0:
-			e.mu.Unlock()
+		ans, ok := e.askLoop(ctx, ask{kind: askAwait, d: d, open: open, served: served, reply: reply})
+		if !ok {
 			return false
 		}
-		d.idle = append(d.idle, wake)
-		e.mu.Unlock()
+		if !ans.parked {
+			return ans.ok
+		}
 		if t == nil {
 			t = time.NewTimer(e.cfg.Delivery.ConnectionCacheTime)
 			defer t.Stop()
 		}
-		woken := false
 		select {
+		case ans = <-reply:
+			if ans.recheck {
+				continue
+			}
+			return ans.ok
 		case <-ctx.Done():
 		case <-t.C:
 		case <-lost:
-		case <-wake:
-			woken = true
 		}
-		e.mu.Lock()
-		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == wake })
-		e.mu.Unlock()
-		select {
-		case <-wake: // a signal sent after the wait ended
-		default:
-		}
-		if !woken {
-			return false
-		}
+		// Leave the idle list; the loop answers once more, either the
+		// answer it already gave or none, so reply is empty for the
+		// next ask.
+		e.askLoop(ctx, ask{kind: askWithdraw, d: d, reply: reply})
+		return false
 	}
 }
 
-// nextJob takes d's next job, preferring one the open connection can
-// carry (its recipients are not bound to another MX by greylisting).
-func (e *Engine) nextJob(d *dest, s *session, served int) *job {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(d.pending) == 0 || e.paused(d, e.now()) {
+// nextJob asks the loop for d's next job, preferring one the open
+// connection s can carry (answerTake).
+func (e *Engine) nextJob(ctx context.Context, d *dest, s *session, reply chan answer, served int) *job {
+	ans, ok := e.askLoop(ctx, ask{kind: askTake, d: d, s: s, served: served, reply: reply})
+	if !ok {
 		return nil
 	}
-	if served > 0 && e.waiting {
-		return nil // fairness: give the connection slot to a waiting domain
-	}
-	i := 0
-	if s != nil {
-		if k := slices.IndexFunc(d.pending, func(j *job) bool { return s.carries(j) }); k >= 0 {
-			i = k
-		}
-	}
-	j := d.pending[i]
-	d.pending = slices.Delete(d.pending, i, i+1)
-	if !d.passedAt.IsZero() && len(d.pending) <= e.pendingCap()/2 {
-		// Room for due work a scan left behind: go back for it.
-		e.rewindTo(d.passedAt)
-		d.passedAt = time.Time{}
-		e.Kick()
-	}
-	return j
+	return ans.job
 }
 
 // runJob makes one attempt for j, on s if it can carry it or on a new
