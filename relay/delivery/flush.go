@@ -179,7 +179,6 @@ func (e *Engine) relearnNow(domains []string, all, forget bool, now time.Time) (
 			names[domainKey(rec.Domain)] = true
 		}
 	}
-	e.mu.Lock()
 	loaded := map[string]*dest{}
 	for name, d := range e.dests {
 		if all || names[name] {
@@ -187,7 +186,6 @@ func (e *Engine) relearnNow(domains []string, all, forget bool, now time.Time) (
 			names[name] = true
 		}
 	}
-	e.mu.Unlock()
 	n := 0
 	var unpaused []queue.Destination
 	var gone []string

@@ -52,8 +52,6 @@ func (e *Engine) takeFresh(f queue.Fresh) bool {
 	fj := &freshJob{msg: f.Message, body: f.Body}
 	now := e.now()
 	max := e.cfg.Delivery.MaxRecipientsPerTransaction
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	jobs := map[*dest]*job{}
 	took := false
 	for _, r := range f.Recipients {

@@ -11,22 +11,41 @@ import (
 
 // What the scheduler loop owns, and how others reach it.
 //
-// Run's goroutine is the only one that reads or writes the claimed set
-// (the recipients held in jobs), the scan's position and the requests to
-// rescan, and the only one that loads a destination's record
-// (loadDests) or changes one at the operator's request (relearn). Nothing
-// guards them: nobody else touches them. The scan's filter runs inside a
-// queue read transaction on that same goroutine, so it reads the claimed
-// set without any lock, and a writer's transaction can never wait on it.
+// Run's goroutine is the only one that reads or writes the scheduling
+// state: the destinations (dest's scheduling fields: pending jobs, idle
+// connections, running workers, throttle copy, ramp, cluster slots asked
+// for), the claimed set (the recipients held in jobs), the scan's
+// position and the requests to rescan, the suspensions and the storage
+// pause; and the only one that loads a destination's record
+// (loadDests). Nothing guards that state: nobody else touches it. The
+// scan's filter runs inside a queue read transaction on that same
+// goroutine, so it reads the claimed set without any lock, and a
+// writer's transaction can never wait on it.
 //
-// Workers and the recorder tell the loop what changed with a note put in
-// its mailbox (a claim to release, a rescan to make), and never wait for
-// it: the loop takes the notes before each scan and whenever it wakes, in
-// the order they were put, so a released claim is gone before the rescan
-// that asks for it runs. The operator's changes to what the engine learned
-// (Retry, Requeue, Forget) are run by the loop itself (inLoop), so a
-// record the loop reads can never be adopted after the operator changed
-// it.
+// The others reach the loop in three ways, as mox's queue workers do:
+//
+//   - A worker asks (askLoop) whether there is a job for its connection
+//     and for the job itself, and waits for the answer: the loop alone
+//     decides which job goes to which open connection, and keeps a
+//     connection that waits for a next message with its destination's
+//     idle ones.
+//   - Workers and the recorder leave notes in the loop's mailbox (a claim
+//     to release, a rescan, how a Begin went, a worker that ended, what
+//     an outcome taught: atLoop) and never wait for it: the loop takes
+//     them before each scan, each dispatch and each answer, in the order
+//     they were put, so a released claim is gone before the rescan that
+//     asks for it runs, and a worker's answer follows what its last
+//     outcome taught (a throttle that pauses its destination).
+//   - The operator's changes (Retry, Requeue, Forget, Suspend, Resume and
+//     the cluster's suspensions) run on the loop's goroutine (inLoop), so
+//     a record the loop reads can never be adopted after the operator
+//     changed it.
+//
+// What workers learn as they settle an attempt is not the loop's: it is
+// serialised per destination by dest.mu and per MX host by host.mu,
+// because the workers of one destination (and of every domain behind one
+// MX) learn at once, and each outcome is handed to the queue's writer in
+// the order it was learned (record.go).
 
 // note is what a worker or the recorder tells the loop.
 type note struct {
@@ -36,10 +55,15 @@ type note struct {
 	begun    bool
 	failedAt time.Time
 	ended    *dest // a worker of this destination ended
+	// apply changes the loop's state (a worker or the recorder reports
+	// what it learned); it runs on the loop's goroutine, with what it
+	// captured when the note was put. wake: then schedule again.
+	apply func()
+	wake  bool
 }
 
 // wakes reports whether n makes the loop schedule again.
-func (n note) wakes() bool { return n.rescan || n.ended != nil }
+func (n note) wakes() bool { return n.rescan || n.ended != nil || n.wake }
 
 // mailbox is the loop's unbounded inbox: put never blocks, so a worker or
 // the recorder never waits for the loop, which may itself be waiting for
@@ -79,6 +103,11 @@ func (m *mailbox) take() []note {
 // tell puts n in the loop's mailbox. Workers and the recorder call it.
 func (e *Engine) tell(n note) { e.notes.put(n) }
 
+// atLoop has the loop run fn with its next notes, without waiting for
+// it; wake makes it schedule again afterwards. fn must capture values,
+// not state another goroutine guards.
+func (e *Engine) atLoop(fn func(), wake bool) { e.tell(note{apply: fn, wake: wake}) }
+
 // unclaim releases the claim on rs (a worker: Begin made them Active, or
 // they were dropped without a write).
 func (e *Engine) unclaim(rs []queue.Recipient) {
@@ -110,10 +139,11 @@ func (e *Engine) readNotes() {
 	rescan := false
 	for _, n := range e.notes.take() {
 		if n.ended != nil {
-			e.mu.Lock()
 			e.workers--
 			n.ended.active--
-			e.mu.Unlock()
+		}
+		if n.apply != nil {
+			n.apply()
 		}
 		e.rewake = e.rewake || n.wakes()
 		for _, k := range n.unclaim {
@@ -141,12 +171,17 @@ type op struct {
 // inLoop runs fn on the loop's goroutine and returns when it has run.
 // Before Run starts it waits for it; once the loop has ended, nothing else
 // loads a destination's record, and fn runs on the caller's goroutine.
+// Never call it from the loop's goroutine.
 func (e *Engine) inLoop(fn func()) {
 	o := op{fn: fn, done: make(chan struct{})}
 	select {
 	case e.ops <- o:
 		<-o.done
 	case <-e.ended:
+		// The loop's state is no one's now; those who come after it
+		// take turns (afterLoop guards nothing else).
+		e.afterLoop.Lock()
+		defer e.afterLoop.Unlock()
 		fn()
 	}
 }
@@ -215,10 +250,11 @@ func reply(c chan answer, ans answer) {
 	}
 }
 
-// answerAsk answers a on the loop's goroutine.
+// answerAsk answers a on the loop's goroutine, once it has read the
+// notes put before it (the worker's own among them: what its last
+// outcome taught, such as a throttle that pauses its destination).
 func (e *Engine) answerAsk(a ask) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.readNotes()
 	switch a.kind {
 	case askAwait:
 		e.answerAwait(a)
@@ -233,8 +269,7 @@ func (e *Engine) answerAsk(a ask) {
 }
 
 // answerAwait tells a's worker whether its destination has a job for it,
-// or parks it with the destination's idle connections. Called with e.mu
-// held.
+// or parks it with the destination's idle connections.
 func (e *Engine) answerAwait(a ask) {
 	d := a.d
 	switch {
@@ -252,7 +287,6 @@ func (e *Engine) answerAwait(a ask) {
 
 // answerTake takes d's next job, preferring one the open connection can
 // carry (its recipients are not bound to another MX by greylisting).
-// Called with e.mu held.
 func (e *Engine) answerTake(a ask) *job {
 	d := a.d
 	if len(d.pending) == 0 || e.paused(d, e.now()) {

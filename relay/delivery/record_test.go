@@ -94,7 +94,7 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		var tries []time.Time
 		store := func(u queue.Update) error {
 			tries = append(tries, time.Now())
-			for name, mu := range map[string]locker{"d.mu": &d.mu, "e.mu": &e.mu, "the loop's mailbox": &e.notes.mu} {
+			for name, mu := range map[string]locker{"d.mu": &d.mu, "the loop's mailbox": &e.notes.mu} {
 				if !mu.TryLock() {
 					t.Errorf("held outcome stored again with %s held", name)
 					continue
@@ -154,16 +154,14 @@ func TestEvictKeepsRecordOnItsWay(t *testing.T) {
 	d := &dest{name: "a.test", recording: 1}
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(time.Now())
-	e.mu.Unlock()
 	if e.dests[d.name] != d {
 		t.Fatal("destination forgotten while its record was being committed")
 	}
 	e.recorded(d)
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(time.Now())
-	e.mu.Unlock()
 	if _, ok := e.dests[d.name]; ok || len(e.order) != 0 {
 		t.Fatal("destination kept after its record was committed")
 	}
@@ -188,10 +186,9 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 		at   time.Duration
 		kept bool
 	}{{0, true}, {999 * time.Millisecond, true}, {time.Second, false}} {
-		e.mu.Lock()
+		e.readNotes() // the test goroutine plays the loop
 		e.evict(t0.Add(c.at))
 		kept := e.dests[d.name] == d
-		e.mu.Unlock()
 		if kept != c.kept {
 			t.Errorf("at +%v: kept %v, want %v (pace interval 1s from the start at +0)", c.at, kept, c.kept)
 		}
@@ -202,10 +199,9 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	d2.mu.Lock()
 	e.adopt(d2, queue.Destination{Domain: d2.name, PaceInterval: time.Second, PaceRefusals: 3}) // gap 4 s
 	d2.mu.Unlock()
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(t0.Add(3 * time.Second))
 	kept := e.dests[d2.name] == d2
-	e.mu.Unlock()
 	if !kept {
 		t.Error("forgot a destination 3 s into a 4 s gap")
 	}

@@ -50,50 +50,54 @@ const (
 	fullRescanEvery = 30 * time.Second
 )
 
-// dest is the scheduler's view of one destination domain.
+// dest is the scheduler's view of one destination domain. The fields up
+// to runKept are the loop's (loop.go): read and written on its goroutine
+// only, workers and the recorder change them with a note. The rest is
+// what workers learn about the domain, under d.mu.
 type dest struct {
 	name     string
-	pending  []*job           // claimed, waiting for a worker; guarded by Engine.mu
-	active   int              // running workers; guarded by Engine.mu
-	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
-	// idle are the wake channels of d's workers waiting with an open
-	// connection for a job (awaitJob); guarded by Engine.mu.
+	pending  []*job           // claimed, waiting for a worker
+	active   int              // running workers
+	throttle backoff.Throttle // copy of rec's throttle (adopt)
+	// idle are the reply channels of d's workers waiting with an open
+	// connection for a job (answerAwait).
 	idle []chan answer
 	// passedAt is the earliest due time of recipients a scan left in the
 	// queue because pending was full (zero: none); draining to half of it
-	// moves the scan back there. Guarded by Engine.mu.
+	// moves the scan back there.
 	passedAt time.Time
 	// contended: the last worker to ask for a cluster-wide connection slot
 	// found every one taken. Until one is granted, one worker at a time
 	// asks, at slotWait or when a release is announced (shared.go), so
-	// the domain's jobs wait here in order. Guarded by Engine.mu.
+	// the domain's jobs wait here in order.
 	contended bool
 	slotWait  time.Time
-	acquiring int // workers asking for a slot now; guarded by Engine.mu
+	acquiring int // workers asking for a slot now
 	// recording counts the outcomes carrying d's record whose commit is
 	// not decided yet (record.go): d is not forgotten meanwhile, or its
 	// record read again from the queue would be the one before them.
-	// Guarded by Engine.mu.
 	recording int
 	// paceHold is when d's learned pace next lets a transaction start:
 	// lastStart plus the pace's gap (see notePace). d is not forgotten
 	// before then: lastStart lives only here, and a destination read
 	// again from the queue would start its next transaction at once.
-	// Guarded by Engine.mu.
 	paceHold time.Time
 	// ramp caps d's connections while it has shown little yet: it
 	// starts at rampStart and grows by one per accepted message (see
-	// wantsWorker). Guarded by Engine.mu.
+	// wantsWorker).
 	ramp int
 	// runKept is when the run of accepted messages d's record counts in
 	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
 	// not forgotten before then either, or a destination that
 	// rate-limits the next message after an idle moment would start its
-	// pace from a run of one. Guarded by Engine.mu.
+	// pace from a run of one.
 	runKept time.Time
 
 	// mu serialises what workers learn about the domain and its storage
-	// through queue.Apply, so concurrent workers never lose an update.
+	// through queue.Apply, so concurrent workers never lose an update. It
+	// is not the loop's: workers settle their attempts on their own
+	// goroutines, and hand each update to the queue's writer under it so
+	// that the writer never stores an older record after a newer one.
 	mu     sync.Mutex
 	rec    queue.Destination // guarded by mu
 	stored queue.Destination // what the queue holds (deep copy); guarded by mu
@@ -104,6 +108,8 @@ type dest struct {
 	// refusal after an unpaced time), lastRefused when a rate-limit
 	// reply was last learned; guarded by mu.
 	pacedSince, lastRefused time.Time
+	// paceHeld is paceHold as notePace last set it; guarded by mu.
+	paceHeld time.Time
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
@@ -207,8 +213,9 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 			e.runOp(o)
 			continue
 		case a := <-e.asks:
-			e.answerAsk(a)
-			continue
+			if e.answerAsk(a); !e.rewake { // its notes may ask for a schedule
+				continue
+			}
 		case <-e.notes.wake:
 			if e.readNotes(); !e.rewake {
 				continue
@@ -256,9 +263,7 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 	if d := t.Sub(e.now()); d > 0 {
 		return d, true
 	}
-	e.mu.Lock()
 	busy := e.workers > 0
-	e.mu.Unlock()
 	if busy {
 		return 0, false
 	}
@@ -271,7 +276,6 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 // the due recipients of paused (throttled) destinations to the end of the
 // pause instead of looking at them again and again.
 func (e *Engine) scan(now time.Time) error {
-	e.mu.Lock()
 	switch {
 	case e.rescan || now.Sub(e.lastFull) >= fullRescanEvery || now.Before(e.lastFull):
 		e.rescan, e.rewind = false, time.Time{}
@@ -288,7 +292,6 @@ func (e *Engine) scan(now time.Time) error {
 			active++
 		}
 	}
-	e.mu.Unlock()
 	e.m.Suspended.Set(float64(active)) // also when a suspension with an end has ended
 	hit := map[string]time.Time{}      // earliest due time passed over, by full domain
 	rs, err := e.cur.Next(now, scanBatch, func(domain string, k queue.Key, due time.Time) bool {
@@ -319,12 +322,10 @@ func (e *Engine) scan(now time.Time) error {
 		// backlog is stuck at one destination).
 		e.Kick()
 	}
-	e.mu.Lock()
 	push := e.claim(rs, now)
 	for name, at := range hit {
 		e.passOver(full[name], at)
 	}
-	e.mu.Unlock()
 	for _, p := range push {
 		e.push(p.d, p.rcpts, p.until, now, p.why)
 	}
@@ -334,7 +335,7 @@ func (e *Engine) scan(now time.Time) error {
 // passOver notes that due recipients of d, the earliest due at at, were
 // left in the queue because its job list was full. If it has meanwhile
 // drained to half (nextJob did not see the note), the scan goes back for
-// them now. Called with e.mu held.
+// them now.
 func (e *Engine) passOver(d *dest, at time.Time) {
 	if d == nil {
 		e.rescan = true
@@ -350,8 +351,7 @@ func (e *Engine) passOver(d *dest, at time.Time) {
 	}
 }
 
-// rewindTo makes the next scan start no later than due time t. Called with
-// e.mu held.
+// rewindTo makes the next scan start no later than due time t.
 func (e *Engine) rewindTo(t time.Time) {
 	if e.rewind.IsZero() || t.Before(e.rewind) {
 		e.rewind = t
@@ -364,11 +364,10 @@ func (e *Engine) pendingCap() int { return e.cfg.Delivery.MaxPerDestination * re
 // scanFilter returns what the scan may pass over without decoding:
 // recipients already claimed, and recipients of destinations whose job
 // list is full (unless they belong to a message with a job there, which
-// they join). The filter runs inside a queue read transaction, where
-// taking e.mu could deadlock against a writer, so it reads the claimed set
-// (the loop's own: loop.go) and a snapshot of the full destinations,
-// which it also returns. Called with e.mu held; the filter reports (skip,
-// skipped because full).
+// they join). The filter runs inside a queue read transaction, on the
+// loop's goroutine: it reads the claimed set (the loop's own, loop.go)
+// and a snapshot of the full destinations, which it also returns. The
+// filter reports (skip, skipped because full).
 func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bool, bool), map[string]*dest) {
 	fullIDs := map[string]map[queue.ID]bool{}
 	full := map[string]*dest{}
@@ -396,14 +395,12 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 // loadDests creates the scheduler state of every domain in rs it does not
 // know yet, reading what is stored about it.
 func (e *Engine) loadDests(rs []queue.Recipient) error {
-	e.mu.Lock()
 	missing := map[string]bool{}
 	for _, r := range rs {
 		if name := domainKey(r.Domain); e.dests[name] == nil {
 			missing[name] = true
 		}
 	}
-	e.mu.Unlock()
 	for name := range missing {
 		rec, ok, err := e.q.Destination(name)
 		if err != nil {
@@ -420,12 +417,10 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 		}
 		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampStart,
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
-		e.mu.Lock()
 		if e.dests[name] == nil {
 			e.dests[name] = d
 			e.order = append(e.order, name)
 		}
-		e.mu.Unlock()
 	}
 	return nil
 }
@@ -439,7 +434,7 @@ type pushItem struct {
 	why   postponement
 }
 
-// claim turns due recipients into jobs. Called with e.mu held.
+// claim turns due recipients into jobs.
 func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 	paused := map[*dest][]queue.Recipient{}
 	for _, r := range rs {
@@ -491,7 +486,7 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 }
 
 // addToJob adds r to a pending job of the same message and sticky MX, or
-// starts a new job if the destination has room. Called with e.mu held.
+// starts a new job if the destination has room.
 func (e *Engine) addToJob(d *dest, r queue.Recipient) bool {
 	want := stickyAddr(r)
 	for _, j := range d.pending {
@@ -527,8 +522,7 @@ func domainKey(domain string) string { return address.DomainKey(domain) }
 // The pass starts where the previous one stopped, so under the global cap
 // every domain gets its turn.
 func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.readNotes() // evict must see every record on its way (recording)
 	now := e.now()
 	e.waiting = false
 	for _, name := range e.order {
@@ -562,7 +556,6 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // wantsWorker reports whether d should get another connection now: it has
 // jobs, is not paused, is under its concurrency (1 while throttled) and has
 // more queued transactions than its connections are expected to carry.
-// Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 	if len(d.pending) == 0 || e.paused(d, now) {
 		return false
@@ -578,7 +571,7 @@ func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 }
 
 // wakeIdle wakes as many of d's idle workers as it has jobs, or all of
-// them. Called with e.mu held.
+// them.
 func wakeIdle(d *dest, all bool) {
 	n := len(d.idle)
 	if !all {
@@ -591,10 +584,13 @@ func wakeIdle(d *dest, all bool) {
 	d.idle = d.idle[:len(d.idle)-n]
 }
 
-// startWorker runs a worker for d. Called with e.mu held.
+// startWorker runs a worker for d.
 func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	e.workers++
 	d.active++
+	if e.opt.Shared != nil {
+		d.acquiring++ // until slotAnswered
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -605,8 +601,7 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 
 // evict forgets destinations with no jobs, no workers, no record on its
 // way into the queue and no paced start still to wait for at now; their
-// state is in the queue and is read again when they have work. Called
-// with e.mu held.
+// state is in the queue and is read again when they have work.
 func (e *Engine) evict(now time.Time) {
 	keep := e.order[:0]
 	for i, name := range e.order {
