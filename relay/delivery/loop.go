@@ -224,6 +224,15 @@ type answer struct {
 	parked  bool // askAwait: wait on reply for the next answer
 	recheck bool // woken while parked: ask again
 	job     *job // askTake: the job, nil if none
+	ride    ride // askTake: whether job may go over the open connection
+}
+
+// ride is the loop's decision whether a job's message may go over the
+// worker's open connection (reuse).
+type ride struct {
+	ok  bool           // it may
+	t   target         // the target the message has on that connection (session.rides)
+	msg *queue.Message // the envelope the loop read to decide; nil if it did not
 }
 
 // askLoop sends a to the loop and returns its first answer; false when
@@ -259,7 +268,8 @@ func (e *Engine) answerAsk(a ask) {
 	case askAwait:
 		e.answerAwait(a)
 	case askTake:
-		reply(a.reply, answer{job: e.answerTake(a)})
+		j := e.answerTake(a)
+		reply(a.reply, answer{job: j, ride: e.reuse(a.s, j)})
 	case askWithdraw:
 		if i := slices.Index(a.d.idle, a.reply); i >= 0 {
 			a.d.idle = slices.Delete(a.d.idle, i, i+1)
@@ -310,4 +320,29 @@ func (e *Engine) answerTake(a ask) *job {
 		e.Kick()
 	}
 	return j
+}
+
+// reuse decides, with the message's policy in hand, whether j may go over
+// the open connection s: s is to the MX address j's recipients are bound
+// to (carries), has room for another transaction, and gives j's message
+// every TLS guarantee its own policy demands (session.rides). A
+// connection opened in plaintext for a "TLS-Required: No" message thus
+// never carries one held to MTA-STS, DANE or REQUIRETLS. The worker is
+// waiting for this answer, so reading s here is safe.
+func (e *Engine) reuse(s *session, j *job) ride {
+	if s == nil || j == nil {
+		return ride{}
+	}
+	var msg queue.Message
+	if j.fresh != nil {
+		msg = j.fresh.msg
+	} else {
+		var err error
+		if msg, err = e.q.Message(j.id); err != nil {
+			return ride{} // a new connection; the worker finds out why (load)
+		}
+	}
+	t, ok := s.rides(msg)
+	ok = ok && s.carries(j) && s.count < e.cfg.Delivery.MaxMessagesPerConnection
+	return ride{ok: ok, t: t, msg: &msg}
 }

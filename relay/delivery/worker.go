@@ -37,12 +37,12 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if !ok {
 			return
 		}
-		j := e.nextJob(ctx, d, s, reply, served)
+		j, r := e.nextJob(ctx, d, s, reply, served)
 		if j == nil {
 			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
 		}
-		s = e.runJob(ctx, d, j, s)
+		s = e.runJob(ctx, d, j, s, r)
 	}
 }
 
@@ -98,19 +98,21 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, reply chan a
 }
 
 // nextJob asks the loop for d's next job, preferring one the open
-// connection s can carry (answerTake).
-func (e *Engine) nextJob(ctx context.Context, d *dest, s *session, reply chan answer, served int) *job {
+// connection s can carry, and for its decision whether the job's message
+// may go over s (answerTake).
+func (e *Engine) nextJob(ctx context.Context, d *dest, s *session, reply chan answer, served int) (*job, ride) {
 	ans, ok := e.askLoop(ctx, ask{kind: askTake, d: d, s: s, served: served, reply: reply})
 	if !ok {
-		return nil
+		return nil, ride{}
 	}
-	return ans.job
+	return ans.job, ans.ride
 }
 
-// runJob makes one attempt for j, on s if it can carry it or on a new
-// connection, and returns the connection to reuse (nil if none).
-func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
-	msg, body, release, err := e.load(j)
+// runJob makes one attempt for j, on s if the loop decided that j may go
+// over it (r) or on a new connection, and returns the connection to reuse
+// (nil if none).
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride) *session {
+	msg, body, release, err := e.load(j, r.msg)
 	if err != nil {
 		e.dropped(j.rcpts)                      // without a write: behind the scan position
 		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
@@ -122,16 +124,13 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	if e.bounceSuppressed(d, j, msg, body); len(j.rcpts) == 0 {
 		return s
 	}
-	// The open connection carries j only if it gives j's message every TLS
-	// guarantee its own policy demands (session.rides); otherwise the
-	// message opens its own, under its own policy.
-	var t target
-	if s != nil {
-		var ok bool
-		if t, ok = s.rides(msg); !ok || !s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection {
-			e.closeSession(ctx, s)
-			s = nil
-		}
+	// The open connection carries j only if the loop found that it gives
+	// j's message every TLS guarantee its own policy demands (reuse);
+	// otherwise the message opens its own, under its own policy.
+	t := r.t
+	if s != nil && !r.ok {
+		e.closeSession(ctx, s)
+		s = nil
 	}
 	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
@@ -155,15 +154,18 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 }
 
 // load returns j's envelope and body: a fresh job's own copies, or the
-// queue's. A large body is a mapped spool file, not a heap copy; every use
-// of it (the transactions, a DSN's returned content) ends before runJob
-// returns and calls release.
-func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
+// queue's (the envelope the loop read, if it did: pre). A large body is a
+// mapped spool file, not a heap copy; every use of it (the transactions,
+// a DSN's returned content) ends before runJob returns and calls release.
+func (e *Engine) load(j *job, pre *queue.Message) (queue.Message, []byte, func(), error) {
 	if j.fresh != nil {
 		return j.fresh.msg, j.fresh.body, func() {}, nil
 	}
-	msg, err := e.q.Message(j.id)
-	if err != nil {
+	var msg queue.Message
+	var err error
+	if pre != nil {
+		msg = *pre
+	} else if msg, err = e.q.Message(j.id); err != nil {
 		return msg, nil, nil, err
 	}
 	c, err := e.q.OpenBody(j.id)
