@@ -108,11 +108,11 @@ type dest struct {
 	// refusal after an unpaced time), lastRefused when a rate-limit
 	// reply was last learned; guarded by mu.
 	pacedSince, lastRefused time.Time
-	// paceHeld is paceHold as notePace last set it; guarded by mu.
-	paceHeld time.Time
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
+	// paceHeld is paceHold as notePace last set it; guarded by mu.
+	paceHeld time.Time
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
