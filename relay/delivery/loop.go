@@ -76,8 +76,9 @@ type mailbox struct {
 	wake  chan struct{} // capacity 1; nil in engines built without New (tests)
 }
 
-// put adds n, and wakes the loop if n asks for a scan: the rest waits
-// for the loop's next wake, as it precedes every scan. It never blocks.
+// put adds n, and wakes the loop if n asks it to schedule again: the rest
+// waits for the loop's next wake (it reads its notes before every scan,
+// dispatch and answer). It never blocks.
 func (m *mailbox) put(n note) {
 	m.mu.Lock()
 	m.notes = append(m.notes, n)
@@ -129,8 +130,8 @@ func (e *Engine) dropped(rs []queue.Recipient) {
 	e.tell(note{unclaim: ks, rescan: true})
 }
 
-// requestRescan asks the loop, from another goroutine, to start its next
-// scan from the first key.
+// requestRescan asks the loop to start its next scan from the first key
+// (from any goroutine: the loop reads it with its notes).
 func (e *Engine) requestRescan() { e.tell(note{rescan: true}) }
 
 // readNotes applies the notes put since the last call; one that asks
