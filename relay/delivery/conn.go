@@ -158,8 +158,7 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			if j.fresh != nil {
 				// A postponement writes without an attempt: leave it to
 				// the ordinary path, once the message is inserted.
-				e.unclaim(j.rcpts)
-				e.requestRescan()
+				e.dropped(j.rcpts)
 				return nil
 			}
 			e.postpone(d, j, v, wake, a.start) // no connection, so no attempt (flush.go)

@@ -4,9 +4,15 @@
 //
 // Design notes:
 //
-//   - One scheduler loop (Run) owns the decisions about what starts when. It
-//     sleeps on a single timer set to the queue's earliest due time and wakes
-//     on queue.Wake (every enqueue and deferral), on Kick (operator retry)
+//   - One scheduler loop (Run) owns the decisions about what starts when,
+//     and the state they are made from (loop.go): the destinations, their
+//     jobs and idle connections, the claimed recipients, the cluster
+//     slots asked for, the suspensions. Only its goroutine touches them,
+//     so no lock guards them: workers ask it for their next job and wait
+//     for the answer, workers and the recorder leave it notes without
+//     waiting, and the operator's changes run on it. It sleeps on a
+//     single timer set to the queue's earliest due time and wakes on
+//     queue.Wake (every enqueue and deferral), on Kick (operator retry)
 //     and when a worker ends. It never polls and starts no goroutine per
 //     message (the chasquid anti-pattern): idle with nothing due is one
 //     pending timer.
@@ -16,8 +22,9 @@
 //     one that did not complete, RFC 5321 §4.1.1.4; smtpclient pipelines
 //     each envelope when the peer offers PIPELINING). With no job left it
 //     keeps the connection open for delivery.connection_cache_time, and
-//     the scheduler hands it the destination's next job directly, so a
-//     message arriving meanwhile neither waits for a dial nor for a scan.
+//     the loop hands it the destination's next job directly (preferring
+//     one the connection may carry), so a message arriving meanwhile
+//     neither waits for a dial nor for a scan.
 //     A connection remembers the TLS policy it was opened under (the
 //     destination's rule for that host, the mode, whether STARTTLS and
 //     its verification held), and a later message rides it only when that
@@ -133,7 +140,7 @@ type Options struct {
 
 // Engine delivers queued mail. Create it with New, then call Run once.
 type Engine struct {
-	pause  storagePause // after a failed Begin (a full disk): storagepause.go
+	pause  storagePause // after a failed Begin (a full disk): storagepause.go; the loop's
 	opt    Options
 	cfg    *config.Config
 	q      *queue.Queue
@@ -143,9 +150,9 @@ type Engine struct {
 	m      *metrics.Metrics
 	kick   chan struct{}
 
-	// mu guards the scheduler state below; workers take it briefly to pick
-	// their next job and to report that they end.
-	mu      sync.Mutex
+	// The loop's own (loop.go): read and written by Run's goroutine
+	// only, reached from other goroutines through notes, asks and ops.
+	// No lock guards them.
 	dests   map[string]*dest
 	order   []string // round-robin order of domains for fair worker starts
 	next    int      // where the next round-robin pass starts in order
@@ -157,38 +164,36 @@ type Engine struct {
 	rescan   bool
 	rewind   time.Time
 	lastFull time.Time
-
-	// cmu guards claimed, the recipients held in jobs. It is taken inside
-	// e.mu or alone, and never held across a queue call, so the scan
-	// filter may take it inside a queue read transaction.
-	// hmu guards hosts, what was learned per MX address (host.go).
-	hmu   sync.Mutex
-	hosts map[string]*host
-
-	cmu     sync.Mutex
-	claimed map[queue.Key]bool
-
-	cur *queue.DueCursor // the scan's position; used by Run's goroutine only
-
-	// fmu orders loading a destination's record (loadDests) with the
-	// operator's changes to it (flush.go), so that a record read before
-	// a change is never adopted after it. Taken before d.mu and e.mu.
-	fmu sync.Mutex
-
-	out *recorder // collects the commits of outcomes (record.go)
-
-	fresh <-chan queue.Fresh // the queue's fresh messages (fresh.go); read by Run's goroutine only
+	claimed  map[queue.Key]bool // the recipients held in jobs
+	cur      *queue.DueCursor   // the scan's position
+	rewake   bool               // a note asked the loop to schedule again
+	// susp holds the operator's suspensions by canonical domain
+	// (suspend.go); suspShared names those the shared store holds as far
+	// as this node knows.
+	susp       map[string]queue.Suspension
+	suspShared map[string]bool
+	fresh      <-chan queue.Fresh // the queue's fresh messages (fresh.go)
 	// scanned is what queue.Visible said when the last scan ended: a
 	// fresh offer at or below it may have been found by that scan
-	// (fresh.go). Used by Run's goroutine only.
+	// (fresh.go).
 	scanned uint64
 	freed   <-chan string // domains whose cluster-wide slot was released (shared.go); nil without Shared
 
-	// susp holds the operator's suspensions by canonical domain
-	// (suspend.go); guarded by mu. suspShared names those the shared
-	// store holds as far as this node knows; guarded by mu.
-	susp       map[string]queue.Suspension
-	suspShared map[string]bool
+	notes mailbox       // what workers and the recorder tell the loop
+	ops   chan op       // the operator's changes the loop runs (inLoop)
+	asks  chan ask      // workers' questions for their next job (askLoop)
+	ended chan struct{} // closed when the loop takes no more ops or asks
+	// afterLoop makes the operator's changes take turns once the loop
+	// has ended (inLoop); it guards nothing while the loop runs.
+	afterLoop sync.Mutex
+
+	// hmu guards hosts, what was learned per MX address (host.go): the
+	// workers of every domain behind one MX learn about it as they settle,
+	// on their own goroutines, so it is not the loop's.
+	hmu   sync.Mutex
+	hosts map[string]*host
+
+	out *recorder // collects the commits of outcomes (record.go)
 }
 
 // New checks opt and returns an engine.
@@ -213,6 +218,10 @@ func New(opt Options) (*Engine, error) {
 		freed = opt.Shared.Freed()
 	}
 	return &Engine{
+		notes:      mailbox{wake: make(chan struct{}, 1)},
+		ops:        make(chan op),
+		asks:       make(chan ask),
+		ended:      make(chan struct{}),
 		freed:      freed,
 		opt:        opt,
 		cfg:        opt.Config,

@@ -36,8 +36,9 @@ import (
 //
 // The records are changed where they live: a loaded destination under its
 // d.mu (as settle stores them), one that is not loaded in the queue
-// alone, with e.fmu held so that loadDests cannot read the old record and
-// adopt it after the change.
+// alone. The loop makes the change (inLoop), as it is the one that loads
+// records (loadDests): a record read before the change is never adopted
+// after it.
 
 // deadHost is the postponement of recipients whose destination has every
 // address on the dead-host list.
@@ -64,14 +65,17 @@ func (e *Engine) deadWake(d *dest, rt mx.Route, now time.Time) time.Time {
 // v says why (every address is dead). Recipients past their lifetime
 // expire.
 func (e *Engine) postpone(d *dest, j *job, v classifier.Verdict, wake, now time.Time) {
-	defer e.unclaim(j.rcpts) // after the write: until then they are due and claimed
 	why := deadHost
 	why.v = v
-	if err := e.pushMessage(d, j.id, j.rcpts, wake, now, why); err != nil {
-		e.requestRescan() // not moved: still behind the scan position
-		e.log.Error("delivery: postponing recipients of an unreachable destination failed",
-			zap.String("queue_id", j.id.String()), zap.String("domain", d.name), zap.Error(err))
+	// The claim is released after the write: until then they are due.
+	err := e.pushMessage(d, j.id, j.rcpts, wake, now, why)
+	if err == nil {
+		e.unclaim(j.rcpts)
+		return
 	}
+	e.dropped(j.rcpts) // not moved: still behind the scan position
+	e.log.Error("delivery: postponing recipients of an unreachable destination failed",
+		zap.String("queue_id", j.id.String()), zap.String("domain", d.name), zap.Error(err))
 }
 
 // Retry is the operator's flush: it forgets the dead hosts and the
@@ -153,10 +157,15 @@ func (e *Engine) Forget(domain string, all bool, now time.Time) (int, error) {
 }
 
 // relearn unpauses (or, with forget, forgets) the named destinations, or
-// every stored and loaded one with all. It returns how many it changed.
-func (e *Engine) relearn(domains []string, all, forget bool, now time.Time) (int, error) {
-	e.fmu.Lock()
-	defer e.fmu.Unlock()
+// every stored and loaded one with all, on the loop's goroutine. It
+// returns how many it changed.
+func (e *Engine) relearn(domains []string, all, forget bool, now time.Time) (n int, err error) {
+	e.inLoop(func() { n, err = e.relearnNow(domains, all, forget, now) })
+	return n, err
+}
+
+// relearnNow is relearn on the loop's goroutine.
+func (e *Engine) relearnNow(domains []string, all, forget bool, now time.Time) (int, error) {
 	names := map[string]bool{}
 	for _, name := range domains {
 		names[domainKey(name)] = true
@@ -170,7 +179,6 @@ func (e *Engine) relearn(domains []string, all, forget bool, now time.Time) (int
 			names[domainKey(rec.Domain)] = true
 		}
 	}
-	e.mu.Lock()
 	loaded := map[string]*dest{}
 	for name, d := range e.dests {
 		if all || names[name] {
@@ -178,7 +186,6 @@ func (e *Engine) relearn(domains []string, all, forget bool, now time.Time) (int
 			names[name] = true
 		}
 	}
-	e.mu.Unlock()
 	n := 0
 	var unpaused []queue.Destination
 	var gone []string

@@ -52,10 +52,6 @@ func (e *Engine) takeFresh(f queue.Fresh) bool {
 	fj := &freshJob{msg: f.Message, body: f.Body}
 	now := e.now()
 	max := e.cfg.Delivery.MaxRecipientsPerTransaction
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.cmu.Lock()
-	defer e.cmu.Unlock()
 	jobs := map[*dest]*job{}
 	took := false
 	for _, r := range f.Recipients {
@@ -108,14 +104,11 @@ func freshStart(a *attempt, outs []outcome) []queue.Start {
 	return []queue.Start{s}
 }
 
-// stored releases the claim on a fresh outcome's recipients once the
-// queue holds it (or will never take it: the queue is closing).
+// stored tells the loop to release the claim on a fresh outcome's
+// recipients once the queue holds it (or will never take it: the queue
+// is closing).
 func (e *Engine) stored(po *pendingOutcome) {
 	for _, s := range po.u.Starts {
-		e.cmu.Lock()
-		for _, k := range s.Keys {
-			delete(e.claimed, k)
-		}
-		e.cmu.Unlock()
+		e.tell(note{unclaim: s.Keys})
 	}
 }

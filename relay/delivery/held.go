@@ -2,7 +2,6 @@ package delivery
 
 import (
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
@@ -23,23 +22,19 @@ const heldRetry = time.Second
 // shutdown what is still held is lost from memory only: the recipients are
 // Active in the queue and recovered at the next start, as after a crash.
 // Every held outcome was logged and counted before it was handed to the
-// queue (settle).
+// queue (settle). Only the recorder's goroutine uses it, so no lock
+// guards it.
 type held struct {
-	mu  sync.Mutex
 	pos []*pendingOutcome
 }
 
 // add holds po.
 func (h *held) add(po *pendingOutcome) {
-	h.mu.Lock()
 	h.pos = append(h.pos, po)
-	h.mu.Unlock()
 }
 
 // len is how many outcomes are held.
 func (h *held) len() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	return len(h.pos)
 }
 
@@ -48,10 +43,8 @@ func (h *held) len() int {
 // stored, how many are left (all of them if store failed), and store's
 // error.
 func (h *held) flush(store func(queue.Update) error) (stored []*pendingOutcome, left int, err error) {
-	h.mu.Lock()
 	hs := h.pos
 	h.pos = nil
-	h.mu.Unlock()
 	if len(hs) == 0 {
 		return nil, 0, nil
 	}
@@ -62,11 +55,8 @@ func (h *held) flush(store func(queue.Update) error) (stored []*pendingOutcome, 
 		all.DSNs = append(all.DSNs, po.u.DSNs...)
 	}
 	if err := store(all); err != nil {
-		h.mu.Lock()
-		h.pos = append(slices.Clip(hs), h.pos...) // older first, ahead of any added meanwhile
-		left = len(h.pos)
-		h.mu.Unlock()
-		return nil, left, err
+		h.pos = slices.Clip(hs) // nothing was added meanwhile: only the recorder adds
+		return nil, len(h.pos), err
 	}
 	return hs, 0, nil
 }

@@ -231,10 +231,9 @@ func (e *Engine) giveBackStart(d *dest, taken time.Time) {
 // acceptance has just shortened.
 func (e *Engine) notePace(d *dest, rec queue.Destination) {
 	hold := pace(&rec).Start(d.lastStart, d.lastStart) // lastStart plus the gap; zero if never started
-	e.mu.Lock()
-	sooner := hold.Before(d.paceHold)
-	d.paceHold = hold
-	e.mu.Unlock()
+	sooner := hold.Before(d.paceHeld)
+	d.paceHeld = hold
+	e.atLoop(func() { d.paceHold = hold }, false)
 	if sooner && d.paceWake != nil {
 		close(d.paceWake)
 		d.paceWake = nil

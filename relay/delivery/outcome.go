@@ -150,14 +150,8 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	if s.limited {
 		d.lastRefused = now
 	}
-	if s.accepted > 0 {
-		e.mu.Lock()
-		grew := d.ramp < e.cfg.Delivery.MaxPerDestination && len(d.pending) > 0
-		d.ramp = min(d.ramp+s.accepted, e.cfg.Delivery.MaxPerDestination)
-		e.mu.Unlock()
-		if grew {
-			e.Kick() // the scheduler may start another worker for the waiting jobs
-		}
+	if n := s.accepted; n > 0 {
+		e.atLoop(func() { e.grow(d, n) }, false)
 	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
@@ -176,9 +170,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		rec.Updated = now
 		po.u.Destinations = []queue.Destination{rec}
 		d.stored = cloneDest(rec)
-		e.mu.Lock()
-		d.recording++ // until the commit is decided (record.go)
-		e.mu.Unlock()
+		e.atLoop(func() { d.recording++ }, false) // until the commit is decided (record.go)
 	}
 	// Otherwise the stored record stays as it is, so this update need not
 	// be ordered with the others of d and may share their commit (the
@@ -248,14 +240,24 @@ func (e *Engine) submit(po *pendingOutcome) {
 	e.out.hand(po)
 }
 
-// adopt makes rec d's current record. Called with d.mu held.
+// adopt makes rec d's current record, and tells the loop what it
+// schedules by (its throttle, how long d's run of accepted messages
+// matters). Called with d.mu held.
 func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	d.rec = rec
-	e.mu.Lock()
-	d.throttle = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}
-	d.runKept = pace(&rec).RunEnds()
-	e.mu.Unlock()
+	th, kept := backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}, pace(&rec).RunEnds()
+	e.atLoop(func() { d.throttle, d.runKept = th, kept }, false)
 	e.notePace(d, rec) // the pace may have changed
+}
+
+// grow widens d's ramp by n accepted messages, on the loop's goroutine;
+// the loop schedules again when d has jobs waiting for another worker.
+func (e *Engine) grow(d *dest, n int) {
+	max := e.cfg.Delivery.MaxPerDestination
+	if d.ramp < max && len(d.pending) > 0 {
+		e.rewake = true
+	}
+	d.ramp = min(d.ramp+n, max)
 }
 
 // sameDest reports whether a and b hold the same knowledge (Updated

@@ -57,6 +57,8 @@ type recorder struct {
 	// store stores held outcomes again (the queue's Apply).
 	store func(queue.Update) error
 
+	// mu guards handed, the recorder's inbox: settling workers append,
+	// the recorder swaps it out (take). Held for that only, with no other.
 	mu     sync.Mutex
 	handed []*pendingOutcome // handed to the queue, not collected yet, oldest first
 
@@ -169,9 +171,7 @@ func (e *Engine) collected(po *pendingOutcome) {
 // recorded notes that the commit of an outcome carrying d's record is
 // decided: d may be forgotten again (evict).
 func (e *Engine) recorded(d *dest) {
-	e.mu.Lock()
-	d.recording--
-	e.mu.Unlock()
+	e.atLoop(func() { d.recording-- }, false)
 }
 
 // hold keeps po, whose commit failed, to be stored again (held.go). The

@@ -19,12 +19,10 @@ func recorderEngine(store func(queue.Update) error) *Engine {
 }
 
 // handed hands over an outcome of a fresh attempt for key, claimed as
-// takeFresh claims it, carrying the destination records recs, whose commit
+// takeFresh claims it (the test goroutine plays the loop), carrying the destination records recs, whose commit
 // ends with what commit delivers, and returns it.
 func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queue.Destination) *pendingOutcome {
-	e.cmu.Lock()
 	e.claimed[key] = true
-	e.cmu.Unlock()
 	po := &pendingOutcome{d: d, own: len(recs) > 0, decided: make(chan struct{}), wait: func() error { return <-commit },
 		u: queue.Update{Starts: []queue.Start{{Keys: []queue.Key{key}}},
 			Results: []queue.Result{{Key: key, Status: queue.Delivered}}, Destinations: recs}}
@@ -32,10 +30,10 @@ func handed(e *Engine, d *dest, key queue.Key, commit <-chan error, recs ...queu
 	return po
 }
 
-// isClaimed reports whether key is claimed.
+// isClaimed reports whether key is claimed, once the loop (played by the
+// test goroutine) has read what the recorder told it.
 func isClaimed(e *Engine, key queue.Key) bool {
-	e.cmu.Lock()
-	defer e.cmu.Unlock()
+	e.readNotes()
 	return e.claimed[key]
 }
 
@@ -96,7 +94,7 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		var tries []time.Time
 		store := func(u queue.Update) error {
 			tries = append(tries, time.Now())
-			for name, mu := range map[string]locker{"d.mu": &d.mu, "e.mu": &e.mu, "e.cmu": &e.cmu} {
+			for name, mu := range map[string]locker{"d.mu": &d.mu, "the loop's mailbox": &e.notes.mu} {
 				if !mu.TryLock() {
 					t.Errorf("held outcome stored again with %s held", name)
 					continue
@@ -156,16 +154,14 @@ func TestEvictKeepsRecordOnItsWay(t *testing.T) {
 	d := &dest{name: "a.test", recording: 1}
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(time.Now())
-	e.mu.Unlock()
 	if e.dests[d.name] != d {
 		t.Fatal("destination forgotten while its record was being committed")
 	}
 	e.recorded(d)
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(time.Now())
-	e.mu.Unlock()
 	if _, ok := e.dests[d.name]; ok || len(e.order) != 0 {
 		t.Fatal("destination kept after its record was committed")
 	}
@@ -190,10 +186,9 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 		at   time.Duration
 		kept bool
 	}{{0, true}, {999 * time.Millisecond, true}, {time.Second, false}} {
-		e.mu.Lock()
+		e.readNotes() // the test goroutine plays the loop
 		e.evict(t0.Add(c.at))
 		kept := e.dests[d.name] == d
-		e.mu.Unlock()
 		if kept != c.kept {
 			t.Errorf("at +%v: kept %v, want %v (pace interval 1s from the start at +0)", c.at, kept, c.kept)
 		}
@@ -204,10 +199,9 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	d2.mu.Lock()
 	e.adopt(d2, queue.Destination{Domain: d2.name, PaceInterval: time.Second, PaceRefusals: 3}) // gap 4 s
 	d2.mu.Unlock()
-	e.mu.Lock()
+	e.readNotes() // the test goroutine plays the loop
 	e.evict(t0.Add(3 * time.Second))
 	kept := e.dests[d2.name] == d2
-	e.mu.Unlock()
 	if !kept {
 		t.Error("forgot a destination 3 s into a 4 s gap")
 	}

@@ -50,50 +50,54 @@ const (
 	fullRescanEvery = 30 * time.Second
 )
 
-// dest is the scheduler's view of one destination domain.
+// dest is the scheduler's view of one destination domain. The fields up
+// to runKept are the loop's (loop.go): read and written on its goroutine
+// only, workers and the recorder change them with a note. The rest is
+// what workers learn about the domain, under d.mu.
 type dest struct {
 	name     string
-	pending  []*job           // claimed, waiting for a worker; guarded by Engine.mu
-	active   int              // running workers; guarded by Engine.mu
-	throttle backoff.Throttle // copy of rec's throttle; guarded by Engine.mu
-	// idle are the wake channels of d's workers waiting with an open
-	// connection for a job (awaitJob); guarded by Engine.mu.
-	idle []chan struct{}
+	pending  []*job           // claimed, waiting for a worker
+	active   int              // running workers
+	throttle backoff.Throttle // copy of rec's throttle (adopt)
+	// idle are the reply channels of d's workers waiting with an open
+	// connection for a job (answerAwait).
+	idle []chan answer
 	// passedAt is the earliest due time of recipients a scan left in the
 	// queue because pending was full (zero: none); draining to half of it
-	// moves the scan back there. Guarded by Engine.mu.
+	// moves the scan back there.
 	passedAt time.Time
 	// contended: the last worker to ask for a cluster-wide connection slot
 	// found every one taken. Until one is granted, one worker at a time
 	// asks, at slotWait or when a release is announced (shared.go), so
-	// the domain's jobs wait here in order. Guarded by Engine.mu.
+	// the domain's jobs wait here in order.
 	contended bool
 	slotWait  time.Time
-	acquiring int // workers asking for a slot now; guarded by Engine.mu
+	acquiring int // workers asking for a slot now
 	// recording counts the outcomes carrying d's record whose commit is
 	// not decided yet (record.go): d is not forgotten meanwhile, or its
 	// record read again from the queue would be the one before them.
-	// Guarded by Engine.mu.
 	recording int
 	// paceHold is when d's learned pace next lets a transaction start:
 	// lastStart plus the pace's gap (see notePace). d is not forgotten
 	// before then: lastStart lives only here, and a destination read
 	// again from the queue would start its next transaction at once.
-	// Guarded by Engine.mu.
 	paceHold time.Time
 	// ramp caps d's connections while it has shown little yet: it
 	// starts at rampStart and grows by one per accepted message (see
-	// wantsWorker). Guarded by Engine.mu.
+	// wantsWorker).
 	ramp int
 	// runKept is when the run of accepted messages d's record counts in
 	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
 	// not forgotten before then either, or a destination that
 	// rate-limits the next message after an idle moment would start its
-	// pace from a run of one. Guarded by Engine.mu.
+	// pace from a run of one.
 	runKept time.Time
 
 	// mu serialises what workers learn about the domain and its storage
-	// through queue.Apply, so concurrent workers never lose an update.
+	// through queue.Apply, so concurrent workers never lose an update. It
+	// is not the loop's: workers settle their attempts on their own
+	// goroutines, and hand each update to the queue's writer under it so
+	// that the writer never stores an older record after a newer one.
 	mu     sync.Mutex
 	rec    queue.Destination // guarded by mu
 	stored queue.Destination // what the queue holds (deep copy); guarded by mu
@@ -110,6 +114,8 @@ type dest struct {
 	// sharedAt is when the other nodes' view was last read (loadShared);
 	// guarded by mu.
 	sharedAt time.Time
+	// paceHeld is paceHold as notePace last set it; guarded by mu.
+	paceHeld time.Time
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
@@ -136,6 +142,7 @@ func (j *job) keys() []queue.Key {
 // stay recorded as in progress and are recovered at the next start) and
 // every outcome handed to the queue has its commit decided (record.go).
 func (e *Engine) Run(ctx context.Context) error {
+	defer e.endLoop()
 	e.cur = e.q.DueCursor()
 	defer e.cur.Close()
 	n, err := e.q.Recover(e.now())
@@ -156,6 +163,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer e.record()() // runs after wg.Wait: no worker hands over an outcome any more
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer e.endLoop() // before wg.Wait: an operator's change no longer waits for the loop
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -174,9 +182,21 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
+// endLoop marks the loop as ended (inLoop then runs an operator's change
+// on its caller's goroutine). Run's goroutine alone calls it, at the end
+// of the loop and on every return; the first call counts.
+func (e *Engine) endLoop() {
+	select {
+	case <-e.ended:
+	default:
+		close(e.ended)
+	}
+}
+
 // sleep waits for the next reason to schedule: the timer, a queue change,
-// a kick. A fresh message is claimed and dispatched meanwhile without a
-// scan (the timer stays as it was). It reports false when ctx ends.
+// a kick, a note asking for a scan. A fresh message is claimed and
+// dispatched meanwhile without a scan (the timer stays as it was), and an
+// operator's change is run. It reports false when ctx ends.
 func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan queue.Fresh, timer *time.Timer) bool {
 	for {
 		select {
@@ -192,6 +212,17 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 				e.dispatch(ctx, wg)
 			}
 			continue
+		case o := <-e.ops:
+			e.runOp(o)
+			continue
+		case a := <-e.asks:
+			if e.answerAsk(a); !e.rewake { // its notes may ask for a schedule
+				continue
+			}
+		case <-e.notes.wake:
+			if e.readNotes(); !e.rewake {
+				continue
+			}
 		case <-timer.C:
 		case <-e.q.Wake():
 		case <-e.kick:
@@ -206,6 +237,8 @@ func (e *Engine) schedule(ctx context.Context, wg *sync.WaitGroup) (time.Duratio
 	if ctx.Err() != nil {
 		return 0, false
 	}
+	e.readNotes()
+	e.rewake = false // this is the schedule asked for
 	e.takeWaitingFresh()
 	if d, paused := e.pause.left(e.now()); paused {
 		return d, true
@@ -233,9 +266,7 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 	if d := t.Sub(e.now()); d > 0 {
 		return d, true
 	}
-	e.mu.Lock()
 	busy := e.workers > 0
-	e.mu.Unlock()
 	if busy {
 		return 0, false
 	}
@@ -248,7 +279,6 @@ func (e *Engine) nextWake() (time.Duration, bool) {
 // the due recipients of paused (throttled) destinations to the end of the
 // pause instead of looking at them again and again.
 func (e *Engine) scan(now time.Time) error {
-	e.mu.Lock()
 	switch {
 	case e.rescan || now.Sub(e.lastFull) >= fullRescanEvery || now.Before(e.lastFull):
 		e.rescan, e.rewind = false, time.Time{}
@@ -265,7 +295,6 @@ func (e *Engine) scan(now time.Time) error {
 			active++
 		}
 	}
-	e.mu.Unlock()
 	e.m.Suspended.Set(float64(active)) // also when a suspension with an end has ended
 	hit := map[string]time.Time{}      // earliest due time passed over, by full domain
 	rs, err := e.cur.Next(now, scanBatch, func(domain string, k queue.Key, due time.Time) bool {
@@ -296,31 +325,20 @@ func (e *Engine) scan(now time.Time) error {
 		// backlog is stuck at one destination).
 		e.Kick()
 	}
-	e.mu.Lock()
 	push := e.claim(rs, now)
 	for name, at := range hit {
 		e.passOver(full[name], at)
 	}
-	e.mu.Unlock()
 	for _, p := range push {
 		e.push(p.d, p.rcpts, p.until, now, p.why)
 	}
 	return nil
 }
 
-// requestRescan makes the next scan start from the first key and wakes the
-// loop for it.
-func (e *Engine) requestRescan() {
-	e.mu.Lock()
-	e.rescan = true
-	e.mu.Unlock()
-	e.Kick()
-}
-
 // passOver notes that due recipients of d, the earliest due at at, were
 // left in the queue because its job list was full. If it has meanwhile
 // drained to half (nextJob did not see the note), the scan goes back for
-// them now. Called with e.mu held.
+// them now.
 func (e *Engine) passOver(d *dest, at time.Time) {
 	if d == nil {
 		e.rescan = true
@@ -336,8 +354,7 @@ func (e *Engine) passOver(d *dest, at time.Time) {
 	}
 }
 
-// rewindTo makes the next scan start no later than due time t. Called with
-// e.mu held.
+// rewindTo makes the next scan start no later than due time t.
 func (e *Engine) rewindTo(t time.Time) {
 	if e.rewind.IsZero() || t.Before(e.rewind) {
 		e.rewind = t
@@ -350,11 +367,10 @@ func (e *Engine) pendingCap() int { return e.cfg.Delivery.MaxPerDestination * re
 // scanFilter returns what the scan may pass over without decoding:
 // recipients already claimed, and recipients of destinations whose job
 // list is full (unless they belong to a message with a job there, which
-// they join). The filter runs inside a queue read transaction, where
-// taking e.mu could deadlock against a writer, so it reads the claimed set
-// under e.cmu (never held across a queue call) and a snapshot of the full
-// destinations, which it also returns. Called with e.mu held; the filter
-// reports (skip, skipped because full).
+// they join). The filter runs inside a queue read transaction, on the
+// loop's goroutine: it reads the claimed set (the loop's own, loop.go)
+// and a snapshot of the full destinations, which it also returns. The
+// filter reports (skip, skipped because full).
 func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bool, bool), map[string]*dest) {
 	fullIDs := map[string]map[queue.ID]bool{}
 	full := map[string]*dest{}
@@ -369,10 +385,7 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 		fullIDs[name], full[name] = ids, d
 	}
 	return func(domain string, k queue.Key) (bool, bool) {
-		e.cmu.Lock()
-		held := e.claimed[k]
-		e.cmu.Unlock()
-		if held {
+		if e.claimed[k] {
 			return true, false
 		}
 		if ids, ok := fullIDs[domainKey(domain)]; ok && !ids[k.ID] {
@@ -385,16 +398,12 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 // loadDests creates the scheduler state of every domain in rs it does not
 // know yet, reading what is stored about it.
 func (e *Engine) loadDests(rs []queue.Recipient) error {
-	e.fmu.Lock()
-	defer e.fmu.Unlock()
-	e.mu.Lock()
 	missing := map[string]bool{}
 	for _, r := range rs {
 		if name := domainKey(r.Domain); e.dests[name] == nil {
 			missing[name] = true
 		}
 	}
-	e.mu.Unlock()
 	for name := range missing {
 		rec, ok, err := e.q.Destination(name)
 		if err != nil {
@@ -411,12 +420,10 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 		}
 		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampStart,
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
-		e.mu.Lock()
 		if e.dests[name] == nil {
 			e.dests[name] = d
 			e.order = append(e.order, name)
 		}
-		e.mu.Unlock()
 	}
 	return nil
 }
@@ -430,11 +437,9 @@ type pushItem struct {
 	why   postponement
 }
 
-// claim turns due recipients into jobs. Called with e.mu held.
+// claim turns due recipients into jobs.
 func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 	paused := map[*dest][]queue.Recipient{}
-	e.cmu.Lock()
-	defer e.cmu.Unlock()
 	for _, r := range rs {
 		if e.claimed[r.Key] {
 			continue
@@ -484,7 +489,7 @@ func (e *Engine) claim(rs []queue.Recipient, now time.Time) []pushItem {
 }
 
 // addToJob adds r to a pending job of the same message and sticky MX, or
-// starts a new job if the destination has room. Called with e.mu held.
+// starts a new job if the destination has room.
 func (e *Engine) addToJob(d *dest, r queue.Recipient) bool {
 	want := stickyAddr(r)
 	for _, j := range d.pending {
@@ -520,8 +525,7 @@ func domainKey(domain string) string { return address.DomainKey(domain) }
 // The pass starts where the previous one stopped, so under the global cap
 // every domain gets its turn.
 func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+	e.readNotes() // evict must see every record on its way (recording)
 	now := e.now()
 	e.waiting = false
 	for _, name := range e.order {
@@ -555,7 +559,6 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 // wantsWorker reports whether d should get another connection now: it has
 // jobs, is not paused, is under its concurrency (1 while throttled) and has
 // more queued transactions than its connections are expected to carry.
-// Called with e.mu held.
 func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 	if len(d.pending) == 0 || e.paused(d, now) {
 		return false
@@ -571,42 +574,37 @@ func (e *Engine) wantsWorker(d *dest, now time.Time) bool {
 }
 
 // wakeIdle wakes as many of d's idle workers as it has jobs, or all of
-// them. Called with e.mu held.
+// them.
 func wakeIdle(d *dest, all bool) {
 	n := len(d.idle)
 	if !all {
 		n = min(n, len(d.pending))
 	}
 	for _, c := range d.idle[len(d.idle)-n:] {
-		select {
-		case c <- struct{}{}:
-		default:
-		}
+		reply(c, answer{recheck: true})
 	}
 	clear(d.idle[len(d.idle)-n:])
 	d.idle = d.idle[:len(d.idle)-n]
 }
 
-// startWorker runs a worker for d. Called with e.mu held.
+// startWorker runs a worker for d.
 func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 	e.workers++
 	d.active++
+	if e.opt.Shared != nil {
+		d.acquiring++ // until slotAnswered
+	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		e.work(ctx, d)
-		e.mu.Lock()
-		e.workers--
-		d.active--
-		e.mu.Unlock()
-		e.Kick()
+		e.tell(note{ended: d})
 	}()
 }
 
 // evict forgets destinations with no jobs, no workers, no record on its
 // way into the queue and no paced start still to wait for at now; their
-// state is in the queue and is read again when they have work. Called
-// with e.mu held.
+// state is in the queue and is read again when they have work.
 func (e *Engine) evict(now time.Time) {
 	keep := e.order[:0]
 	for i, name := range e.order {

@@ -3,6 +3,7 @@ package delivery
 import (
 	"time"
 
+	"github.com/greyrelay/greyrelay/backoff"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -135,35 +136,39 @@ func (e *Engine) takeSlot(d *dest) (release func(), lost <-chan struct{}, ok boo
 		return func() {}, nil, true
 	}
 	e.loadShared(d)
-	e.mu.Lock()
-	limit := d.throttle.Concurrency(e.cfg.Delivery.MaxPerDestination)
-	d.acquiring++
-	e.mu.Unlock()
+	d.mu.Lock()
+	limit := backoff.Throttle{Level: d.rec.ThrottleLevel, Until: d.rec.ThrottledUntil}.Concurrency(e.cfg.Delivery.MaxPerDestination)
+	d.mu.Unlock()
 	release, lost, ok = e.opt.Shared.Acquire(d.name, limit)
-	e.mu.Lock()
-	d.acquiring--
-	was := d.contended
-	d.contended = !ok
-	if !ok {
-		d.slotWait = e.now().Add(leaseRetry)
-	}
-	e.mu.Unlock()
+	granted, wait := ok, e.now().Add(leaseRetry) // copies: the closure runs on the loop
+	e.atLoop(func() { e.slotAnswered(d, granted, wait) }, granted)
 	if ok {
-		if was {
-			e.Kick() // the domain's other waiting jobs may ask too
-		}
 		return release, lost, true
 	}
 	time.AfterFunc(leaseRetry, e.Kick)
 	return nil, nil, false
 }
 
+// slotAnswered notes on the loop's goroutine that a worker of d was
+// granted a cluster-wide slot or not (then d waits for one until wait).
+// A grant after d was contended lets the domain's other waiting jobs ask
+// too.
+func (e *Engine) slotAnswered(d *dest, ok bool, wait time.Time) {
+	d.acquiring--
+	if !ok {
+		d.contended, d.slotWait = true, wait
+		return
+	}
+	if d.contended {
+		d.contended = false
+		e.rewake = true
+	}
+}
+
 // slotFreed notes that a slot of domain was released somewhere: if the
 // domain waits for one, its next worker may ask at once. It reports
 // whether that is so.
 func (e *Engine) slotFreed(domain string) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	d := e.dests[domainKey(domain)]
 	if d == nil || !d.contended {
 		return false

@@ -1,9 +1,6 @@
 package delivery
 
-import (
-	"sync"
-	"time"
-)
+import "time"
 
 // storagePause paces the scheduler while the queue cannot record an
 // attempt's start (Begin fails: a full disk, in practice). Every due
@@ -13,9 +10,9 @@ import (
 // scheduler claims nothing new for storagePauseMin, doubled by each
 // further failure up to storagePauseMax; a Begin that succeeds ends it.
 // Outcomes are not paced (recording them frees space, and they are held
-// and stored again by themselves: record.go).
+// and stored again by themselves: record.go). It is the loop's: workers
+// report their Begin in a note (loop.go), which the loop applies.
 type storagePause struct {
-	mu    sync.Mutex
 	until time.Time
 	wait  time.Duration
 }
@@ -27,8 +24,6 @@ const (
 
 // failed notes a failed Begin at now.
 func (p *storagePause) failed(now time.Time) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if now.Before(p.until) {
 		return // workers claimed before the pause began fail with it
 	}
@@ -38,15 +33,11 @@ func (p *storagePause) failed(now time.Time) {
 
 // ok notes a Begin that succeeded.
 func (p *storagePause) ok() {
-	p.mu.Lock()
 	p.until, p.wait = time.Time{}, 0
-	p.mu.Unlock()
 }
 
 // left reports how long the pause lasts from now, if it does.
 func (p *storagePause) left(now time.Time) (time.Duration, bool) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
 	if d := p.until.Sub(now); d > 0 {
 		return d, true
 	}

@@ -56,13 +56,15 @@ type SuspensionStore interface {
 }
 
 // paused reports whether d may not start attempts at now: it is throttled
-// or suspended. Called with e.mu held.
+// or suspended. The suspensions (e.susp, e.suspShared) are the loop's:
+// the operator's and the cluster's changes to them run on its goroutine
+// (inLoop).
 func (e *Engine) paused(d *dest, now time.Time) bool {
 	return d.throttle.Paused(now) || e.susp[d.name].Active(now)
 }
 
 // pauseEnd is when recipients of paused destination d are looked at
-// again, and why they wait. Called with e.mu held.
+// again, and why they wait.
 func (e *Engine) pauseEnd(d *dest, now time.Time) (time.Time, postponement) {
 	s := e.susp[d.name]
 	if !s.Active(now) {
@@ -87,12 +89,10 @@ func (e *Engine) loadSuspensions() error {
 	if err != nil {
 		return fmt.Errorf("delivery: %w", err)
 	}
-	e.mu.Lock()
-	for _, s := range ss {
+	for _, s := range ss { // on the loop's goroutine, before the loop
 		e.susp[s.Domain], e.suspShared[s.Domain] = s, e.opt.Suspensions != nil
 	}
-	e.mu.Unlock()
-	e.m.Suspended.Set(float64(len(e.Suspensions(e.now()))))
+	e.m.Suspended.Set(float64(len(e.activeSuspensions(e.now()))))
 	return nil
 }
 
@@ -109,10 +109,10 @@ func (e *Engine) Suspend(domain, reason string, until, now time.Time) (queue.Sus
 		e.log.Warn("suspension not shared with the other nodes yet: the shared store is away; it is shared once the store is back",
 			zap.String("domain", domain))
 	}
-	e.mu.Lock()
-	e.susp[domain], e.suspShared[domain] = s, shared
-	e.mu.Unlock()
-	e.m.Suspended.Set(float64(len(e.Suspensions(now))))
+	e.inLoop(func() {
+		e.susp[domain], e.suspShared[domain] = s, shared
+		e.m.Suspended.Set(float64(len(e.activeSuspensions(now))))
+	})
 	e.log.Info("destination suspended by the operator", zap.String("domain", domain), zap.String("reason", reason),
 		zap.Time("until", until))
 	e.Kick() // jobs already claimed for it go back to wait
@@ -130,11 +130,12 @@ func (e *Engine) Resume(domain string, now time.Time) (bool, int, error) {
 	if e.opt.Suspensions != nil && !e.opt.Suspensions.DeleteSuspension(domain) {
 		e.log.Warn("resume not shared with the other nodes: the shared store is away", zap.String("domain", domain))
 	}
-	e.mu.Lock()
-	_, had := e.susp[domain]
-	delete(e.susp, domain)
-	delete(e.suspShared, domain)
-	e.mu.Unlock()
+	var had bool
+	e.inLoop(func() {
+		_, had = e.susp[domain]
+		delete(e.susp, domain)
+		delete(e.suspShared, domain)
+	})
 	n, err := e.release(domain, now)
 	if err != nil {
 		return found || had, 0, err
@@ -156,9 +157,13 @@ func (e *Engine) release(domain string, now time.Time) (int, error) {
 }
 
 // Suspensions returns the suspensions in force at now, by domain.
-func (e *Engine) Suspensions(now time.Time) []queue.Suspension {
-	e.mu.Lock()
-	defer e.mu.Unlock()
+func (e *Engine) Suspensions(now time.Time) (out []queue.Suspension) {
+	e.inLoop(func() { out = e.activeSuspensions(now) })
+	return out
+}
+
+// activeSuspensions is Suspensions on the loop's goroutine.
+func (e *Engine) activeSuspensions(now time.Time) []queue.Suspension {
 	var out []queue.Suspension
 	for _, name := range slices.Sorted(maps.Keys(e.susp)) {
 		if s := e.susp[name]; s.Active(now) {
@@ -197,9 +202,9 @@ func (e *Engine) syncSuspensionsOnce() {
 	for _, s := range shared {
 		want[s.Domain] = s
 	}
-	e.mu.Lock()
-	have, wasShared := maps.Clone(e.susp), maps.Clone(e.suspShared)
-	e.mu.Unlock()
+	var have map[string]queue.Suspension
+	var wasShared map[string]bool
+	e.inLoop(func() { have, wasShared = maps.Clone(e.susp), maps.Clone(e.suspShared) })
 	for name, s := range want {
 		if h, ok := have[name]; ok && sameSuspension(h, s) {
 			e.markShared(name, true)
@@ -209,9 +214,7 @@ func (e *Engine) syncSuspensionsOnce() {
 			e.log.Error("delivery: storing a shared suspension failed", zap.String("domain", name), zap.Error(err))
 			continue
 		}
-		e.mu.Lock()
-		e.susp[name], e.suspShared[name] = s, true
-		e.mu.Unlock()
+		e.inLoop(func() { e.susp[name], e.suspShared[name] = s, true })
 		e.log.Info("destination suspended on another node", zap.String("domain", name), zap.String("node", s.Node))
 		e.Kick()
 	}
@@ -227,10 +230,10 @@ func (e *Engine) syncSuspensionsOnce() {
 			e.log.Error("delivery: removing a resumed suspension failed", zap.String("domain", name), zap.Error(err))
 			continue
 		}
-		e.mu.Lock()
-		delete(e.susp, name)
-		delete(e.suspShared, name)
-		e.mu.Unlock()
+		e.inLoop(func() {
+			delete(e.susp, name)
+			delete(e.suspShared, name)
+		})
 		e.log.Info("destination resumed on another node", zap.String("domain", name))
 		if _, err := e.release(name, now); err != nil {
 			e.log.Error("delivery: resuming a destination failed", zap.String("domain", name), zap.Error(err))
@@ -241,11 +244,11 @@ func (e *Engine) syncSuspensionsOnce() {
 
 // markShared notes whether the shared store holds name's suspension.
 func (e *Engine) markShared(name string, shared bool) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if _, ok := e.susp[name]; ok {
-		e.suspShared[name] = shared
-	}
+	e.inLoop(func() {
+		if _, ok := e.susp[name]; ok {
+			e.suspShared[name] = shared
+		}
+	})
 }
 
 // sameSuspension compares suspensions field by field (times by instant:

@@ -28,36 +28,39 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 	defer release()
 	var s *session
 	defer func() { e.closeSession(ctx, s) }()
-	wake := make(chan struct{}, 1)
+	reply := make(chan answer, 2) // room for every answer outstanding (ask)
 	for served := 0; ctx.Err() == nil; served++ {
-		if !e.awaitJob(ctx, d, s, wake, lost, served) {
+		if !e.awaitJob(ctx, d, s, reply, lost, served) {
 			return
 		}
 		taken, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
 		if !ok {
 			return
 		}
-		j := e.nextJob(d, s, served)
+		j, r := e.nextJob(ctx, d, s, reply, served)
 		if j == nil {
 			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
 		}
-		s = e.runJob(ctx, d, j, s)
+		s = e.runJob(ctx, d, j, s, r)
 	}
 }
 
 // awaitJob reports whether d has a job for this worker, waiting up to
 // delivery.connection_cache_time for one when its connection s is open and
-// may carry more; the scheduler signals wake when it claims one (wakeIdle).
-// Without that wait, a message arriving just after the last one was sent
-// found the worker closing its connection (a worker still counts against
-// the destination's concurrency), waited for it to end, for a scan, and
-// for a new worker to dial, greet and say EHLO. It reports false when the
-// worker should end: nothing came, ctx ended, d is paused, another
-// domain waits for a connection slot (fairness), or the cluster took the
+// may carry more. Without that wait, a message arriving just after the
+// last one was sent found the worker closing its connection (a worker
+// still counts against the destination's concurrency), waited for it to
+// end, for a scan, and for a new worker to dial, greet and say EHLO. The
+// loop decides (answerAwait): it answers at once, or parks the worker
+// with d's idle connections and answers when it claims a job for d or
+// wants the slot for another domain (wakeIdle). It reports false when the
+// worker should end: nothing came, ctx ended, d is paused, another domain
+// waits for a connection slot (fairness), or the cluster took the
 // worker's slot back (lost is closed: Shared.Acquire). This is the
 // message boundary where a worker gives up its connection.
-func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan struct{}, lost <-chan struct{}, served int) bool {
+func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, reply chan answer, lost <-chan struct{}, served int) bool {
+	open := s != nil && s.count < e.cfg.Delivery.MaxMessagesPerConnection && e.cfg.Delivery.ConnectionCacheTime > 0
 	var t *time.Timer
 	for {
 		select {
@@ -65,80 +68,53 @@ func (e *Engine) awaitJob(ctx context.Context, d *dest, s *session, wake chan st
 			return false
 		default:
 		}
-		e.mu.Lock()
-		switch {
-		case e.paused(d, e.now()) || (served > 0 && e.waiting):
-			e.mu.Unlock()
-			return false
-		case len(d.pending) > 0:
-			e.mu.Unlock()
-			return true
-		case s == nil || s.count >= e.cfg.Delivery.MaxMessagesPerConnection || e.cfg.Delivery.ConnectionCacheTime <= 0:
-			e.mu.Unlock()
+		ans, ok := e.askLoop(ctx, ask{kind: askAwait, d: d, open: open, served: served, reply: reply})
+		if !ok {
 			return false
 		}
-		d.idle = append(d.idle, wake)
-		e.mu.Unlock()
+		if !ans.parked {
+			return ans.ok
+		}
 		if t == nil {
 			t = time.NewTimer(e.cfg.Delivery.ConnectionCacheTime)
 			defer t.Stop()
 		}
-		woken := false
 		select {
+		case ans = <-reply:
+			if ans.recheck {
+				continue
+			}
+			return ans.ok
 		case <-ctx.Done():
 		case <-t.C:
 		case <-lost:
-		case <-wake:
-			woken = true
 		}
-		e.mu.Lock()
-		d.idle = slices.DeleteFunc(d.idle, func(c chan struct{}) bool { return c == wake })
-		e.mu.Unlock()
-		select {
-		case <-wake: // a signal sent after the wait ended
-		default:
-		}
-		if !woken {
-			return false
-		}
+		// Leave the idle list; the loop answers once more, either the
+		// answer it already gave or none, so reply is empty for the
+		// next ask.
+		e.askLoop(ctx, ask{kind: askWithdraw, d: d, reply: reply})
+		return false
 	}
 }
 
-// nextJob takes d's next job, preferring one the open connection can
-// carry (its recipients are not bound to another MX by greylisting).
-func (e *Engine) nextJob(d *dest, s *session, served int) *job {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(d.pending) == 0 || e.paused(d, e.now()) {
-		return nil
+// nextJob asks the loop for d's next job, preferring one the open
+// connection s can carry, and for its decision whether the job's message
+// may go over s (answerTake).
+func (e *Engine) nextJob(ctx context.Context, d *dest, s *session, reply chan answer, served int) (*job, ride) {
+	ans, ok := e.askLoop(ctx, ask{kind: askTake, d: d, s: s, served: served, reply: reply})
+	if !ok {
+		return nil, ride{}
 	}
-	if served > 0 && e.waiting {
-		return nil // fairness: give the connection slot to a waiting domain
-	}
-	i := 0
-	if s != nil {
-		if k := slices.IndexFunc(d.pending, func(j *job) bool { return s.carries(j) }); k >= 0 {
-			i = k
-		}
-	}
-	j := d.pending[i]
-	d.pending = slices.Delete(d.pending, i, i+1)
-	if !d.passedAt.IsZero() && len(d.pending) <= e.pendingCap()/2 {
-		// Room for due work a scan left behind: go back for it.
-		e.rewindTo(d.passedAt)
-		d.passedAt = time.Time{}
-		e.Kick()
-	}
-	return j
+	return ans.job, ans.ride
 }
 
-// runJob makes one attempt for j, on s if it can carry it or on a new
-// connection, and returns the connection to reuse (nil if none).
-func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *session {
-	msg, body, release, err := e.load(j)
+// runJob makes one attempt for j, on s if the loop decided that j may go
+// over it (r) or on a new connection, and returns the connection to reuse
+// (nil if none).
+func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride) *session {
+	msg, body, release, err := e.load(j, r.msg)
 	if err != nil {
-		e.unclaim(j.rcpts)
-		e.requestRescan()                       // dropped without a write: behind the scan position
+		e.dropped(j.rcpts)                      // without a write: behind the scan position
 		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
 			e.log.Error("delivery: loading message failed", zap.String("queue_id", j.id.String()), zap.Error(err))
 		}
@@ -148,16 +124,13 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 	if e.bounceSuppressed(d, j, msg, body); len(j.rcpts) == 0 {
 		return s
 	}
-	// The open connection carries j only if it gives j's message every TLS
-	// guarantee its own policy demands (session.rides); otherwise the
-	// message opens its own, under its own policy.
-	var t target
-	if s != nil {
-		var ok bool
-		if t, ok = s.rides(msg); !ok || !s.carries(j) || s.count >= e.cfg.Delivery.MaxMessagesPerConnection {
-			e.closeSession(ctx, s)
-			s = nil
-		}
+	// The open connection carries j only if the loop found that it gives
+	// j's message every TLS guarantee its own policy demands (reuse);
+	// otherwise the message opens its own, under its own policy.
+	t := r.t
+	if s != nil && !r.ok {
+		e.closeSession(ctx, s)
+		s = nil
 	}
 	a := &attempt{msg: msg, body: body, start: e.now()}
 	if s == nil {
@@ -181,15 +154,18 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session) *sessi
 }
 
 // load returns j's envelope and body: a fresh job's own copies, or the
-// queue's. A large body is a mapped spool file, not a heap copy; every use
-// of it (the transactions, a DSN's returned content) ends before runJob
-// returns and calls release.
-func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
+// queue's (the envelope the loop read, if it did: pre). A large body is a
+// mapped spool file, not a heap copy; every use of it (the transactions,
+// a DSN's returned content) ends before runJob returns and calls release.
+func (e *Engine) load(j *job, pre *queue.Message) (queue.Message, []byte, func(), error) {
 	if j.fresh != nil {
 		return j.fresh.msg, j.fresh.body, func() {}, nil
 	}
-	msg, err := e.q.Message(j.id)
-	if err != nil {
+	var msg queue.Message
+	var err error
+	if pre != nil {
+		msg = *pre
+	} else if msg, err = e.q.Message(j.id); err != nil {
 		return msg, nil, nil, err
 	}
 	c, err := e.q.OpenBody(j.id)
@@ -203,8 +179,9 @@ func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 // (queue.Begin), with t as the first host and a lease for hops hosts.
 // Recipients the operator held, bounced or deleted since they were
 // claimed are dropped from j. It reports whether any is left. Either way
-// j's recipients are no longer claimed: Begun ones are Active and
-// invisible to the scan.
+// the loop is told that j's recipients are no longer claimed (Begun ones
+// are Active and invisible to the scan), and how the Begin went
+// (storagePause).
 func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	now := a.start
 	start := queue.Start{Keys: j.keys(), Time: now, SourceIP: t.source, MXHost: t.host,
@@ -215,10 +192,11 @@ func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 		a.begun = &start
 		return true
 	}
-	defer e.unclaim(j.rcpts)
+	claimed := start.Keys
 	err := e.q.Begin(start)
 	if errors.Is(err, queue.ErrState) || errors.Is(err, queue.ErrNotFound) {
 		if j.rcpts = e.stillDue(j); len(j.rcpts) == 0 {
+			e.tell(note{unclaim: claimed})
 			return false
 		}
 		start.Keys = j.keys()
@@ -226,11 +204,11 @@ func (e *Engine) begin(j *job, a *attempt, t target, hops int) bool {
 	}
 	if err != nil {
 		e.log.Error("delivery: recording the attempt failed", zap.String("queue_id", j.id.String()), zap.Error(err))
-		e.pause.failed(e.now())
-		e.requestRescan() // dropped without a write: behind the scan position
+		// Dropped without a write: behind the scan position.
+		e.tell(note{unclaim: claimed, rescan: true, begun: true, failedAt: e.now()})
 		return false
 	}
-	e.pause.ok()
+	e.tell(note{unclaim: claimed, begun: true})
 	return true
 }
 
@@ -259,14 +237,6 @@ func (e *Engine) lease(hops, rcpts int) time.Duration {
 	setup := d.ConnectTimeout + d.GreetingTimeout + 5*d.CommandTimeout // EHLO, STARTTLS, handshake, EHLO, AUTH
 	tx := time.Duration(rcpts+3)*d.CommandTimeout + 2*d.DataTimeout    // RSET, MAIL, RCPTs, DATA; data, final dot
 	return time.Duration(max(hops, 1))*(2*setup+tx) + maxFollowUps*tx
-}
-
-func (e *Engine) unclaim(rs []queue.Recipient) {
-	e.cmu.Lock()
-	for _, r := range rs {
-		delete(e.claimed, r.Key)
-	}
-	e.cmu.Unlock()
 }
 
 // early settles j without a connection (DNS failure, every host known to
