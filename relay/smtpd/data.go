@@ -67,6 +67,12 @@ func (s *session) Data(r io.Reader) error {
 	if env == nil || len(env.rcpts) == 0 {
 		return s.refuse(reasonSequence, reply(503, 5, 5, 1, "RCPT first"))
 	}
+	if !bdat && s.smtpConn != nil {
+		// go-smtp's reader is replaced when it may be (body.go).
+		if fr := s.conn.fastBody(s.srv.cfg.Limits.MaxMessageBytes); fr != nil {
+			r = fr
+		}
+	}
 	buf := s.srv.getDataBuf()
 	defer s.srv.putDataBuf(buf) // Enqueue has returned: nothing refers to it
 	rb, err := s.readBody(r, buf, s.receivedInfo(env), env.size)

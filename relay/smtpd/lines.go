@@ -83,6 +83,12 @@ type lineFramer struct {
 	body     bool  // in a DATA body (set by beginBody, cleared at CRLF.CRLF)
 	tail     []byte
 	tlsBytes int64 // under TLS: octets read for the current command
+	// ended counts the command lines completed in plaintext, and lastData
+	// says whether the last one may have been DATA: with the commands
+	// go-smtp has read (conn.reads) they tell whether go-smtp's own
+	// buffer holds anything (conn.fastBody).
+	ended    int
+	lastData bool
 }
 
 // beginBody is called when Data starts reading a DATA body: the body is
@@ -183,6 +189,8 @@ func (f *lineFramer) scanCommand(p []byte) ([]byte, bool) {
 func (f *lineFramer) lineEnded() {
 	head := f.head
 	f.lineLen, f.head = 0, f.head[:0]
+	f.ended++
+	f.lastData = startsLike(head, "DATA")
 	if !startsLike(head, "STARTTLS") && !startsLike(head, "BDAT") {
 		return // the common case, without a copy of the line
 	}

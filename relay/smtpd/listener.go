@@ -280,6 +280,12 @@ type conn struct {
 	closed       bool // Close has run
 	closeOnce    sync.Once
 	gone         chan struct{} // closed by kill
+
+	// A DATA body read straight from in (body.go). Only the connection's
+	// goroutine (go-smtp's, which also runs Data) uses these.
+	body   bodyReader
+	bodyOn bool   // body is in use: go-smtp has not read past it yet
+	synth  []byte // what go-smtp is given before the next octets from in
 }
 
 func (c *conn) setReplyConn(rc net.Conn) {
@@ -401,22 +407,54 @@ func (c *conn) endData() {
 // error described on conn. Buffered replies go out first: the client may
 // be waiting for them before it sends anything more. If they cannot, the
 // connection is finished as after a read error.
+//
+// After a DATA body read by a bodyReader (body.go), go-smtp reads the body
+// again through its own reader to make sure it was all consumed: the rest
+// of the body is consumed here first, and go-smtp is then given the end of
+// data alone (endOfData).
 func (c *conn) Read(b []byte) (int, error) {
+	if c.bodyOn {
+		c.bodyOn = false
+		if err := c.body.drain(); err != nil {
+			return 0, err
+		}
+		c.synth = endOfData
+	}
+	if len(c.synth) > 0 {
+		n := copy(b, c.synth)
+		c.synth = c.synth[n:]
+		return n, nil
+	}
+	if err := c.beforeRead(); err != nil {
+		return 0, err
+	}
+	n, err := c.in.Read(b)
+	return c.afterRead(b[:n], err)
+}
+
+// beforeRead sends the buffered replies and applies the sticky error and
+// the DATA deadline before a read that may wait for the client.
+func (c *conn) beforeRead() error {
 	werr := c.out.flush()
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if werr != nil && c.broken == nil {
 		c.broken, c.closeAfter = werr, true
 	}
 	if c.broken != nil {
-		err := c.broken
-		c.mu.Unlock()
-		return 0, err
+		return c.broken
 	}
 	if !c.dataDeadline.IsZero() {
 		c.Conn.SetReadDeadline(minTime(c.dataDeadline, c.end))
 	}
-	c.mu.Unlock()
-	n, err := c.in.Read(b)
+	return nil
+}
+
+// afterRead follows the octets p just read (or taken from c.in by a
+// bodyReader) and the read's error: the DATA deadline's credit, the line
+// limit, and the sticky error. It returns what the read returns.
+func (c *conn) afterRead(p []byte, err error) (int, error) {
+	n := len(p)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.dataDeadline.IsZero() && n > 0 {
@@ -424,7 +462,7 @@ func (c *conn) Read(b []byte) (int, error) {
 		credit := time.Duration(n) * time.Second / time.Duration(limits.MinDataRate)
 		c.dataDeadline = minTime(c.dataDeadline.Add(credit), time.Now().Add(limits.CommandTimeout))
 	}
-	if n > 0 && c.broken == nil && !c.lines.scan(b[:n]) {
+	if n > 0 && c.broken == nil && !c.lines.scan(p) {
 		// A command line over the limit: go-smtp answers this error with
 		// 500 and closes; the close lingers so the 500 arrives.
 		n, err = 0, smtp.ErrTooLongLine
