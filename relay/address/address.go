@@ -394,8 +394,12 @@ func ParseDomain(s string, opt Options) (string, error) {
 	// An A-label is judged by the U-label it stands for, so that both
 	// spellings of one name get the same answer.
 	last := strings.ToLower(s[strings.LastIndexByte(s, '.')+1:])
-	if u, ok := decodeALabel(last); ok {
-		last = u
+	if strings.HasPrefix(last, "xn--") {
+		// Only an A-label decodes (and the decoder allocates for any
+		// label: this runs for every MAIL and RCPT).
+		if u, ok := decodeALabel(last); ok {
+			last = u
+		}
 	}
 	if first, _ := utf8.DecodeRuneInString(last); !unicode.IsLetter(first) {
 		return "", syntaxErr(opt, "Bad domain: the last label must start with a letter")

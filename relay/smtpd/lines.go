@@ -142,7 +142,8 @@ func (f *lineFramer) scanBody(p []byte) []byte {
 	const end = "\r\n.\r\n"
 	// The end may straddle the previous read: look at its last octets
 	// followed by the first of this one.
-	join := append(f.tail[:len(f.tail):len(f.tail)], p[:min(len(p), len(end)-1)]...)
+	var buf [2 * (len(end) - 1)]byte // tail holds at most len(end)-1 octets
+	join := append(append(buf[:0], f.tail...), p[:min(len(p), len(end)-1)]...)
 	if i := bytes.Index(join, []byte(end)); i >= 0 {
 		f.body = false
 		return p[i+len(end)-len(f.tail):]
