@@ -87,7 +87,8 @@ func fromNanos(n int64) time.Time {
 // which takes its 4 or 16 bytes. The length is written doubled; the odd
 // values 1 and 3 announce an IPv4 and an IPv6 address.
 func (e *enc) addr(s string) {
-	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" && a.String() == s {
+	var text [64]byte // longer than any address's text: the check allocates nothing
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" && string(a.AppendTo(text[:0])) == s {
 		if a.Is4() {
 			b := a.As4()
 			e.u(1)

@@ -54,10 +54,15 @@ const (
 	dueKeyLen  = 20
 )
 
-func idKey(id ID) []byte { return binary.BigEndian.AppendUint64(nil, uint64(id)) }
+// The keys are made in one allocation each: they are built several times
+// for every message a transaction touches.
 
-func rcptKey(k Key) []byte {
-	return binary.BigEndian.AppendUint32(idKey(k.ID), uint32(k.Rcpt))
+func idKey(id ID) []byte { return binary.BigEndian.AppendUint64(make([]byte, 0, 8), uint64(id)) }
+
+func rcptKey(k Key) []byte { return appendRcptKey(make([]byte, 0, rcptKeyLen), k) }
+
+func appendRcptKey(b []byte, k Key) []byte {
+	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint64(b, uint64(k.ID)), uint32(k.Rcpt))
 }
 
 func parseRcptKey(b []byte) (Key, bool) {
@@ -68,7 +73,9 @@ func parseRcptKey(b []byte) (Key, bool) {
 }
 
 // timeKey is t as 8 sortable bytes: Unix nanoseconds clamped to [0, MaxInt64].
-func timeKey(t time.Time) []byte {
+func timeKey(t time.Time) []byte { return appendTimeKey(make([]byte, 0, 8), t) }
+
+func appendTimeKey(b []byte, t time.Time) []byte {
 	var n int64
 	switch {
 	case t.IsZero() || t.Before(time.Unix(0, 0)):
@@ -78,10 +85,12 @@ func timeKey(t time.Time) []byte {
 	default:
 		n = t.UnixNano()
 	}
-	return binary.BigEndian.AppendUint64(nil, uint64(n))
+	return binary.BigEndian.AppendUint64(b, uint64(n))
 }
 
-func dueKey(t time.Time, k Key) []byte { return append(timeKey(t), rcptKey(k)...) }
+func dueKey(t time.Time, k Key) []byte {
+	return appendRcptKey(appendTimeKey(make([]byte, 0, dueKeyLen), t), k)
+}
 
 func parseDueKey(b []byte) (time.Time, Key, bool) {
 	if len(b) != dueKeyLen {

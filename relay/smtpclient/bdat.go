@@ -160,7 +160,9 @@ func (r *chunkReader) next() ([]byte, error) {
 // (one TCP send, one run of TLS records). A failure of the first write is
 // at stage, later ones at StageDATA; either closes the connection.
 func (c *Client) writeChunk(ctx context.Context, stage smtpvocab.Stage, head []byte, ch *chunk) error {
-	c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", ch.size)})
+	if c.opt.Trace != nil {
+		c.trace(Event{Time: time.Now(), Stage: smtpvocab.StageDATA, Sent: fmt.Sprintf("<%d octets of message data>", ch.size)})
+	}
 	r := ch.reader()
 	for first := true; ; first = false {
 		p, err := r.next()
@@ -170,6 +172,7 @@ func (c *Client) writeChunk(ctx context.Context, stage smtpvocab.Stage, head []b
 		}
 		if first {
 			p = append(head, p...)
+			c.keepGroup(p)
 		}
 		if len(p) == 0 {
 			return nil

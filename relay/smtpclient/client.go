@@ -163,6 +163,9 @@ type Client struct {
 	// piece is the DATA encoder's output buffer, kept for the next
 	// message on this connection (see pieceBuf).
 	piece []byte
+	// group is the buffer a pipelined group is written from (with an
+	// inline chunk: the whole message), kept likewise.
+	group []byte
 }
 
 // pieceBuf returns an empty buffer for up to min(n, dataPiece) encoded

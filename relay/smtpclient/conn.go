@@ -1,6 +1,8 @@
 package smtpclient
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -52,17 +54,25 @@ func (c *Client) exchange(ctx context.Context, stage smtpvocab.Stage, timeout ti
 	var r *smtpvocab.Reply
 	var lines []string
 	sent := time.Now()
-	err := c.within(ctx, timeout, func() error {
-		if line != "" {
-			c.trace(Event{Time: sent, Stage: stage, Sent: shown})
-			if _, err := c.conn.Write([]byte(line + "\r\n")); err != nil {
-				return err
-			}
-		}
-		var err error
+	var err error
+	if line == "" && !c.closed && replyBuffered(c.br) {
+		// The next reply of a pipelined group, already read with the one
+		// before it: no wait, so no deadline to set and no cancellation
+		// to arrange.
 		r, lines, err = smtpvocab.Read(c.br)
-		return err
-	})
+	} else {
+		err = c.within(ctx, timeout, func() error {
+			if line != "" {
+				c.trace(Event{Time: sent, Stage: stage, Sent: shown})
+				if _, err := c.conn.Write([]byte(line + "\r\n")); err != nil {
+					return err
+				}
+			}
+			var err error
+			r, lines, err = smtpvocab.Read(c.br)
+			return err
+		})
+	}
 	now := time.Now()
 	c.trace(Event{Time: now, Stage: stage, Reply: r, Elapsed: now.Sub(sent), Err: err})
 	if err != nil {
@@ -199,4 +209,23 @@ func (c *Client) auth(ctx context.Context) error {
 		}
 	}
 	return fail(textproto.ProtocolError("AUTH dialogue did not end"))
+}
+
+// replyBuffered reports whether br holds a whole reply, so that reading
+// it reads nothing from the peer: lines ended by LF, the last of them not
+// a continuation line ("ddd-", RFC 5321 §4.2.1). Anything else (a line
+// not ended yet, only continuation lines) is read under a deadline.
+func replyBuffered(br *bufio.Reader) bool {
+	p, _ := br.Peek(br.Buffered())
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			return false
+		}
+		if line := p[:i]; len(line) < 4 || line[3] != '-' {
+			return true
+		}
+		p = p[i+1:]
+	}
+	return false
 }

@@ -232,7 +232,7 @@ func (c *Client) pipeline(ctx context.Context, cmds []command, inline *chunk) (r
 // is not nil. The peer's replies to a group are small, so it never stops
 // reading a chunk for want of our reading them (RFC 2920 §3.2).
 func (c *Client) writeGroup(ctx context.Context, cmds []command, ch *chunk) error {
-	var buf []byte
+	buf := c.group[:0]
 	now := time.Now()
 	for _, cmd := range cmds {
 		c.trace(Event{Time: now, Stage: cmd.stage, Sent: cmd.line})
@@ -241,7 +241,22 @@ func (c *Client) writeGroup(ctx context.Context, cmds []command, ch *chunk) erro
 	if ch != nil {
 		return c.writeChunk(ctx, cmds[0].stage, buf, ch)
 	}
+	c.keepGroup(buf)
 	return c.write(ctx, cmds[0].stage, c.opt.CommandTimeout, buf)
+}
+
+// maxKeptGroup bounds the group buffer kept between messages, idle
+// connections included: a small message and its commands.
+const maxKeptGroup = 16 << 10
+
+// keepGroup keeps buf's array for the next group. The write that follows
+// is done with it before the next group is built (one goroutine sends on
+// a connection, one transaction at a time), and the connection keeps
+// nothing of what it was given to write.
+func (c *Client) keepGroup(buf []byte) {
+	if cap(buf) <= maxKeptGroup {
+		c.group = buf[:0]
+	}
 }
 
 // emptyData ends a DATA that was accepted although the transaction has no

@@ -373,3 +373,29 @@ func FuzzPipelinedReplies(f *testing.F) {
 		}
 	})
 }
+
+// TestReplyBuffered: a reply is read without a deadline only when it is
+// whole in the buffer; anything that may need a read from the peer is not.
+func TestReplyBuffered(t *testing.T) {
+	tests := []struct {
+		buffered string
+		want     bool
+	}{
+		{"", false},
+		{"250 2.1.0 OK\r\n", true},
+		{"250 2.1.0 OK\r\n250 2.1.5 OK\r\n", true},
+		{"250 2.1.0 O", false},
+		{"250-first\r\n250-second\r\n", false},
+		{"250-first\r\n250 last\r\n", true},
+		{"250-first\r\n250 la", false},
+		{"250\r\n", true},
+		{"junk\n", true}, // whole, and the parser refuses it without reading
+	}
+	for _, tt := range tests {
+		br := bufio.NewReader(strings.NewReader(tt.buffered))
+		br.Peek(len(tt.buffered)) // as if it had arrived
+		if got := replyBuffered(br); got != tt.want {
+			t.Errorf("replyBuffered(%q) = %v, want %v", tt.buffered, got, tt.want)
+		}
+	}
+}
