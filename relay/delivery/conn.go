@@ -184,6 +184,9 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			break
 		}
 		a.tried = t
+		if !e.paceGate(ctx, d, a, t.addrString(), func() {}) {
+			return nil // shutting down: the attempt stays Active and is recovered
+		}
 		c, err := e.dial(ctx, t, rt.Kind)
 		e.countTLSPolicy(t, c, err)
 		if ctx.Err() != nil {

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,12 @@ type host struct {
 	rec     queue.Destination // guarded by mu
 	stored  queue.Destination // what the queue holds; guarded by mu
 	checked time.Time         // when the shared store was last read; guarded by mu
+	// lastStart is when the last transaction to the address started
+	// (hostGate), pacedSince when its pace last began, lastRefused when
+	// it last refused for rate; wake is closed when its next paced start
+	// comes sooner than waiting workers were told. Guarded by mu.
+	lastStart, pacedSince, lastRefused time.Time
+	wake                               chan struct{}
 }
 
 // hostKey is the record name of the MX address addr.
@@ -54,6 +61,17 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 	if h := s.hosts[addr]; h != nil {
 		return h
 	}
+	h := e.hostOf(addr, now)
+	if s.hosts == nil {
+		s.hosts = map[string]*host{}
+	}
+	s.hosts[addr] = h
+	return h
+}
+
+// hostOf returns the host record of addr, read from the queue the first
+// time and again from the shared store at most every hostReload, locked.
+func (e *Engine) hostOf(addr string, now time.Time) *host {
 	e.hmu.Lock()
 	h := e.hosts[addr]
 	if h == nil {
@@ -74,10 +92,6 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 			adoptShared(&h.rec, sh, now)
 		}
 	}
-	if s.hosts == nil {
-		s.hosts = map[string]*host{}
-	}
-	s.hosts[addr] = h
 	return h
 }
 
@@ -240,4 +254,109 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 			h.mu.Unlock()
 		}
 	}
+}
+
+// Throttling learned per MX host. A rate limit, like a greylister, sits
+// at the MX host, and every domain behind it shares its allowance: each
+// rate-limit reply and each accepted message at an address teaches the
+// host's pace (backoff.Pace) as well as the domain's (learnHostPace). A
+// domain with a pace of its own keeps it (it refines the host's: the
+// limit may be per recipient domain); until it has one, its transactions
+// to a paced host start one host gap apart, counted from the last start
+// there by any domain (hostGate), so the first burst to a further domain
+// behind a host that one domain taught is paced from its first message
+// instead of spending the host's window and an opening of its own. The
+// host's pace is shared with the other nodes with its record and, like a
+// domain's, spaces the starts across them (Shared.Pace).
+
+// learnHostPace teaches the pace of the MX address addr from the
+// settlement s: its rate-limit reply, or the messages it had accepted.
+func (e *Engine) learnHostPace(s *settlement, addr string, now time.Time) {
+	if addr == "" || (!s.limited && !s.success) {
+		return
+	}
+	h := e.hostFor(s, addr, now)
+	p := pace(&h.rec)
+	was := p.Paced()
+	before := p.Start(h.lastStart, h.lastStart)
+	if s.limited {
+		if s.started.After(h.lastRefused) {
+			p = p.OnRefused() // as for a domain: one under way says nothing new
+		}
+		h.lastRefused = now
+	} else {
+		p = learnAccepted(p, s.accepted, s.started, h.pacedSince, now)
+	}
+	if !was && p.Paced() {
+		h.pacedSince = now
+	}
+	setPace(&h.rec, p)
+	if p.Start(h.lastStart, h.lastStart).Before(before) && h.wake != nil {
+		close(h.wake) // the next start comes sooner: wake the waiting workers
+		h.wake = nil
+	}
+}
+
+// hostGate waits, for a domain without a pace of its own, until the
+// learned pace of the MX address addr lets the next transaction to it
+// start, and takes that start (across the nodes too, as paceWait does);
+// a domain with a pace of its own, or an address not paced, only notes
+// its start. An attempt takes one start per address (a.hostStart).
+// release is called before a wait longer than paceIdle. It returns
+// false if ctx ended first.
+func (e *Engine) hostGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
+	if addr == "" || a.hostStart == addr {
+		return true
+	}
+	a.hostStart = addr
+	d.mu.Lock()
+	own := pace(&d.rec).Paced()
+	d.mu.Unlock()
+	released := false
+	for {
+		now := e.now()
+		h := e.hostOf(addr, now)
+		p := pace(&h.rec)
+		at := p.Start(h.lastStart, now)
+		if own || !p.Paced() || !at.After(now) {
+			h.lastStart = now
+			h.mu.Unlock()
+			if own || !p.Paced() {
+				return true
+			}
+			return e.sharedHostWait(ctx, addr, p, now, release, released)
+		}
+		if h.wake == nil {
+			h.wake = make(chan struct{})
+		}
+		wake := h.wake
+		h.mu.Unlock()
+		wait := at.Sub(now)
+		if wait > paceIdle && !released {
+			release()
+			released = true
+		}
+		if !sleepCtx(ctx, wait, wake) {
+			return false
+		}
+	}
+}
+
+// sharedHostWait reserves the start at now under the host's pace p
+// across the nodes (Shared.Pace, keyed by the host's record name) and
+// waits for it; without a shared store, or with it away, the local start
+// stands.
+func (e *Engine) sharedHostWait(ctx context.Context, addr string, p backoff.Pace, now time.Time, release func(), released bool) bool {
+	if e.opt.Shared == nil {
+		return true
+	}
+	gap := p.Start(now, now).Sub(now)
+	wait, ok := e.opt.Shared.Pace(hostKey(addr), gap)
+	if !ok || wait <= 0 {
+		return true
+	}
+	if wait > paceIdle && !released {
+		release()
+	}
+	return sleepCtx(ctx, wait, nil)
 }

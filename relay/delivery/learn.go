@@ -109,22 +109,67 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		rec.LastReply = queue.Reply{Code: s.rated.Code, Enhanced: s.rated.Enhanced, Text: s.rated.Text}
 	case s.success:
 		t = t.OnSuccess()
-		p := pace(rec)
-		for range s.accepted {
-			if p.Opening() && !s.started.After(s.pacedSince) {
-				// Under way when the first refusal came: one more of
-				// the run that filled the window, not a sign that the
-				// window has turned.
-				p.Run++
-				continue
-			}
-			p = p.OnAccepted(now)
-		}
-		setPace(rec, p)
+		setPace(rec, learnAccepted(pace(rec), s.accepted, s.started, s.pacedSince, now))
 	default:
 		return
 	}
 	rec.ThrottleLevel, rec.ThrottledUntil = t.Level, t.Until
+}
+
+// learnAccepted returns p after n messages of a transaction started at
+// started were accepted at now, the pace having begun at pacedSince.
+func learnAccepted(p backoff.Pace, n int, started, pacedSince, now time.Time) backoff.Pace {
+	for range n {
+		if p.Opening() && !started.After(pacedSince) {
+			// Under way when the first refusal came: one more of the run
+			// that filled the window, not a sign that the window has
+			// turned.
+			p.Run++
+			continue
+		}
+		p = p.OnAccepted(now)
+	}
+	return p
+}
+
+// refusals returns d.refused.
+func (d *dest) refusals() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.refused
+}
+
+// paceGate holds an attempt just before it dials the MX address addr
+// (or sends on a connection already open to it), after its recipients
+// were Begun, for what was learned since it took its start in paceWait:
+//
+//   - another transaction to the destination met a rate-limit reply
+//     (d.refused moved): the window has just filled, and this
+//     transaction would only spend a refused RCPT on it. It waits for
+//     the pace again instead. Most of a burst's transactions under way
+//     when the first refusal comes are here, between their start and
+//     their RCPT (Begin's commit, the dial, the greeting): held here,
+//     they are not refused, and the opening costs the probes of its
+//     doubling gap alone (backoff.Pace).
+//   - the MX host's learned pace, for a domain without one of its own
+//     (hostGate).
+//
+// release closes the connection open to addr, if any, before a wait
+// longer than paceIdle. It returns false if ctx ended first.
+func (e *Engine) paceGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
+	d.mu.Lock()
+	again := d.refused != a.refused && pace(&d.rec).Paced()
+	d.mu.Unlock()
+	if again {
+		if _, ok := e.paceWait(ctx, d, release); !ok {
+			return false
+		}
+		a.start = e.now() // a transaction of the pace now, not of the run before it
+		d.mu.Lock()
+		a.refused = d.refused
+		d.mu.Unlock()
+	}
+	return e.hostGate(ctx, d, a, addr, release)
 }
 
 // paceIdle is the longest wait for a paced start that keeps the worker's

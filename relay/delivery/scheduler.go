@@ -108,6 +108,9 @@ type dest struct {
 	// refusal after an unpaced time), lastRefused when a rate-limit
 	// reply was last learned; guarded by mu.
 	pacedSince, lastRefused time.Time
+	// refused counts the attempts that met a rate-limit reply (paceGate);
+	// guarded by mu.
+	refused int
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
