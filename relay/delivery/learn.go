@@ -132,13 +132,6 @@ func learnAccepted(p backoff.Pace, n int, started, pacedSince, now time.Time) ba
 	return p
 }
 
-// refusals returns d.refused.
-func (d *dest) refusals() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.refused
-}
-
 // paceGate holds an attempt just before it dials the MX address addr
 // (or sends on a connection already open to it), after its recipients
 // were Begun, for what was learned since it took its start in paceWait:
@@ -161,13 +154,11 @@ func (e *Engine) paceGate(ctx context.Context, d *dest, a *attempt, addr string,
 	again := d.refused != a.refused && pace(&d.rec).Paced()
 	d.mu.Unlock()
 	if again {
-		if _, ok := e.paceWait(ctx, d, release); !ok {
+		_, refused, ok := e.paceWait(ctx, d, release)
+		if !ok {
 			return false
 		}
-		a.start = e.now() // a transaction of the pace now, not of the run before it
-		d.mu.Lock()
-		a.refused = d.refused
-		d.mu.Unlock()
+		a.start, a.refused = e.now(), refused // a transaction of the pace now, not of the run before it
 	}
 	return e.hostGate(ctx, d, a, addr, release)
 }
@@ -181,7 +172,8 @@ const paceIdle = 5 * time.Second
 // paceWait waits until d's next transaction may start under its learned
 // pace (across the nodes when they share it, see sharedStart), and takes
 // that start for the caller; before a wait longer than paceIdle it calls
-// release. It returns the start taken, and false if ctx ended first.
+// release. It returns the start taken and the destination's refusal count
+// then (d.refused, for paceGate), and false if ctx ended first.
 //
 // A start is taken only when it is due, never reserved ahead: a worker
 // that waits holds no start, so workers waiting at once (those of the
@@ -191,7 +183,7 @@ const paceIdle = 5 * time.Second
 // wakes the waiting workers through d.paceWake). A pace that says N
 // seconds thus starts a due transaction within N seconds. The start is
 // given back (giveBackStart) when the worker then finds no job.
-func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, bool) {
+func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, int, bool) {
 	e.refreshShared(d) // a pace another node learned applies on an open connection too
 	released := false
 	for {
@@ -203,8 +195,9 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Ti
 		if !at.After(now) {
 			d.prevStart, d.lastStart = d.lastStart, now // also unpaced: a refusal paces from the start before it
 			e.notePace(d, d.rec)
+			refused := d.refused
 			d.mu.Unlock()
-			return now, e.sharedWait(ctx, d, p, now, release, released)
+			return now, refused, e.sharedWait(ctx, d, p, now, release, released)
 		}
 		if wake == nil {
 			wake = make(chan struct{})
@@ -217,7 +210,7 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Ti
 			released = true
 		}
 		if !sleepCtx(ctx, wait, wake) {
-			return time.Time{}, false
+			return time.Time{}, 0, false
 		}
 	}
 }

@@ -48,18 +48,23 @@ func (w *rateWindow) rcpt(_, _, _ string, now time.Time) *smtp.SMTPError {
 // per hour or one per 10 ms.
 //
 // The rate (messages over the time from the burst to the last
-// acceptance, as the bench counts) is logged and held to 50%, the
-// refusals to 20% (below): the goal is 80% with at most 5%. The rate meets it
-// (87-96%; before the slow start, one run in about twenty of the 5 per
-// 5 s case reached 56%); the refusals do for 5 per 5 s only (4.8-5.7%;
-// 6.2-7.4% per minute, 5.1-7.1% per hour): the opening costs log2 of the
-// window in seconds while the gap doubles from 1 s until the window
-// turns, plus the transactions under way when the first refusal came
-// (their refusals do not double the gap: they say nothing new). How many
-// are under way then depends on goroutine scheduling, which synctest does
-// not fix while the queue writes to a real file: under -race one run in
-// about thirty of the per-minute case saw 21 of 171 (12.3%). The bound is
-// therefore 20%, still far below the stall's 43% (12 of 28).
+// acceptance, as the bench counts) must reach 80% of the allowed rate
+// (89-97% measured), and the refusals 5% of the RCPTs, not counting the
+// transactions whose RCPT was already on its way when the first refusal
+// came (at most the destination's connections less one). Those are
+// counted and logged apart: synctest does not order goroutines that run
+// at the same instant, so their number varies from run to run (0-2
+// without -race, up to 11 with it), and nothing the client learns can
+// recall an RCPT already sent. Every other refusal is the pace's:
+// the opening's probes while its gap doubles from 2 s until the window
+// turns (1, 4 and 10 for these windows) and the rate creeping past the
+// allowance in the steady state (1-2). Measured: 3.8% (5 per 5 s), 4.5%
+// (30 per minute), 3.8% (100 per hour) in every run. Before, transactions
+// that had taken their start before the first refusal but not yet sent
+// (Begin's commit, the dial) were refused as well (now paceGate holds
+// them), the gap doubled from 1 s (one probe more), and the steady state
+// grew the rate by 0.5% per message (65% per window of 100): 4.8-8.3%,
+// 6.2-9.1%, 5.1-8.3%, and up to 12.3% under -race.
 func TestPacing_UsesAllowedRate(t *testing.T) {
 	for _, c := range []struct {
 		n        int
@@ -119,16 +124,38 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 		}
 	}
 	refused := len(rs) - got
+	underWay := underWayAtFirstRefusal(rs)
 	rate := float64(got) / last.Sub(start).Seconds() / (float64(n) / window.Seconds())
-	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%), longest gap %v",
-		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)), longest.Round(100*time.Millisecond))
-	if got < messages || rate < 0.5 || float64(refused) > 0.20*float64(len(rs)) {
-		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused; want all, at least 50%%, at most 20%% refused",
-			seed, got, messages, 100*rate, refused, len(rs))
+	paced := refused - underWay
+	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%; %d under way at the first refusal, %.1f%% without them), longest gap %v",
+		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)),
+		underWay, 100*float64(paced)/float64(len(rs)), longest.Round(100*time.Millisecond))
+	if got < messages || rate < 0.8 || float64(paced) > 0.05*float64(len(rs)) {
+		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused besides the %d under way; want all, at least 80%%, at most 5%% refused",
+			seed, got, messages, 100*rate, paced, len(rs), underWay)
+	}
+	if limit := 20 - 1; underWay > limit { // delivery.max_per_destination's connections, less the one refused first
+		t.Errorf("seed %d: %d RCPTs under way at the first refusal; at most %d connections could carry them", seed, underWay, limit)
 	}
 	if longest > 2*window+time.Second {
 		t.Errorf("seed %d: %v between two attempts, longer than the window (%v) needs", seed, longest, window)
 	}
+}
+
+// underWayAtFirstRefusal counts the refusals at the instant of the first
+// one, besides it: RCPTs already sent when it came.
+func underWayAtFirstRefusal(rs []pipeRcpt) int {
+	n, first := 0, time.Time{}
+	for _, r := range rs {
+		switch {
+		case r.ok:
+		case first.IsZero():
+			first = r.at
+		case r.at.Equal(first):
+			n++
+		}
+	}
+	return n
 }
 
 func accepted(rs []pipeRcpt) int {

@@ -129,6 +129,8 @@ type job struct {
 	want   string
 	rcpts  []queue.Recipient
 	fresh  *freshJob // started from a fresh message (fresh.go); nil: read from the queue
+	// refused is d.refused when the job's start was taken (paceGate).
+	refused int
 }
 
 func (j *job) keys() []queue.Key {

@@ -33,7 +33,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if !e.awaitJob(ctx, d, s, reply, lost, served) {
 			return
 		}
-		taken, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
+		taken, refused, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
 		if !ok {
 			return
 		}
@@ -42,6 +42,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
 		}
+		j.refused = refused
 		s = e.runJob(ctx, d, j, s, r)
 	}
 }
@@ -132,7 +133,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body, start: e.now(), refused: d.refusals()}
+	a := &attempt{msg: msg, body: body, start: e.now(), refused: j.refused}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
