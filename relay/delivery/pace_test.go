@@ -3,6 +3,7 @@ package delivery
 import (
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -166,4 +167,53 @@ func accepted(rs []pipeRcpt) int {
 		}
 	}
 	return n
+}
+
+// TestPacing_LearnedPerHost: the rate limit sits at the MX host, and
+// every domain behind it shares the allowance. Two domains whose MX is
+// the same address, which accepts 5 RCPTs per 5 s in all: once a.test
+// has learned the pace there, the first burst to b.test is paced from its
+// first message by the host's pace (hostGate) instead of spending the
+// host's window and an opening of its own. Before, b.test started
+// unpaced with two connections and more for each accepted message, and
+// paid the opening again: 2-3 of its RCPTs refused (0 now).
+func TestPacing_LearnedPerHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := &rateWindow{n: 5, window: 5 * time.Second}
+		p := startPipeMX(lim.rcpt)
+		defer p.close()
+		routes := map[string]string{"a.test": "127.0.0.53:25", "b.test": "127.0.0.53:25"}
+		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil)
+		defer pe.stop(t)
+		deliver := func(domain string, n int) (refused int) {
+			for i := range n {
+				pe.send(t, "s@src.test", fmt.Sprintf("r%d@%s", i, domain))
+			}
+			for range 600 {
+				time.Sleep(time.Second)
+				synctest.Wait()
+				ok, no := 0, 0
+				for _, r := range p.rcpts() {
+					if strings.HasSuffix(r.to, "@"+domain) {
+						if r.ok {
+							ok++
+						} else {
+							no++
+						}
+					}
+				}
+				if ok >= n {
+					return no
+				}
+			}
+			t.Fatalf("%s: not all %d delivered in 600 s", domain, n)
+			return 0
+		}
+		a := deliver("a.test", 40)
+		b := deliver("b.test", 20)
+		t.Logf("a.test: %d RCPTs refused while it learned the pace; b.test after it: %d", a, b)
+		if b > 1 {
+			t.Errorf("b.test, behind the host a.test taught: %d RCPTs refused; want at most 1", b)
+		}
+	})
 }
