@@ -32,7 +32,10 @@ import (
 // (backoff.Pace, AIMD): transactions to it start at most one per
 // PaceInterval, whichever worker makes them (paceWait), and a refused
 // recipient comes back one interval later, instead of the destination
-// pausing for the generic retry schedule.
+// pausing for the generic retry schedule. The MX host's record learns
+// the same (host.go), for the domains behind it without a pace of their
+// own; and a transaction that took its start before a refusal waits for
+// the pace again before it sends (paceGate).
 
 // window returns rec's greylisting window.
 func window(rec *queue.Destination) backoff.Window {
