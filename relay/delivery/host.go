@@ -258,8 +258,11 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 
 // Throttling learned per MX host. A rate limit, like a greylister, sits
 // at the MX host, and every domain behind it shares its allowance: each
-// rate-limit reply and each accepted message at an address teaches the
-// host's pace (backoff.Pace) as well as the domain's (learnHostPace). A
+// rate-limit reply and each message accepted while it is paced teaches
+// the host's pace (backoff.Pace) as well as the domain's (learnHostPace;
+// the messages of a host never paced are not counted there, so that a
+// busy MX costs no lock per message: its opening starts from the run of
+// the domain that met its first refusal). A
 // domain with a pace of its own keeps it (it refines the host's: the
 // limit may be per recipient domain); until it has one, its transactions
 // to a paced host start one host gap apart, counted from the last start
@@ -269,11 +272,18 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 // host's pace is shared with the other nodes with its record and, like a
 // domain's, spaces the starts across them (Shared.Pace).
 
+// hostPaceStale is how long after its last change a host's pace stops
+// pacing the domains without one of their own: a domain's pace ends when
+// its mail is gone (decayThrottle), a host's serves many domains and has
+// no such end, and a limit met a day ago says little about today.
+const hostPaceStale = time.Hour
+
 // learnHostPace teaches the pace of the MX address addr from the
-// settlement s: its rate-limit reply, or the messages it had accepted.
-func (e *Engine) learnHostPace(s *settlement, addr string, now time.Time) {
-	if addr == "" || (!s.limited && !s.success) {
-		return
+// settlement s: its rate-limit reply, or the messages it had accepted;
+// rec is the domain's record, as s left it.
+func (e *Engine) learnHostPace(s *settlement, rec *queue.Destination, addr string, now time.Time) {
+	if addr == "" || (!s.limited && !s.success) || (!s.limited && !e.hostPaced(s, addr)) {
+		return // an unpaced host learns from refusals only: no lock per delivered message
 	}
 	h := e.hostFor(s, addr, now)
 	p := pace(&h.rec)
@@ -282,6 +292,11 @@ func (e *Engine) learnHostPace(s *settlement, addr string, now time.Time) {
 	if s.limited {
 		if s.started.After(h.lastRefused) {
 			p = p.OnRefused() // as for a domain: one under way says nothing new
+		}
+		if !was && p.Run == 0 {
+			// The host counted no run: the domain's, which met the
+			// refusal, sets the opening's rate.
+			p.Run, p.RunStart = rec.PaceRun, rec.PaceRunStart
 		}
 		h.lastRefused = now
 	} else {
@@ -295,6 +310,23 @@ func (e *Engine) learnHostPace(s *settlement, addr string, now time.Time) {
 		close(h.wake) // the next start comes sooner: wake the waiting workers
 		h.wake = nil
 	}
+}
+
+// hostPaced reports whether the host record of addr in memory is paced.
+// Unlike hostFor it neither reads the record nor keeps it locked.
+func (e *Engine) hostPaced(s *settlement, addr string) bool {
+	if h := s.hosts[addr]; h != nil {
+		return h.rec.PaceInterval > 0 // locked for s already
+	}
+	e.hmu.Lock()
+	h := e.hosts[addr]
+	e.hmu.Unlock()
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec.PaceInterval > 0
 }
 
 // hostGate waits, for a domain without a pace of its own, until the
@@ -317,6 +349,9 @@ func (e *Engine) hostGate(ctx context.Context, d *dest, a *attempt, addr string,
 		now := e.now()
 		h := e.hostOf(addr, now)
 		p := pace(&h.rec)
+		if now.Sub(h.rec.Updated) > hostPaceStale {
+			p = backoff.Pace{} // learned long ago: the domain learns afresh if refused
+		}
 		at := p.Start(h.lastStart, now)
 		if own || !p.Paced() || !at.After(now) {
 			h.lastStart = now

@@ -150,7 +150,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
-	e.learnHostPace(s, a.t.addrString(), now)
+	e.learnHostPace(s, &rec, a.t.addrString(), now)
 	if !pace(&d.rec).Paced() && pace(&rec).Paced() {
 		d.pacedSince = now
 	}
