@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"fmt"
 	"math/rand"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	"time"
 
 	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/queue"
 )
 
 // rateWindow accepts n RCPTs per window, counted from the first RCPT after
@@ -214,6 +217,35 @@ func TestPacing_LearnedPerHost(t *testing.T) {
 		t.Logf("a.test: %d RCPTs refused while it learned the pace; b.test after it: %d", a, b)
 		if b > 1 {
 			t.Errorf("b.test, behind the host a.test taught: %d RCPTs refused; want at most 1", b)
+		}
+	})
+}
+
+// TestPaceGate: an attempt that took its start before a rate-limit reply
+// to another transaction of its destination (d.refused moved since) waits
+// for the pace again before it dials, and then counts as a transaction of
+// the pace (its start moves); one that took its start after the reply
+// goes on at once.
+func TestPaceGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := recorderEngine(nil)
+		e.opt.Now = time.Now
+		t0 := time.Now()
+		d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test",
+			PaceInterval: 2 * time.Second, PaceRefusals: 1, PaceRun: 30, PaceRunStart: t0}}
+		d.lastStart, d.refused = t0, 1 // the opening's first refusal, just learned
+		before := &attempt{start: t0}
+		if !e.paceGate(context.Background(), d, before, "", func() {}) {
+			t.Fatal("paceGate: ended early")
+		}
+		if waited := time.Since(t0); waited != 2*time.Second || before.refused != 1 || !before.start.Equal(t0.Add(2*time.Second)) {
+			t.Errorf("started before the refusal: waited %v, start %v, refused %d; want 2s (the opening's gap), the start moved, 1",
+				waited, before.start.Sub(t0), before.refused)
+		}
+		after := &attempt{start: time.Now(), refused: 1}
+		at := time.Now()
+		if !e.paceGate(context.Background(), d, after, "", func() {}) || time.Since(at) != 0 {
+			t.Errorf("started after the refusal: waited %v, want none", time.Since(at))
 		}
 	})
 }
