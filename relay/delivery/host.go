@@ -46,6 +46,9 @@ type host struct {
 	// comes sooner than waiting workers were told. Guarded by mu.
 	lastStart, pacedSince, lastRefused time.Time
 	wake                               chan struct{}
+	// sharedPace is when the pace last read from the shared store was
+	// learned there (its record's Updated; hostPaceStale). Guarded by mu.
+	sharedPace time.Time
 }
 
 // hostKey is the record name of the MX address addr.
@@ -90,6 +93,9 @@ func (e *Engine) hostOf(addr string, now time.Time) *host {
 		h.checked = now
 		if sh, ok := e.opt.Shared.Load(h.rec.Domain); ok {
 			adoptShared(&h.rec, sh, now)
+			if sh.PaceInterval > 0 && sh.Updated.After(h.sharedPace) {
+				h.sharedPace = sh.Updated
+			}
 		}
 	}
 	return h
@@ -349,7 +355,7 @@ func (e *Engine) hostGate(ctx context.Context, d *dest, a *attempt, addr string,
 		now := e.now()
 		h := e.hostOf(addr, now)
 		p := pace(&h.rec)
-		if now.Sub(h.rec.Updated) > hostPaceStale {
+		if now.Sub(h.rec.Updated) > hostPaceStale && now.Sub(h.sharedPace) > hostPaceStale {
 			p = backoff.Pace{} // learned long ago: the domain learns afresh if refused
 		}
 		at := p.Start(h.lastStart, now)

@@ -179,16 +179,19 @@ func accepted(rs []pipeRcpt) int {
 // first message by the host's pace (hostGate) instead of spending the
 // host's window and an opening of its own. Before, b.test started
 // unpaced with two connections and more for each accepted message, and
-// paid the opening again: 2-3 of its RCPTs refused (0 now).
+// paid the opening again: 2-3 of its RCPTs refused (0 now). The same
+// holds for another node that shares what is learned (here an in-memory
+// store, Redis in production) and never mailed the host.
 func TestPacing_LearnedPerHost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lim := &rateWindow{n: 5, window: 5 * time.Second}
 		p := startPipeMX(lim.rcpt)
 		defer p.close()
-		routes := map[string]string{"a.test": "127.0.0.53:25", "b.test": "127.0.0.53:25"}
-		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil)
+		routes := map[string]string{"a.test": "127.0.0.53:25", "b.test": "127.0.0.53:25", "c.test": "127.0.0.53:25"}
+		sh := &memShared{recs: map[string]queue.Destination{}}
+		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, func(o *Options) { o.Shared = sh })
 		defer pe.stop(t)
-		deliver := func(domain string, n int) (refused int) {
+		deliver := func(pe *pipeEngine, domain string, n int) (refused int) {
 			for i := range n {
 				pe.send(t, "s@src.test", fmt.Sprintf("r%d@%s", i, domain))
 			}
@@ -212,11 +215,21 @@ func TestPacing_LearnedPerHost(t *testing.T) {
 			t.Fatalf("%s: not all %d delivered in 600 s", domain, n)
 			return 0
 		}
-		a := deliver("a.test", 40)
-		b := deliver("b.test", 20)
+		a := deliver(pe, "a.test", 40)
+		b := deliver(pe, "b.test", 20)
 		t.Logf("a.test: %d RCPTs refused while it learned the pace; b.test after it: %d", a, b)
 		if b > 1 {
 			t.Errorf("b.test, behind the host a.test taught: %d RCPTs refused; want at most 1", b)
+		}
+		// A second node sharing what is learned (as through Redis), which
+		// never mailed the host: its first burst to c.test, once the
+		// host's window has turned (this node does not know when the
+		// first node last started there), obeys the host's pace too.
+		time.Sleep(lim.window)
+		other := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, func(o *Options) { o.Shared = sh })
+		defer other.stop(t)
+		if c := deliver(other, "c.test", 20); c > 1 {
+			t.Errorf("c.test from another node, behind the host a.test taught: %d RCPTs refused; want at most 1", c)
 		}
 	})
 }
