@@ -26,29 +26,42 @@ import (
 // very first message was refused), the rate grows by paceSlowStart per
 // accepted message until the next refusal halves it.
 //
-// From then on, each refusal multiplies the rate by paceDecrease
-// (consecutive ones also double the gap), and each accepted message adds
-// a share of the rate set at the last decrease (Base), so that the rate
-// climbs back to where it was refused in paceCycle messages; past that,
-// no refusal having been seen there, it grows by paceBeyond per message,
-// so that a pace that started low reaches the allowance within a short
-// run. Pace is independent of the generic retry schedule
+// From then on, each refusal multiplies the rate by paceDecrease and
+// doubles the gap (consecutive ones double it again), and each accepted
+// message adds a share of the rate set at the last decrease (Base), so
+// that the rate climbs back to where it was refused in paceCycle messages
+// or the opening's run (Run, kept as the window's allowance), whichever is
+// more; past that, no refusal having been seen there, it grows by
+// paceBeyondWindow per window (paceBeyond per message when the allowance
+// is unknown), so that a pace that started low reaches the allowance
+// within a short run without overshooting a long window by much. Pace is independent of the generic retry schedule
 // (retry.initial_interval): the refused recipient comes back one interval
 // later, in line with the others.
 type Pace struct {
 	Interval time.Duration // between transaction starts; 0: not paced
 	Base     time.Duration // interval set by the last decrease; 0: opening or slow start
 	Refusals int           // refusals since the last accepted message
-	Run      int           // messages accepted since RunStart before the opening refusal
+	Run      int           // messages accepted since RunStart before the opening refusal; after the opening, the window's allowance
 	RunStart time.Time
 }
 
 const (
-	paceStart     = time.Second
+	// paceStart is the opening's first gap; its probes come 2, 6, 14,
+	// 30 s … after the first refusal. A first gap of 1 s would spend one
+	// more refused probe on every window longer than 2 s, to gain at most
+	// a second on shorter ones.
+	paceStart     = 2 * time.Second
 	paceDecrease  = 0.85
-	paceCycle     = 32
+	paceCycle     = 64
 	paceSlowStart = 1.1
 	paceBeyond    = 1.005
+	// paceBeyondWindow is the growth per window past the last refused
+	// rate when the window's allowance is known (Run, from the opening):
+	// per message its Run-th root, at most paceBeyondMax. Growth per
+	// message alone (paceBeyond) overshoots a window of 100 messages by
+	// 65% before its end tells.
+	paceBeyondWindow = 1.05
+	paceBeyondMax    = 1.02
 	// paceRunSpan bounds a run of accepted messages: an older one says
 	// little about the burst that hit the limit.
 	paceRunSpan = 10 * time.Minute
@@ -90,7 +103,7 @@ func (p Pace) OnRefused() Pace {
 		f = 2 // leaving slow start, which overshoots by up to its growth
 	}
 	i := min(toDuration(float64(p.Interval)*f), paceMax)
-	return Pace{Interval: i, Base: i, Refusals: p.Refusals + 1}
+	return Pace{Interval: i, Base: i, Refusals: p.Refusals + 1, Run: p.Run}
 }
 
 // OnAccepted returns the pace after a message accepted at now.
@@ -105,14 +118,16 @@ func (p Pace) OnAccepted(now time.Time) Pace {
 	if p.Base <= 0 && p.Run > 0 && p.Refusals > 0 {
 		// The opening ends: start at the rate of the run before it.
 		i := min(max((now.Sub(p.RunStart)-p.Gap()/8)/time.Duration(p.Run), paceMin), paceMax)
-		return Pace{Interval: i, Base: toDuration(float64(i) / paceDecrease)}
+		return Pace{Interval: i, Base: toDuration(float64(i) / paceDecrease), Run: p.Run}
 	}
 	rate := 1 / p.Interval.Seconds()
 	switch base := 1 / p.Base.Seconds(); {
 	case p.Base <= 0:
 		rate *= paceSlowStart
 	case rate < base/paceDecrease:
-		rate += base * (1/paceDecrease - 1) / paceCycle
+		rate += base * (1/paceDecrease - 1) / max(paceCycle, float64(p.Run))
+	case p.Run > 0:
+		rate *= min(math.Pow(paceBeyondWindow, 1/float64(p.Run)), paceBeyondMax)
 	default:
 		rate *= paceBeyond
 	}
@@ -120,7 +135,7 @@ func (p Pace) OnAccepted(now time.Time) Pace {
 	if i < paceMin {
 		return Pace{}
 	}
-	return Pace{Interval: i, Base: p.Base}
+	return Pace{Interval: i, Base: p.Base, Run: p.Run}
 }
 
 // Start returns when the next transaction may start, given when the last
@@ -146,7 +161,15 @@ func (p Pace) Gap() time.Duration {
 		return 0
 	}
 	g := p.Interval
-	for range max(p.Refusals-1, 0) {
+	n := p.Refusals - 1
+	if p.Base > 0 && p.Refusals > 0 {
+		// Past the opening, a refusal means the rate crept past the
+		// allowance near the window's end: the window turns about as
+		// many intervals later as the rate overshot, and a retry one
+		// interval later is mostly refused too.
+		n++
+	}
+	for range max(n, 0) {
 		if g >= paceMax {
 			break
 		}

@@ -76,9 +76,10 @@ func simulatePace(l limiter, messages int) paceRun {
 // property, not the machine's.
 //
 // One shape is logged, not held to the goal, at 100 messages: 30 per
-// minute. After the opening burst the gap doubles from one second until
+// minute. After the opening burst the gap doubles from two seconds until
 // the window turns, which costs about log2 of the window in seconds plus
-// one refusals (7 here), more than 5% of a run that short.
+// one refusals (6 here: the first gap is 2 s), more than 5% of a run
+// that short.
 func TestPace_AIMDMeetsAllowedRate(t *testing.T) {
 	for _, c := range []struct {
 		n      int
@@ -137,16 +138,16 @@ func TestPace_Transitions(t *testing.T) {
 		t.Errorf("after 2 refusals Start = %v, want twice the interval", got.Sub(t0))
 	}
 	p = p.OnAccepted(t0.Add(5 * time.Second))
-	if want := (5*time.Second - paceStart/8) / 5; p.Interval != want || p.Base <= p.Interval || p.Refusals != 0 || p.Run != 0 {
-		t.Fatalf("the opening ends 5 s after a run of 5 (the window turned in the last 1 s gap): %+v, want %v, Base past it", p, want)
+	if want := (5*time.Second - paceStart/8) / 5; p.Interval != want || p.Base <= p.Interval || p.Refusals != 0 || p.Run != 5 {
+		t.Fatalf("the opening ends 5 s after a run of 5 (the window turned in the last gap): %+v, want %v, Base past it, the run kept as the allowance", p, want)
 	}
 	before := p.Interval
 	p = p.OnRefused()
 	if p.Interval <= before || p.Base != p.Interval || p.Refusals != 1 {
 		t.Errorf("refusal after acceptance: %+v, want a longer interval and Base set", p)
 	}
-	if got := p.Start(t0, t0.Add(p.Interval/2)); !got.Equal(t0.Add(p.Interval)) {
-		t.Errorf("Start = %v, want the previous start plus the interval", got.Sub(t0))
+	if got := p.Start(t0, t0.Add(p.Interval/2)); !got.Equal(t0.Add(2 * p.Interval)) {
+		t.Errorf("Start = %v, want the previous start plus twice the interval (past the opening, a refusal doubles the gap)", got.Sub(t0))
 	}
 	for range 100000 {
 		p = p.OnAccepted(t0)

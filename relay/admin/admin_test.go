@@ -754,3 +754,30 @@ func TestDomainSpellings(t *testing.T) {
 		t.Errorf("slow.test. %+v", one)
 	}
 }
+
+// TestShowGreyLikeEvidence: a recipient deferred as greylisted because
+// its MX host behaved like a greylister (Exim's "451 Temporary local
+// problem", no greylisting text) shows the evidence in `queue show`: the
+// host's record and how many of its deferrals with that reply passed at
+// the first retry. One greylisted by its reply's text shows none.
+func TestShowGreyLikeEvidence(t *testing.T) {
+	f := newFixture(t)
+	exim := queue.Reply{Code: 451, Text: "Temporary local problem - please try later"}
+	id := enqueue(t, f.q, "alice@example.org", testNow.Add(-time.Hour), "x@exim.test")
+	deferKeys(t, f.q, testNow.Add(-time.Minute), "greylisted", exim, queue.Key{ID: id})
+	if _, err := f.q.Apply(queue.Update{Destinations: []queue.Destination{{Domain: "[198.51.100.7]",
+		GreyLike: exim.Text, GreyLikePassed: 3, GreyLikeRefused: 1, Updated: testNow}}}); err != nil {
+		t.Fatal(err)
+	}
+	var m Message
+	f.getJSON(t, "GET", "/api/queue/"+id.String(), http.StatusOK, &m)
+	want := GreyLike{Host: "[198.51.100.7]", Reply: exim.Text, Passed: 3, Refused: 1}
+	if g := m.Recipients[0].GreyLike; g == nil || *g != want {
+		t.Errorf("grey_like %+v, want %+v", g, want)
+	}
+	var m1 Message // greylisted by its text at the same host
+	f.getJSON(t, "GET", "/api/queue/"+f.m1.String(), http.StatusOK, &m1)
+	if g := m1.Recipients[0].GreyLike; g != nil {
+		t.Errorf("greylisted by its text: grey_like %+v, want none", g)
+	}
+}

@@ -54,6 +54,7 @@ func newFixture(t testing.TB, opts ...options) *fixture {
 var (
 	enqueue    = admintest.Enqueue
 	finishKeys = admintest.FinishKeys
+	deferKeys  = admintest.DeferKeys
 )
 
 // do runs one request against the fixture's handler.

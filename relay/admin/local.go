@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/queue"
 )
 
@@ -124,8 +125,24 @@ func (l *Local) Message(_ context.Context, id string) (Message, error) {
 	for i := range out.Recipients {
 		out.Recipients[i].Node = l.node
 		markSuspended(&out.Recipients[i].Row, susp)
+		out.Recipients[i].GreyLike = l.greyLike(&m.Recipients[i])
 	}
 	return out, nil
+}
+
+// greyLike returns the evidence that made r's deferral greylisting by its
+// MX host's behaviour: r is greylisted with a reply whose text is the one
+// the host's record learned (delivery's host.go); nil otherwise.
+func (l *Local) greyLike(r *queue.Recipient) *GreyLike {
+	if r.Reason != string(classifier.Greylisted) || r.MXAddr == "" || r.Reply.Text == "" || r.Status.Final() {
+		return nil
+	}
+	name := "[" + r.MXAddr + "]"
+	h, ok, err := l.q.Destination(name)
+	if err != nil || !ok || h.GreyLike != r.Reply.Text {
+		return nil
+	}
+	return &GreyLike{Host: name, Reply: h.GreyLike, Passed: h.GreyLikePassed, Refused: h.GreyLikeRefused}
 }
 
 // Destinations returns what was learned about every destination, as GET

@@ -154,11 +154,26 @@ type Recipient struct {
 	GreylistTries   int          `json:"greylist_tries,omitempty"`
 	DelayWarnings   int          `json:"delay_warnings,omitempty"`
 	Explanation     *Explanation `json:"explanation,omitempty"`
+	// GreyLike is set for a recipient deferred as greylisted because of
+	// how its MX host behaved, not by its reply's text: the evidence.
+	GreyLike *GreyLike `json:"grey_like,omitempty"`
 	// Salvaged: `queue salvage` recovered this recipient from an older
 	// copy of its record, so it may already have been delivered (a
 	// duplicate if it is delivered again).
 	Salvaged *time.Time `json:"salvaged,omitempty"`
 	History  []Attempt  `json:"history"`
+}
+
+// GreyLike is the evidence that a temporary reply without a greylisting
+// text is greylisting at one MX host: of the recipients it deferred
+// there, Passed passed at their first retry to the same address from the
+// same source and Refused were refused again (the host's record in
+// `destinations`).
+type GreyLike struct {
+	Host    string `json:"host"` // the MX host's record, "[address]"
+	Reply   string `json:"reply"`
+	Passed  int    `json:"passed"`
+	Refused int    `json:"refused"`
 }
 
 // Message is one queued message: GET /api/queue/{id}.

@@ -184,9 +184,8 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 			break
 		}
 		a.tried = t
-		c, err := e.dial(ctx, t, rt.Kind)
-		e.countTLSPolicy(t, c, err)
-		if ctx.Err() != nil {
+		c, err, ok := e.dialPaced(ctx, d, a, t, rt.Kind)
+		if !ok || ctx.Err() != nil {
 			if c != nil {
 				_ = c.Close()
 			}
@@ -208,6 +207,32 @@ func (e *Engine) overHosts(ctx context.Context, d *dest, j *job, a *attempt, res
 	}
 	e.giveUp(d, a, rest)
 	return nil
+}
+
+// dialPaced dials t once the pace lets the attempt start (paceGate). A
+// rate-limit reply to another transaction while it dialed (the greeting
+// and EHLO take round trips) holds it again before its first command:
+// with the connection open for a short wait, or closed and dialed again
+// after a long one. It reports false if ctx ended first.
+func (e *Engine) dialPaced(ctx context.Context, d *dest, a *attempt, t target, kind string) (*smtpclient.Client, error, bool) {
+	for {
+		if !e.paceGate(ctx, d, a, t.addrString(), func() {}) {
+			return nil, nil, false
+		}
+		c, err := e.dial(ctx, t, kind)
+		e.countTLSPolicy(t, c, err)
+		if err != nil || ctx.Err() != nil {
+			return c, err, true
+		}
+		closed := false
+		if !e.paceGate(ctx, d, a, t.addrString(), func() { _ = c.QuitContext(ctx); closed = true }) {
+			_ = c.Close()
+			return nil, nil, false
+		}
+		if !closed {
+			return c, nil, true
+		}
+	}
 }
 
 // plan routes d and lists the hosts to try for j. With none, v says why.

@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"context"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +40,15 @@ type host struct {
 	rec     queue.Destination // guarded by mu
 	stored  queue.Destination // what the queue holds; guarded by mu
 	checked time.Time         // when the shared store was last read; guarded by mu
+	// lastStart is when the last transaction to the address started
+	// (hostGate), pacedSince when its pace last began, lastRefused when
+	// it last refused for rate; wake is closed when its next paced start
+	// comes sooner than waiting workers were told. Guarded by mu.
+	lastStart, pacedSince, lastRefused time.Time
+	wake                               chan struct{}
+	// sharedPace is when the pace last read from the shared store was
+	// learned there (its record's Updated; hostPaceStale). Guarded by mu.
+	sharedPace time.Time
 }
 
 // hostKey is the record name of the MX address addr.
@@ -54,6 +64,17 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 	if h := s.hosts[addr]; h != nil {
 		return h
 	}
+	h := e.hostOf(addr, now)
+	if s.hosts == nil {
+		s.hosts = map[string]*host{}
+	}
+	s.hosts[addr] = h
+	return h
+}
+
+// hostOf returns the host record of addr, read from the queue the first
+// time and again from the shared store at most every hostReload, locked.
+func (e *Engine) hostOf(addr string, now time.Time) *host {
 	e.hmu.Lock()
 	h := e.hosts[addr]
 	if h == nil {
@@ -72,12 +93,11 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 		h.checked = now
 		if sh, ok := e.opt.Shared.Load(h.rec.Domain); ok {
 			adoptShared(&h.rec, sh, now)
+			if sh.PaceInterval > 0 && sh.Updated.After(h.sharedPace) {
+				h.sharedPace = sh.Updated
+			}
 		}
 	}
-	if s.hosts == nil {
-		s.hosts = map[string]*host{}
-	}
-	s.hosts[addr] = h
 	return h
 }
 
@@ -240,4 +260,144 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 			h.mu.Unlock()
 		}
 	}
+}
+
+// Throttling learned per MX host. A rate limit, like a greylister, sits
+// at the MX host, and every domain behind it shares its allowance: each
+// rate-limit reply and each message accepted while it is paced teaches
+// the host's pace (backoff.Pace) as well as the domain's (learnHostPace;
+// the messages of a host never paced are not counted there, so that a
+// busy MX costs no lock per message: its opening starts from the run of
+// the domain that met its first refusal). A
+// domain with a pace of its own keeps it (it refines the host's: the
+// limit may be per recipient domain); until it has one, its transactions
+// to a paced host start one host gap apart, counted from the last start
+// there by any domain (hostGate), so the first burst to a further domain
+// behind a host that one domain taught is paced from its first message
+// instead of spending the host's window and an opening of its own. The
+// host's pace is shared with the other nodes with its record and, like a
+// domain's, spaces the starts across them (Shared.Pace).
+
+// hostPaceStale is how long after its last change a host's pace stops
+// pacing the domains without one of their own: a domain's pace ends when
+// its mail is gone (decayThrottle), a host's serves many domains and has
+// no such end, and a limit met a day ago says little about today.
+const hostPaceStale = time.Hour
+
+// learnHostPace teaches the pace of the MX address addr from the
+// settlement s: its rate-limit reply, or the messages it had accepted;
+// rec is the domain's record, as s left it.
+func (e *Engine) learnHostPace(s *settlement, rec *queue.Destination, addr string, now time.Time) {
+	if addr == "" || (!s.limited && !s.success) || (!s.limited && !e.hostPaced(s, addr)) {
+		return // an unpaced host learns from refusals only: no lock per delivered message
+	}
+	h := e.hostFor(s, addr, now)
+	p := pace(&h.rec)
+	was := p.Paced()
+	before := p.Start(h.lastStart, h.lastStart)
+	if s.limited {
+		if s.started.After(h.lastRefused) {
+			p = p.OnRefused() // as for a domain: one under way says nothing new
+		}
+		if !was && p.Run == 0 {
+			// The host counted no run: the domain's, which met the
+			// refusal, sets the opening's rate.
+			p.Run, p.RunStart = rec.PaceRun, rec.PaceRunStart
+		}
+		h.lastRefused = now
+	} else {
+		p = learnAccepted(p, s.accepted, s.started, h.pacedSince, now)
+	}
+	if !was && p.Paced() {
+		h.pacedSince = now
+	}
+	setPace(&h.rec, p)
+	if p.Start(h.lastStart, h.lastStart).Before(before) && h.wake != nil {
+		close(h.wake) // the next start comes sooner: wake the waiting workers
+		h.wake = nil
+	}
+}
+
+// hostPaced reports whether the host record of addr in memory is paced.
+// Unlike hostFor it neither reads the record nor keeps it locked.
+func (e *Engine) hostPaced(s *settlement, addr string) bool {
+	if h := s.hosts[addr]; h != nil {
+		return h.rec.PaceInterval > 0 // locked for s already
+	}
+	e.hmu.Lock()
+	h := e.hosts[addr]
+	e.hmu.Unlock()
+	if h == nil {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.rec.PaceInterval > 0
+}
+
+// hostGate waits, for a domain without a pace of its own, until the
+// learned pace of the MX address addr lets the next transaction to it
+// start, and takes that start (across the nodes too, as paceWait does);
+// a domain with a pace of its own, or an address not paced, only notes
+// its start. An attempt takes one start per address (a.hostStart).
+// release is called before a wait longer than paceIdle. It returns
+// false if ctx ended first.
+func (e *Engine) hostGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
+	if addr == "" || a.hostStart == addr {
+		return true
+	}
+	a.hostStart = addr
+	d.mu.Lock()
+	own := pace(&d.rec).Paced()
+	d.mu.Unlock()
+	released := false
+	for {
+		now := e.now()
+		h := e.hostOf(addr, now)
+		p := pace(&h.rec)
+		if now.Sub(h.rec.Updated) > hostPaceStale && now.Sub(h.sharedPace) > hostPaceStale {
+			p = backoff.Pace{} // learned long ago: the domain learns afresh if refused
+		}
+		at := p.Start(h.lastStart, now)
+		if own || !p.Paced() || !at.After(now) {
+			h.lastStart = now
+			h.mu.Unlock()
+			if own || !p.Paced() {
+				return true
+			}
+			return e.sharedHostWait(ctx, addr, p, now, release, released)
+		}
+		if h.wake == nil {
+			h.wake = make(chan struct{})
+		}
+		wake := h.wake
+		h.mu.Unlock()
+		wait := at.Sub(now)
+		if wait > paceIdle && !released {
+			release()
+			released = true
+		}
+		if !sleepCtx(ctx, wait, wake) {
+			return false
+		}
+	}
+}
+
+// sharedHostWait reserves the start at now under the host's pace p
+// across the nodes (Shared.Pace, keyed by the host's record name) and
+// waits for it; without a shared store, or with it away, the local start
+// stands.
+func (e *Engine) sharedHostWait(ctx context.Context, addr string, p backoff.Pace, now time.Time, release func(), released bool) bool {
+	if e.opt.Shared == nil {
+		return true
+	}
+	gap := p.Start(now, now).Sub(now)
+	wait, ok := e.opt.Shared.Pace(hostKey(addr), gap)
+	if !ok || wait <= 0 {
+		return true
+	}
+	if wait > paceIdle && !released {
+		release()
+	}
+	return sleepCtx(ctx, wait, nil)
 }

@@ -32,7 +32,10 @@ import (
 // (backoff.Pace, AIMD): transactions to it start at most one per
 // PaceInterval, whichever worker makes them (paceWait), and a refused
 // recipient comes back one interval later, instead of the destination
-// pausing for the generic retry schedule.
+// pausing for the generic retry schedule. The MX host's record learns
+// the same (host.go), for the domains behind it without a pace of their
+// own; and a transaction that took its start before a refusal waits for
+// the pace again before it sends (paceGate).
 
 // window returns rec's greylisting window.
 func window(rec *queue.Destination) backoff.Window {
@@ -109,22 +112,58 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		rec.LastReply = queue.Reply{Code: s.rated.Code, Enhanced: s.rated.Enhanced, Text: s.rated.Text}
 	case s.success:
 		t = t.OnSuccess()
-		p := pace(rec)
-		for range s.accepted {
-			if p.Opening() && !s.started.After(s.pacedSince) {
-				// Under way when the first refusal came: one more of
-				// the run that filled the window, not a sign that the
-				// window has turned.
-				p.Run++
-				continue
-			}
-			p = p.OnAccepted(now)
-		}
-		setPace(rec, p)
+		setPace(rec, learnAccepted(pace(rec), s.accepted, s.started, s.pacedSince, now))
 	default:
 		return
 	}
 	rec.ThrottleLevel, rec.ThrottledUntil = t.Level, t.Until
+}
+
+// learnAccepted returns p after n messages of a transaction started at
+// started were accepted at now, the pace having begun at pacedSince.
+func learnAccepted(p backoff.Pace, n int, started, pacedSince, now time.Time) backoff.Pace {
+	for range n {
+		if p.Opening() && !started.After(pacedSince) {
+			// Under way when the first refusal came: one more of the run
+			// that filled the window, not a sign that the window has
+			// turned.
+			p.Run++
+			continue
+		}
+		p = p.OnAccepted(now)
+	}
+	return p
+}
+
+// paceGate holds an attempt just before it dials the MX address addr
+// (or sends on a connection already open to it), after its recipients
+// were Begun, for what was learned since it took its start in paceWait:
+//
+//   - another transaction to the destination met a rate-limit reply
+//     (d.refused moved): the window has just filled, and this
+//     transaction would only spend a refused RCPT on it. It waits for
+//     the pace again instead. Most of a burst's transactions under way
+//     when the first refusal comes are here, between their start and
+//     their RCPT (Begin's commit, the dial, the greeting): held here,
+//     they are not refused, and the opening costs the probes of its
+//     doubling gap alone (backoff.Pace).
+//   - the MX host's learned pace, for a domain without one of its own
+//     (hostGate).
+//
+// release closes the connection open to addr, if any, before a wait
+// longer than paceIdle. It returns false if ctx ended first.
+func (e *Engine) paceGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
+	d.mu.Lock()
+	again := d.refused != a.refused && pace(&d.rec).Paced()
+	d.mu.Unlock()
+	if again {
+		_, refused, ok := e.paceWait(ctx, d, release)
+		if !ok {
+			return false
+		}
+		a.start, a.refused = e.now(), refused // a transaction of the pace now, not of the run before it
+	}
+	return e.hostGate(ctx, d, a, addr, release)
 }
 
 // paceIdle is the longest wait for a paced start that keeps the worker's
@@ -136,7 +175,8 @@ const paceIdle = 5 * time.Second
 // paceWait waits until d's next transaction may start under its learned
 // pace (across the nodes when they share it, see sharedStart), and takes
 // that start for the caller; before a wait longer than paceIdle it calls
-// release. It returns the start taken, and false if ctx ended first.
+// release. It returns the start taken and the destination's refusal count
+// then (d.refused, for paceGate), and false if ctx ended first.
 //
 // A start is taken only when it is due, never reserved ahead: a worker
 // that waits holds no start, so workers waiting at once (those of the
@@ -146,7 +186,7 @@ const paceIdle = 5 * time.Second
 // wakes the waiting workers through d.paceWake). A pace that says N
 // seconds thus starts a due transaction within N seconds. The start is
 // given back (giveBackStart) when the worker then finds no job.
-func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, bool) {
+func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, int, bool) {
 	e.refreshShared(d) // a pace another node learned applies on an open connection too
 	released := false
 	for {
@@ -158,8 +198,9 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Ti
 		if !at.After(now) {
 			d.prevStart, d.lastStart = d.lastStart, now // also unpaced: a refusal paces from the start before it
 			e.notePace(d, d.rec)
+			refused := d.refused
 			d.mu.Unlock()
-			return now, e.sharedWait(ctx, d, p, now, release, released)
+			return now, refused, e.sharedWait(ctx, d, p, now, release, released)
 		}
 		if wake == nil {
 			wake = make(chan struct{})
@@ -172,7 +213,7 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Ti
 			released = true
 		}
 		if !sleepCtx(ctx, wait, wake) {
-			return time.Time{}, false
+			return time.Time{}, 0, false
 		}
 	}
 }

@@ -54,6 +54,12 @@ type attempt struct {
 	relay   bool   // the next hop relays further (smarthost): Relayed, not Delivered
 	peerDSN bool   // the peer advertised DSN, so NOTIFY/ORCPT were passed on
 	start   time.Time
+	// refused is the destination's refusal count (dest.refused) when
+	// the attempt took its start (paceGate).
+	refused int
+	// hostStart is the MX address whose pace the attempt took a start
+	// of (hostGate).
+	hostStart string
 	// begun is the start of a fresh attempt (fresh.go), stored with its
 	// outcomes instead of by a Begin; nil for an attempt Begun in the queue.
 	begun *queue.Start
@@ -144,11 +150,13 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		e.settleOne(s, &rec, a, o, now)
 	}
 	e.learnThrottle(&rec, s, now)
+	e.learnHostPace(s, &rec, a.t.addrString(), now)
 	if !pace(&d.rec).Paced() && pace(&rec).Paced() {
 		d.pacedSince = now
 	}
 	if s.limited {
 		d.lastRefused = now
+		d.refused++
 	}
 	if n := s.accepted; n > 0 {
 		e.atLoop(func() { e.grow(d, n) }, false)

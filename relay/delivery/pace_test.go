@@ -1,14 +1,18 @@
 package delivery
 
 import (
+	"context"
 	"fmt"
 	"math/rand"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/emersion/go-smtp"
+
+	"github.com/greyrelay/greyrelay/queue"
 )
 
 // rateWindow accepts n RCPTs per window, counted from the first RCPT after
@@ -48,18 +52,23 @@ func (w *rateWindow) rcpt(_, _, _ string, now time.Time) *smtp.SMTPError {
 // per hour or one per 10 ms.
 //
 // The rate (messages over the time from the burst to the last
-// acceptance, as the bench counts) is logged and held to 50%, the
-// refusals to 20% (below): the goal is 80% with at most 5%. The rate meets it
-// (87-96%; before the slow start, one run in about twenty of the 5 per
-// 5 s case reached 56%); the refusals do for 5 per 5 s only (4.8-5.7%;
-// 6.2-7.4% per minute, 5.1-7.1% per hour): the opening costs log2 of the
-// window in seconds while the gap doubles from 1 s until the window
-// turns, plus the transactions under way when the first refusal came
-// (their refusals do not double the gap: they say nothing new). How many
-// are under way then depends on goroutine scheduling, which synctest does
-// not fix while the queue writes to a real file: under -race one run in
-// about thirty of the per-minute case saw 21 of 171 (12.3%). The bound is
-// therefore 20%, still far below the stall's 43% (12 of 28).
+// acceptance, as the bench counts) must reach 80% of the allowed rate
+// (89-97% measured), and the refusals 5% of the RCPTs, not counting the
+// transactions whose RCPT was already on its way when the first refusal
+// came (at most the destination's connections less one). Those are
+// counted and logged apart: synctest does not order goroutines that run
+// at the same instant, so their number varies from run to run (0-2
+// without -race, up to 11 with it), and nothing the client learns can
+// recall an RCPT already sent. Every other refusal is the pace's:
+// the opening's probes while its gap doubles from 2 s until the window
+// turns (1, 4 and 10 for these windows) and the rate creeping past the
+// allowance in the steady state (1-2). Measured: 3.8% (5 per 5 s), 4.5%
+// (30 per minute), 3.8% (100 per hour) in every run. Before, transactions
+// that had taken their start before the first refusal but not yet sent
+// (Begin's commit, the dial) were refused as well (now paceGate holds
+// them), the gap doubled from 1 s (one probe more), and the steady state
+// grew the rate by 0.5% per message (65% per window of 100): 4.8-8.3%,
+// 6.2-9.1%, 5.1-8.3%, and up to 12.3% under -race.
 func TestPacing_UsesAllowedRate(t *testing.T) {
 	for _, c := range []struct {
 		n        int
@@ -119,16 +128,38 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 		}
 	}
 	refused := len(rs) - got
+	underWay := underWayAtFirstRefusal(rs)
 	rate := float64(got) / last.Sub(start).Seconds() / (float64(n) / window.Seconds())
-	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%), longest gap %v",
-		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)), longest.Round(100*time.Millisecond))
-	if got < messages || rate < 0.5 || float64(refused) > 0.20*float64(len(rs)) {
-		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused; want all, at least 50%%, at most 20%% refused",
-			seed, got, messages, 100*rate, refused, len(rs))
+	paced := refused - underWay
+	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%; %d under way at the first refusal, %.1f%% without them), longest gap %v",
+		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)),
+		underWay, 100*float64(paced)/float64(len(rs)), longest.Round(100*time.Millisecond))
+	if got < messages || rate < 0.8 || float64(paced) > 0.05*float64(len(rs)) {
+		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused besides the %d under way; want all, at least 80%%, at most 5%% refused",
+			seed, got, messages, 100*rate, paced, len(rs), underWay)
+	}
+	if limit := 20 - 1; underWay > limit { // delivery.max_per_destination's connections, less the one refused first
+		t.Errorf("seed %d: %d RCPTs under way at the first refusal; at most %d connections could carry them", seed, underWay, limit)
 	}
 	if longest > 2*window+time.Second {
 		t.Errorf("seed %d: %v between two attempts, longer than the window (%v) needs", seed, longest, window)
 	}
+}
+
+// underWayAtFirstRefusal counts the refusals at the instant of the first
+// one, besides it: RCPTs already sent when it came.
+func underWayAtFirstRefusal(rs []pipeRcpt) int {
+	n, first := 0, time.Time{}
+	for _, r := range rs {
+		switch {
+		case r.ok:
+		case first.IsZero():
+			first = r.at
+		case r.at.Equal(first):
+			n++
+		}
+	}
+	return n
 }
 
 func accepted(rs []pipeRcpt) int {
@@ -139,4 +170,95 @@ func accepted(rs []pipeRcpt) int {
 		}
 	}
 	return n
+}
+
+// TestPacing_LearnedPerHost: the rate limit sits at the MX host, and
+// every domain behind it shares the allowance. Two domains whose MX is
+// the same address, which accepts 5 RCPTs per 5 s in all: once a.test
+// has learned the pace there, the first burst to b.test is paced from its
+// first message by the host's pace (hostGate) instead of spending the
+// host's window and an opening of its own. Before, b.test started
+// unpaced with two connections and more for each accepted message, and
+// paid the opening again: 2-3 of its RCPTs refused (0 now). The same
+// holds for another node that shares what is learned (here an in-memory
+// store, Redis in production) and never mailed the host.
+func TestPacing_LearnedPerHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := &rateWindow{n: 5, window: 5 * time.Second}
+		p := startPipeMX(lim.rcpt)
+		defer p.close()
+		routes := map[string]string{"a.test": "127.0.0.53:25", "b.test": "127.0.0.53:25", "c.test": "127.0.0.53:25"}
+		sh := &memShared{recs: map[string]queue.Destination{}}
+		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, func(o *Options) { o.Shared = sh })
+		defer pe.stop(t)
+		deliver := func(pe *pipeEngine, domain string, n int) (refused int) {
+			for i := range n {
+				pe.send(t, "s@src.test", fmt.Sprintf("r%d@%s", i, domain))
+			}
+			for range 600 {
+				time.Sleep(time.Second)
+				synctest.Wait()
+				ok, no := 0, 0
+				for _, r := range p.rcpts() {
+					if strings.HasSuffix(r.to, "@"+domain) {
+						if r.ok {
+							ok++
+						} else {
+							no++
+						}
+					}
+				}
+				if ok >= n {
+					return no
+				}
+			}
+			t.Fatalf("%s: not all %d delivered in 600 s", domain, n)
+			return 0
+		}
+		a := deliver(pe, "a.test", 40)
+		b := deliver(pe, "b.test", 20)
+		t.Logf("a.test: %d RCPTs refused while it learned the pace; b.test after it: %d", a, b)
+		if b > 1 {
+			t.Errorf("b.test, behind the host a.test taught: %d RCPTs refused; want at most 1", b)
+		}
+		// A second node sharing what is learned (as through Redis), which
+		// never mailed the host: its first burst to c.test, once the
+		// host's window has turned (this node does not know when the
+		// first node last started there), obeys the host's pace too.
+		time.Sleep(lim.window)
+		other := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil, func(o *Options) { o.Shared = sh })
+		defer other.stop(t)
+		if c := deliver(other, "c.test", 20); c > 1 {
+			t.Errorf("c.test from another node, behind the host a.test taught: %d RCPTs refused; want at most 1", c)
+		}
+	})
+}
+
+// TestPaceGate: an attempt that took its start before a rate-limit reply
+// to another transaction of its destination (d.refused moved since) waits
+// for the pace again before it dials, and then counts as a transaction of
+// the pace (its start moves); one that took its start after the reply
+// goes on at once.
+func TestPaceGate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := recorderEngine(nil)
+		e.opt.Now = time.Now
+		t0 := time.Now()
+		d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test",
+			PaceInterval: 2 * time.Second, PaceRefusals: 1, PaceRun: 30, PaceRunStart: t0}}
+		d.lastStart, d.refused = t0, 1 // the opening's first refusal, just learned
+		before := &attempt{start: t0}
+		if !e.paceGate(context.Background(), d, before, "", func() {}) {
+			t.Fatal("paceGate: ended early")
+		}
+		if waited := time.Since(t0); waited != 2*time.Second || before.refused != 1 || !before.start.Equal(t0.Add(2*time.Second)) {
+			t.Errorf("started before the refusal: waited %v, start %v, refused %d; want 2s (the opening's gap), the start moved, 1",
+				waited, before.start.Sub(t0), before.refused)
+		}
+		after := &attempt{start: time.Now(), refused: 1}
+		at := time.Now()
+		if !e.paceGate(context.Background(), d, after, "", func() {}) || time.Since(at) != 0 {
+			t.Errorf("started after the refusal: waited %v, want none", time.Since(at))
+		}
+	})
 }

@@ -179,7 +179,7 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test", PaceInterval: time.Second, PaceRefusals: 1}}
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
-	if _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
+	if _, _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
 		t.Fatal("paceWait: the first start waits")
 	}
 	for _, c := range []struct {

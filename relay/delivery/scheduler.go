@@ -108,6 +108,9 @@ type dest struct {
 	// refusal after an unpaced time), lastRefused when a rate-limit
 	// reply was last learned; guarded by mu.
 	pacedSince, lastRefused time.Time
+	// refused counts the attempts that met a rate-limit reply (paceGate);
+	// guarded by mu.
+	refused int
 	// paceWake is closed when the next paced start comes sooner than
 	// the workers waiting for it were told (notePace); guarded by mu.
 	paceWake chan struct{}
@@ -126,6 +129,8 @@ type job struct {
 	want   string
 	rcpts  []queue.Recipient
 	fresh  *freshJob // started from a fresh message (fresh.go); nil: read from the queue
+	// refused is d.refused when the job's start was taken (paceGate).
+	refused int
 }
 
 func (j *job) keys() []queue.Key {

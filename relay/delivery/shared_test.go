@@ -116,10 +116,10 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 			checks: []check{{time.Second, true}, {3999 * time.Millisecond, true}, {4 * time.Second, false}},
 		},
 		{
-			name:   "a shared pace refused twice since its last success: kept for twice its interval",
+			name:   "a shared pace refused twice since its last success: kept for four times its interval (past the opening, each refusal doubles the gap)",
 			local:  queue.Destination{PaceInterval: time.Second, PaceBase: time.Second, Updated: old},
 			sh:     queue.Destination{PaceInterval: 2 * time.Second, PaceBase: 2 * time.Second, PaceRefusals: 2, Updated: recent},
-			checks: []check{{3999 * time.Millisecond, true}, {4 * time.Second, false}},
+			checks: []check{{7999 * time.Millisecond, true}, {8 * time.Second, false}},
 		},
 		{
 			name:   "an older shared pace is not adopted: the local gap stands",
@@ -137,7 +137,7 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 			d := &dest{name: "paced.test", rec: tt.local}
 			e.dests = map[string]*dest{d.name: d}
 			e.order = []string{d.name}
-			if _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
+			if _, _, ok := e.paceWait(context.Background(), d, func() {}); !ok {
 				t.Fatal("paceWait: the first start waits")
 			}
 			e.loadShared(d) // as a worker's takeSlot does before its next transaction

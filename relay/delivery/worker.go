@@ -33,7 +33,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 		if !e.awaitJob(ctx, d, s, reply, lost, served) {
 			return
 		}
-		taken, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
+		taken, refused, ok := e.paceWait(ctx, d, func() { e.closeSession(ctx, s); s = nil })
 		if !ok {
 			return
 		}
@@ -42,6 +42,7 @@ func (e *Engine) work(ctx context.Context, d *dest) {
 			e.giveBackStart(d, taken)
 			continue // another worker took it: wait again
 		}
+		j.refused = refused
 		s = e.runJob(ctx, d, j, s, r)
 	}
 }
@@ -132,7 +133,7 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride
 		e.closeSession(ctx, s)
 		s = nil
 	}
-	a := &attempt{msg: msg, body: body, start: e.now()}
+	a := &attempt{msg: msg, body: body, start: e.now(), refused: j.refused}
 	if s == nil {
 		return e.overHosts(ctx, d, j, a, leftover{}, false)
 	}
@@ -144,6 +145,12 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride
 	// hosts too, should this connection fail.
 	if !e.begin(j, a, s.t, 1+maxTargets) {
 		return s
+	}
+	if !e.paceGate(ctx, d, a, s.t.addrString(), func() { e.closeSession(ctx, s); s = nil }) {
+		return s // shutting down: the attempt stays Active and is recovered
+	}
+	if s == nil { // closed for a long wait: a fresh connection
+		return e.overHosts(ctx, d, j, a, leftover{rcpts: j.rcpts}, true)
 	}
 	s, rest := e.transact(ctx, d, a, s, t, j.rcpts)
 	if len(rest.rcpts) == 0 || ctx.Err() != nil {

@@ -350,6 +350,11 @@ func printRecipient(tw *tabwriter.Writer, r *admin.Recipient, now time.Time) {
 	if e := r.Explanation; e != nil {
 		fmt.Fprintf(tw, "  meaning\t%s\n  usually at fault\t%s\n  what to do\t%s\n", e.Meaning, e.Fault, e.Action)
 	}
+	if g := r.GreyLike; g != nil {
+		fmt.Fprintf(tw, "  greylisting by behaviour\tnot by its text: at %s, %d recipient(s) deferred with %q passed at their first retry "+
+			"(same address, same source) and %d were refused again (greyrelay destinations)\n",
+			admin.Cell(g.Host, 0), g.Passed, admin.Cell(g.Reply, 100), g.Refused)
+	}
 	if r.Salvaged != nil {
 		fmt.Fprintf(tw, "  salvaged\t%s from an older copy of its record: it may already have been delivered, "+
 			"so delivering it may make a duplicate\n", admin.RelTime(*r.Salvaged, now))

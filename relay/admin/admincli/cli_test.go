@@ -8,9 +8,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
+	"github.com/greyrelay/greyrelay/relay/admin/admintest"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -284,5 +287,29 @@ func TestCLIQueueListFilterValues(t *testing.T) {
 	errOut.Reset()
 	if err := RunQueue([]string{"list", "-h"}, c, &out, &errOut); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errOut.String(), "-older-than") {
 		t.Errorf("list -h: %v, flags %q", err, errOut.String())
+	}
+}
+
+// TestCLIQueueShowGreyLike: `queue show` prints the evidence that a reply
+// without a greylisting text is greylisting at its MX host.
+func TestCLIQueueShowGreyLike(t *testing.T) {
+	f, c := cliFixture(t)
+	exim := queue.Reply{Code: 451, Text: "Temporary local problem - please try later"}
+	id := admintest.Enqueue(t, f.q, "alice@example.org", testNow.Add(-time.Hour), "x@exim.test")
+	admintest.DeferKeys(t, f.q, testNow.Add(-time.Minute), "greylisted", exim, queue.Key{ID: id})
+	if _, err := f.q.Apply(queue.Update{Destinations: []queue.Destination{{Domain: "[198.51.100.7]",
+		GreyLike: exim.Text, GreyLikePassed: 3, GreyLikeRefused: 1, Updated: testNow}}}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runQueue(c, "show", id.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `greylisting by behaviour  not by its text: at [198.51.100.7], 3 recipient(s) deferred with "Temporary local problem - please try later" passed at their first retry (same address, same source) and 1 were refused again`
+	if !strings.Contains(out, want) {
+		t.Errorf("show lacks %q:\n%s", want, out)
+	}
+	if out, _ := runQueue(c, "show", f.m1.String()); strings.Contains(out, "by behaviour") {
+		t.Errorf("greylisted by its text, shown as by behaviour:\n%s", out)
 	}
 }
