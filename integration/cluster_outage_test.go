@@ -175,9 +175,13 @@ func submitVia(t *testing.T, addr string, n int, prefix, domain string) {
 // outside [outage start, outage end + lease_ttl]. Before, the connections
 // opened during the outage were never counted again and went on until
 // their queues were empty.
+//
+// It runs alone, before the parallel tests: among eight parallel tests
+// HAProxy's round robin left one of the three nodes without a connection
+// in 2 of 5 full runs (never in the runs with two at a time), and the test
+// then shows nothing about that node.
 func TestClusterLimitSurvivesRedisOutage(t *testing.T) {
 	peers.Require(t, "haproxy", "redis-server")
-	t.Parallel()
 	const (
 		limit    = 2
 		leaseTTL = 5 * time.Second

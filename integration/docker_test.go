@@ -13,6 +13,12 @@ package integration
 // HTTP server on loopback. Docker runs with --iptables=false --bridge=none,
 // so every build and container uses --network host, and every address below
 // is on 127.0.0.1.
+//
+// The two tests that build the image (TestDockerImage and TestRecipeDocker,
+// README's build command) run in parallel with the rest of the suite but
+// build in turn, with the same arguments and module proxy (imageBuilds):
+// the second build comes from the classic builder's layer cache, since a
+// build compiles the whole module and takes minutes on 2 loaded cores.
 
 import (
 	"bufio"
@@ -32,6 +38,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -98,8 +105,8 @@ func TestDockerfileLint(t *testing.T) {
 func TestDockerImage(t *testing.T) {
 	requireDocker(t)
 	peers.Require(t, "swaks")
+	t.Parallel()
 	root := moduleRoot(t)
-	ensureBaseImage(t, root)
 	image := buildImage(t, root)
 
 	d := newDockerRelay(t, image)
@@ -516,28 +523,28 @@ func ensureBaseImage(t *testing.T, root string) {
 	t.Logf("%s", bytes.TrimSpace(out))
 }
 
-// buildImage builds the Dockerfile with the local base and returns a tag
-// unique to this run, removed in t.Cleanup. It also checks the image's
-// size and its configuration.
+// buildImage builds the Dockerfile with the local base (made first if
+// missing) and returns a tag unique to this run, removed in t.Cleanup. It
+// also checks the image's size and its configuration.
 func buildImage(t *testing.T, root string) string {
 	t.Helper()
-	proxy := moduleProxy(t, root)
+	proxy := shareImageBuilds(t, root)
 	tag := "greyrelay-test:" + randomHex(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	start := time.Now()
-	out, err := dockerTry(ctx, "build", "--network", "host", "--build-arg", "GO_IMAGE="+baseImage,
-		"--build-arg", "GOPROXY="+proxy, "-t", tag, root)
+	var start time.Time
+	var out string
+	var err error
+	imageBuilds.inTurn(t, func() {
+		ensureBaseImage(t, root)
+		start = time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		out, err = dockerTry(ctx, "build", "--network", "host", "--build-arg", "GO_IMAGE="+baseImage,
+			"--build-arg", "GOPROXY="+proxy, "-t", tag, root)
+	})
 	if err != nil {
 		t.Fatalf("docker build: %v\n%s", err, out)
 	}
-	// The image goes, and with it the builder stage the classic builder
-	// keeps as cache (labelled in the Dockerfile): repeated runs must not
-	// pile up half a gigabyte each.
-	t.Cleanup(func() {
-		_, _ = dockerTry(context.Background(), "rmi", tag)
-		_, _ = dockerTry(context.Background(), "image", "prune", "-f", "--filter", "label=greyrelay.stage=build")
-	})
+	t.Cleanup(func() { imageBuilds.inTurn(t, func() { _, _ = dockerTry(context.Background(), "rmi", tag) }) })
 
 	var size int64
 	fmt.Sscan(docker(t, "image", "inspect", "--format", "{{.Size}}", tag), &size)
@@ -570,10 +577,11 @@ func buildImage(t *testing.T, root string) string {
 }
 
 // moduleProxy serves the host's module download cache on loopback, so the
-// build's `go mod download` needs no network beyond 127.0.0.1. It first
-// runs `go mod download` on the host, which fills the cache with every
-// module the build can ask for (a no-op when they are there already).
-func moduleProxy(t *testing.T, root string) string {
+// build's `go mod download` needs no network beyond 127.0.0.1, and returns
+// its URL and how to stop it. It first runs `go mod download` on the host,
+// which fills the cache with every module the build can ask for (a no-op
+// when they are there already).
+func moduleProxy(t *testing.T, root string) (string, func()) {
 	t.Helper()
 	cmd := exec.Command("go", "mod", "download")
 	cmd.Dir = root
@@ -582,8 +590,57 @@ func moduleProxy(t *testing.T, root string) string {
 	}
 	dir := filepath.Join(goEnv(t, root, "GOMODCACHE"), "cache", "download")
 	srv := httptest.NewServer(http.FileServer(http.Dir(dir)))
-	t.Cleanup(srv.Close)
-	return srv.URL
+	return srv.URL, srv.Close
+}
+
+// imageBuilds is what the tests that build the image share: builds take
+// turns (a second one, with the same Dockerfile, arguments and context,
+// then comes from the layer cache), one module proxy (the GOPROXY build
+// argument must be the same for that), and the builder stage's layers,
+// which the classic builder keeps as cache and which are removed when the
+// last of those tests is done (repeated runs must not pile up half a
+// gigabyte each).
+var imageBuilds sharedBuilds
+
+type sharedBuilds struct {
+	turn  sync.Mutex // held for a build, and for removing an image another build may reuse
+	mu    sync.Mutex // guards the fields below
+	users int        // tests between shareImageBuilds and their cleanup
+	proxy string
+	stop  func()
+}
+
+// inTurn runs f while no other test builds or removes an image.
+func (b *sharedBuilds) inTurn(t *testing.T, f func()) {
+	t.Helper()
+	b.turn.Lock()
+	defer b.turn.Unlock()
+	f()
+}
+
+// shareImageBuilds registers t as a test that builds the image and returns
+// the module proxy's URL for its GOPROXY build argument.
+func shareImageBuilds(t *testing.T, root string) string {
+	t.Helper()
+	b := &imageBuilds
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.users == 0 {
+		b.proxy, b.stop = moduleProxy(t, root)
+	}
+	b.users++
+	t.Cleanup(func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.users--; b.users > 0 {
+			return
+		}
+		b.stop()
+		b.inTurn(t, func() {
+			_, _ = dockerTry(context.Background(), "image", "prune", "-f", "--filter", "label=greyrelay.stage=build")
+		})
+	})
+	return b.proxy
 }
 
 // goEnv returns `go env NAME`. go test puts its own go first on PATH.
@@ -660,6 +717,7 @@ func randomHex(t *testing.T) string {
 func TestRecipeDocker(t *testing.T) {
 	requireDocker(t)
 	peers.Require(t, "swaks")
+	t.Parallel()
 	root, dir := moduleRoot(t), t.TempDir()
 	blocks := recipeBlocks(t, "TestRecipeDocker")
 	if len(blocks) != 2 {
@@ -667,23 +725,29 @@ func TestRecipeDocker(t *testing.T) {
 	}
 	id := randomHex(t)
 	tag, name, volume := "greyrelay-test:"+id, "greyrelay-test-"+id, "greyrelay-test-"+id+"-queue"
-	proxy := moduleProxy(t, root)
+	proxy := shareImageBuilds(t, root)
 
 	build := recipeText(t, blocks[0].File, blocks[0].Text, "https://proxy.golang.org", proxy, "-t greyrelay .", "-t "+tag+" .")
 	lines := strings.SplitN(build, "\n", 2)
-	if _, err := dockerTry(context.Background(), "image", "inspect", baseImage); err != nil || !strings.Contains(lines[0], baseImage) {
-		if res := runDockerShell(t, root, lines[0]); res.Code != 0 {
-			t.Fatalf("README's %q: %s", lines[0], res)
-		}
-	}
 	t.Cleanup(func() {
 		_, _ = dockerTry(context.Background(), "rm", "-f", "-v", name)
 		_, _ = dockerTry(context.Background(), "volume", "rm", "-f", volume)
-		_, _ = dockerTry(context.Background(), "rmi", tag)
-		_, _ = dockerTry(context.Background(), "image", "prune", "-f", "--filter", "label=greyrelay.stage=build")
+		imageBuilds.inTurn(t, func() { _, _ = dockerTry(context.Background(), "rmi", tag) })
 	})
-	if res := runDockerShell(t, root, lines[1]); res.Code != 0 {
-		t.Fatalf("README's docker build: %s", res)
+	var baseRes, buildRes cliResult
+	imageBuilds.inTurn(t, func() {
+		if _, err := dockerTry(context.Background(), "image", "inspect", baseImage); err != nil || !strings.Contains(lines[0], baseImage) {
+			if baseRes = runDockerShell(t, root, lines[0]); baseRes.Code != 0 {
+				return
+			}
+		}
+		buildRes = runDockerShell(t, root, lines[1])
+	})
+	if baseRes.Code != 0 {
+		t.Fatalf("README's %q: %s", lines[0], baseRes)
+	}
+	if buildRes.Code != 0 {
+		t.Fatalf("README's docker build: %s", buildRes)
 	}
 
 	cert := peers.NewCert(t, "relay.test", "127.0.0.1")

@@ -140,8 +140,10 @@ func TestGreylistLearnsDelay(t *testing.T) {
 // retry's margin past a learned bound (4% + 1 s); and the learned window
 // ends narrow enough to promise the goal for any delay it allows
 // (backoff.Window.Narrow). Seven messages each, both delays at once: the
-// longest real-time greylisting test, kept to one run per delay.
+// longest real-time greylisting test (about 7.5 minutes), kept to one run
+// per delay, in the long set (CI runs it in a step of its own).
 func TestGreylistLearnsTrueDelay(t *testing.T) {
+	longSet(t)
 	peers.Require(t, "postfix", "postgrey", "swaks")
 	t.Parallel()
 	for _, delay := range []time.Duration{25 * time.Second, 60 * time.Second} {

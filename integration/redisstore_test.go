@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -149,7 +150,11 @@ func startRedisCluster(t *testing.T) []string {
 		// peers waits until each server answers PING, or fails with its
 		// log if it exits: under load a server was not listening yet
 		// when the create loop below gave up ("Connection refused").
-		r := peers.StartRedisWith(t, "", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+		// The cluster bus port is a free port of its own: by default it
+		// is the client port + 10000, which FreePort does not reserve,
+		// and a parallel test could be listening there.
+		r := peers.StartRedisWith(t, "", "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-port", strconv.Itoa(peers.FreePort(t, "127.0.0.1")))
 		addrs = append(addrs, r.Addr)
 	}
 	args := append(append([]string{"--cluster", "create"}, addrs...), "--cluster-replicas", "0", "--cluster-yes")
@@ -230,6 +235,7 @@ func redisTime(rdb redis.UniversalClient) (time.Time, error) {
 }
 
 func TestRedisStoreSharesRecord(t *testing.T) {
+	t.Parallel()
 	for name, addrs := range rsTargets(t) {
 		t.Run(name, func(t *testing.T) {
 			a, b := startRSNode(t, "a", "", addrs...), startRSNode(t, "b", "", addrs...)
@@ -256,6 +262,7 @@ func TestRedisStoreSharesRecord(t *testing.T) {
 }
 
 func TestRedisStoreLeasesBoundConnections(t *testing.T) {
+	t.Parallel()
 	for name, addrs := range rsTargets(t) {
 		t.Run(name, func(t *testing.T) {
 			rdb := rsClient(t, addrs...)
@@ -315,6 +322,7 @@ func latest(a, b time.Time) time.Time {
 
 func TestRedisStoreDownGrantsAndRecovers(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	r := peers.StartRedis(t, "")
 	c := startRSNode(t, "a", "", r.Addr)
 	if !c.Up() || c.metric(t, "greyrelay_cluster_redis_up", nil) != 1 {
@@ -382,6 +390,7 @@ func awaitSubscribers(t *testing.T, rdb redis.UniversalClient, n int64) {
 }
 
 func TestRedisStoreReleaseAnnounced(t *testing.T) {
+	t.Parallel()
 	for name, addrs := range rsTargets(t) {
 		t.Run(name, func(t *testing.T) {
 			a, b := startRSNode(t, "a", "", addrs...), startRSNode(t, "b", "", addrs...)
@@ -409,6 +418,10 @@ func TestRedisStoreReleaseAnnounced(t *testing.T) {
 	}
 }
 
+// TestRedisStorePaceHoldsAcrossNodes runs alone, not in parallel: it
+// dates each start by this process's clock after the call returns, with
+// 20 ms of slack, which the other tests' work in the same process exceeded
+// (starts 173 ms apart for a 200 ms pace).
 func TestRedisStorePaceHoldsAcrossNodes(t *testing.T) {
 	for name, addrs := range rsTargets(t) {
 		t.Run(name, func(t *testing.T) {
@@ -457,6 +470,7 @@ func closedCount(chs []<-chan struct{}) int {
 // limit holds for a new connection.
 func TestRedisStoreOutageLeasesCountAgain(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	r := peers.StartRedis(t, "")
 	rdb := rsClient(t, r.Addr)
 	nodes := []*rsNode{startRSNode(t, "a", "", r.Addr), startRSNode(t, "b", "", r.Addr), startRSNode(t, "c", "", r.Addr)}
@@ -501,6 +515,7 @@ func TestRedisStoreOutageLeasesCountAgain(t *testing.T) {
 // held.
 func TestRedisStoreLostLeasesRefilled(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	r := peers.StartRedis(t, "")
 	rdb := rsClient(t, r.Addr)
 	nodes := []*rsNode{startRSNode(t, "a", "", r.Addr), startRSNode(t, "b", "", r.Addr), startRSNode(t, "c", "", r.Addr)}
@@ -534,6 +549,7 @@ func TestRedisStoreLostLeasesRefilled(t *testing.T) {
 // name is noticed (and a restart after a crash or a clean stop is not).
 func TestRedisStoreNodeNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	addr := peers.StartRedis(t, "").Addr
 	const conflictMsg, warnMsg = "another running process uses this node name", "replaced a fresh registry entry"
 	tests := []struct {
@@ -608,6 +624,7 @@ func TestRedisStoreNodeNameConflict(t *testing.T) {
 // entry is clean again.
 func TestRedisStoreNodeNameConflictShownAndOver(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	addr := peers.StartRedis(t, "").Addr
 	a, b := startRSNode(t, "n", "http://a:8025", addr), startRSNode(t, "n", "http://b:8025", addr)
 	relaytest.Eventually(t, 10*time.Second, "the entry names the conflict", func() error {
@@ -639,6 +656,7 @@ func TestRedisStoreNodeNameConflictShownAndOver(t *testing.T) {
 // that wrote no instance, found by the heartbeat script, is a conflict.
 func TestRedisStoreCloseKeepsAnotherProcessEntry(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	addr := peers.StartRedis(t, "").Addr
 	rdb := rsClient(t, addr)
 	entry := func() cluster.Node {
@@ -695,6 +713,7 @@ func TestRedisStoreCloseKeepsAnotherProcessEntry(t *testing.T) {
 // then needed a redis-server.)
 func TestClusterStatusShowsNameConflict(t *testing.T) {
 	peers.Require(t, "redis-server")
+	t.Parallel()
 	conflicting := []cluster.Node{{Name: "relay1", AdminURL: "http://10.0.0.1:8025"}, {Name: "relay1", AdminURL: "http://10.0.0.2:8025"}}
 	cases := []struct {
 		name      string
@@ -760,6 +779,7 @@ func TestClusterStatusShowsNameConflict(t *testing.T) {
 // one Redis hash, on a single server and on a Redis Cluster: what one node
 // puts the other reads, and a delete reaches both.
 func TestRedisStoreSharesSuspensions(t *testing.T) {
+	t.Parallel()
 	for name, addrs := range rsTargets(t) {
 		t.Run(name, func(t *testing.T) {
 			a, b := startRSNode(t, "a", "", addrs...), startRSNode(t, "b", "", addrs...)
