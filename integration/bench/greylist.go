@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -311,10 +312,14 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	fmt.Printf("greyrelay: its defaults; greyrelay compressed: retry.greylist_first_retry %v, greylist_second_retry %v, initial_interval %v; "+
 		"Postfix: its defaults (minimal_backoff_time = queue_run_delay = 300s); Postfix tuned: both %v.\n",
 		f.first, f.second, f.postfixBackoff, f.postfixBackoff)
-	fmt.Printf("Each cell: attempts / time from the 250 at intake to arrival. Goal for later messages: ≤ 2 attempts within %v.\n\n",
-		f.delay+f.delay/10+2*time.Second)
-	fmt.Println("| message | greyrelay | greyrelay compressed | Postfix | Postfix tuned |")
-	fmt.Println("|---:|---:|---:|---:|---:|")
+	fmt.Printf("Each cell: attempts / time from the 250 at intake to arrival. Goals below the table.\n\n")
+	head, rule := "| message |", "|---:|"
+	for _, g := range greys {
+		head += " " + systemTitle(g.system) + " |"
+		rule += "---:|"
+	}
+	fmt.Println(head)
+	fmt.Println(rule)
 	for k := 0; k < f.messages; k++ {
 		row := fmt.Sprintf("| %d |", k+1)
 		for _, g := range greys {
@@ -342,6 +347,7 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	}
 	fmt.Println(row1)
 	fmt.Println(row2)
+	printGreyGoals(os.Stdout, f.delay, f.messages, greys)
 	allowed := float64(f.thrN) / f.thrWindow.Seconds()
 	fmt.Printf("\n### Throttling: %d messages in one burst to a destination accepting %d per %v (451 4.7.1 beyond)\n\n", f.thrMessages, f.thrN, f.thrWindow)
 	fmt.Println("| | greyrelay | greyrelay compressed | Postfix | Postfix tuned |")
