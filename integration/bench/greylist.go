@@ -27,7 +27,8 @@ import (
 //     (a new triplet), through a destination Postfix asking a real postgrey
 //     (--auto-whitelist-clients=0, --lookup-by-host). Per message: attempts
 //     (the destination's 450 replies plus the pass), time from the 250 at
-//     intake to arrival; in all: RCPTs sent, source addresses seen.
+//     intake to arrival; in all: RCPTs sent, source addresses seen; then
+//     each system against the greylisting goals (greygoals.go).
 //   - throttling: a burst of messages to a destination accepting N per
 //     window (451 4.7.1 "rate limit exceeded" beyond); total time,
 //     refusals, connections, and the share of the allowed rate used.
