@@ -20,8 +20,9 @@ const (
 
 // greyGoal is one goal's verdict for one system.
 type greyGoal struct {
-	met    bool
-	detail string // the figure the verdict rests on
+	met     bool
+	unknown bool   // nothing to check against (no reference, too few messages)
+	detail  string // the figure the verdict rests on
 }
 
 // greyGoals checks g against the goals; ref is the reference for the
@@ -32,11 +33,11 @@ func greyGoals(delay time.Duration, g, ref *greyResult, messages int) []greyGoal
 	// Message 1 against Postfix with its defaults.
 	switch {
 	case len(g.took) == 0:
-		out = append(out, greyGoal{false, "message 1 not delivered"})
+		out = append(out, greyGoal{detail: "message 1 not delivered"})
 	case ref == nil || len(ref.took) == 0:
-		out = append(out, greyGoal{false, fmt.Sprintf("%s; no reference (Postfix with its defaults not run)", secs(g.took[0]))})
+		out = append(out, greyGoal{unknown: true, detail: fmt.Sprintf("%s; no reference (Postfix with its defaults not run)", secs(g.took[0]))})
 	default:
-		out = append(out, greyGoal{g.took[0] <= ref.took[0], fmt.Sprintf("%s vs %s", secs(g.took[0]), secs(ref.took[0]))})
+		out = append(out, greyGoal{met: g.took[0] <= ref.took[0], detail: fmt.Sprintf("%s vs %s", secs(g.took[0]), secs(ref.took[0]))})
 	}
 	out = append(out, fromMessage(g, messages, goalFromPassNear, func(k int) (bool, string) {
 		return g.took[k] <= near, secs(g.took[k])
@@ -55,7 +56,7 @@ func greyGoals(delay time.Duration, g, ref *greyResult, messages int) []greyGoal
 // more do, or the bound when all pass.
 func fromMessage(g *greyResult, messages, from int, ok func(k int) (bool, string), bound string) greyGoal {
 	if messages < from {
-		return greyGoal{false, fmt.Sprintf("not measured (%d messages)", messages)}
+		return greyGoal{unknown: true, detail: fmt.Sprintf("not measured (%d messages)", messages)}
 	}
 	var failed []string
 	for k := from - 1; k < messages; k++ {
@@ -69,13 +70,13 @@ func fromMessage(g *greyResult, messages, from int, ok func(k int) (bool, string
 	}
 	switch {
 	case len(failed) == 1:
-		return greyGoal{false, failed[0]}
+		return greyGoal{detail: failed[0]}
 	case len(failed) > 1:
-		return greyGoal{false, fmt.Sprintf("%s, and %d more", failed[0], len(failed)-1)}
+		return greyGoal{detail: fmt.Sprintf("%s, and %d more", failed[0], len(failed)-1)}
 	case from == messages:
-		return greyGoal{true, fmt.Sprintf("message %d %s", from, bound)}
+		return greyGoal{met: true, detail: fmt.Sprintf("message %d %s", from, bound)}
 	}
-	return greyGoal{true, fmt.Sprintf("messages %d–%d %s", from, messages, bound)}
+	return greyGoal{met: true, detail: fmt.Sprintf("messages %d–%d %s", from, messages, bound)}
 }
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
@@ -116,6 +117,8 @@ func printGreyGoals(w io.Writer, delay time.Duration, messages int, greys []grey
 				row += " not run |"
 			case j == 0 && &greys[i] == ref:
 				row += " (the reference) |"
+			case verdicts[i][j].unknown:
+				row += " not checked: " + verdicts[i][j].detail + " |"
 			case verdicts[i][j].met:
 				row += " met: " + verdicts[i][j].detail + " |"
 			default:

@@ -59,7 +59,8 @@ func TestGreyGoals(t *testing.T) {
 func TestGreyGoalsTooFewMessages(t *testing.T) {
 	g := grey("greyrelay", []int{2, 2, 2}, 30, 28, 27)
 	got := greyGoals(25*time.Second, &g, nil, 3)
-	if got[1].met || got[1].detail != "not measured (3 messages)" || got[2].met || got[3].met == false {
+	if got[0].met || !got[0].unknown || got[1].met || !got[1].unknown || got[1].detail != "not measured (3 messages)" ||
+		!got[2].unknown || !got[3].met {
 		t.Errorf("got %+v", got)
 	}
 }
