@@ -351,8 +351,13 @@ func printGreylist(f greylistFlags, greys []greyResult, thrs []throttleResult) {
 	printGreyGoals(os.Stdout, f.delay, f.messages, greys)
 	allowed := float64(f.thrN) / f.thrWindow.Seconds()
 	fmt.Printf("\n### Throttling: %d messages in one burst to a destination accepting %d per %v (451 4.7.1 beyond)\n\n", f.thrMessages, f.thrN, f.thrWindow)
-	fmt.Println("| | greyrelay | greyrelay compressed | Postfix | Postfix tuned |")
-	fmt.Println("|---|---:|---:|---:|---:|")
+	head, rule = "| |", "|---|"
+	for _, t := range thrs {
+		head += " " + systemTitle(t.system) + " |"
+		rule += "---:|"
+	}
+	fmt.Println(head)
+	fmt.Println(rule)
 	rows := []string{"| delivered |", "| total time |", "| share of the allowed rate |", "| refusals (share of attempts) |", "| connections |"}
 	for _, t := range thrs {
 		if t.skipped {
