@@ -40,12 +40,13 @@ func StartDNSSEC(t testing.TB, authIP, resolverIP string, zones ...Zone) *DNSSEC
 	dir := t.TempDir()
 	traversable(t, dir)
 	d := &DNSSEC{Auth: FreeAddr(t, authIP), Resolver: FreeAddr(t, resolverIP)}
-	var nsdZones, stubs, anchors strings.Builder
+	var nsdZones, stubs, anchors, local strings.Builder
 	for _, z := range zones {
 		file := writeZone(t, dir, z)
 		fmt.Fprintf(&nsdZones, "zone:\n  name: %q\n  zonefile: %q\n", z.Name, file)
 		host, port, _ := net.SplitHostPort(d.Auth)
 		fmt.Fprintf(&stubs, "stub-zone:\n  name: %q\n  stub-addr: %s@%s\n", z.Name, host, port)
+		fmt.Fprintf(&local, "  local-zone: %q transparent\n", z.Name)
 		if z.Signed {
 			fmt.Fprintf(&anchors, "  trust-anchor-file: %q\n", filepath.Join(dir, z.Name+".ksk.key"))
 		} else {
@@ -70,6 +71,10 @@ remote-control:
 	rhost, rport, _ := net.SplitHostPort(d.Resolver)
 	// "local-zone: test. nodefault": Unbound answers the special-use
 	// "test." itself otherwise (RFC 6761), empty and without AD.
+	// "local-zone: . always_refuse" with each stubbed zone transparent:
+	// a name outside the zones (a sender's domain a bounce goes to) is
+	// refused at once instead of being sent to the root servers, so no
+	// query leaves loopback and none waits out a timeout.
 	unboundConf := fmt.Sprintf(`server:
   interface: %s@%s
   port: %s
@@ -82,11 +87,12 @@ remote-control:
   do-not-query-localhost: no
   access-control: 127.0.0.0/8 allow
   local-zone: "test." nodefault
-  module-config: "validator iterator"
+  local-zone: "." always_refuse
+%s  module-config: "validator iterator"
   val-log-level: 2
 %s%sremote-control:
   control-enable: no
-`, rhost, rport, rport, dir, filepath.Join(dir, "unbound.pid"), filepath.Join(dir, "unbound.log"), anchors.String(), stubs.String())
+`, rhost, rport, rport, dir, filepath.Join(dir, "unbound.pid"), filepath.Join(dir, "unbound.log"), local.String(), anchors.String(), stubs.String())
 	for name, text := range map[string]string{"nsd.conf": nsdConf, "unbound.conf": unboundConf} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatalf("peers: %v", err)
