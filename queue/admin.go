@@ -167,36 +167,113 @@ func (q *Queue) Retry(sel Selector, now time.Time) (int, error) {
 // due index. An attempt already in flight still records its outcome through
 // Apply; a non-final outcome leaves the recipient Held.
 func (q *Queue) Hold(sel Selector) (int, error) {
-	return q.modify("hold", sel, func(w *wtx, r Recipient) (bool, error) {
-		if !indexed(r.Status) {
-			return false, nil
-		}
-		before := r
-		r.Status = Held // its reason stays: why it was not delivered (the status says held)
-		if err := w.putRcpt(&before, &r); err != nil {
-			return false, err
-		}
-		return true, w.operated(ReasonHeld, &r)
-	}, nil)
+	return q.Operate(ReasonHeld, sel, time.Time{}, nil)
 }
 
 // Release makes the selected Held recipients due at now (Queued if never
 // attempted, else Deferred).
 func (q *Queue) Release(sel Selector, now time.Time) (int, error) {
-	return q.modify("release", sel, func(w *wtx, r Recipient) (bool, error) {
-		if r.Status != Held {
-			return false, nil
-		}
-		before := r
-		r.Status, r.NextAttempt, r.Reason = Deferred, now, ReasonReleased
+	return q.Operate(ReasonReleased, sel, now, nil)
+}
+
+// Decide returns the result the operator's action (ReasonHeld,
+// ReasonReleased or ReasonDeleted) stores for recipient r of message m
+// (head is the start of its body, at most 64 KiB): for a release, the
+// Status (Queued or Deferred), Reason and NextAttempt r gets; for a hold,
+// the Reason r keeps; for every action, the Events stored with it. It is
+// called inside the action's transaction, which may run it again for the
+// same recipient if the transaction is retried, and which a DryRun rolls
+// back: the caller reports the results it returned only once Operate has
+// returned. It must not call back into the Queue.
+type Decide func(action string, m *Message, r Recipient, head []byte) Result
+
+// Operate performs the operator's action on the recipients sel selects,
+// in one transaction: ReasonHeld as Hold, ReasonReleased as Release (at
+// now), ReasonDeleted as Delete. With decide, each recipient the action
+// changes gets the result decide returns, and its events instead of
+// Options.OnOperator's; without, the queue's own (operatorResult). An
+// action writes no attempt history: it is no attempt, and a recipient in
+// flight (Active) keeps its in-progress attempt for the attempt's own
+// outcome to end through Apply (which leaves a held recipient Held unless
+// the outcome is final, and ignores one deleted meanwhile).
+func (q *Queue) Operate(action string, sel Selector, now time.Time, decide Decide) (int, error) {
+	switch action {
+	case ReasonHeld:
+		return q.modify("hold", sel, func(w *wtx, r Recipient) (bool, error) {
+			if !indexed(r.Status) {
+				return false, nil
+			}
+			return true, w.operate(action, r, now, decide)
+		}, nil)
+	case ReasonReleased:
+		return q.modify("release", sel, func(w *wtx, r Recipient) (bool, error) {
+			if r.Status != Held {
+				return false, nil
+			}
+			return true, w.operate(action, r, now, decide)
+		}, nil)
+	case ReasonDeleted:
+		return q.delete(sel, decide)
+	}
+	return 0, fmt.Errorf("%w: unknown operator action %q", ErrInvalid, action)
+}
+
+// operatorResult is the queue's own result of action on r at now: a
+// released recipient is due at now, Queued if never attempted, with
+// reason ReasonReleased; a held one keeps its reason (why it was not
+// delivered: the status Held says the rest).
+func operatorResult(action string, r Recipient, now time.Time) Result {
+	res := Result{Key: r.Key, Status: r.Status, Reason: r.Reason, Reply: r.Reply, End: now}
+	switch action {
+	case ReasonHeld:
+		res.Status = Held
+	case ReasonReleased:
+		res.Status, res.NextAttempt, res.Reason = Deferred, now, ReasonReleased
 		if r.Attempts == 0 {
-			r.Status = Queued
+			res.Status = Queued
 		}
+	}
+	return res
+}
+
+// operate stores the operator's action on r (see Operate): the result
+// decide returns, or the queue's own with Options.OnOperator's events.
+func (w *wtx) operate(action string, r Recipient, now time.Time, decide Decide) error {
+	res := operatorResult(action, r, now)
+	if decide != nil {
+		m, head, ok := w.messageHead(r.Key.ID)
+		if ok {
+			res = decide(action, &m, r, head)
+		}
+	}
+	before := r
+	switch action {
+	case ReasonHeld:
+		r.Status, r.Reason = Held, res.Reason
+	case ReasonReleased:
+		if res.Status != Queued && res.Status != Deferred {
+			return fmt.Errorf("%w: release to %q for %s", ErrInvalid, res.Status, r.Key)
+		}
+		r.Status, r.Reason, r.NextAttempt = res.Status, res.Reason, res.NextAttempt
+		if r.NextAttempt.IsZero() {
+			r.NextAttempt = now
+		}
+	}
+	if action != ReasonDeleted {
 		if err := w.putRcpt(&before, &r); err != nil {
-			return false, err
+			return err
 		}
-		return true, w.operated(ReasonReleased, &r)
-	}, nil)
+	}
+	var err error
+	if decide != nil {
+		err = w.putEvents(res.Events)
+	} else {
+		err = w.operated(action, &r) // while the message is there to describe
+	}
+	if err != nil || action != ReasonDeleted {
+		return err
+	}
+	return w.deleteRcpt(&r)
 }
 
 // Requeue routes the selected Queued, Deferred and Held recipients
@@ -242,13 +319,15 @@ func (q *Queue) Requeue(sel Selector, now time.Time, domainOf func(addr string) 
 // Otherwise only the selected recipients go, and a message goes with them
 // once no live recipient is left. It returns the number of recipients removed.
 func (q *Queue) Delete(sel Selector) (int, error) {
+	return q.Operate(ReasonDeleted, sel, time.Time{}, nil)
+}
+
+// delete is Delete, its recipients' results decided by decide (Operate).
+func (q *Queue) delete(sel Selector, decide Decide) (int, error) {
 	touched := map[ID]bool{}
 	del := func(w *wtx, r Recipient) (bool, error) {
 		touched[r.Key.ID] = true
-		if err := w.operated(ReasonDeleted, &r); err != nil { // while the message is there to describe
-			return false, err
-		}
-		return true, w.deleteRcpt(&r)
+		return true, w.operate(ReasonDeleted, r, time.Time{}, decide)
 	}
 	after := func(w *wtx) error {
 		switch {

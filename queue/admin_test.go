@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -245,4 +246,87 @@ func randomAttempt(q *Queue, rnd *rand.Rand, now time.Time) error {
 	}
 	_, err = q.Apply(u)
 	return err
+}
+
+// TestOperateInFlight: the operator's hold and delete of a recipient whose
+// attempt is in flight (Active) take effect at once and leave its
+// in-progress attempt to the attempt's own outcome (Apply): a held one
+// stays Held with that attempt ended, a deleted one's outcome is ignored.
+// Operate stores the results and the events its decide returns, instead
+// of OnOperator's, and writes no history of its own.
+func TestOperateInFlight(t *testing.T) {
+	var hooked []string
+	q := openAt(t, dbPath(t), Options{OnOperator: func(action string, _ *Message, _ *Recipient, _ []byte) []Event {
+		hooked = append(hooked, action)
+		return nil
+	}})
+	h := mustEnqueue(t, q, msg("s@x.test", "r@h.test"))
+	d := mustEnqueue(t, q, msg("s@x.test", "r@d.test"))
+	hk, dk := Key{h, 0}, Key{d, 0}
+	if err := q.Begin(Start{Keys: []Key{hk, dk}, Time: t0, MXHost: "mx", LeaseUntil: t0.Add(time.Hour)}); err != nil {
+		t.Fatal(err)
+	}
+	var decided []string
+	decide := func(status Status) Decide {
+		return func(action string, m *Message, r Recipient, head []byte) Result {
+			if m.ID != r.Key.ID || !strings.HasPrefix(string(head), "Subject: hi") {
+				t.Errorf("%s of %s: message %s, head %q", action, r.Key, m.ID, head)
+			}
+			decided = append(decided, action)
+			return Result{Key: r.Key, Status: status, Reason: "why-" + action, NextAttempt: t0.Add(time.Minute),
+				Events: []Event{{Sink: "s", Data: []byte(action)}}}
+		}
+	}
+	if n, err := q.Operate(ReasonHeld, Selector{Domain: "h.test"}, t0, decide(Held)); n != 1 || err != nil {
+		t.Fatalf("hold = %d, %v", n, err)
+	}
+	r := rcptOf(t, q, hk)
+	if r.Status != Held || r.Reason != "why-held" || len(r.History) != 1 || r.History[0].Outcome != outcomeInProgress {
+		t.Errorf("held in flight: %s, %q, history %+v", r.Status, r.Reason, r.History)
+	}
+	if n, err := q.Operate(ReasonDeleted, Selector{Domain: "d.test"}, t0, decide(Failed)); n != 1 || err != nil {
+		t.Fatalf("delete = %d, %v", n, err)
+	}
+	end := t0.Add(time.Second)
+	if _, err := q.Apply(Update{Results: []Result{
+		{Key: hk, Status: Deferred, Reason: "greylisted", Stage: "rcpt", End: end, NextAttempt: end.Add(time.Minute)},
+		{Key: dk, Status: Failed, Reason: "no-such-user", Stage: "rcpt", End: end},
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	r = rcptOf(t, q, hk)
+	if r.Status != Held || r.Reason != "greylisted" || len(r.History) != 1 || r.History[0].Outcome != string(Deferred) {
+		t.Errorf("held, then deferred: %s, %q, history %+v", r.Status, r.Reason, r.History)
+	}
+	if _, err := q.Message(d); !errors.Is(err, ErrNotFound) {
+		t.Errorf("deleted in flight, then failed: %v", err)
+	}
+	if rs, _ := q.Due(end.Add(time.Hour), 0); len(rs) != 0 {
+		t.Errorf("due: %v", keysOf(rs))
+	}
+	if _, err := q.Operate(ReasonReleased, Selector{ID: h}, end, decide(Failed)); !errors.Is(err, ErrInvalid) {
+		t.Errorf("release to failed: %v, want ErrInvalid", err)
+	}
+	if n, err := q.Operate(ReasonReleased, Selector{ID: h}, end, decide(Deferred)); n != 1 || err != nil {
+		t.Fatalf("release = %d, %v", n, err)
+	}
+	r = rcptOf(t, q, hk)
+	if r.Status != Deferred || r.Reason != "why-released" || !r.NextAttempt.Equal(t0.Add(time.Minute)) || len(r.History) != 1 {
+		t.Errorf("released: %s, %q, next %v, history %+v", r.Status, r.Reason, r.NextAttempt, r.History)
+	}
+	var got []string
+	recs, err := q.Outbox("s", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rec := range recs {
+		got = append(got, string(rec.Data))
+	}
+	if want := []string{"held", "deleted", "released"}; !reflect.DeepEqual(got, want) || len(hooked) != 0 {
+		t.Errorf("events %q (OnOperator's %q), want %q and none", got, hooked, want)
+	}
+	if _, err := q.Operate("bounced", Selector{ID: h}, end, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("unknown action: %v", err)
+	}
+	checkStats(t, q)
 }

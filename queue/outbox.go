@@ -73,12 +73,21 @@ func (w *wtx) operated(action string, r *Recipient) error {
 	if w.events.operator == nil {
 		return nil
 	}
-	var ps []problem
-	m, err := getMessage(w.tx, r.Key.ID, &ps)
-	if err != nil {
+	m, head, ok := w.messageHead(r.Key.ID)
+	if !ok {
 		return nil
 	}
-	var head []byte
+	return w.putEvents(w.events.operator(action, &m, r, head))
+}
+
+// messageHead returns message id and the start of its body (at most
+// headLimit octets); ok is false if its record cannot be read.
+func (w *wtx) messageHead(id ID) (m Message, head []byte, ok bool) {
+	var ps []problem
+	m, err := getMessage(w.tx, id, &ps)
+	if err != nil {
+		return Message{}, nil, false
+	}
 	if name := w.b(bSpool).Get(idKey(m.ID)); name != nil {
 		head = readHead(filepath.Join(w.events.spool, string(name)))
 	} else {
@@ -87,7 +96,7 @@ func (w *wtx) operated(action string, r *Recipient) error {
 	if len(head) > headLimit {
 		head = head[:headLimit]
 	}
-	return w.putEvents(w.events.operator(action, &m, r, head))
+	return m, head, true
 }
 
 // readHead reads the start of a spooled body. A file that cannot be read

@@ -153,6 +153,11 @@ type Engine interface {
 	// recipients due, reporting whether it was suspended and how many.
 	Suspend(domain, reason string, until, now time.Time) (queue.Suspension, error)
 	Resume(domain string, now time.Time) (bool, int, error)
+	// Operate holds, releases or deletes the selected recipients
+	// (action queue.ReasonHeld, ReasonReleased or ReasonDeleted), as
+	// queue.Operate does, and reports each change as an outcome (its
+	// event, log line and counter); it returns how many it changed.
+	Operate(action string, sel queue.Selector, now time.Time) (int, error)
 	// Kick asks the scheduler to look for due work now.
 	Kick()
 }

@@ -267,12 +267,8 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 		} else {
 			n, err = s.opt.Queue.Retry(sel, now)
 		}
-	case "hold":
-		n, err = s.opt.Queue.Hold(sel)
-	case "release":
-		n, err = s.opt.Queue.Release(sel, now)
-	case "delete":
-		n, err = s.opt.Queue.Delete(sel)
+	case "hold", "release", "delete":
+		n, err = s.operate(action, sel, now)
 	case "requeue":
 		if eng != nil && !sel.DryRun {
 			n, err = eng.Requeue(sel, now)
@@ -317,6 +313,17 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 			zap.Int("recipients", n), zap.String("remote", r.RemoteAddr))
 	}
 	writeJSON(w, http.StatusOK, ActionResult{Action: action, Recipients: n, DryRun: sel.DryRun, Unsettled: unsettled})
+}
+
+// operate holds, releases or deletes sel: through the engine, which
+// reports each change as an outcome, unless there is none or sel is a dry
+// run (which changes nothing, so reports nothing).
+func (s *Server) operate(action string, sel queue.Selector, now time.Time) (int, error) {
+	reason := map[string]string{"hold": queue.ReasonHeld, "release": queue.ReasonReleased, "delete": queue.ReasonDeleted}[action]
+	if eng := s.opt.Engine; eng != nil && !sel.DryRun {
+		return eng.Operate(reason, sel, now)
+	}
+	return s.opt.Queue.Operate(reason, sel, now, nil)
 }
 
 // bounceable counts the recipients a bounce of sel would fail: those

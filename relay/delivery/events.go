@@ -17,6 +17,12 @@ func (e *Engine) attachEvents(a *attempt, s *settlement) {
 		if l.kind == postponed {
 			continue // nothing happened that an application is told of
 		}
+		if action := l.kind.action(); action != "" {
+			r, res := l.r, s.u.Results[i]
+			r.Status, r.Reason, r.NextAttempt = res.Status, res.Reason, res.NextAttempt
+			s.u.Results[i].Events = e.opt.Events.Operator(action, &a.msg, &r, a.body)
+			continue
+		}
 		n := l.r.Attempts + 1
 		if a.none {
 			n = l.r.Attempts

@@ -42,6 +42,11 @@ const (
 	bounced
 	// postponed: moved to until without an attempt (pushMessage).
 	postponed
+	// opHeld, opReleased and opDeleted: the operator's hold, release
+	// (due at until) and delete (Operate, operator.go).
+	opHeld
+	opReleased
+	opDeleted
 )
 
 // attempt is the context shared by the outcomes of one transaction (or of
@@ -295,6 +300,8 @@ func (e *Engine) settleOne(s *settlement, rec *queue.Destination, a *attempt, o 
 	switch {
 	case o.kind == bounced:
 		e.bounced(s, a, o, &res)
+	case o.kind.action() != "":
+		e.operated(s, o, &res)
 	case o.ok:
 		e.delivered(s, rec, a, o, &res, now)
 	case o.v.Outcome == classifier.Failed:
@@ -486,6 +493,8 @@ func (e *Engine) report(a *attempt, lines []logLine, actions []dsn.Action) {
 			e.log.Info("bounced by the operator", zap.String("queue_id", l.r.Key.ID.String()),
 				zap.String("rcpt", l.r.Addr), zap.String("domain", l.r.Domain), zap.String("outcome", l.outcome),
 				zap.String("reason", l.reason), zap.String("enhanced", l.status))
+		case opHeld, opReleased, opDeleted:
+			e.logOperated(l)
 		case attempted:
 			e.logAttempt(a, l)
 		}

@@ -16,11 +16,11 @@ import (
 )
 
 // TestOutcomeKinds: every kind of outcome (an attempt's deferral, failure
-// and acceptance, an expiry without an attempt, the operator's bounce, the
-// postponement of a throttled, suspended or unreachable destination's
-// recipients)
-// stores its result with exactly the event, DSN, counter and log line its
-// kind makes, through the entry point that produces it in production.
+// and acceptance, an expiry without an attempt, the operator's bounce,
+// hold, release and delete, the postponement of a throttled, suspended or
+// unreachable destination's recipients) stores its result with exactly the
+// event, DSN, counter and log line its kind makes, through the entry point
+// that produces it in production.
 func TestOutcomeKinds(t *testing.T) {
 	t.Parallel()
 	const rcpt = "r@kind.test"
@@ -46,9 +46,13 @@ func TestOutcomeKinds(t *testing.T) {
 		status        queue.Status
 		reason, stage string
 		// What was made of it: the event kind ("" none), the Deliveries
-		// labels ("" none), the log line ("" none), the DSN action ("" none).
+		// labels ("" none), the log line ("" none), the DSN action ("" none),
+		// the OperatorActions label ("" none).
 		event, counted, line string
 		dsn                  dsn.Action
+		operator             string
+		// gone: the recipient is no longer in the queue.
+		gone bool
 	}{
 		{name: "attempt deferred", run: func(t *testing.T, x env) {
 			x.h.eng.settle(x.d, x.a, []outcome{{r: x.r, v: deferral}})
@@ -74,6 +78,27 @@ func TestOutcomeKinds(t *testing.T) {
 			}
 		}, status: queue.Failed, reason: "operator", stage: "operator",
 			event: "bounced", counted: "failed operator", line: "bounced by the operator", dsn: dsn.Failed},
+		{name: "held by the operator", run: func(t *testing.T, x env) {
+			if n, err := x.h.eng.Operate(queue.ReasonHeld, queue.Selector{Domain: "kind.test"}, x.now); n != 1 || err != nil {
+				t.Fatalf("Operate(held) = %d, %v", n, err)
+			}
+		}, status: queue.Held, event: "held", line: "held by the operator", operator: "held"},
+		{name: "released by the operator", run: func(t *testing.T, x env) {
+			holdQuietly(t, x.h.q, x.now)
+			if n, err := x.h.eng.Operate(queue.ReasonReleased, queue.Selector{Domain: "kind.test"}, x.now); n != 1 || err != nil {
+				t.Fatalf("Operate(released) = %d, %v", n, err)
+			}
+		}, status: queue.Queued, reason: "released", event: "released", line: "released by the operator", operator: "released"},
+		{name: "deleted by the operator", run: func(t *testing.T, x env) {
+			if n, err := x.h.eng.Operate(queue.ReasonDeleted, queue.Selector{Domain: "kind.test"}, x.now); n != 1 || err != nil {
+				t.Fatalf("Operate(deleted) = %d, %v", n, err)
+			}
+		}, gone: true, event: "deleted", line: "deleted by the operator", operator: "deleted"},
+		{name: "a dry run reports nothing", run: func(t *testing.T, x env) {
+			if n, err := x.h.eng.Operate(queue.ReasonDeleted, queue.Selector{Domain: "kind.test", DryRun: true}, x.now); n != 1 || err != nil {
+				t.Fatalf("Operate(deleted, dry run) = %d, %v", n, err)
+			}
+		}, status: queue.Queued},
 		{name: "postponed while throttled", run: func(t *testing.T, x env) {
 			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, throttled); err != nil {
 				t.Fatal(err)
@@ -129,11 +154,19 @@ func TestOutcomeKinds(t *testing.T) {
 				a: &attempt{msg: msg, body: body, start: now, none: true}}
 			tc.run(t, x)
 			var got queue.Recipient
-			eventually(t, wait, "the outcome stored", func() bool {
-				got, _ = h.rcpt(id, 0)
-				return len(got.History) > 0
-			})
-			last := got.History[len(got.History)-1]
+			var there bool
+			if tc.stage != "" {
+				eventually(t, wait, "the outcome stored", func() bool {
+					got, _ = h.rcpt(id, 0)
+					return len(got.History) > 0
+				})
+			} else if got, there = h.rcpt(id, 0); there == tc.gone { // stored before the call returned
+				t.Errorf("recipient in the queue: %v, want %v", there, !tc.gone)
+			}
+			var last queue.Attempt // the operator's actions and the postponements without stage write none
+			if len(got.History) > 0 {
+				last = got.History[len(got.History)-1]
+			}
 			if got.Status != tc.status || got.Reason != tc.reason || last.Stage != tc.stage {
 				t.Errorf("stored %s, reason %q, stage %q; want %s, %q, %q", got.Status, got.Reason, last.Stage,
 					tc.status, tc.reason, tc.stage)
@@ -154,6 +187,13 @@ func TestOutcomeKinds(t *testing.T) {
 				t.Errorf("outcome counters: %d series, %q = %v; want that one once", n, tc.counted,
 					counter(h.m.Deliveries, strings.Fields(tc.counted)...))
 			}
+			switch n := testutil.CollectAndCount(h.m.OperatorActions); {
+			case tc.operator == "" && n != 0:
+				t.Errorf("%d operator counters, want none", n)
+			case tc.operator != "" && (n != 1 || counter(h.m.OperatorActions, tc.operator) != 1):
+				t.Errorf("operator counters: %d series, %s = %v; want that one once", n, tc.operator,
+					counter(h.m.OperatorActions, tc.operator))
+			}
 			var lines []string
 			for _, e := range h.logs.FilterField(zap.String("rcpt", rcpt)).All() {
 				lines = append(lines, e.Message)
@@ -168,5 +208,17 @@ func TestOutcomeKinds(t *testing.T) {
 				t.Errorf("DSN counters: %d series, %s = %v; want that one once", n, tc.dsn, counter(h.m.DSNs, string(tc.dsn)))
 			}
 		})
+	}
+}
+
+// holdQuietly holds the recipients of kind.test in q with a result that
+// carries no event, as a start for the release's case.
+func holdQuietly(t *testing.T, q *queue.Queue, now time.Time) {
+	t.Helper()
+	quiet := func(_ string, _ *queue.Message, r queue.Recipient, _ []byte) queue.Result {
+		return queue.Result{Key: r.Key, Reason: r.Reason}
+	}
+	if n, err := q.Operate(queue.ReasonHeld, queue.Selector{Domain: "kind.test"}, now, quiet); n != 1 || err != nil {
+		t.Fatalf("hold = %d, %v", n, err)
 	}
 }

@@ -199,6 +199,11 @@ func (e *Engine) Resume(domain string, now time.Time) (bool, int, error) {
 	return was, n, err
 }
 
+// Operate performs the operator's action in the queue, without reporting.
+func (e *Engine) Operate(action string, sel queue.Selector, now time.Time) (int, error) {
+	return e.Q.Operate(action, sel, now, nil)
+}
+
 // Kick counts the wake-ups.
 func (e *Engine) Kick() {
 	e.mu.Lock()
