@@ -60,7 +60,13 @@
 //     recorder on a timer, outside any lock, until the queue takes it
 //     (held.go): its recipients are Active meanwhile, and would otherwise
 //     stay so until the next start. Run returns once every worker has
-//     ended and every outcome's commit is decided.
+//     ended and every outcome's commit is decided. What ends a wait
+//     without an attempt is an outcome too, of its own kind (outcome.go):
+//     an expiry, a postponement, the operator's bounce, hold, release and
+//     delete, each decided by settleOne, given its DSNs and events by
+//     conclude and logged and counted by report; an operator's hold,
+//     release or delete is stored in the queue's own transaction for the
+//     action (queue.Operate, operator.go).
 //   - Greylisting is a property of a (source IP, sender, recipient) triplet
 //     at one MX, so a recipient in the middle of a greylisting episode goes
 //     back to the MX address that greylisted it, from the same source

@@ -11,7 +11,9 @@
 // acceptance of a message in the transaction that inserts it (also when
 // the queue replays its intake journal after a crash), a delivery
 // outcome with its result, an operator's hold, release or deletion with
-// the change (queue.Options.OnOperator). So an event exists iff its change was stored,
+// the change (as the delivery engine's outcome of it, through
+// queue.Operate; queue.Options.OnOperator when the queue acts without an
+// engine). So an event exists iff its change was stored,
 // and a crash loses neither. Each sink's reader (one goroutine per webhook,
 // one for the file; never one per message) takes its oldest records,
 // passes them on, and only then removes them: at-least-once. A record
@@ -208,7 +210,8 @@ func (e *Events) Accept(id queue.ID, m *queue.NewMessage, head []byte) []queue.E
 	return out
 }
 
-// Operator is queue.Options.OnOperator: the event of the operator's
+// Operator is queue.Options.OnOperator, and what the delivery engine
+// stores with the outcome of an operator's action: the event of the operator's
 // action on recipient r of message m (queue.ReasonHeld, ReasonReleased or
 // ReasonDeleted), with its explanation. A bounce by the operator is an
 // outcome (Outcome: bounced, reason "operator").
