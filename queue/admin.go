@@ -284,15 +284,20 @@ func (w *wtx) operate(action string, r Recipient, now time.Time, decide Decide) 
 // domainOf (the canonical form the caller compares domains in; a record
 // stored by an older version may have another spelling). Its attempts,
 // greylisting counts and history stay. Active recipients are left to the
-// attempt in flight. A held recipient is released (reason
-// ReasonReleased, with its event).
-func (q *Queue) Requeue(sel Selector, now time.Time, domainOf func(addr string) string) (int, error) {
+// attempt in flight. A held recipient is first released, as Operate
+// releases it with decide (nil: the queue's own result and events).
+func (q *Queue) Requeue(sel Selector, now time.Time, domainOf func(addr string) string, decide Decide) (int, error) {
 	return q.modify("requeue", sel, func(w *wtx, r Recipient) (bool, error) {
-		if r.Status != Queued && r.Status != Deferred && r.Status != Held {
+		if r.Status == Held {
+			if err := w.operate(ReasonReleased, r, now, decide); err != nil {
+				return false, err
+			}
+			r, _ = w.getRcpt(r.Key)
+		}
+		if r.Status != Queued && r.Status != Deferred {
 			return false, nil
 		}
 		before := r
-		held := r.Status == Held
 		r.Status, r.NextAttempt = Deferred, now
 		if r.Attempts == 0 {
 			r.Status = Queued
@@ -301,16 +306,7 @@ func (q *Queue) Requeue(sel Selector, now time.Time, domainOf func(addr string) 
 		if d := domainOf(r.Addr); d != "" {
 			r.Domain = d
 		}
-		if held {
-			r.Reason = ReasonReleased
-		}
-		if err := w.putRcpt(&before, &r); err != nil {
-			return false, err
-		}
-		if held {
-			return true, w.operated(ReasonReleased, &r)
-		}
-		return true, nil
+		return true, w.putRcpt(&before, &r)
 	}, nil)
 }
 

@@ -105,7 +105,7 @@ func TestRequeue(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := t0.Add(3 * time.Hour)
-	dry, err := q.Requeue(Selector{ID: a, DryRun: true}, now, strings.ToLower)
+	dry, err := q.Requeue(Selector{ID: a, DryRun: true}, now, strings.ToLower, nil)
 	if err != nil || dry != 3 {
 		t.Fatalf("dry-run Requeue = %d, %v", dry, err)
 	}
@@ -113,7 +113,7 @@ func TestRequeue(t *testing.T) {
 		t.Fatalf("a dry run forgot the route: %+v", r)
 	}
 	domainOf := func(addr string) string { return strings.ToLower(addr[strings.LastIndexByte(addr, '@')+1:]) }
-	if n, err := q.Requeue(Selector{ID: a}, now, domainOf); err != nil || n != 3 {
+	if n, err := q.Requeue(Selector{ID: a}, now, domainOf, nil); err != nil || n != 3 {
 		t.Fatalf("Requeue = %d, %v", n, err)
 	}
 	r := rcptOf(t, q, Key{a, 0})

@@ -273,7 +273,7 @@ func (s *Server) act(w http.ResponseWriter, r *http.Request, action string, sel 
 		if eng != nil && !sel.DryRun {
 			n, err = eng.Requeue(sel, now)
 		} else {
-			n, err = s.opt.Queue.Requeue(sel, now, RecipientDomain)
+			n, err = s.opt.Queue.Requeue(sel, now, RecipientDomain, nil)
 		}
 	case "bounce":
 		switch {

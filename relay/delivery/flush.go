@@ -101,7 +101,9 @@ func (e *Engine) Requeue(sel queue.Selector, now time.Time) (int, error) {
 	if err := e.flush(sel, now); err != nil {
 		return 0, fmt.Errorf("delivery: requeue: %w", err)
 	}
-	n, err := e.q.Requeue(sel, now, recipientDomain)
+	decide, report := e.decider(now) // a held recipient is released: an outcome
+	n, err := e.q.Requeue(sel, now, recipientDomain, decide)
+	report(sel, err)
 	if err != nil {
 		return n, fmt.Errorf("delivery: requeue: %w", err)
 	}

@@ -53,15 +53,26 @@ type operatorReport struct {
 // and is ignored for a deleted one (queue.Apply). It returns how many
 // recipients the action changed.
 func (e *Engine) Operate(action string, sel queue.Selector, now time.Time) (int, error) {
-	kind, ok := operatorKinds[action]
-	if !ok {
+	if _, ok := operatorKinds[action]; !ok {
 		return 0, fmt.Errorf("delivery: %w: unknown operator action %q", queue.ErrInvalid, action)
 	}
+	decide, report := e.decider(now)
+	n, err := e.q.Operate(action, sel, now, decide)
+	report(sel, err)
+	return n, err
+}
+
+// decider returns the queue.Decide of the operator's actions at now, which
+// settles each as an outcome of its kind (settleOne, conclude), and
+// report, which reports the outcomes it decided (report) once the action
+// that decided them has returned err, unless nothing was stored (a
+// DryRun, a failed transaction).
+func (e *Engine) decider(now time.Time) (queue.Decide, func(sel queue.Selector, err error)) {
 	// By key: a transaction the queue runs again decides again.
 	reports := map[queue.Key]operatorReport{}
-	n, err := e.q.Operate(action, sel, now, func(_ string, m *queue.Message, r queue.Recipient, head []byte) queue.Result {
+	decide := func(action string, m *queue.Message, r queue.Recipient, head []byte) queue.Result {
 		a := attempt{msg: *m, body: head, start: now, none: true}
-		o := outcome{r: r, kind: kind, until: now}
+		o := outcome{r: r, kind: operatorKinds[action], until: now}
 		s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: now}
 		var rec queue.Destination // learns nothing: no destination answered
 		e.settleOne(s, &rec, &a, o, now)
@@ -69,26 +80,28 @@ func (e *Engine) Operate(action string, sel queue.Selector, now time.Time) (int,
 		a.body = nil                                 // valid only inside the transaction
 		reports[r.Key] = operatorReport{a: a, lines: s.lines}
 		return u.Results[0]
-	})
-	var unsettled *queue.UnsettledError
-	if sel.DryRun || (err != nil && !errors.As(err, &unsettled)) {
-		return n, err // nothing stored
 	}
-	keys := make([]queue.Key, 0, len(reports))
-	for k := range reports {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(x, y queue.Key) int {
-		if x.ID != y.ID {
-			return cmpID(x.ID, y.ID)
+	report := func(sel queue.Selector, err error) {
+		var unsettled *queue.UnsettledError
+		if sel.DryRun || (err != nil && !errors.As(err, &unsettled)) {
+			return // nothing stored
 		}
-		return x.Rcpt - y.Rcpt
-	})
-	for _, k := range keys {
-		rp := reports[k]
-		e.report(&rp.a, rp.lines, nil)
+		keys := make([]queue.Key, 0, len(reports))
+		for k := range reports {
+			keys = append(keys, k)
+		}
+		slices.SortFunc(keys, func(x, y queue.Key) int {
+			if x.ID != y.ID {
+				return cmpID(x.ID, y.ID)
+			}
+			return x.Rcpt - y.Rcpt
+		})
+		for _, k := range keys {
+			rp := reports[k]
+			e.report(&rp.a, rp.lines, nil)
+		}
 	}
-	return n, err
+	return decide, report
 }
 
 func cmpID(x, y queue.ID) int {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/internal/smtpvocab"
 	"github.com/greyrelay/greyrelay/queue"
@@ -108,4 +110,31 @@ func outcomeOf(v classifier.Verdict) queue.Status {
 		return queue.Failed
 	}
 	return queue.Deferred
+}
+
+// TestRequeueReleasesAsAnOutcome: a requeue releases a held recipient as
+// Operate does, through the same outcome: its event, log line and counter,
+// once.
+func TestRequeueReleasesAsAnOutcome(t *testing.T) {
+	t.Parallel()
+	const rcpt = "r@kind.test"
+	h, ev := eventsHarness(t, false)
+	h.enqueueMsg(queue.NewMessage{From: "alice@sender.test",
+		Body: []byte("X-Greyrelay-Tag: app-1\r\n\r\nhi\r\n")}, rcpt)
+	now := time.Now()
+	holdQuietly(t, h.q, now)
+	h.start(func(o *Options) { o.Events = ev })
+	if n, err := h.eng.Requeue(queue.Selector{Domain: "kind.test"}, now); n != 1 || err != nil {
+		t.Fatalf("Requeue = %d, %v", n, err)
+	}
+	kinds := outboxKinds(t, h.q) // the attempt that follows may add its own
+	if n := len(slices.DeleteFunc(kinds, func(k string) bool { return k != rcpt+" released" })); n != 1 {
+		t.Errorf("%d released events, want 1", n)
+	}
+	if n := counter(h.m.OperatorActions, queue.ReasonReleased); n != 1 {
+		t.Errorf("operator counter released = %v, want 1", n)
+	}
+	if n := h.logs.FilterMessage("released by the operator").FilterField(zap.String("rcpt", rcpt)).Len(); n != 1 {
+		t.Errorf("%d released lines, want 1", n)
+	}
 }

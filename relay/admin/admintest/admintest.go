@@ -180,7 +180,7 @@ func (e *Engine) Requeue(sel queue.Selector, now time.Time) (int, error) {
 	return e.Q.Requeue(sel, now, func(addr string) string {
 		_, d, _ := strings.Cut(addr, "@")
 		return strings.ToLower(d)
-	})
+	}, nil)
 }
 
 // Suspend stores the suspension in the queue, as the engine does.
