@@ -190,8 +190,9 @@ type Decide func(action string, m *Message, r Recipient, head []byte) Result
 // Operate performs the operator's action on the recipients sel selects,
 // in one transaction: ReasonHeld as Hold, ReasonReleased as Release (at
 // now), ReasonDeleted as Delete. With decide, each recipient the action
-// changes gets the result decide returns, and its events instead of
-// Options.OnOperator's; without, the queue's own (operatorResult). An
+// changes gets the result decide returns, and the events it carries;
+// without, the queue's own (operatorResult), and no events: the queue
+// makes none itself (the delivery engine's decide does). An
 // action writes no attempt history: it is no attempt, and a recipient in
 // flight (Active) keeps its in-progress attempt for the attempt's own
 // outcome to end through Apply (which leaves a held recipient Held unless
@@ -237,7 +238,7 @@ func operatorResult(action string, r Recipient, now time.Time) Result {
 }
 
 // operate stores the operator's action on r (see Operate): the result
-// decide returns, or the queue's own with Options.OnOperator's events.
+// decide returns, or the queue's own.
 func (w *wtx) operate(action string, r Recipient, now time.Time, decide Decide) error {
 	res := operatorResult(action, r, now)
 	if decide != nil {
@@ -264,13 +265,7 @@ func (w *wtx) operate(action string, r Recipient, now time.Time, decide Decide) 
 			return err
 		}
 	}
-	var err error
-	if decide != nil {
-		err = w.putEvents(res.Events)
-	} else {
-		err = w.operated(action, &r) // while the message is there to describe
-	}
-	if err != nil || action != ReasonDeleted {
+	if err := w.putEvents(res.Events); err != nil || action != ReasonDeleted {
 		return err
 	}
 	return w.deleteRcpt(&r)

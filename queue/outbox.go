@@ -43,10 +43,9 @@ type OutboxRecord struct {
 
 // eventTx is what one write transaction adds to the outbox.
 type eventTx struct {
-	accept   func(id ID, m *NewMessage, head []byte) []Event
-	operator func(action string, m *Message, r *Recipient, head []byte) []Event
-	spool    string         // the spool directory, to read a spooled body's head
-	added    map[string]int // records put, by sink
+	accept func(id ID, m *NewMessage, head []byte) []Event
+	spool  string         // the spool directory, to read a spooled body's head
+	added  map[string]int // records put, by sink
 }
 
 // accepted runs Options.OnAccept for message id, inserted by this
@@ -64,20 +63,6 @@ func (w *wtx) accepted(id ID, m *NewMessage) error {
 		head = head[:headLimit]
 	}
 	return w.putEvents(w.events.accept(id, m, head))
-}
-
-// operated runs Options.OnOperator for recipient r, which the operator's
-// action changed in this transaction, and stores what it returns. A
-// message record that cannot be read gives no events: the action goes on.
-func (w *wtx) operated(action string, r *Recipient) error {
-	if w.events.operator == nil {
-		return nil
-	}
-	m, head, ok := w.messageHead(r.Key.ID)
-	if !ok {
-		return nil
-	}
-	return w.putEvents(w.events.operator(action, &m, r, head))
 }
 
 // messageHead returns message id and the start of its body (at most

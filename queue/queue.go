@@ -781,7 +781,7 @@ func (q *Queue) update(fn func(w *wtx) error) error {
 	err := q.guard(func() error {
 		return q.db.Update(func(tx *bolt.Tx) error {
 			w = &wtx{tx: tx, delta: newCounts(), newID: q.newID, history: q.opt.History}
-			w.events = eventTx{accept: q.opt.OnAccept, operator: q.opt.OnOperator, spool: q.spoolDir()}
+			w.events = eventTx{accept: q.opt.OnAccept, spool: q.spoolDir()}
 			w.setFillPercent()
 			if err := fn(w); err != nil {
 				return err

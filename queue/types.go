@@ -68,7 +68,7 @@ func (s Status) valid() bool {
 	return false
 }
 
-// The operator's actions, as OnOperator names them (classifier.Explain
+// The operator's actions, as Operate names them (classifier.Explain
 // explains them). A released recipient's reason is ReasonReleased until
 // its next attempt, so that its state explains itself; a held one keeps
 // its reason (why it was not delivered: the status Held says the rest),
@@ -175,14 +175,6 @@ type Options struct {
 	// inserted. head is the start of the body (at most 64 KiB). It must
 	// not call back into the Queue.
 	OnAccept func(id ID, m *NewMessage, head []byte) []Event
-	// OnOperator, if set, returns the outbox records that tell of the
-	// operator's action on recipient r of message m: ReasonHeld (Hold),
-	// ReasonReleased (Release) or ReasonDeleted (Delete). It is called
-	// inside the transaction that makes the change, for each recipient
-	// the action changed, so the records exist iff the change was
-	// stored. head is the start of the body (at most 64 KiB). It must not
-	// call back into the Queue.
-	OnOperator func(action string, m *Message, r *Recipient, head []byte) []Event
 	// OnEvents, if set, is called after each commit that stored outbox
 	// records, with their number by sink (from the writer's goroutine:
 	// it must not call back into the Queue, only signal).

@@ -11,9 +11,8 @@
 // acceptance of a message in the transaction that inserts it (also when
 // the queue replays its intake journal after a crash), a delivery
 // outcome with its result, an operator's hold, release or deletion with
-// the change (as the delivery engine's outcome of it, through
-// queue.Operate; queue.Options.OnOperator when the queue acts without an
-// engine). So an event exists iff its change was stored,
+// the change (the delivery engine's outcome of it, through
+// queue.Operate). So an event exists iff its change was stored,
 // and a crash loses neither. Each sink's reader (one goroutine per webhook,
 // one for the file; never one per message) takes its oldest records,
 // passes them on, and only then removes them: at-least-once. A record
@@ -180,7 +179,7 @@ func New(opt Options) *Events {
 // a spooled body's head).
 func (e *Events) QueueOptions(o queue.Options) queue.Options {
 	if e.Enabled() {
-		o.OnAccept, o.OnOperator, o.OnEvents = e.Accept, e.Operator, e.Stored
+		o.OnAccept, o.OnEvents = e.Accept, e.Stored
 	}
 	return o
 }
@@ -210,8 +209,8 @@ func (e *Events) Accept(id queue.ID, m *queue.NewMessage, head []byte) []queue.E
 	return out
 }
 
-// Operator is queue.Options.OnOperator, and what the delivery engine
-// stores with the outcome of an operator's action: the event of the operator's
+// Operator is what the delivery engine stores with the outcome of an
+// operator's action (queue.Operate): the event of the operator's
 // action on recipient r of message m (queue.ReasonHeld, ReasonReleased or
 // ReasonDeleted), with its explanation. A bounce by the operator is an
 // outcome (Outcome: bounced, reason "operator").
