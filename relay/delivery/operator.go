@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -91,10 +92,7 @@ func (e *Engine) decider(now time.Time) (queue.Decide, func(sel queue.Selector, 
 			keys = append(keys, k)
 		}
 		slices.SortFunc(keys, func(x, y queue.Key) int {
-			if x.ID != y.ID {
-				return cmpID(x.ID, y.ID)
-			}
-			return x.Rcpt - y.Rcpt
+			return cmp.Or(cmp.Compare(x.ID, y.ID), cmp.Compare(x.Rcpt, y.Rcpt))
 		})
 		for _, k := range keys {
 			rp := reports[k]
@@ -102,16 +100,6 @@ func (e *Engine) decider(now time.Time) (queue.Decide, func(sel queue.Selector, 
 		}
 	}
 	return decide, report
-}
-
-func cmpID(x, y queue.ID) int {
-	switch {
-	case x < y:
-		return -1
-	case x > y:
-		return 1
-	}
-	return 0
 }
 
 // operated records the operator's action on o.r (o.kind): a hold keeps
