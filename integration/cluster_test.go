@@ -137,12 +137,18 @@ func TestClusterSharesGreylistDelay(t *testing.T) {
 	id1 := a.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b1@dest.test"}, Data: message("a@src.test", "b1@dest.test", "learn")})
 	final.WaitFor(t, 1, 40*time.Second)
 	a.waitAttempts(id1, "delivered", 5*time.Second)
-	d, ok := a.destination("dest.test")
-	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
-	low := time.Duration(d.GreylistLowSeconds * float64(time.Second))
-	if !ok || learned < grey.Delay || low <= 3*time.Second {
-		t.Fatalf("node A learned the window %v..%v (known %v), want one around postgrey's %v above the 3s retries", low, learned, ok, grey.Delay)
-	}
+	// The attempt's log line comes before the queue's writer commits the
+	// destination record the API reads: wait for the record, not a sleep.
+	var learned, low time.Duration
+	relaytest.Eventually(t, 10*time.Second, "node A's learned greylisting window", func() error {
+		d, ok := a.destination("dest.test")
+		learned = time.Duration(d.LearnedDelaySeconds * float64(time.Second))
+		low = time.Duration(d.GreylistLowSeconds * float64(time.Second))
+		if !ok || learned < grey.Delay || low <= 3*time.Second {
+			return fmt.Errorf("node A learned the window %v..%v (known %v), want one around postgrey's %v above the 3s retries", low, learned, ok, grey.Delay)
+		}
+		return nil
+	})
 
 	id2 := b.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b2@dest.test"}, Data: message("a@src.test", "b2@dest.test", "adopt")})
 	final.WaitFor(t, 2, learned*2+20*time.Second)
