@@ -151,7 +151,7 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 	switch in.Kind {
 	case Greylisted:
 		tries := max(in.GreylistTries, 1)
-		if d, ok := p.greylistedWindow(in, tries, rnd); ok {
+		if d, ok := p.greylistedWindow(in, tries); ok {
 			return min(d, p.HintMax)
 		}
 		return p.greylisted(attempt, tries, in.Elapsed, rnd)
@@ -162,17 +162,19 @@ func (p Policy) Next(in Input, rnd float64) time.Duration {
 	}
 }
 
-// QuickEnd is where the quick track ends: its last retry lands this long
-// after the episode's first greylisting reply, which clears postgrey's
-// default --delay=300 by 4 s (its clock counts whole seconds), so that the
-// first message through it is no slower than Postfix's first retry,
-// 300 s after a deferral by default.
-const QuickEnd = 5*time.Minute + 4*time.Second
+// QuickEnd is where the quick track ends: its last retry lands exactly
+// this long after the episode's first greylisting reply, with no jitter,
+// so that it passes postgrey's default --delay=300 (a retry at least 300 s
+// after the triplet was first seen; the reply came after that, so the
+// retry does too) at the moment Postfix's first retry would, 300 s after
+// its deferral by default: the first message through the most common
+// greylisting setting is no slower than with Postfix.
+const QuickEnd = 5 * time.Minute
 
 // quickRatio is how the quick track's retries after the second grow: each
 // lands at quickRatio times the time since the first greylisting reply.
 // With the default first and second retries (30 s and 33 s later) they
-// land at 30 s, 63 s, 2m12s, 4m38s and QuickEnd (5m4s): a delay of 25 s, 60 s or
+// land at 30 s, 63 s, 2m12s, 4m38s and QuickEnd (5m): a delay of 25 s, 60 s or
 // 300 s (the common settings of postgrey and its kin) is cleared by a
 // retry at most 5% past it plus a few seconds, so that what the first
 // pass teaches (backoff.Window) is a narrow window already.
@@ -188,7 +190,12 @@ func (p Policy) greylisted(attempt, tries int, elapsed time.Duration, rnd float6
 	case tries == 2:
 		return quickUp(p.GreylistSecond, rnd)
 	case elapsed > 0 && elapsed < QuickEnd:
-		at := min(toDuration(float64(elapsed)*quickRatio), QuickEnd)
+		at := toDuration(float64(elapsed) * quickRatio)
+		if at >= QuickEnd {
+			// The last step aims at a point, not a gap: jitter would
+			// only make the first message later than Postfix's.
+			return max(QuickEnd-elapsed, minProbe)
+		}
 		return quickUp(max(at-elapsed, minProbe), rnd)
 	}
 	// Still greylisted after the quick track: general schedule, but never

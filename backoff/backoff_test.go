@@ -57,20 +57,26 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"greylist third ladder", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3, Elapsed: 63 * sec}, 0, 69300 * ms},
 		{"greylist fourth ladder", Input{Kind: Greylisted, Attempt: 4, GreylistTries: 4, Elapsed: 132300 * ms}, 0, 145530 * ms},
 		{"greylist ladder ends at QuickEnd", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 277830 * ms}, 0, QuickEnd - 277830*ms},
+		{"greylist ladder's end is not jittered", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 280 * sec}, 0.999, 20 * sec},
+		{"greylist QuickEnd is postgrey's default", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 277830 * ms}, 0.5, 300*sec - 277830*ms},
 		{"greylist third general", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0.5, 20 * minute},
 		{"greylist past QuickEnd general", Input{Kind: Greylisted, Attempt: 6, GreylistTries: 6, Elapsed: QuickEnd}, 0, 54 * minute},
 		{"greylist third low", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0, 18 * minute},
 		{"greylist tries ahead of attempt", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 5}, 0.5, time.Hour},
 		{"generic after greylisting continues", Input{Kind: Generic, Attempt: 3}, 0.5, 20 * minute},
 
-		// Learned window: just past High (+2% +1s, up to +2% jitter), never
-		// floored at HintMin; a probe as chosen; a refused probe just past High.
-		{"window 25s", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0, 26500 * ms},
-		{"window 25s high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0.5, 26750 * ms},
-		{"window 5m", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 5 * minute}}, 0, 5*minute + 7*sec},
+		// Learned window: at High itself (no margin, no jitter), never
+		// floored at HintMin; a probe as chosen; a refused probe at High;
+		// a refusal at High by a second's edge a second later.
+		{"window 25s", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0, 25 * sec},
+		{"window 25s high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 24 * sec, High: 25 * sec}}, 0.999, 25 * sec},
+		{"window 5m", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 5 * minute}}, 0, 5 * minute},
+		{"window refused at High: a second later", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 20 * sec, High: 25 * sec}, Elapsed: 25200 * ms}, 0.9, 1 * sec},
+		{"window refused again at an edge's High: the delay grew", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3, Window: Window{Low: 25200 * ms, High: 26200 * ms}, Elapsed: 26300 * ms}, 0.9, 26300 * ms},
+		{"window refused at High, late: still a second", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 240 * sec, High: 300 * sec}, Elapsed: 300500 * ms}, 0.9, 1 * sec},
 		{"window 10h capped", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{High: 10 * time.Hour}}, 0, 4 * time.Hour},
 		{"window probe", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 10 * sec, High: 30 * sec}, Probe: 20 * sec}, 0.9, 20 * sec},
-		{"window probe refused", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 10 * sec, High: 30 * sec}, Elapsed: 20 * sec}, 0.9, 11600 * ms},
+		{"window probe refused", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 10 * sec, High: 30 * sec}, Elapsed: 20 * sec}, 0.9, 10 * sec},
 		{"window no high yet", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1, Window: Window{Low: 26 * sec}}, 0.9, 52 * sec},
 		{"window grew: doubling", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{Low: 24 * sec, High: 25 * sec}, Elapsed: 26 * sec}, 0.9, 26 * sec},
 		{"window grew: doubling past second", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 2, Window: Window{High: 25 * sec}, Elapsed: 11 * minute}, 0, 11 * minute},

@@ -13,16 +13,28 @@ import (
 // so the window narrows only by retries placed inside it (probes), and a
 // first pass does not teach more than "at most this long".
 //
-// First retries of later episodes land just past High (High plus 2% plus
-// one second): the receiver's clock and rounding may differ a little from
-// ours, and the 2% keeps the margin in proportion for long delays. While the
-// window is wider than the goal needs (Narrow), that placement can
-// overshoot the true delay by up to its width, so the first retries of the
-// next few episodes probe inside it: if a probe passes, High comes down to
-// it; if it is refused, Low goes up, and the recipient's next retry still
-// lands just past High, so a probe costs one refused attempt, never time.
-// Probes split the window in halves of the goal's own measure (the ratio
-// of High+c to Low+c, see goalPivot), so that each answer, pass or
+// First retries of later episodes land at High itself, with no margin
+// and no jitter: High was measured the same way a later retry is placed
+// (from the episode's first greylisting reply to the retry), so a retry
+// that long after passed before and passes again; a margin above it would
+// only make every later message slower than the one that taught it.
+// Margins belong to bounds derived from refusals, and there are none:
+// a probe is placed inside the window and never decides the pass. The
+// one doubt about High is a greylister's clock resolution: postgrey counts
+// whole seconds, so a retry up to a second short of its delay may pass
+// when the two replies fall on either side of a second's edge. A retry
+// at High refused within Resolution past it is that case, not a longer
+// delay: the window becomes that retry up to it plus Resolution, which
+// always passes, and the recipient retries there (one attempt and at most
+// a second, once: a refusal at the High so set means the delay grew).
+//
+// While the window is wider than the goal needs (Narrow), a retry at High
+// can overshoot the true delay by up to its width, so the first retries of
+// the next few episodes probe inside it: if a probe passes, High comes
+// down to it; if it is refused, Low goes up, and the recipient's next
+// retry still lands at High, so a probe costs one refused attempt, never
+// time. Probes split the window in halves of the goal's own measure (the
+// ratio of High+c to Low+c, see goalPivot), so that each answer, pass or
 // refusal, halves what is left to narrow: four probes narrow the window of
 // a factor of two that the quick retries of a first episode leave. A window
 // without a lower bound (the first retry passed straight away) is first
@@ -70,25 +82,24 @@ const CheckAfter = time.Hour
 // minProbe is the shortest wait worth probing: greylisters count in seconds.
 const minProbe = time.Second
 
-// goalPivot is c in the goal's measure: the latest first retry past High
-// (Latest) is within 10% + 1.5 s of Low (2 s less the time an attempt
-// takes) exactly when (High+c)/(Low+c) is at most goalRatio.
+// Resolution is a greylister's clock resolution: postgrey and its kin
+// count whole seconds, so a pass at some wait promises a pass at any wait
+// from a second later on, and a refusal less than this past a wait that
+// passed says nothing about a longer delay (Window.Refused).
+const Resolution = time.Second
+
+// goalPivot is c in the goal's measure: a retry at High is within 10% +
+// 1.5 s of Low (2 s less the time an attempt takes) exactly when
+// (High+c)/(Low+c) is at most goalRatio.
 const (
-	goalPivot = 8333 * time.Millisecond
-	goalRatio = 1.1 / 1.04
+	goalPivot = 15 * time.Second
+	goalRatio = 1.1
 )
 
 // Known reports whether anything was learned.
 func (w Window) Known() bool { return w.Low > 0 || w.High > 0 }
 
-// Margin is how far past High a first retry lands: 2% plus one second.
-func Margin(high time.Duration) time.Duration { return high/50 + time.Second }
-
-// Latest is the latest first retry placed past high: its margin and up to
-// 2% of jitter, which spreads the retries of many recipients.
-func Latest(high time.Duration) time.Duration { return high + Margin(high) + high/50 }
-
-// Narrow reports whether a retry past High is as good as the goal needs:
+// Narrow reports whether a retry at High is as good as the goal needs:
 // within 10% plus 2 s of any delay the window allows (less half a second
 // for the attempt itself), or a window of one second (a greylister's
 // resolution).
@@ -96,7 +107,7 @@ func (w Window) Narrow() bool {
 	if w.High <= 0 || w.Low <= 0 {
 		return false
 	}
-	return Latest(w.High) <= w.Low+w.Low/10+1500*time.Millisecond || w.High-w.Low <= time.Second
+	return w.High <= w.Low+w.Low/10+1500*time.Millisecond || w.High-w.Low <= Resolution
 }
 
 // Probe decides whether the first retry of an episode starting at now
@@ -129,15 +140,16 @@ func (w Window) Probe(now time.Time) (time.Duration, Window) {
 	if at < minProbe || at >= w.High {
 		return 0, w
 	}
-	w.ProbeUntil = now.Add(w.High + Margin(w.High))
+	w.ProbeUntil = now.Add(w.High + Resolution)
 	w.Probes++
 	return at, w
 }
 
 // narrowBelow is the shortest lower bound that makes a window up to high
-// narrow.
+// narrow, rounded up to a millisecond so that rounding never leaves it
+// just short.
 func narrowBelow(high time.Duration) time.Duration {
-	return toDuration(float64(high+goalPivot)/goalRatio) - goalPivot
+	return toDuration(math.Ceil(float64(high+goalPivot)/goalRatio/float64(time.Millisecond))*float64(time.Millisecond)) - goalPivot
 }
 
 // split is the probe inside (low, high): the middle in the goal's measure
@@ -154,6 +166,12 @@ func (w Window) Refused(elapsed time.Duration) Window {
 	if elapsed <= 0 {
 		return w
 	}
+	if w.edge(elapsed) {
+		// Refused at High itself: High passed by a second's edge
+		// (Resolution). A second later always passes.
+		w.Low, w.High = elapsed, elapsed+Resolution
+		return w
+	}
 	w.Low = max(w.Low, elapsed)
 	if w.High > 0 && elapsed < w.High {
 		w.ProbeUntil = time.Time{} // the probe is decided: the next may start
@@ -164,6 +182,14 @@ func (w Window) Refused(elapsed time.Duration) Window {
 		w.High, w.Probes, w.Checked = 0, 0, time.Time{}
 	}
 	return w
+}
+
+// edge reports whether a refusal elapsed after the episode's first
+// greylisting is one at High by a second's edge: at High, less than
+// Resolution past it, and not already at the High an edge set (a window
+// exactly Resolution wide: a second refusal there means the delay grew).
+func (w Window) edge(elapsed time.Duration) bool {
+	return w.High > 0 && elapsed >= w.High && elapsed < w.High+Resolution && w.High-w.Low != Resolution
 }
 
 // Passed returns the window after a retry elapsed after the episode's
@@ -188,7 +214,7 @@ func (w Window) Passed(elapsed time.Duration) Window {
 // greylistedWindow places a greylisted recipient's next retry from what the
 // destination's window (as it was before this refusal) says; ok is false
 // when the window has nothing to say and the quick track applies.
-func (p Policy) greylistedWindow(in Input, tries int, rnd float64) (time.Duration, bool) {
+func (p Policy) greylistedWindow(in Input, tries int) (time.Duration, bool) {
 	w := in.Window
 	if !w.Known() {
 		return 0, false
@@ -198,13 +224,18 @@ func (p Policy) greylistedWindow(in Input, tries int, rnd float64) (time.Duratio
 		case in.Probe > 0:
 			return in.Probe, true
 		case w.High > 0:
-			return w.High + Margin(w.High) + toDuration(float64(w.High)*rnd/50), true
+			return w.High, true // where a retry passed: see Window
 		}
 		return min(2*w.Low, p.HintMax), true // refused at Low lately, nothing passed since
 	}
 	if w.High > 0 && in.Elapsed < w.High {
-		// A probe, or a retry that came early: the next one just past High.
-		return max(w.High+Margin(w.High)-in.Elapsed, minProbe), true
+		// A probe, or a retry that came early: the next one at High.
+		return max(w.High-in.Elapsed, minProbe), true
+	}
+	if w.edge(in.Elapsed) {
+		// Refused at High by a second's edge (Window.Refused): a
+		// second later passes.
+		return max(w.High+Resolution-in.Elapsed, minProbe), true
 	}
 	if w.High > 0 && in.Elapsed > 0 {
 		// Refused past what used to pass: the delay grew. Double the wait

@@ -1,6 +1,7 @@
 package backoff
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -62,6 +63,35 @@ func TestWindowSplitHalvesTheGoalMeasure(t *testing.T) {
 		}
 		if w := (Window{Low: narrowBelow(high), High: high}); !w.Narrow() {
 			t.Errorf("a refusal at narrowBelow(%v) = %v leaves %v..%v, not narrow", high, narrowBelow(high), w.Low, w.High)
+		}
+	}
+}
+
+// TestWindowRefused checks what a refusal teaches: inside the window it
+// raises Low; at High, within a greylister's clock resolution, it moves
+// High a second past it (the pass at High came by a second's edge) and
+// keeps what was learned; further past High the delay grew, and the
+// window starts again from the refusal.
+func TestWindowRefused(t *testing.T) {
+	const s, ms = time.Second, time.Millisecond
+	w := Window{Low: 20 * s, High: 25 * s, Probes: 3}
+	for _, c := range []struct {
+		name    string
+		elapsed time.Duration
+		want    Window
+	}{
+		{"a probe inside", 22 * s, Window{Low: 22 * s, High: 25 * s, Probes: 3}},
+		{"at High, a second's edge", 25300 * ms, Window{Low: 25300 * ms, High: 26300 * ms, Probes: 3}},
+		{"at High, a second's edge, again: the delay grew", 26300 * ms, Window{Low: 26300 * ms}},
+		{"past High: the delay grew", 26500 * ms, Window{Low: 26500 * ms}},
+		{"nothing measured", 0, w},
+	} {
+		from := w
+		if strings.HasSuffix(c.name, "again: the delay grew") {
+			from = w.Refused(25300 * ms)
+		}
+		if got := from.Refused(c.elapsed); got != c.want {
+			t.Errorf("%s: Refused(%v) = %+v, want %+v", c.name, c.elapsed, got, c.want)
 		}
 	}
 }

@@ -120,8 +120,8 @@ func TestGreylistLearnsDelay(t *testing.T) {
 	if gap := atts[1].time("time").Sub(atts[0].time("time")); gap < low {
 		t.Errorf("second message retried %v after the greylisting, before the learned lower bound %v", gap, low)
 	}
-	if gap := atts[len(atts)-1].time("time").Sub(atts[0].time("time")); gap > learned+backoff.Margin(learned)+2*time.Second {
-		t.Errorf("second message passed %v after the greylisting, want by the learned upper bound %v plus its margin", gap, learned)
+	if gap := atts[len(atts)-1].time("time").Sub(atts[0].time("time")); gap > learned+backoff.Resolution+2*time.Second {
+		t.Errorf("second message passed %v after the greylisting, want by the learned upper bound %v (a second more if it passed by a second's edge)", gap, learned)
 	}
 	d2, _ := r.destination("dest.test")
 	if d2.LearnedDelaySeconds > d.LearnedDelaySeconds || d2.GreylistLowSeconds < d.GreylistLowSeconds {
@@ -136,8 +136,10 @@ func TestGreylistLearnsDelay(t *testing.T) {
 // with its defaults (its first retry comes 300 s after the deferral);
 // from message 4 on, each passes within 10% + 2 s of the delay after its
 // 250; from message 6 on, in exactly 2 attempts from the pinned source
-// address; no later message is slower than message 1 by more than a
-// retry's margin past a learned bound (4% + 1 s); and the learned window
+// address; no later message is slower than message 1 (a later message's
+// decisive retry lands where message 1's passed; up to noise of 0.5 s
+// allowed: the times are real, taken from the attempt log, through a real
+// Postfix and postgrey on a loaded machine); and the learned window
 // ends narrow enough to promise the goal for any delay it allows
 // (backoff.Window.Narrow). Seven messages each, both delays at once: the
 // longest real-time greylisting test (about 7.5 minutes), kept to one run
@@ -162,6 +164,7 @@ func learnTrueDelay(t *testing.T, delay time.Duration, messages int) {
 	n.postfix("dest.test", peers.PostfixConfig{DeliverTo: final.Addr, Postgrey: grey})
 	r := n.relay("retry={}") // the defaults of configs/default.yaml
 	goal := grey.Delay + grey.Delay/10 + 2*time.Second
+	const noise = 500 * time.Millisecond // measurement only: real clocks, real processes
 	var first time.Duration
 
 	for k := 1; k <= messages; k++ {
@@ -186,7 +189,7 @@ func learnTrueDelay(t *testing.T, delay time.Duration, messages int) {
 				t.Errorf("message 1 passed %v after its 250, slower than Postfix's defaults (300 s)", took)
 			}
 			continue
-		case took > first+first/25+time.Second:
+		case took > first+noise:
 			t.Errorf("message %d passed %v after its 250, slower than message 1 (%v)", k, took, first)
 		}
 		if k >= 4 && took > goal {

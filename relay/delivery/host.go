@@ -143,12 +143,28 @@ func (e *Engine) greylistWaitAt(s *settlement, rec *queue.Destination, addr stri
 }
 
 // learnPassAt records a greylisting pass at addr in the domain's record
-// and the host's.
+// and the host's. passed runs to now, the settlement; what is learned runs
+// to the attempt's start instead (s.started), the way a later retry is
+// placed (its wait runs from its greylisting reply to its start): measured
+// to the settlement, the learned bound would include the passing
+// transaction itself, and a later message placed at it would come that
+// much later than the one that taught it.
 func (e *Engine) learnPassAt(s *settlement, rec *queue.Destination, addr string, passed time.Duration, now time.Time) {
+	passed = toStart(passed, s.started, now)
 	learnGreylistPass(rec, passed)
 	if h := e.hostFor(s, addr, now); h != nil {
 		learnGreylistPass(&h.rec, passed)
 	}
+}
+
+// toStart returns a wait that ran until now, less the time since the
+// attempt started at started (unchanged if started is unknown or not
+// within the wait).
+func toStart(wait time.Duration, started, now time.Time) time.Duration {
+	if started.IsZero() || !started.Before(now) || now.Sub(started) >= wait {
+		return wait
+	}
+	return wait - now.Sub(started)
 }
 
 // observeGreylisted records a greylisting reply (the tries-th of its

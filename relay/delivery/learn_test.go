@@ -190,6 +190,28 @@ func TestLearnGreylistPass(t *testing.T) {
 	}
 }
 
+// TestToStart: a greylisting pass is learned up to the passing attempt's
+// start, the way a later retry's wait is placed, not up to its settlement
+// (which would add the passing transaction to every later message).
+func TestToStart(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name    string
+		wait    time.Duration
+		started time.Time
+		want    time.Duration
+	}{
+		{"a transaction of 2 s", 302 * time.Second, now.Add(-2 * time.Second), 300 * time.Second},
+		{"start unknown", 302 * time.Second, time.Time{}, 302 * time.Second},
+		{"start after now", 302 * time.Second, now.Add(time.Second), 302 * time.Second},
+		{"start before the wait began", 30 * time.Second, now.Add(-time.Minute), 30 * time.Second},
+	} {
+		if got := toStart(c.wait, c.started, now); got != c.want {
+			t.Errorf("%s: toStart(%v) = %v, want %v", c.name, c.wait, got, c.want)
+		}
+	}
+}
+
 // defaultPolicy is the retry policy of configs/default.yaml.
 func defaultPolicy(t *testing.T) backoff.Policy {
 	t.Helper()
