@@ -11,25 +11,30 @@
 //     kind. It is clamped to [HintMin, HintMax] and jittered upwards only,
 //     so we never come back earlier than the server asked.
 //   - Greylisting with a learned delay (Window, window.go): the first retry
-//     lands just past the destination's learned upper bound (+2% +1s, +2%
-//     jitter), or probes inside its window; a probe refused retries just
-//     past the bound. Neither is clamped by HintMin: hint_min guards against
-//     servers asking for silly waits, not against what we measured.
+//     lands at the destination's learned upper bound itself (a retry that
+//     long after passed), or probes inside its window; a probe refused
+//     retries at the bound. Neither is clamped by HintMin: hint_min
+//     guards against servers asking for silly waits, not against what we
+//     measured.
 //   - Greylisting at a destination with nothing learned gets the quick
 //     track: the first retry GreylistFirst (30s) after the greylisting,
 //     the second GreylistSecond (33s) after that, then each at 2.1 times
-//     the time since the first greylisting reply, up to QuickEnd (5m4s,
-//     past postgrey's default --delay=300): 30s, 63s, 2m12s, 4m38s, 5m4s.
-//     Early retries cost attempts, not time: the first message through a
-//     25s, 60s or 300s greylister passes at most 5% past its delay plus a
-//     few seconds, and what it teaches is a window narrow enough (the last
-//     refused and the passing retry) that a few probes finish it. Jitter
-//     is upward only, up to 2%. From the end of the quick track on, the
-//     general schedule applies, floored at the greylist delays. A
-//     greylister that restarts its timer at every early retry is only
-//     passed by a gap between two retries as long as its delay: the
-//     quick track's gaps (30s, 33s, 69s, 2m26s) clear up to 2m26s; longer
-//     ones wait for the general schedule.
+//     the time since the first greylisting reply, up to QuickEnd (exactly
+//     5m, postgrey's default --delay=300 and Postfix's first retry):
+//     30s, 63s, 2m12s, 4m38s, 5m. Early retries cost attempts, not time:
+//     the first message through a 25s, 60s or 300s greylister passes at
+//     most 5% past its delay plus a few seconds (at 300s, exactly when
+//     Postfix's first retry would), and what it teaches is a window narrow
+//     enough (the last refused and the passing retry) that a few probes
+//     finish it. Jitter is upward only, up to 2%, and none on the last
+//     step. From QuickEnd on, each retry doubles the time since the first
+//     greylisting reply, as Postfix's backoff doubles a message's time in
+//     its queue (each wait at most Max): 10m, 20m, 40m, then hourly, so
+//     that a longer delay is passed no later than Postfix's defaults pass
+//     it. A greylister that restarts its timer at every early retry is
+//     only passed by a gap between two retries as long as its delay: the
+//     gaps (30s, 33s, 69s, 2m26s, 22s, 5m, 10m, ...) clear any delay,
+//     one up to 5m by the 5m gap.
 //   - Everything else follows the general schedule Initial·Factor^n with
 //     n = Attempt-1, capped at Max, then jittered by ±Jitter. With the
 //     defaults: 5m, 10m, 20m, 40m, 1h, 1h, ... Greylisting tries count as
@@ -52,7 +57,7 @@
 // the SMTP client can determine the reason for non-delivery". We can: the
 // classifier tells greylisting and rate limiting apart from other 4xx
 // replies, so the greylist track retries within the first five minutes
-// (30s, 63s, 2m12s, 4m38s and 5m4s after the greylisting), and the
+// (30s, 63s, 2m12s, 4m38s and 5m after the greylisting), and the
 // generic track starts at 5m. That is in line with Postfix, whose first retry comes
 // 5-10 minutes after a deferral whatever its reason (minimal_backoff_time and
 // queue_run_delay are both 300s), while our give-up follows the RFC's "at
@@ -182,7 +187,8 @@ const quickRatio = 2.1
 
 // greylisted handles Kind == Greylisted without a server hint: the quick
 // track (GreylistFirst, GreylistSecond, then retries growing by
-// quickRatio until QuickEnd), then the general schedule.
+// quickRatio until QuickEnd), then doubling the time so far; the general
+// schedule if the episode's start is unknown.
 func (p Policy) greylisted(attempt, tries int, elapsed time.Duration, rnd float64) time.Duration {
 	switch {
 	case tries == 1:
@@ -197,9 +203,12 @@ func (p Policy) greylisted(attempt, tries int, elapsed time.Duration, rnd float6
 			return max(QuickEnd-elapsed, minProbe)
 		}
 		return quickUp(max(at-elapsed, minProbe), rnd)
+	case elapsed >= QuickEnd:
+		// Past the quick track: double the time so far, as Postfix does.
+		return max(min(elapsed, p.Max), p.GreylistFirst, p.GreylistSecond)
 	}
-	// Still greylisted after the quick track: general schedule, but never
-	// sooner than the quick retries that already failed to pass.
+	// No episode start known: general schedule, but never sooner than the
+	// quick retries that already failed to pass.
 	n := max(attempt, tries) - 1
 	return max(p.spread(p.general(float64(n)), rnd), p.GreylistFirst, p.GreylistSecond)
 }

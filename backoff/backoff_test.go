@@ -46,8 +46,9 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"ratelimited 4 capped", Input{Kind: RateLimited, Attempt: 4}, 0.5, time.Hour},
 
 		// Greylist quick track: upward jitter only, up to 2%; retries at
-		// 30 s, 63 s, then 2.1 times the time so far up to QuickEnd, then
-		// the general schedule.
+		// 30 s, 63 s, then 2.1 times the time so far up to QuickEnd (no
+		// jitter on that last step), then doubling the time so far up to
+		// Max; the general schedule if the episode's start is unknown.
 		{"greylist first low", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0, 30 * sec},
 		{"greylist first mid", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.5, 30300 * ms},
 		{"greylist first high", Input{Kind: Greylisted, Attempt: 1, GreylistTries: 1}, 0.999, 30599400 * time.Microsecond},
@@ -60,7 +61,9 @@ func TestNext_ExactSchedule(t *testing.T) {
 		{"greylist ladder's end is not jittered", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 280 * sec}, 0.999, 20 * sec},
 		{"greylist QuickEnd is postgrey's default", Input{Kind: Greylisted, Attempt: 5, GreylistTries: 5, Elapsed: 277830 * ms}, 0.5, 300*sec - 277830*ms},
 		{"greylist third general", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0.5, 20 * minute},
-		{"greylist past QuickEnd general", Input{Kind: Greylisted, Attempt: 6, GreylistTries: 6, Elapsed: QuickEnd}, 0, 54 * minute},
+		{"greylist past QuickEnd doubles", Input{Kind: Greylisted, Attempt: 6, GreylistTries: 6, Elapsed: QuickEnd}, 0.9, 5 * minute},
+		{"greylist doubling again", Input{Kind: Greylisted, Attempt: 7, GreylistTries: 7, Elapsed: 10 * minute}, 0.9, 10 * minute},
+		{"greylist doubling capped", Input{Kind: Greylisted, Attempt: 9, GreylistTries: 9, Elapsed: 80 * minute}, 0.9, time.Hour},
 		{"greylist third low", Input{Kind: Greylisted, Attempt: 3, GreylistTries: 3}, 0, 18 * minute},
 		{"greylist tries ahead of attempt", Input{Kind: Greylisted, Attempt: 2, GreylistTries: 5}, 0.5, time.Hour},
 		{"generic after greylisting continues", Input{Kind: Generic, Attempt: 3}, 0.5, 20 * minute},

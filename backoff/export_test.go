@@ -10,7 +10,7 @@ func DefaultPolicy() Policy {
 		Factor:         2,
 		Max:            time.Hour,
 		Jitter:         0.1,
-		GreylistFirst:  30 * time.Second, // then 63 s, 2m12s, 4m38s, QuickEnd (5m4s)
+		GreylistFirst:  30 * time.Second, // then 63 s, 2m12s, 4m38s, QuickEnd (5m), then doubling
 		GreylistSecond: 33 * time.Second,
 		HintMin:        time.Minute,
 		HintMax:        4 * time.Hour,

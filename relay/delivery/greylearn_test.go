@@ -1,7 +1,10 @@
 package delivery
 
 import (
+	"flag"
 	"fmt"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -368,4 +371,99 @@ func TestGreylistBehaviourAcrossNodes(t *testing.T) {
 			t.Errorf("node B's first message to e2.test passed after %v (%d attempts), want the quick track (about 30 s)", m.took, m.attempts)
 		}
 	})
+}
+
+// updateDocs rewrites the trade-off table in docs/greylisting.md from
+// TestGreylistDefaultsTradeOff instead of comparing it.
+var updateDocs = flag.Bool("update-docs", false, "rewrite the greylisting trade-off table in docs/greylisting.md")
+
+// tradeOffDoc is the document holding the table, and its markers.
+const (
+	tradeOffDoc   = "../../docs/greylisting.md"
+	tradeOffBegin = "<!-- table: TestGreylistDefaultsTradeOff -->\n"
+	tradeOffEnd   = "<!-- /table -->\n"
+)
+
+// postfixDefaults is when Postfix with its defaults passes a greylister
+// of delay: its retries come minimal_backoff_time (300 s) after the first
+// attempt, then each after the message's time in the queue so far (at
+// most maximal_backoff_time, 4000 s), at best (a queue run, every 300 s,
+// comes just then). It returns the attempts and the time after the first.
+func postfixDefaults(delay time.Duration) (int, time.Duration) {
+	at, n := time.Duration(0), 1
+	for at < delay {
+		at += min(max(at, 300*time.Second), 4000*time.Second)
+		n++
+	}
+	return n, at
+}
+
+// TestGreylistDefaultsTradeOff computes, under the fake clock, what the
+// default configuration costs at greylisting delays beside the common
+// ones (25 s, 60 s, 300 s): message 1's attempts and time, the later
+// messages', and Postfix with its defaults. It holds two goals at every
+// delay (message 1 no slower than Postfix with its defaults, no later
+// message slower than message 1) and keeps the table in
+// docs/greylisting.md equal to what it computes (go test -run
+// TestGreylistDefaultsTradeOff -update-docs rewrites it).
+func TestGreylistDefaultsTradeOff(t *testing.T) {
+	const messages = 8
+	var b strings.Builder
+	b.WriteString("| greylist delay | message 1 | messages 2-8 | Postfix with its defaults, every message |\n|---|---|---|---|\n")
+	for _, s := range []int{25, 60, 120, 300, 600, 900} {
+		delay := time.Duration(s) * time.Second
+		var ms []greyMessage
+		synctest.Test(t, func(t *testing.T) {
+			g := &postgreyFake{delay: delay, first: map[string]time.Time{}}
+			ms = greyRun(t, g, map[string]string{"dest.test": "127.0.0.25:25"}, nil, "dest.test", messages)
+		})
+		pn, pt := postfixDefaults(delay)
+		if postfix := ms[0].tried + pt; ms[0].took > postfix {
+			t.Errorf("delay %v: message 1 took %v, slower than Postfix with its defaults (%v)", delay, ms[0].took, postfix)
+		}
+		minA, maxA, minT, maxT := ms[1].attempts, ms[1].attempts, ms[1].took, ms[1].took
+		for i, m := range ms[1:] {
+			minA, maxA, minT, maxT = min(minA, m.attempts), max(maxA, m.attempts), min(minT, m.took), max(maxT, m.took)
+			if m.took > ms[0].took {
+				t.Errorf("delay %v: message %d took %v, slower than message 1 (%v)", delay, i+2, m.took, ms[0].took)
+			}
+		}
+		fmt.Fprintf(&b, "| %d s | %d attempts, %s | %s attempts, %s | %d attempts, %d s |\n",
+			s, ms[0].attempts, secs(ms[0].took), span(minA, maxA), spanSecs(minT, maxT), pn, int(pt/time.Second))
+	}
+	doc, err := os.ReadFile(tradeOffDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, rest, ok1 := strings.Cut(string(doc), tradeOffBegin)
+	_, after, ok2 := strings.Cut(rest, tradeOffEnd)
+	if !ok1 || !ok2 {
+		t.Fatalf("%s: no %q ... %q markers", tradeOffDoc, tradeOffBegin, tradeOffEnd)
+	}
+	table := b.String()
+	if *updateDocs {
+		if err := os.WriteFile(tradeOffDoc, []byte(before+tradeOffBegin+table+tradeOffEnd+after), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if got, _, _ := strings.Cut(rest, tradeOffEnd); got != table {
+		t.Errorf("%s's trade-off table is not what the defaults give (rerun with -update-docs):\n%s\nwant:\n%s", tradeOffDoc, got, table)
+	}
+}
+
+func secs(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
+
+func span(lo, hi int) string {
+	if lo == hi {
+		return fmt.Sprint(lo)
+	}
+	return fmt.Sprintf("%d-%d", lo, hi)
+}
+
+func spanSecs(lo, hi time.Duration) string {
+	if secs(lo) == secs(hi) {
+		return secs(lo)
+	}
+	return fmt.Sprintf("%.1f-%s", lo.Seconds(), secs(hi))
 }

@@ -16,11 +16,13 @@ import (
 // wait (from an episode's first greylisting reply) after which a retry was
 // refused again and the shortest after which one passed: the window of
 // backoff.Window, kept in the record (GreylistLow, LearnedDelay). First
-// retries of later episodes land just past its upper bound or, while it
+// retries of later episodes land at its upper bound itself or, while it
 // is wide, probe inside it; each pass and each refusal narrows it, and
-// once narrow it is checked below at most hourly. Taking the
-// pass times themselves as the delay would drift upwards: every retry lands
-// a margin after the learned delay and would teach a slightly longer one.
+// once narrow it is checked below at most hourly. A pass is measured from
+// the first greylisting reply to the passing attempt's start, the way a
+// later retry's wait is placed, so a later retry at the bound repeats the
+// pass exactly; and a pass past the bound does not raise it, so the bound
+// never drifts upwards.
 //
 // The window only shapes the retries of greylisted recipients
 // (backoff.Input.Window); it never delays other recipients: greylisting is
