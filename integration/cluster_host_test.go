@@ -1,11 +1,13 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/greyrelay/greyrelay/integration/peers"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 // TestClusterSharesGreylistPerHost: what is learned about greylisting
@@ -34,11 +36,17 @@ func TestClusterSharesGreylistPerHost(t *testing.T) {
 	id1 := a.send(peers.SwaksMessage{From: "a@src.test", To: []string{"r1@one.test"}, Data: message("a@src.test", "r1@one.test", "learn")})
 	final.WaitFor(t, 1, 40*time.Second)
 	a.waitAttempts(id1, "delivered", 5*time.Second)
-	h, ok := hostRecord(a, mxIP)
-	low := time.Duration(h.GreylistLowSeconds * float64(time.Second))
-	if !ok || h.LearnedDelaySeconds < grey.Delay.Seconds() || low <= 3*time.Second {
-		t.Fatalf("node A's record of the MX host [%s]: %+v (found %v), want a window around postgrey's %v above the 3s retries", mxIP, h, ok, grey.Delay)
-	}
+	// The attempt's log line comes before the queue's writer commits the
+	// host's record the API reads: wait for the record, not a sleep.
+	var low time.Duration
+	relaytest.Eventually(t, 10*time.Second, "node A's record of the MX host", func() error {
+		h, ok := hostRecord(a, mxIP)
+		low = time.Duration(h.GreylistLowSeconds * float64(time.Second))
+		if !ok || h.LearnedDelaySeconds < grey.Delay.Seconds() || low <= 3*time.Second {
+			return fmt.Errorf("node A's record of the MX host [%s]: %+v (found %v), want a window around postgrey's %v above the 3s retries", mxIP, h, ok, grey.Delay)
+		}
+		return nil
+	})
 
 	id2 := b.send(peers.SwaksMessage{From: "a@src.test", To: []string{"r2@two.test"}, Data: message("a@src.test", "r2@two.test", "adopt")})
 	final.WaitFor(t, 2, 2*grey.Delay+30*time.Second)

@@ -99,15 +99,22 @@ func TestGreylistLearnsDelay(t *testing.T) {
 	id1 := r.send(peers.SwaksMessage{From: "a@src.test", To: []string{"b1@dest.test"}, Data: message("a@src.test", "b1@dest.test", "learn")})
 	final.WaitFor(t, 1, 30*time.Second)
 	r.waitAttempts(id1, "delivered", 5*time.Second)
-	d, ok := r.destination("dest.test")
-	if !ok {
-		t.Fatal("the destinations API knows nothing about dest.test after greylisting")
-	}
-	learned := time.Duration(d.LearnedDelaySeconds * float64(time.Second))
-	low := time.Duration(d.GreylistLowSeconds * float64(time.Second))
-	if !d.Greylists || learned < grey.Delay || low <= 0 || low >= grey.Delay {
-		t.Fatalf("destination dest.test: greylists %v, window %v..%v; want true and a window around postgrey's %v", d.Greylists, low, learned, grey.Delay)
-	}
+	// The attempt's log line comes before the queue's writer commits the
+	// destination record the API reads: wait for the record, not a sleep.
+	var d apiDestination
+	var learned, low time.Duration
+	relaytest.Eventually(t, 10*time.Second, "dest.test's learned window", func() error {
+		var ok bool
+		if d, ok = r.destination("dest.test"); !ok {
+			return fmt.Errorf("the destinations API knows nothing about dest.test after greylisting")
+		}
+		learned = time.Duration(d.LearnedDelaySeconds * float64(time.Second))
+		low = time.Duration(d.GreylistLowSeconds * float64(time.Second))
+		if !d.Greylists || learned < grey.Delay || low <= 0 || low >= grey.Delay {
+			return fmt.Errorf("destination dest.test: greylists %v, window %v..%v; want true and a window around postgrey's %v", d.Greylists, low, learned, grey.Delay)
+		}
+		return nil
+	})
 
 	t.Logf("first message: %v; learned window %v..%v", outcomes(r.attempts(id1)), low, learned)
 
