@@ -195,10 +195,13 @@ func sinkBucket(tx *bolt.Tx, sink string) *bolt.Bucket {
 }
 
 // AddEvents stores es in the outbox alone, for an event whose cause
-// changes nothing in the queue (a recipient refused at RCPT).
+// changes nothing in the queue (a recipient refused at RCPT). It goes
+// through the writer like intake's and delivery's commits, so a burst of
+// refusals shares their transactions and syncs instead of making one
+// transaction and one sync of its own per refused recipient.
 func (q *Queue) AddEvents(es []Event) error {
 	if len(es) == 0 {
 		return nil
 	}
-	return q.update(func(w *wtx) error { return w.putEvents(es) })
+	return q.submit(len(es), 0, func(w *wtx) error { return w.putEvents(es) })
 }

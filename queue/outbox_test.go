@@ -126,3 +126,38 @@ func TestOutbox_ResultEvents(t *testing.T) {
 		t.Errorf("OutboxLen(none) = %d", n)
 	}
 }
+
+// AddEvents from many sessions at once (recipients refused at RCPT)
+// stores every event once and tells OnEvents, through the writer's shared
+// transactions, beside intake's own commits.
+func TestOutbox_AddEventsConcurrent(t *testing.T) {
+	var mu sync.Mutex
+	heard := 0
+	q := openAt(t, dbPath(t), Options{OnEvents: func(added map[string]int) {
+		mu.Lock()
+		defer mu.Unlock()
+		heard += added["r"]
+	}})
+	const n = 40
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := q.AddEvents([]Event{{Sink: "r", Data: fmt.Appendf(nil, "refused %02d", i)}}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	mustEnqueue(t, q, msg("s@x.test", "a@a.test"))
+	wg.Wait()
+	got := outboxData(t, q, "r")
+	if len(got) != n || got[0] != "refused 00" || got[n-1] != fmt.Sprintf("refused %02d", n-1) {
+		t.Errorf("outbox holds %d records (%v), want the %d refusals once each", len(got), got, n)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if heard != n {
+		t.Errorf("OnEvents heard %d records, want %d", heard, n)
+	}
+}
