@@ -185,7 +185,16 @@ func FuzzBodyReader(f *testing.F) {
 		if wantDrain != nil {
 			return // the client went away inside the body: nothing follows
 		}
-		gotRest, _ := io.ReadAll(c)
+		gotRest, restErr := io.ReadAll(c)
+		if errors.Is(restErr, smtp.ErrTooLongLine) {
+			// The framer cut a command line over the limit after the body,
+			// as go-smtp's own command reader would (500): what came before
+			// the cut must still be what go-smtp leaves.
+			if !bytes.HasPrefix(wantRest, gotRest) || len(wantRest)-len(gotRest) == 0 {
+				t.Fatalf("after the body %q (cut: %v), go-smtp leaves %q", gotRest, restErr, wantRest)
+			}
+			return
+		}
 		if !bytes.Equal(gotRest, wantRest) {
 			t.Fatalf("after the body %q, go-smtp leaves %q", gotRest, wantRest)
 		}

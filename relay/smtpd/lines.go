@@ -80,8 +80,8 @@ type lineFramer struct {
 	lineLen  int  // octets of the current command line so far
 	head     []byte
 	skip     int64 // octets of a BDAT chunk still to come
-	body     bool  // in a DATA body (set by beginBody, cleared at CRLF.CRLF)
-	tail     []byte
+	body     bool  // in a DATA body (set by beginBody, cleared at its end)
+	bstate   int   // where the body's scan is in go-smtp's end-of-data state machine
 	tlsBytes int64 // under TLS: octets read for the current command
 	// ended counts the command lines completed in plaintext, and lastData
 	// says whether the last one may have been DATA: with the commands
@@ -96,7 +96,7 @@ type lineFramer struct {
 // starts at the beginning of a line, so ".\r\n" at once ends it too).
 func (f *lineFramer) beginBody() {
 	f.body = true
-	f.tail = append(f.tail[:0], '\r', '\n')
+	f.bstate = stateBeginLine
 }
 
 // commandStarted is called when go-smtp starts reading a command line.
@@ -136,27 +136,50 @@ func (f *lineFramer) scan(p []byte) bool {
 	return true
 }
 
-// scanBody looks for the CRLF.CRLF that ends the body and returns what
-// follows it (nothing while the body goes on).
+// scanBody follows the body through go-smtp's own end-of-data state
+// machine (the one bodyReader.unstuff runs) and returns what follows the
+// end (nothing while the body goes on). A literal search for CRLF.CRLF
+// would disagree with go-smtp where a bare CR comes before it: go-smtp
+// takes "\r\r\n.\r\n" as body, so the framer would measure the rest of
+// the body as a command line and cut the session off with 500.
 func (f *lineFramer) scanBody(p []byte) []byte {
-	const end = "\r\n.\r\n"
-	// The end may straddle the previous read: look at its last octets
-	// followed by the first of this one.
-	var buf [2 * (len(end) - 1)]byte // tail holds at most len(end)-1 octets
-	join := append(append(buf[:0], f.tail...), p[:min(len(p), len(end)-1)]...)
-	if i := bytes.Index(join, []byte(end)); i >= 0 {
-		f.body = false
-		return p[i+len(end)-len(f.tail):]
-	}
-	if i := bytes.Index(p, []byte(end)); i >= 0 {
-		f.body = false
-		return p[i+len(end):]
-	}
-	if len(p) >= len(end)-1 {
-		f.tail = append(f.tail[:0], p[len(p)-(len(end)-1):]...)
-	} else {
-		f.tail = append(f.tail, p...)
-		f.tail = f.tail[max(len(f.tail)-(len(end)-1), 0):]
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch f.bstate {
+		case stateData:
+			// Inside a line nothing changes before the next CR.
+			k := bytes.IndexByte(p[i:], '\r')
+			if k < 0 {
+				return nil
+			}
+			i += k
+			f.bstate = stateCR
+		case stateBeginLine:
+			switch c {
+			case '.':
+				f.bstate = stateDot
+			case '\r':
+				f.bstate = stateCR
+			default:
+				f.bstate = stateData
+			}
+		case stateDot:
+			f.bstate = stateData
+			if c == '\r' {
+				f.bstate = stateDotCR
+			}
+		case stateDotCR:
+			f.bstate = stateData
+			if c == '\n' {
+				f.body = false
+				return p[i+1:]
+			}
+		case stateCR:
+			f.bstate = stateData
+			if c == '\n' {
+				f.bstate = stateBeginLine
+			}
+		}
 	}
 	return nil
 }
