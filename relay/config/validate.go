@@ -247,6 +247,7 @@ func (v *validator) delivery(d Delivery) {
 	v.readable("delivery.tls_ca_file", d.TLSCAFile)
 	v.positive("delivery.max_connections", int64(d.MaxConnections))
 	v.positive("delivery.max_per_destination", int64(d.MaxPerDestination))
+	v.positive("delivery.initial_per_destination", int64(d.InitialPerDestination))
 	v.check(d.MaxPerDestinationLocal >= 0, "delivery.max_per_destination_local: %d, want 0 (no cap) or more", d.MaxPerDestinationLocal)
 	v.positive("delivery.max_messages_per_connection", int64(d.MaxMessagesPerConnection))
 	v.positive("delivery.max_recipients_per_transaction", int64(d.MaxRecipientsPerTransaction))

@@ -170,7 +170,8 @@ func TestConnectionCaps(t *testing.T) {
 			for n := range tt.nodes {
 				h := newHarness(t, func(c *config.Config) {
 					c.Delivery.MaxPerDestination, c.Delivery.MaxPerDestinationLocal = tt.perDest, tt.cap
-					c.Delivery.MaxMessagesPerConnection = 1 // a connection per message: the caps bind at once
+					c.Delivery.InitialPerDestination = tt.perDest // no slow start: the caps are what binds
+					c.Delivery.MaxMessagesPerConnection = 1       // a connection per message: the caps bind at once
 				})
 				h.dns.MX("busy.test", 10, "mx.busy.test").A("mx.busy.test", ip)
 				startMX(t, ip, h.port, relaytest.MXOptions{Script: relaytest.Script{Mail: dest.mail, Data: dest.data}})

@@ -263,14 +263,15 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	e.notePace(d, rec) // the pace may have changed
 }
 
-// grow widens d's ramp by n accepted messages, on the loop's goroutine;
+// grow widens d's ramp for n more accepted messages (rampFor), on the loop's goroutine;
 // the loop schedules again when d has jobs waiting for another worker.
 func (e *Engine) grow(d *dest, n int) {
-	max := e.cfg.Delivery.MaxPerDestination
-	if d.ramp < max && len(d.pending) > 0 {
+	d.accepted += n
+	was := d.ramp
+	d.ramp = rampFor(e.cfg.Delivery.InitialPerDestination, d.accepted, e.cfg.Delivery.MaxPerDestination)
+	if d.ramp > was && len(d.pending) > 0 {
 		e.rewake = true
 	}
-	d.ramp = min(d.ramp+n, max)
 }
 
 // sameDest reports whether a and b hold the same knowledge (Updated

@@ -13,6 +13,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/config"
 )
 
 // rateWindow accepts n RCPTs per window, counted from the first RCPT after
@@ -37,39 +38,34 @@ func (w *rateWindow) rcpt(_, _, _ string, now time.Time) *smtp.SMTPError {
 }
 
 // TestPacing_UsesAllowedRate sends a burst of one-recipient messages at
-// once through the engine, with the default configuration, to a
-// destination that accepts n per window, on the fake clock of
-// testing/synctest, five times each with other jitter. Every run must
-// deliver everything, and no gap between two attempts may be longer than
-// twice the window and a second (the opening's doubling gap overshoots
-// the window's turn by at most that): the pace never waits much longer
-// than the destination needs. The stall this guards against: after the
-// opening burst every attempt was accepted, yet the gaps between attempts
-// grew 0.9, 4.3, 10, 24, 56, 131 s while the learned pace said 2 s
-// (workers waiting for a start each reserved one a gap ahead), and a run
-// of accepted messages forgotten with an idle destination, or ended by a
-// transaction under way when the first refusal came, set a pace of one
-// per hour or one per 10 ms.
+// once through the engine, with the default configuration and with the
+// bench's compressed one, to a destination that accepts n per window, on
+// the fake clock of testing/synctest, paceRuns times each with other
+// jitter. Every run must deliver everything, and no gap between two
+// attempts may be longer than twice the window and a second (the
+// opening's doubling gap overshoots the window's turn by at most that):
+// the pace never waits much longer than the destination needs. The stall
+// this guards against: after the opening burst every attempt was
+// accepted, yet the gaps between attempts grew 0.9, 4.3, 10, 24, 56, 131 s
+// while the learned pace said 2 s (workers waiting for a start each
+// reserved one a gap ahead), and a run of accepted messages forgotten
+// with an idle destination, or ended by a transaction under way when the
+// first refusal came, set a pace of one per hour or one per 10 ms.
 //
 // The rate (messages over the time from the burst to the last
-// acceptance, as the bench counts) must reach 80% of the allowed rate
-// (89-97% measured), and the refusals 5% of the RCPTs, not counting the
-// transactions whose RCPT was already on its way when the first refusal
-// came (at most the destination's connections less one). Those are
-// counted and logged apart: synctest does not order goroutines that run
-// at the same instant, so their number varies from run to run (0-2
-// without -race, up to 11 with it), and nothing the client learns can
-// recall an RCPT already sent. Every other refusal is the pace's:
-// the opening's probes while its gap doubles from 2 s until the window
-// turns (1, 4 and 10 for these windows) and the rate creeping past the
-// allowance in the steady state (1-2). Measured: 3.8% (5 per 5 s), 4.5%
-// (30 per minute), 3.8% (100 per hour) in every run. Before, transactions
-// that had taken their start before the first refusal but not yet sent
-// (Begin's commit, the dial) were refused as well (now paceGate holds
-// them), the gap doubled from 1 s (one probe more), and the steady state
-// grew the rate by 0.5% per message (65% per window of 100): 4.8-8.3%,
-// 6.2-9.1%, 5.1-8.3%, and up to 12.3% under -race.
+// acceptance, as the bench counts) must reach 80% of the allowed rate,
+// and the refusals at most 5% of the RCPTs in every run, counting every
+// refusal: the RCPTs already on their way when the first refusal came
+// too (synctest does not order goroutines that run at the same instant,
+// so their number varies from run to run). Before the opening's
+// transactions waited for each other (openGate), 8 of 50 runs of the
+// per-minute window were refused 5.1-5.7%, the RCPTs under way at the
+// first refusal being 0-2 without -race and up to 11 with it.
 func TestPacing_UsesAllowedRate(t *testing.T) {
+	compressed := func(c *config.Config) { // the bench's greyrelay-compressed
+		c.Retry.GreylistFirstRetry, c.Retry.GreylistSecondRetry = 20*time.Second, 10*time.Second
+		c.Retry.HintMin, c.Retry.InitialInterval = time.Second, 10*time.Second
+	}
 	for _, c := range []struct {
 		n        int
 		window   time.Duration
@@ -79,19 +75,28 @@ func TestPacing_UsesAllowedRate(t *testing.T) {
 		{30, time.Minute, 150},
 		{100, time.Hour, 300},
 	} {
-		t.Run(fmt.Sprintf("%d per %v", c.n, c.window), func(t *testing.T) {
-			for run := range 5 {
-				t.Run(fmt.Sprint("run ", run), func(t *testing.T) {
-					synctest.Test(t, func(t *testing.T) {
-						paceRun(t, c.n, c.window, c.messages, int64(run))
+		for _, set := range []struct {
+			name string
+			mod  func(*config.Config)
+		}{{"defaults", nil}, {"compressed", compressed}} {
+			t.Run(fmt.Sprintf("%d per %v, %s", c.n, c.window, set.name), func(t *testing.T) {
+				for run := range paceRuns {
+					t.Run(fmt.Sprint("run ", run), func(t *testing.T) {
+						synctest.Test(t, func(t *testing.T) {
+							paceRun(t, c.n, c.window, c.messages, int64(run), set.mod)
+						})
 					})
-				})
-			}
-		})
+				}
+			})
+		}
 	}
 }
 
-func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64) {
+// paceRuns is how many runs with other jitter TestPacing_UsesAllowedRate
+// makes of each case: the goal holds in every run, not on average.
+const paceRuns = 20
+
+func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64, mod func(*config.Config)) {
 	lim := &rateWindow{n: n, window: window}
 	p := startPipeMX(lim.rcpt)
 	defer p.close()
@@ -101,7 +106,7 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 		mu.Lock()
 		defer mu.Unlock()
 		return rnd.Float64()
-	}, nil)
+	}, mod)
 	defer pe.stop(t)
 	start := time.Now()
 	for i := range messages {
@@ -130,16 +135,12 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 	refused := len(rs) - got
 	underWay := underWayAtFirstRefusal(rs)
 	rate := float64(got) / last.Sub(start).Seconds() / (float64(n) / window.Seconds())
-	paced := refused - underWay
-	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%; %d under way at the first refusal, %.1f%% without them), longest gap %v",
+	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%; %d under way at the first refusal), longest gap %v",
 		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)),
-		underWay, 100*float64(paced)/float64(len(rs)), longest.Round(100*time.Millisecond))
-	if got < messages || rate < 0.8 || float64(paced) > 0.05*float64(len(rs)) {
-		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused besides the %d under way; want all, at least 80%%, at most 5%% refused",
-			seed, got, messages, 100*rate, paced, len(rs), underWay)
-	}
-	if limit := 20 - 1; underWay > limit { // delivery.max_per_destination's connections, less the one refused first
-		t.Errorf("seed %d: %d RCPTs under way at the first refusal; at most %d connections could carry them", seed, underWay, limit)
+		underWay, longest.Round(100*time.Millisecond))
+	if got < messages || rate < 0.8 || float64(refused) > 0.05*float64(len(rs)) {
+		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused (%d under way at the first refusal); want all, at least 80%%, at most 5%% refused",
+			seed, got, messages, 100*rate, refused, len(rs), underWay)
 	}
 	if longest > 2*window+time.Second {
 		t.Errorf("seed %d: %v between two attempts, longer than the window (%v) needs", seed, longest, window)
@@ -261,4 +262,44 @@ func TestPaceGate(t *testing.T) {
 			t.Errorf("started after the refusal: waited %v, want none", time.Since(at))
 		}
 	})
+}
+
+// TestPacing_AcceptingSinkRamp: the opening's few connections (rampFor)
+// must not slow a destination that does not throttle by much. A burst of
+// 100 and of 1000 one-recipient messages to a destination that accepts
+// everything and takes 100 ms over each message's data, on the fake
+// clock. Measured: 100 in 6.2 s, 1000 in 12.5 s (20 connections from
+// message 143); before, with 2 connections growing by one per accepted
+// message, 100 in 0.9 s and 1000 in 5.4 s.
+func TestPacing_AcceptingSinkRamp(t *testing.T) {
+	for _, c := range []struct {
+		messages int
+		within   time.Duration
+	}{{100, 10 * time.Second}, {1000, 20 * time.Second}} {
+		t.Run(fmt.Sprint(c.messages), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := startPipeMX(nil)
+				p.dataDelay = 100 * time.Millisecond
+				defer p.close()
+				pe := startPipeEngine(t, p, map[string]string{"fast.test": "127.0.0.53:25"}, func() float64 { return 0.5 }, nil)
+				defer pe.stop(t)
+				start := time.Now()
+				for i := range c.messages {
+					pe.send(t, "a@src.test", fmt.Sprintf("t%d@fast.test", i))
+				}
+				for accepted(p.rcpts()) < c.messages && time.Since(start) < time.Hour {
+					time.Sleep(100 * time.Millisecond)
+					synctest.Wait()
+				}
+				rs := p.rcpts()
+				took := rs[len(rs)-1].at.Add(p.dataDelay).Sub(start) // the last message's data taken
+				time.Sleep(p.dataDelay)                              // its session done before the bubble ends
+				synctest.Wait()
+				t.Logf("%d messages delivered in %v", accepted(p.rcpts()), took)
+				if got := accepted(p.rcpts()); got < c.messages || took > c.within {
+					t.Errorf("%d of %d delivered in %v; want all within %v", got, c.messages, took, c.within)
+				}
+			})
+		})
+	}
 }

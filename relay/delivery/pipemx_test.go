@@ -40,6 +40,11 @@ type pipeMX struct {
 	mu   sync.Mutex
 	rcpt func(host, from, to string, now time.Time) *smtp.SMTPError
 	log  []pipeRcpt
+
+	// dataDelay is how long the server takes over a message's data (set
+	// before the first connection): a transaction's length on the fake
+	// clock, where the rest takes no time.
+	dataDelay time.Duration
 }
 
 // pipeRcpt is one RCPT the server answered.
@@ -138,9 +143,13 @@ func (s *pipeSession) Rcpt(to string, _ *smtp.RcptOptions) error {
 	return nil
 }
 
-func (s *pipeSession) Data(r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }
-func (s *pipeSession) Reset()                 {}
-func (s *pipeSession) Logout() error          { return nil }
+func (s *pipeSession) Data(r io.Reader) error {
+	_, err := io.Copy(io.Discard, r)
+	time.Sleep(s.p.dataDelay)
+	return err
+}
+func (s *pipeSession) Reset()        {}
+func (s *pipeSession) Logout() error { return nil }
 
 // pipeEngine is an engine with configs/default.yaml's settings (only what
 // a loopback test needs is changed: the hostname, private destinations,

@@ -35,14 +35,11 @@ const (
 	// domain: two messages for one domain share a connection, a burst of
 	// hundreds spreads over up to delivery.max_per_destination connections.
 	reuseShare = 8
-	// rampStart is how many connections a destination gets before any
-	// of its messages was accepted; each accepted message adds one, up to
-	// delivery.max_per_destination (slow start, as Postfix's
-	// initial_destination_concurrency grows with deliveries). A burst to
-	// a destination that rate-limits us thus has a handful of
-	// transactions under way when the first refusal comes, not twenty,
-	// and each of those is refused too.
-	rampStart = 2
+	// rampRun is how many accepted messages add one connection while a
+	// destination's run is shorter than rampSlow; past it, each accepted
+	// message adds one, up to delivery.max_per_destination.
+	rampRun  = 32
+	rampSlow = 128
 	// errorPause paces the loop after a queue error.
 	errorPause = time.Second
 	// fullRescanEvery bounds how long anything the incremental scan could
@@ -82,10 +79,10 @@ type dest struct {
 	// before then: lastStart lives only here, and a destination read
 	// again from the queue would start its next transaction at once.
 	paceHold time.Time
-	// ramp caps d's connections while it has shown little yet: it
-	// starts at rampStart and grows by one per accepted message (see
-	// wantsWorker).
-	ramp int
+	// ramp caps d's connections while it has shown little yet:
+	// rampFor of accepted, counting d's accepted messages since
+	// it was read from the queue (see wantsWorker).
+	ramp, accepted int
 	// runKept is when the run of accepted messages d's record counts in
 	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
 	// not forgotten before then either, or a destination that
@@ -423,7 +420,7 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 				adoptShared(&rec, sh, e.now())
 			}
 		}
-		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampStart,
+		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampFor(e.cfg.Delivery.InitialPerDestination, 0, e.cfg.Delivery.MaxPerDestination),
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
 		if e.dests[name] == nil {
 			e.dests[name] = d
@@ -559,6 +556,25 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 		}
 	}
 	e.evict(now)
+}
+
+// rampFor returns how many connections a destination gets after
+// accepted messages, from start (delivery.initial_per_destination, as
+// Postfix's initial_destination_concurrency) up to max. A destination that rate-limits us refuses
+// every RCPT already sent when its window fills, and nothing learned can
+// recall them: the first rampSlow messages thus go over few connections
+// (one per rampRun accepted), so that a window of up to about a hundred
+// messages fills with at most three other transactions under way (one
+// for 30 per minute, where the opening's probes alone spend 4.5% of the
+// RCPTs). Past rampSlow, each accepted message adds one, as TCP's slow
+// start doubles its window per round trip: a destination that does not
+// throttle reaches its full concurrency 15 messages later.
+func rampFor(start, accepted, max int) int {
+	r := start + min(accepted, rampSlow)/rampRun
+	if accepted > rampSlow {
+		r += accepted - rampSlow
+	}
+	return min(r, max)
 }
 
 // wantsWorker reports whether d should get another connection now: it has
