@@ -351,7 +351,8 @@ func TestClusterConnectionLimit(t *testing.T) {
 				// gate, counted, while its retry opened another.
 				nodes = append(nodes, n.clusterNode(rds.Addr, "delivery.max_per_destination=2",
 					"delivery.max_messages_per_connection=1", "cluster.destination_limits="+tc.scope,
-					"delivery.command_timeout=2m", "delivery.data_timeout=2m"))
+					"delivery.command_timeout=2m", "delivery.data_timeout=2m",
+					"delivery.initial_per_destination=2")) // no slow start: the limits are what binds
 			}
 			// The first transactions wait at MAIL until everything is
 			// queued: each node then has work for every connection it may

@@ -57,10 +57,13 @@ func (w *rateWindow) rcpt(_, _, _ string, now time.Time) *smtp.SMTPError {
 // and the refusals at most 5% of the RCPTs in every run, counting every
 // refusal: the RCPTs already on their way when the first refusal came
 // too (synctest does not order goroutines that run at the same instant,
-// so their number varies from run to run). Before the opening's
-// transactions waited for each other (openGate), 8 of 50 runs of the
-// per-minute window were refused 5.1-5.7%, the RCPTs under way at the
-// first refusal being 0-2 without -race and up to 11 with it.
+// so their number varies from run to run). Measured: 3.8% (5 per 5 s),
+// 4.5% (30 per minute), 3.8-4.5% (100 per hour) in every run, 0-2 RCPTs
+// under way at the first refusal. Before the opening's slow start
+// (rampFor: one connection, one more per 32 accepted messages), with two
+// connections and one more per accepted message, 16 of these 120 runs
+// were refused 5.1-9.1%, with up to 8 RCPTs under way at the first
+// refusal (up to 11 under the race detector).
 func TestPacing_UsesAllowedRate(t *testing.T) {
 	compressed := func(c *config.Config) { // the bench's greyrelay-compressed
 		c.Retry.GreylistFirstRetry, c.Retry.GreylistSecondRetry = 20*time.Second, 10*time.Second
@@ -268,9 +271,9 @@ func TestPaceGate(t *testing.T) {
 // must not slow a destination that does not throttle by much. A burst of
 // 100 and of 1000 one-recipient messages to a destination that accepts
 // everything and takes 100 ms over each message's data, on the fake
-// clock. Measured: 100 in 6.2 s, 1000 in 12.5 s (20 connections from
+// clock. Measured: 100 in 6.0 s, 1000 in 11.2 s (20 connections from
 // message 143); before, with 2 connections growing by one per accepted
-// message, 100 in 0.9 s and 1000 in 5.4 s.
+// message, 100 in 1.0 s and 1000 in 5.3 s.
 func TestPacing_AcceptingSinkRamp(t *testing.T) {
 	for _, c := range []struct {
 		messages int
