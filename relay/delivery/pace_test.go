@@ -306,3 +306,23 @@ func TestPacing_AcceptingSinkRamp(t *testing.T) {
 		})
 	}
 }
+
+// TestRampFor: the opening's connections per accepted messages.
+func TestRampFor(t *testing.T) {
+	for _, c := range []struct{ start, accepted, max, want int }{
+		{1, 0, 20, 1},
+		{1, 31, 20, 1}, // a window of 30 fills with one transaction under way
+		{1, 32, 20, 2},
+		{1, 100, 20, 4}, // a window of 100: at most three others under way
+		{1, 128, 20, 5},
+		{1, 129, 20, 6}, // past rampSlow, one per message
+		{1, 143, 20, 20},
+		{1, 1000, 20, 20},
+		{20, 0, 20, 20}, // delivery.initial_per_destination at the limit: no slow start
+		{2, 0, 1, 1},
+	} {
+		if got := rampFor(c.start, c.accepted, c.max); got != c.want {
+			t.Errorf("rampFor(%d, %d, %d) = %d, want %d", c.start, c.accepted, c.max, got, c.want)
+		}
+	}
+}
