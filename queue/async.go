@@ -70,10 +70,26 @@ func (p *Pending) Wait() ([]ID, error) {
 	return p.ids, p.err
 }
 
-// beginFresh begins s's keys that are still Queued or Deferred (see
-// Update.Starts); the others were held, deleted or settled meanwhile.
-func (w *wtx) beginFresh(s *Start) error {
-	for _, k := range s.Keys {
+// freshStarts maps each key of ss to the first Start naming it.
+func freshStarts(ss []Start) map[Key]*Start {
+	if len(ss) == 0 {
+		return nil
+	}
+	m := make(map[Key]*Start)
+	for i := range ss {
+		for _, k := range ss[i].Keys {
+			if _, ok := m[k]; !ok {
+				m[k] = &ss[i]
+			}
+		}
+	}
+	return m
+}
+
+// beginFresh begins the keys of starts that are still Queued or Deferred
+// (see Update.Starts); the others were held, deleted or settled meanwhile.
+func (w *wtx) beginFresh(starts map[Key]*Start) error {
+	for k, s := range starts {
 		r, ok := w.getRcpt(k)
 		if !ok || (r.Status != Queued && r.Status != Deferred) {
 			continue
@@ -118,17 +134,26 @@ func (w *wtx) applyUpdate(u *Update) ([]ID, error) {
 			w.finishedAt = u.Results[i].End
 		}
 	}
-	for i := range u.Starts {
-		if err := w.beginFresh(&u.Starts[i]); err != nil {
-			return nil, err
-		}
-	}
+	// A start is applied with its key's first result, in one write of
+	// the recipient (apply); the writer commits most fresh attempts'
+	// outcomes this way, often in the transaction that inserts their
+	// message. A start without a result begins its key after the results,
+	// as Begin would.
+	starts := freshStarts(u.Starts)
 	for i := range u.Results {
-		done, err := w.apply(&u.Results[i])
+		k := u.Results[i].Key
+		s, ok := starts[k]
+		if ok {
+			delete(starts, k)
+		}
+		done, err := w.apply(&u.Results[i], s)
 		if err != nil {
 			return nil, err
 		}
-		touched[u.Results[i].Key.ID] = touched[u.Results[i].Key.ID] || done
+		touched[k.ID] = touched[k.ID] || done
+	}
+	if err := w.beginFresh(starts); err != nil {
+		return nil, err
 	}
 	for i := range u.DSNs {
 		id, err := w.insertMessage(&u.DSNs[i], 0)

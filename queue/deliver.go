@@ -293,6 +293,12 @@ func (w *wtx) begin(k Key, s *Start) error {
 		return fmt.Errorf("recipient %s is %s: %w", k, r.Status, ErrState)
 	}
 	before := r
+	return w.putRcptHistory(&before, &r, beginRcpt(&r, s))
+}
+
+// beginRcpt makes r Active for the attempt s starts (see Begin) and
+// returns the edit that adds the attempt to its history.
+func beginRcpt(r *Recipient, s *Start) func([]Attempt) []Attempt {
 	r.Status = Active
 	r.Attempts++
 	r.LastAttempt = s.Time
@@ -301,10 +307,10 @@ func (w *wtx) begin(k Key, s *Start) error {
 	}
 	r.SourceIP, r.MXHost, r.MXAddr = s.SourceIP, s.MXHost, s.MXAddr
 	r.NextAttempt = s.LeaseUntil
-	return w.putRcptHistory(&before, &r, func(h []Attempt) []Attempt {
+	return func(h []Attempt) []Attempt {
 		return append(h, Attempt{Start: s.Time, SourceIP: s.SourceIP, MXHost: s.MXHost,
 			MXAddr: s.MXAddr, Outcome: outcomeInProgress})
-	})
+	}
 }
 
 // inProgress returns the index of the last in-progress attempt, or -1.
@@ -351,7 +357,10 @@ func validateUpdate(u *Update) error {
 }
 
 // apply stores one result; it reports whether the recipient became final.
-func (w *wtx) apply(res *Result) (bool, error) {
+// A non-nil start begins the recipient first if it is Queued or Deferred
+// (Update.Starts), in memory: the record is written once, with the
+// outcome, instead of once Active and again with the outcome.
+func (w *wtx) apply(res *Result, start *Start) (bool, error) {
 	r, ok := w.getRcpt(res.Key)
 	if !ok || r.Status.Final() {
 		return false, nil
@@ -360,6 +369,10 @@ func (w *wtx) apply(res *Result) (bool, error) {
 		return false, err
 	}
 	before := r
+	var begun func([]Attempt) []Attempt
+	if start != nil && (r.Status == Queued || r.Status == Deferred) {
+		begun = beginRcpt(&r, start)
+	}
 	if r.Status != Held || res.Status.Final() {
 		r.Status = res.Status
 	}
@@ -377,6 +390,9 @@ func (w *wtx) apply(res *Result) (bool, error) {
 		r.NextAttempt = res.End
 	}
 	err := w.putRcptHistory(&before, &r, func(h []Attempt) []Attempt {
+		if begun != nil {
+			h = begun(h)
+		}
 		i := inProgress(h)
 		if i < 0 { // an outcome without Begin, e.g. the operator's bounce-now
 			h = append(h, Attempt{Start: res.End, SourceIP: r.SourceIP, MXHost: r.MXHost, MXAddr: r.MXAddr})

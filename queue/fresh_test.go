@@ -96,6 +96,78 @@ func TestApply_Starts(t *testing.T) {
 	checkStats(t, q)
 }
 
+// An outcome with Starts leaves the queue as a Begin followed by an Apply
+// of the same results would: the same recipient records, history,
+// finished record and counters. The start is written with the outcome,
+// not before it, so only the end state can be compared.
+func TestApply_StartsAsBeginThenApply(t *testing.T) {
+	start := func(keys ...Key) Start {
+		return Start{Keys: keys, Time: t0.Add(time.Second), SourceIP: "192.0.2.1", MXHost: "mx.d.test",
+			MXAddr: "192.0.2.25", LeaseUntil: t0.Add(time.Hour)}
+	}
+	end := t0.Add(2 * time.Second)
+	res := func(k Key, st Status) Result {
+		r := Result{Key: k, Status: st, End: end, Reason: "r", Reply: Reply{Code: 250, Enhanced: "2.0.0", Text: "ok"}, TLS: "opportunistic"}
+		if st == Deferred {
+			r.NextAttempt, r.GreylistTries = end.Add(time.Minute), 1
+		}
+		return r
+	}
+	k := func(i int) Key { return Key{1, i} } // the first message of a new queue
+	tests := []struct {
+		name    string
+		rcpts   int
+		earlier []Result // applied before, with a Begin of their keys
+		start   Start
+		results []Result
+	}{
+		{"delivered: the message finishes", 1, nil, start(k(0)), []Result{res(k(0), Delivered)}},
+		{"deferred", 1, nil, start(k(0)), []Result{res(k(0), Deferred)}},
+		{"one failed, one started without an outcome", 2, nil, start(k(0), k(1)), []Result{res(k(0), Failed)}},
+		{"a second attempt after a deferral", 1, []Result{res(k(0), Deferred)}, start(k(0)), []Result{res(k(0), Relayed)}},
+		{"two outcomes for one key", 1, nil, start(k(0)), []Result{res(k(0), Deferred), res(k(0), Delivered)}},
+		{"an outcome for a key not started", 2, nil, start(k(0)), []Result{res(k(0), Delivered), res(k(1), Deferred)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var shown [2]Message
+			for i, merged := range []bool{true, false} {
+				q := openAt(t, dbPath(t), Options{History: keepWeek})
+				addrs := []string{"a@d.test", "b@d.test"}[:tt.rcpts]
+				id := mustEnqueue(t, q, msg("s@x.test", addrs...))
+				if id != 1 {
+					t.Fatalf("first ID %s", id)
+				}
+				if tt.earlier != nil {
+					mustBeginApply(t, q, start(k(0)), tt.earlier)
+				}
+				if merged {
+					if _, err := q.Apply(Update{Starts: []Start{tt.start}, Results: tt.results}); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					mustBeginApply(t, q, tt.start, tt.results)
+				}
+				shown[i] = mustShow(t, q, id)
+				checkStats(t, q)
+			}
+			if !reflect.DeepEqual(shown[0], shown[1]) {
+				t.Errorf("with Starts:\n%+v\nwith Begin, then Apply:\n%+v", shown[0], shown[1])
+			}
+		})
+	}
+}
+
+func mustBeginApply(t *testing.T, q *Queue, s Start, rs []Result) {
+	t.Helper()
+	if err := q.Begin(s); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Apply(Update{Results: rs}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // The budget of journaled inserts for one transaction always covers the
 // batch holding a message the transaction's requests read.
 func TestInsertBudget_Needs(t *testing.T) {
