@@ -40,7 +40,7 @@ func (q *Queue) ApplyAsync(u Update) *Pending {
 		return p
 	}
 	n, size := updateWeight(&u)
-	r := request{n: n, size: size, needs: startsNeed(u.Starts), reply: make(chan error, 1), fn: func(w *wtx) error {
+	r := request{n: n, size: size, needs: startsNeed(u.Starts), upd: &u, reply: make(chan error, 1), fn: func(w *wtx) error {
 		var err error
 		p.ids, err = w.applyUpdate(&u)
 		return err

@@ -361,7 +361,7 @@ func validateUpdate(u *Update) error {
 // (Update.Starts), in memory: the record is written once, with the
 // outcome, instead of once Active and again with the outcome.
 func (w *wtx) apply(res *Result, start *Start) (bool, error) {
-	r, ok := w.getRcpt(res.Key)
+	r, ok := w.loadRcpt(res.Key)
 	if !ok || r.Status.Final() {
 		return false, nil
 	}
@@ -389,7 +389,7 @@ func (w *wtx) apply(res *Result, start *Start) (bool, error) {
 	default:
 		r.NextAttempt = res.End
 	}
-	err := w.putRcptHistory(&before, &r, func(h []Attempt) []Attempt {
+	err := w.storeOutcome(&before, &r, func(h []Attempt) []Attempt {
 		if begun != nil {
 			h = begun(h)
 		}

@@ -57,7 +57,10 @@
 // never loses one. A message just journaled may instead be attempted from
 // the journal's copy (Fresh, fresh.go) and its start stored with the
 // outcome (Update.Starts): Queued → Deferred or final in one commit, and
-// still Queued, hence due, after a crash in between.
+// still Queued, hence due, after a crash in between. When that commit is
+// also the one that inserts the message and the outcome finishes it, the
+// message's records are never written, only what their deletion leaves
+// (finish.go).
 //
 // Durability: Enqueue returns once its messages are in the intake journal
 // (queue/journal, journaler.go: one fdatasync shared by concurrent

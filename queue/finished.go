@@ -87,6 +87,18 @@ func (w *wtx) keepFinished(id ID, rs []Recipient, raws [][]byte) error {
 	if mv == nil {
 		return nil
 	}
+	hist := w.b(bHist)
+	hs := make([][]byte, len(rs))
+	for i := range rs {
+		hs[i] = hist.Get(rcptKey(rs[i].Key))
+	}
+	return w.storeFinished(id, mv, rs, raws, hs)
+}
+
+// storeFinished stores the finished record of message id from its
+// record mv, its recipients rs (stored as raws) and their histories
+// (stored as hs), and prunes old records.
+func (w *wtx) storeFinished(id ID, mv []byte, rs []Recipient, raws, hs [][]byte) error {
 	at := w.finishedAt
 	if at.IsZero() { // an operator's delete left only final recipients
 		for i := range rs {
@@ -99,11 +111,10 @@ func (w *wtx) keepFinished(id ID, rs []Recipient, raws [][]byte) error {
 	e.t(at)
 	e.raw(mv)
 	e.u(uint64(len(rs)))
-	hist := w.b(bHist)
 	for i := range rs {
 		e.u(uint64(rs[i].Key.Rcpt))
 		e.raw(raws[i])
-		e.raw(hist.Get(rcptKey(rs[i].Key)))
+		e.raw(hs[i])
 	}
 	fb := w.b(bFinished)
 	fb.FillPercent = 1.0 // keys mostly grow, as for messages

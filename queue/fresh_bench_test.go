@@ -11,11 +11,12 @@ import (
 // BenchmarkFreshCycle is the queue traffic of a message delivered from
 // the journal's copy (Fresh): Enqueue, then the outcome with its start
 // (Update.Starts) handed over with ApplyAsync, collected after the next
-// Enqueue; finished records kept as by default. It reports the process's
+// Enqueue; finished records kept and commits delayed as by the relay's
+// defaults. It reports the process's
 // CPU time per message (cpu-µs/op), which a busy machine changes less
 // than the time per message. Measure only; nothing is asserted.
 func BenchmarkFreshCycle(b *testing.B) {
-	q := openAt(b, dbPath(b), Options{History: keepWeek})
+	q := openAt(b, dbPath(b), Options{History: keepWeek, CommitDelay: 10 * time.Millisecond})
 	b.SetParallelism(10)
 	before := cpuTime(b)
 	b.ResetTimer()

@@ -193,7 +193,11 @@ func (w *wtx) insertJournaled(bs []*insertBatch) error {
 	}
 	for _, b := range bs {
 		for i := range b.ms {
-			if _, err := w.insertMessage(&b.ms[i], b.ids[i]); err != nil {
+			if w.finish[b.ids[i]] {
+				if err := w.hold(&b.ms[i], b.ids[i]); err != nil {
+					return err
+				}
+			} else if _, err := w.insertMessage(&b.ms[i], b.ids[i]); err != nil {
 				return err
 			}
 			if err := w.accepted(b.ids[i], &b.ms[i]); err != nil {

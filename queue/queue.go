@@ -106,6 +106,7 @@ type request struct {
 	needs   ID           // fn reads message needs: its journaled insert must be in the same transaction or before
 	insert  bool         // a settle: the transaction must try the pending journaled inserts, even while stuck
 	waited  bool         // its caller waits for the commit (submit), as opposed to ApplyAsync's
+	upd     *Update      // fn applies this update (ApplyAsync), and nothing else
 }
 
 // refused wraps an error that fails one call of a batch and no other. An
@@ -637,7 +638,9 @@ func (q *Queue) commit(all []request) (waiting bool) {
 		// sees (fresh.go).
 		q.visible.Store(pending[len(pending)-1].seq)
 	}
+	finish := finishedInBatch(pending, batch)
 	err := q.update(func(w *wtx) error {
+		w.finish = finish
 		if err := w.insertJournaled(pending); err != nil {
 			return err
 		}
@@ -652,7 +655,7 @@ func (q *Queue) commit(all []request) (waiting bool) {
 				errs[i] = rf.err
 			}
 		}
-		return nil
+		return w.storeHeld()
 	})
 	if len(pending) > 0 || !q.stuck {
 		q.stuck = err != nil && len(pending) > 0
@@ -725,11 +728,36 @@ func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 	if id == 0 {
 		id = w.newID()
 	}
-	if b := w.b(bMsgs); uint64(id) > b.Sequence() {
-		if err := b.SetSequence(uint64(id)); err != nil {
+	if err := w.raiseSequence(id); err != nil {
+		return 0, err
+	}
+	rec := m.record(id)
+	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
+		return 0, err
+	}
+	if err := w.putBody(id, m); err != nil {
+		return 0, err
+	}
+	w.delta.msgs++
+	for _, r := range m.recipients(id) {
+		if err := w.putRcpt(nil, &r); err != nil {
 			return 0, err
 		}
 	}
+	return id, nil
+}
+
+// raiseSequence keeps the highest ID stored in the messages bucket's
+// sequence, from which Open starts counting.
+func (w *wtx) raiseSequence(id ID) error {
+	if b := w.b(bMsgs); uint64(id) > b.Sequence() {
+		return b.SetSequence(uint64(id))
+	}
+	return nil
+}
+
+// record is m's message record as stored under id.
+func (m *NewMessage) record(id ID) Message {
 	size := int64(len(m.Body))
 	sum, summed := bodySum(m.Body), true
 	if m.File != nil {
@@ -738,25 +766,22 @@ func (w *wtx) insertMessage(m *NewMessage, id ID) (ID, error) {
 	}
 	rec := m.envelope(id, size)
 	rec.bodySum, rec.bodySummed = sum, summed
-	if err := w.b(bMsgs).Put(idKey(id), encodeMessage(&rec)); err != nil {
-		return 0, err
-	}
-	if err := w.putBody(id, m); err != nil {
-		return 0, err
-	}
-	w.delta.msgs++
+	return rec
+}
+
+// recipients are m's recipient records as inserted under id: Queued, due
+// at m.NextAttempt or else at the arrival.
+func (m *NewMessage) recipients(id ID) []Recipient {
 	next := m.NextAttempt
 	if next.IsZero() {
 		next = m.Arrival
 	}
+	rs := make([]Recipient, len(m.To))
 	for i, to := range m.To {
-		r := Recipient{Key: Key{id, i}, Addr: to.Addr, Domain: to.Domain, Notify: to.Notify,
+		rs[i] = Recipient{Key: Key{id, i}, Addr: to.Addr, Domain: to.Domain, Notify: to.Notify,
 			ORCPT: to.ORCPT, Status: Queued, NextAttempt: next}
-		if err := w.putRcpt(nil, &r); err != nil {
-			return 0, err
-		}
 	}
-	return id, nil
+	return rs
 }
 
 // putBody stores m's body, or the name of its spool file.

@@ -157,6 +157,10 @@ type wtx struct {
 	history    HistoryOptions
 	finishedAt time.Time
 	events     eventTx // outbox records (outbox.go)
+	// finish names the journaled messages this transaction both inserts
+	// and finishes; it holds them in held instead (finish.go).
+	finish map[ID]bool
+	held   map[ID]*heldMessage
 }
 
 func (w *wtx) b(name []byte) *bolt.Bucket { return w.tx.Bucket(name) }
@@ -240,10 +244,16 @@ func (w *wtx) rewriteHistory(before, after *Recipient, edit func([]Attempt) []At
 	if edit != nil {
 		h = edit(h)
 	}
+	return hb.Put(rk, encodeHistory(after.Key, capHistory(h), historyRef(after)))
+}
+
+// capHistory keeps the first historyFirst and the last historyLast
+// attempts of h.
+func capHistory(h []Attempt) []Attempt {
 	if len(h) > historyFirst+historyLast {
 		h = append(h[:historyFirst:historyFirst], h[len(h)-historyLast:]...)
 	}
-	return hb.Put(rk, encodeHistory(after.Key, h, historyRef(after)))
+	return h
 }
 
 // storeRcpt is putRcpt without the history.
@@ -307,6 +317,9 @@ func (w *wtx) rcptsOf(id ID) (keys []Key, vals [][]byte) {
 // (finished.go). Bodies are never rewritten; this is the only place besides
 // Delete that removes one.
 func (w *wtx) finishIfDone(id ID) error {
+	if h := w.held[id]; h != nil {
+		return w.finishHeld(id, h)
+	}
 	keys, vals := w.rcptsOf(id)
 	var rs []Recipient
 	var raws [][]byte
