@@ -111,3 +111,33 @@ func FuzzParseReply(f *testing.F) {
 }
 
 func validEnhanced(s string) bool { _, ok := ParseEnhanced(s); return ok }
+
+// enhancedPrefixSplit is enhancedPrefix as first written, with
+// strings.Split: the reference the cutting one must agree with.
+func enhancedPrefixSplit(text string, class int) (string, bool) {
+	tok, _, _ := strings.Cut(text, " ")
+	parts := strings.Split(tok, ".")
+	if len(parts) != 3 || parts[0] != string(rune('0'+class)) {
+		return "", false
+	}
+	for _, p := range parts[1:] {
+		if len(p) < 1 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
+			return "", false
+		}
+	}
+	return tok, true
+}
+
+func FuzzEnhancedPrefix(f *testing.F) {
+	for _, s := range []string{"2.0.0 Ok", "5.1.1", "4.7.1 x", "2.0 Ok", "2.0.0.0 x", "2..0 x", "2.1234.0", "2.a.0", "5.1.1x y", ""} {
+		f.Add(s, 2)
+		f.Add(s, 5)
+	}
+	f.Fuzz(func(t *testing.T, text string, class int) {
+		got, ok := enhancedPrefix(text, class)
+		want, wantOK := enhancedPrefixSplit(text, class)
+		if got != want || ok != wantOK {
+			t.Fatalf("enhancedPrefix(%q, %d) = %q, %v; by Split %q, %v", text, class, got, ok, want, wantOK)
+		}
+	})
+}

@@ -118,18 +118,32 @@ func buildReply(code int, lines []string) *Reply {
 
 // enhancedPrefix returns the RFC 3463 code "class.subject.detail" that
 // starts text, if any: class is one digit, subject and detail 1-3 digits.
+// It is read once per reply a delivery gets, so it cuts rather than
+// splits: no allocation.
 func enhancedPrefix(text string, class int) (string, bool) {
 	tok, _, _ := strings.Cut(text, " ")
-	parts := strings.Split(tok, ".")
-	if len(parts) != 3 || parts[0] != string(rune('0'+class)) {
+	head, rest, ok := strings.Cut(tok, ".")
+	if !ok || head != string(rune('0'+class)) {
 		return "", false
 	}
-	for _, p := range parts[1:] {
-		if len(p) < 1 || len(p) > 3 || strings.Trim(p, "0123456789") != "" {
-			return "", false
-		}
+	subject, detail, ok := strings.Cut(rest, ".")
+	if !ok || !codeNumber(subject) || !codeNumber(detail) {
+		return "", false
 	}
 	return tok, true
+}
+
+// codeNumber reports whether s is 1-3 digits (RFC 3463 §2).
+func codeNumber(s string) bool {
+	if len(s) < 1 || len(s) > 3 {
+		return false
+	}
+	for i := range len(s) {
+		if !digit(s[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func digit(b byte) bool { return '0' <= b && b <= '9' }
