@@ -225,8 +225,14 @@ func dueRecipient(rcpts, msgs *bolt.Bucket, dk []byte) (Recipient, *problem) {
 	if !bytes.Equal(expectedDueKey(&r), dk) || r.Status == Active {
 		return Recipient{}, stale
 	}
-	if msgs.Get(idKey(key.ID)) == nil {
+	mv := msgs.Get(idKey(key.ID))
+	if mv == nil {
 		return Recipient{}, &problem{orphanRcpt, bRcpts, rk, errMissing("message record")}
+	}
+	// A record that does not decode leaves MessageRead false: whoever
+	// loads the message finds out.
+	if m, err := decodeMessage(key.ID, mv); err == nil {
+		r.RequireTLS, r.TLSOptional, r.MessageRead = m.RequireTLS, m.TLSOptional, true
 	}
 	return r, nil
 }

@@ -264,6 +264,12 @@ type Recipient struct {
 	// already have been delivered, and may be delivered again. Zero
 	// otherwise.
 	Salvaged time.Time
+	// RequireTLS and TLSOptional are the message's (Message), and
+	// MessageRead says they are filled: Due and DueCursor read them from
+	// the message record their walk checks anyway, so that a scheduler
+	// can decide whether the message may ride an open connection without
+	// reading it again. Other readers leave them unset.
+	RequireTLS, TLSOptional, MessageRead bool
 }
 
 // Message is the stored envelope of a message.

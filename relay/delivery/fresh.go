@@ -64,7 +64,7 @@ func (e *Engine) takeFresh(f queue.Fresh) bool {
 			if len(d.pending) >= e.pendingCap() {
 				continue
 			}
-			j = &job{id: f.Message.ID, domain: d.name, fresh: fj}
+			j = &job{id: f.Message.ID, domain: d.name, fresh: fj, pol: policyOf(f.Message)}
 			d.pending = append(d.pending, j)
 			jobs[d] = j
 		}

@@ -231,9 +231,8 @@ type answer struct {
 // ride is the loop's decision whether a job's message may go over the
 // worker's open connection (reuse).
 type ride struct {
-	ok  bool           // it may
-	t   target         // the target the message has on that connection (session.rides)
-	msg *queue.Message // the envelope the loop read to decide; nil if it did not
+	ok bool   // it may
+	t  target // the target the message has on that connection (session.rides)
 }
 
 // askLoop sends a to the loop and returns its first answer; false when
@@ -328,22 +327,34 @@ func (e *Engine) answerTake(a ask) *job {
 // to (carries), has room for another transaction, and gives j's message
 // every TLS guarantee its own policy demands (session.rides). A
 // connection opened in plaintext for a "TLS-Required: No" message thus
-// never carries one held to MTA-STS, DANE or REQUIRETLS. The worker is
-// waiting for this answer, so reading s here is safe.
+// never carries one held to MTA-STS, DANE or REQUIRETLS. The policy is
+// the one j carries (msgPolicy), so the loop reads no storage here; a job
+// whose message's flags could not be read when it was built opens a
+// connection of its own, under its own policy. The worker is waiting for
+// this answer, so reading s here is safe.
 func (e *Engine) reuse(s *session, j *job) ride {
-	if s == nil || j == nil {
+	if s == nil || j == nil || !j.pol.known {
 		return ride{}
 	}
-	var msg queue.Message
-	if j.fresh != nil {
-		msg = j.fresh.msg
-	} else {
-		var err error
-		if msg, err = e.q.Message(j.id); err != nil {
-			return ride{} // a new connection; the worker finds out why (load)
-		}
-	}
-	t, ok := s.rides(msg)
+	t, ok := s.rides(j.pol.message())
 	ok = ok && s.carries(j) && s.count < e.cfg.Delivery.MaxMessagesPerConnection
-	return ride{ok: ok, t: t, msg: &msg}
+	return ride{ok: ok, t: t}
+}
+
+// msgPolicy is what a message's own TLS policy asks of any connection
+// that carries it: REQUIRETLS (RFC 8689 §4.2.1) and "TLS-Required: No"
+// (RFC 8689 §5). known is false when the flags could not be read with
+// the job (queue.Recipient.MessageRead).
+type msgPolicy struct {
+	requireTLS, tlsOptional, known bool
+}
+
+// policyOf is msg's policy.
+func policyOf(msg queue.Message) msgPolicy {
+	return msgPolicy{requireTLS: msg.RequireTLS, tlsOptional: msg.TLSOptional, known: true}
+}
+
+// message is p as the envelope shape and session.rides read it.
+func (p msgPolicy) message() queue.Message {
+	return queue.Message{RequireTLS: p.requireTLS, TLSOptional: p.tlsOptional}
 }

@@ -2,7 +2,9 @@ package delivery
 
 import (
 	"fmt"
+	"github.com/greyrelay/greyrelay/queue"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,4 +139,54 @@ func TestDeliver_NothingLearnedNothingStored(t *testing.T) {
 	if err != nil || rec.PaceRun > 1 {
 		t.Errorf("destination record rewritten by later plain deliveries: PaceRun %d (err %v), want at most 1", rec.PaceRun, err)
 	}
+}
+
+// TestReuse_NoStorageRead: the loop decides whether a job may ride an
+// open connection from what the job carries, never by reading the
+// message from the queue: with the queue closed after the scan (any
+// read fails), an ordinary message still rides a plaintext connection to
+// its MX and a REQUIRETLS one still does not; the same for jobs built
+// from a fresh message, and after a restart (the flags come from the
+// stored message record the scan reads anyway).
+func TestReuse_NoStorageRead(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	plain := h.enqueue("p@sender.test", "p@reuse.test")
+	rtls := h.enqueueMsg(queue.NewMessage{From: "r@sender.test", RequireTLS: true}, "r@reuse.test")
+	want := map[queue.ID]bool{plain: true, rtls: false}
+	s := &session{t: target{host: "mx.reuse.test", addr: netip.MustParseAddr("127.0.0.1"), tls: "may", base: "may"}}
+	check := func(when string, fresh bool) {
+		t.Helper()
+		e := h.eng
+		e.cur = h.q.DueCursor()
+		if err := e.scan(time.Now()); err != nil {
+			t.Fatalf("%s: scan: %v", when, err)
+		}
+		e.cur.Close()
+		if fresh {
+			for _, m := range []queue.Message{{ID: queue.ID(901)}, {ID: queue.ID(902), RequireTLS: true}} {
+				r := queue.Recipient{Key: queue.Key{ID: m.ID}, Addr: "f@reuse.test", Domain: "reuse.test", Status: queue.Queued}
+				if !e.takeFresh(queue.Fresh{Message: m, Recipients: []queue.Recipient{r}, Seq: e.scanned + 1}) {
+					t.Fatalf("%s: fresh message %v not taken", when, m.ID)
+				}
+				want[m.ID] = !m.RequireTLS
+			}
+		}
+		h.q.Close() // from here on, a read from the queue fails
+		h.q = nil
+		d := e.dests["reuse.test"]
+		if d == nil || len(d.pending) < 2 {
+			t.Fatalf("%s: jobs %+v, want one per message", when, d)
+		}
+		for _, j := range d.pending {
+			if got := e.reuse(s, j).ok; got != want[j.id] {
+				t.Errorf("%s: message %v (fresh %v) rides the plaintext connection: %v, want %v", when, j.id, j.fresh != nil, got, want[j.id])
+			}
+		}
+	}
+	h.build()
+	check("fresh start", true)
+	h.openQueue() // a restart
+	h.build()
+	check("after a restart", false)
 }

@@ -126,6 +126,11 @@ type job struct {
 	want   string
 	rcpts  []queue.Recipient
 	fresh  *freshJob // started from a fresh message (fresh.go); nil: read from the queue
+	// pol is what the message's own TLS policy asks of a connection
+	// (REQUIRETLS, "TLS-Required: No"), taken when the job was built, so
+	// that the loop decides whether the job may ride an open connection
+	// without reading the message (reuse).
+	pol msgPolicy
 	// refused is d.refused when the job's start was taken (paceGate).
 	refused int
 }
@@ -503,7 +508,8 @@ func (e *Engine) addToJob(d *dest, r queue.Recipient) bool {
 	if len(d.pending) >= e.pendingCap() {
 		return false
 	}
-	d.pending = append(d.pending, &job{id: r.Key.ID, domain: d.name, want: want, rcpts: []queue.Recipient{r}})
+	d.pending = append(d.pending, &job{id: r.Key.ID, domain: d.name, want: want, rcpts: []queue.Recipient{r},
+		pol: msgPolicy{requireTLS: r.RequireTLS, tlsOptional: r.TLSOptional, known: r.MessageRead}})
 	return true
 }
 

@@ -113,7 +113,7 @@ func (e *Engine) nextJob(ctx context.Context, d *dest, s *session, reply chan an
 // over it (r) or on a new connection, and returns the connection to reuse
 // (nil if none).
 func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride) *session {
-	msg, body, release, err := e.load(j, r.msg)
+	msg, body, release, err := e.load(j)
 	if err != nil {
 		e.dropped(j.rcpts)                      // without a write: behind the scan position
 		if !errors.Is(err, queue.ErrNotFound) { // deleted by the operator: nothing to do
@@ -161,18 +161,15 @@ func (e *Engine) runJob(ctx context.Context, d *dest, j *job, s *session, r ride
 }
 
 // load returns j's envelope and body: a fresh job's own copies, or the
-// queue's (the envelope the loop read, if it did: pre). A large body is a
-// mapped spool file, not a heap copy; every use of it (the transactions,
-// a DSN's returned content) ends before runJob returns and calls release.
-func (e *Engine) load(j *job, pre *queue.Message) (queue.Message, []byte, func(), error) {
+// queue's. A large body is a mapped spool file, not a heap copy; every
+// use of it (the transactions, a DSN's returned content) ends before
+// runJob returns and calls release.
+func (e *Engine) load(j *job) (queue.Message, []byte, func(), error) {
 	if j.fresh != nil {
 		return j.fresh.msg, j.fresh.body, func() {}, nil
 	}
-	var msg queue.Message
-	var err error
-	if pre != nil {
-		msg = *pre
-	} else if msg, err = e.q.Message(j.id); err != nil {
+	msg, err := e.q.Message(j.id)
+	if err != nil {
 		return msg, nil, nil, err
 	}
 	c, err := e.q.OpenBody(j.id)
