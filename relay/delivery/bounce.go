@@ -108,7 +108,7 @@ func (e *Engine) push(d *dest, rs []queue.Recipient, until, now time.Time, why p
 		byMsg[r.Key.ID] = append(byMsg[r.Key.ID], r)
 	}
 	for id, group := range byMsg {
-		if err := e.pushMessage(d, id, group, until, now, why); err != nil {
+		if err := e.pushMessage(d, id, group, until, now, why, e.settle); err != nil {
 			e.requestRescan() // not moved: still behind the scan position
 			e.log.Error("delivery: postponing recipients of a paused destination failed", zap.String("stage", why.stage),
 				zap.String("queue_id", id.String()), zap.String("domain", d.name), zap.Error(err))
@@ -128,8 +128,11 @@ type postponement struct {
 var throttled = postponement{stage: "throttled", v: classifier.Verdict{Reason: classifier.RateLimited}}
 
 // pushMessage moves rs, recipients of message id, to until without an
-// attempt (see push), or expires them if their lifetime is over.
-func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, now time.Time, why postponement) error {
+// attempt (see push), or expires them if their lifetime is over, with
+// settle: the loop's own (Engine.settle) when the loop pushes, a
+// worker's way to it (settleAttempt) when a worker postpones.
+func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, now time.Time, why postponement,
+	settle func(*dest, *attempt, []outcome)) error {
 	msg, err := e.q.Message(id)
 	if err != nil {
 		return err
@@ -151,7 +154,7 @@ func (e *Engine) pushMessage(d *dest, id queue.ID, rs []queue.Recipient, until, 
 	if err != nil {
 		return err
 	}
-	e.settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
+	settle(d, &attempt{msg: msg, body: body, start: now, none: true}, outs)
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"maps"
 	"net/netip"
 	"slices"
 	"time"
@@ -258,7 +259,7 @@ func (e *Engine) plan(ctx context.Context, d *dest, j *job, a *attempt) (mx.Rout
 // greylisted recipient keeps its MX while the network hiccups).
 func (e *Engine) giveUp(d *dest, a *attempt, rest leftover) {
 	a.t = target{}
-	e.settle(d, a, outcomesOf(rest.rcpts, sessionVerdict(rest.v)))
+	e.settleAttempt(d, a, outcomesOf(rest.rcpts, sessionVerdict(rest.v)))
 }
 
 // Diagnoses when no address of a destination may be dialed.
@@ -269,11 +270,10 @@ var (
 
 // noTargets explains why targets found nothing to dial.
 func (e *Engine) noTargets(d *dest, rt mx.Route, now time.Time) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	dead := e.deadHosts(d)
 	for _, h := range rt.Hops {
 		for _, addr := range h.Addrs {
-			if !deadUntil(&d.rec, addr.String(), now).IsZero() {
+			if !deadUntil(&dead, addr.String(), now).IsZero() {
 				return errAllDead
 			}
 		}
@@ -301,8 +301,7 @@ func (e *Engine) targets(d *dest, rt mx.Route, want string, now time.Time) []tar
 		mode = e.cfg.Delivery.Smarthost.TLS
 	}
 	configured := rt.Kind != mx.KindMX && rt.Kind != mx.KindImplicitMX
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	dead := e.deadHosts(d)
 	var ts []target
 	for _, h := range rt.Hops {
 		for _, addr := range h.Addrs {
@@ -313,7 +312,7 @@ func (e *Engine) targets(d *dest, rt mx.Route, want string, now time.Time) []tar
 				}
 				src = e.cfg.Delivery.SourceIPv6
 			}
-			if !deadUntil(&d.rec, addr.String(), now).IsZero() {
+			if !deadUntil(&dead, addr.String(), now).IsZero() {
 				continue
 			}
 			ts = append(ts, target{host: h.Host, addr: addr, port: h.Port, source: src, tls: smtpclient.TLSPolicy(mode),
@@ -355,9 +354,16 @@ func (e *Engine) noteDialFailure(d *dest, t target, v classifier.Verdict) {
 	if v.Stage != smtpvocab.StageConnect || (v.Reason != classifier.Connect && v.Reason != classifier.Timeout) {
 		return
 	}
-	d.mu.Lock()
-	markDead(&d.rec, t.addr.String(), e.now().Add(e.policy.Initial))
-	d.mu.Unlock()
+	addr, until := t.addr.String(), e.now().Add(e.policy.Initial)
+	e.atLoop(func() { markDead(&d.rec, addr, until) }, false)
+}
+
+// deadHosts is a copy of d's dead-host list, which the loop owns, as a
+// record that holds only that list (for deadUntil).
+func (e *Engine) deadHosts(d *dest) queue.Destination {
+	var dead queue.Destination
+	e.call(func() { dead.DeadHosts = maps.Clone(d.rec.DeadHosts) })
+	return dead
 }
 
 // opened wraps a new connection into a session and counts it.
@@ -365,9 +371,8 @@ func (e *Engine) opened(d *dest, c *smtpclient.Client, t target, kind string) *s
 	if la := c.LocalAddr(); la.IsValid() {
 		t.source = la.Addr().String() // what the peer saw
 	}
-	d.mu.Lock()
-	markAlive(&d.rec, t.addr.String())
-	d.mu.Unlock()
+	addr := t.addr.String()
+	e.atLoop(func() { markAlive(&d.rec, addr) }, false)
 	e.m.ConnectionsOut.Inc()
 	tlsLabel := "no"
 	if _, ok := c.TLS(); ok {

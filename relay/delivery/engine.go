@@ -6,16 +6,23 @@
 //
 //   - One scheduler loop (Run) owns the decisions about what starts when,
 //     and the state they are made from (loop.go): the destinations, their
-//     jobs and idle connections, the claimed recipients, the cluster
-//     slots asked for, the suspensions. Only its goroutine touches them,
-//     so no lock guards them: workers ask it for their next job and wait
-//     for the answer, workers and the recorder leave it notes without
-//     waiting, and the operator's changes run on it. It sleeps on a
-//     single timer set to the queue's earliest due time and wakes on
-//     queue.Wake (every enqueue and deferral), on Kick (operator retry)
-//     and when a worker ends. It never polls and starts no goroutine per
-//     message (the chasquid anti-pattern): idle with nothing due is one
-//     pending timer.
+//     jobs and idle connections, what was learned about them and about
+//     their MX hosts (greylisting windows, paces, dead hosts), the claimed
+//     recipients, the cluster slots asked for, the suspensions. Only its
+//     goroutine touches them, so no lock guards them: workers ask it for
+//     their next job, a paced start or the settling of their outcomes
+//     and wait for the answer, workers and the recorder leave it notes
+//     without waiting, and the operator's changes run on it. What may
+//     wait on the network or a disk (the shared store's views, the
+//     suppression list) is done by the worker, which hands the loop what
+//     it read. Besides the queue's own transactions, the only locks left
+//     guard the two inboxes (the loop's notes, the recorder's outcomes)
+//     for an append or a swap, and let those who come after the loop
+//     take turns (inLoop). It sleeps on a single timer set to the
+//     queue's earliest due time and wakes on queue.Wake (every enqueue
+//     and deferral), on Kick (operator retry) and when a worker ends. It
+//     never polls and starts no goroutine per message (the chasquid
+//     anti-pattern): idle with nothing due is one pending timer.
 //   - A worker is one outbound connection: one goroutine that serves the
 //     jobs of one destination domain in turn, reusing the connection for up
 //     to delivery.max_messages_per_connection transactions (RSET only after
@@ -51,10 +58,11 @@
 //   - Every outcome goes through the classifier (what happened) and the
 //     backoff policy (when to try again), and is stored with its DSN and what
 //     was learned about the destination in one transaction, by one route
-//     (record.go): the worker logs the outcome, hands the update to the
-//     queue's writer (queue.ApplyAsync), which commits in order, and starts
-//     its next attempt without waiting; one recorder goroutine collects the
-//     commits in the same order. A fresh attempt's outcome takes the same
+//     (record.go): the loop settles the worker's outcomes (settle: it
+//     learns from them, logs them and hands the update to the queue's
+//     writer, queue.ApplyAsync, which commits in the order handed), and
+//     the worker starts its next attempt without waiting for the commit;
+//     one recorder goroutine collects the commits in the same order. A fresh attempt's outcome takes the same
 //     route, its start in the same update. An outcome the queue cannot
 //     store (a full disk) is held in memory and stored again by the
 //     recorder on a timer, outside any lock, until the queue takes it
@@ -157,8 +165,8 @@ type Engine struct {
 	kick   chan struct{}
 
 	// The loop's own (loop.go): read and written by Run's goroutine
-	// only, reached from other goroutines through notes, asks and ops.
-	// No lock guards them.
+	// only, reached from other goroutines through notes, asks and ops
+	// (inLoop, call). No lock guards them.
 	dests   map[string]*dest
 	order   []string // round-robin order of domains for fair worker starts
 	next    int      // where the next round-robin pass starts in order
@@ -193,10 +201,9 @@ type Engine struct {
 	// has ended (inLoop); it guards nothing while the loop runs.
 	afterLoop sync.Mutex
 
-	// hmu guards hosts, what was learned per MX address (host.go): the
-	// workers of every domain behind one MX learn about it as they settle,
-	// on their own goroutines, so it is not the loop's.
-	hmu   sync.Mutex
+	// hosts is what was learned per MX address (host.go); the loop's
+	// too, as the workers of every domain behind one MX learn about it
+	// through the loop.
 	hosts map[string]*host
 
 	out *recorder // collects the commits of outcomes (record.go)

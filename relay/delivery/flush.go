@@ -34,11 +34,11 @@ import (
 // say how to send, not whether. Forget (`greyrelay destinations forget`)
 // drops everything learned about a destination.
 //
-// The records are changed where they live: a loaded destination under its
-// d.mu (as settle stores them), one that is not loaded in the queue
-// alone. The loop makes the change (inLoop), as it is the one that loads
-// records (loadDests): a record read before the change is never adopted
-// after it.
+// The records are changed where they live: a loaded destination in the
+// loop's memory and the queue, one that is not loaded in the queue alone.
+// The loop makes the change (inLoop), as it is the one that loads
+// records (loadDests) and settles outcomes: a record read before the
+// change is never adopted after it.
 
 // deadHost is the postponement of recipients whose destination has every
 // address on the dead-host list.
@@ -48,12 +48,11 @@ var deadHost = postponement{stage: "dead-host", label: true,
 // deadWake is when the first dead address of rt may be dialed again (zero
 // if none of its addresses is dead at now).
 func (e *Engine) deadWake(d *dest, rt mx.Route, now time.Time) time.Time {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	dead := e.deadHosts(d)
 	var wake time.Time
 	for _, h := range rt.Hops {
 		for _, addr := range h.Addrs {
-			if t := deadUntil(&d.rec, addr.String(), now); !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
+			if t := deadUntil(&dead, addr.String(), now); !t.IsZero() && (wake.IsZero() || t.Before(wake)) {
 				wake = t
 			}
 		}
@@ -68,7 +67,7 @@ func (e *Engine) postpone(d *dest, j *job, v classifier.Verdict, wake, now time.
 	why := deadHost
 	why.v = v
 	// The claim is released after the write: until then they are due.
-	err := e.pushMessage(d, j.id, j.rcpts, wake, now, why)
+	err := e.pushMessage(d, j.id, j.rcpts, wake, now, why, e.settleAttempt)
 	if err == nil {
 		e.unclaim(j.rcpts)
 		return
@@ -238,10 +237,9 @@ func (e *Engine) relearnNow(domains []string, all, forget bool, now time.Time) (
 }
 
 // relearnLoaded unpauses or forgets a destination the scheduler holds, in
-// memory and in the queue, under d.mu as settle stores it.
+// memory and in the queue, on the loop's goroutine, which also settles
+// every outcome that changes it.
 func (e *Engine) relearnLoaded(d *dest, forget bool, now time.Time) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	if forget {
 		had := d.stored.Domain != "" || !sameDest(d.rec, queue.Destination{Domain: d.name})
 		if _, err := e.q.ForgetDestinations([]string{d.name}, false); err != nil {

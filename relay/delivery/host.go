@@ -2,8 +2,8 @@ package delivery
 
 import (
 	"context"
+	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/greyrelay/greyrelay/backoff"
@@ -31,32 +31,33 @@ import (
 // one within a few messages, rarely enough to cost nothing per message.
 const hostReload = time.Minute
 
-// host is what the engine learned about one MX address.
+// host is what the engine learned about one MX address. It is the
+// loop's (loop.go), like the map that holds it (Engine.hosts): the
+// workers of every domain behind the address learn about it through the
+// loop, which settles their outcomes and takes their paced starts.
 type host struct {
-	// mu serialises learning about the host and handing its record to
-	// the queue, across the workers of every domain behind it. Taken
-	// after a dest's mu, never before.
-	mu      sync.Mutex
-	rec     queue.Destination // guarded by mu
-	stored  queue.Destination // what the queue holds; guarded by mu
-	checked time.Time         // when the shared store was last read; guarded by mu
+	rec     queue.Destination
+	stored  queue.Destination // what the queue holds
+	checked time.Time         // when the shared store was last read (hostViews)
+	// reading is closed once the shared store's view being read now
+	// (hostViews) is adopted; nil when none is being read.
+	reading chan struct{}
 	// lastStart is when the last transaction to the address started
 	// (hostGate), pacedSince when its pace last began, lastRefused when
-	// it last refused for rate; wake is closed when its next paced start
-	// comes sooner than waiting workers were told. Guarded by mu.
+	// it last refused for rate; wake is closed (by the loop) when its
+	// next paced start comes sooner than waiting workers were told.
 	lastStart, pacedSince, lastRefused time.Time
 	wake                               chan struct{}
 	// sharedPace is when the pace last read from the shared store was
-	// learned there (its record's Updated; hostPaceStale). Guarded by mu.
+	// learned there (its record's Updated; hostPaceStale).
 	sharedPace time.Time
 }
 
 // hostKey is the record name of the MX address addr.
 func hostKey(addr string) string { return "[" + addr + "]" }
 
-// hostFor returns the host record of addr, locked for the settlement s
-// (unlocked by s.unlockHosts after the outcome is handed to the queue);
-// nil if addr is empty.
+// hostFor returns the host record of addr that the settlement s learns
+// about, on the loop's goroutine; nil if addr is empty.
 func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 	if addr == "" {
 		return nil
@@ -64,7 +65,7 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 	if h := s.hosts[addr]; h != nil {
 		return h
 	}
-	h := e.hostOf(addr, now)
+	h := e.hostOf(addr)
 	if s.hosts == nil {
 		s.hosts = map[string]*host{}
 	}
@@ -73,36 +74,105 @@ func (e *Engine) hostFor(s *settlement, addr string, now time.Time) *host {
 }
 
 // hostOf returns the host record of addr, read from the queue the first
-// time and again from the shared store at most every hostReload, locked.
-func (e *Engine) hostOf(addr string, now time.Time) *host {
-	e.hmu.Lock()
+// time. The loop's goroutine only; what the shared store holds about the
+// host is read off the loop and adopted with adoptHostViews.
+func (e *Engine) hostOf(addr string) *host {
 	h := e.hosts[addr]
 	if h == nil {
 		h = &host{}
 		e.hosts[addr] = h
 	}
-	e.hmu.Unlock()
-	h.mu.Lock()
 	if h.rec.Domain == "" {
 		h.rec.Domain = hostKey(addr)
 		if rec, ok, err := e.q.Destination(h.rec.Domain); err == nil && ok {
 			h.rec, h.stored = rec, cloneDest(rec)
 		}
 	}
-	if e.opt.Shared != nil && now.Sub(h.checked) >= hostReload {
-		h.checked = now
-		if sh, ok := e.opt.Shared.Load(h.rec.Domain); ok {
-			adoptShared(&h.rec, sh, now)
-			if sh.PaceInterval > 0 && sh.Updated.After(h.sharedPace) {
-				h.sharedPace = sh.Updated
-			}
-		}
-	}
 	return h
 }
 
+// hostView is what the shared store said about an MX address: the other
+// nodes' view of its record (ok false: none, or the store is away).
+type hostView struct {
+	addr string
+	rec  queue.Destination
+	ok   bool
+	at   time.Time
+}
+
+// hostReads is what one worker read from the shared store about MX hosts
+// (hostViews), for the loop to adopt (adoptHostViews). done is closed
+// once it is adopted: other workers that need those hosts meanwhile wait
+// for it, as they would have waited for the record while it was read.
+type hostReads struct {
+	views []hostView
+	done  chan struct{}
+}
+
+// hostViews reads the shared store's view of those of addrs not read for
+// hostReload, on the caller's goroutine (a worker's: a network round
+// trip never holds up the loop), for the loop to adopt (adoptHostViews)
+// before it learns about them; the caller must hand them to it. The loop
+// marks them read when it names them, so workers of several domains do
+// not read one host at once: a worker that needs a host another is
+// reading waits for that read to be adopted, so it never learns from
+// the record before it.
+func (e *Engine) hostViews(addrs ...string) hostReads {
+	if e.opt.Shared == nil {
+		return hostReads{}
+	}
+	now := e.now()
+	var stale []string
+	var others []chan struct{}
+	r := hostReads{done: make(chan struct{})}
+	e.call(func() {
+		for _, addr := range addrs {
+			if addr == "" || slices.Contains(stale, addr) {
+				continue
+			}
+			switch h := e.hostOf(addr); {
+			case h.reading != nil:
+				others = append(others, h.reading)
+			case now.Sub(h.checked) >= hostReload:
+				h.checked, h.reading = now, r.done
+				stale = append(stale, addr)
+			}
+		}
+	})
+	for _, c := range others {
+		<-c
+	}
+	for _, addr := range stale {
+		rec, ok := e.opt.Shared.Load(hostKey(addr))
+		r.views = append(r.views, hostView{addr: addr, rec: rec, ok: ok, at: now})
+	}
+	return r
+}
+
+// adoptHostViews merges what hostViews read into the host records, on
+// the loop's goroutine.
+func (e *Engine) adoptHostViews(r hostReads) {
+	if r.done == nil {
+		return
+	}
+	defer close(r.done)
+	for _, v := range r.views {
+		h := e.hostOf(v.addr)
+		if h.reading == r.done {
+			h.reading = nil
+		}
+		if !v.ok {
+			continue
+		}
+		adoptShared(&h.rec, v.rec, v.at)
+		if v.rec.PaceInterval > 0 && v.rec.Updated.After(h.sharedPace) {
+			h.sharedPace = v.rec.Updated
+		}
+	}
+}
+
 // hostRecords returns the host records s changed, marked stored, for the
-// settlement's update. Called with each host's mu held (s.hosts).
+// settlement's update.
 func hostRecords(s *settlement, now time.Time) []queue.Destination {
 	var out []queue.Destination
 	for _, h := range s.hosts {
@@ -114,14 +184,6 @@ func hostRecords(s *settlement, now time.Time) []queue.Destination {
 		out = append(out, h.rec)
 	}
 	return out
-}
-
-// unlockHosts releases the host records s holds.
-func (s *settlement) unlockHosts() {
-	for _, h := range s.hosts {
-		h.mu.Unlock()
-	}
-	s.hosts = nil
 }
 
 // greylistWaitAt learns from a greylisting reply at the MX address addr
@@ -189,13 +251,8 @@ func (e *Engine) unstoreHosts(recs []queue.Destination) {
 		if !ok {
 			continue
 		}
-		e.hmu.Lock()
-		h := e.hosts[strings.TrimSuffix(addr, "]")]
-		e.hmu.Unlock()
-		if h != nil {
-			h.mu.Lock()
+		if h := e.hosts[strings.TrimSuffix(addr, "]")]; h != nil {
 			h.stored = queue.Destination{}
-			h.mu.Unlock()
 		}
 	}
 }
@@ -267,13 +324,8 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 		if !ok {
 			continue
 		}
-		e.hmu.Lock()
-		h := e.hosts[strings.TrimSuffix(addr, "]")]
-		e.hmu.Unlock()
-		if h != nil {
-			h.mu.Lock()
+		if h := e.hosts[strings.TrimSuffix(addr, "]")]; h != nil {
 			h.rec, h.stored, h.checked = queue.Destination{}, queue.Destination{}, time.Time{}
-			h.mu.Unlock()
 		}
 	}
 }
@@ -283,7 +335,7 @@ func (e *Engine) forgetHosts(names map[string]bool) {
 // rate-limit reply and each message accepted while it is paced teaches
 // the host's pace (backoff.Pace) as well as the domain's (learnHostPace;
 // the messages of a host never paced are not counted there, so that a
-// busy MX costs no lock per message: its opening starts from the run of
+// busy MX costs no host record per message: its opening starts from the run of
 // the domain that met its first refusal). A
 // domain with a pace of its own keeps it (it refines the host's: the
 // limit may be per recipient domain); until it has one, its transactions
@@ -305,7 +357,7 @@ const hostPaceStale = time.Hour
 // rec is the domain's record, as s left it.
 func (e *Engine) learnHostPace(s *settlement, rec *queue.Destination, addr string, now time.Time) {
 	if addr == "" || (!s.limited && !s.success) || (!s.limited && !e.hostPaced(s, addr)) {
-		return // an unpaced host learns from refusals only: no lock per delivered message
+		return // an unpaced host learns from refusals only: no host record per delivered message
 	}
 	h := e.hostFor(s, addr, now)
 	p := pace(&h.rec)
@@ -335,20 +387,13 @@ func (e *Engine) learnHostPace(s *settlement, rec *queue.Destination, addr strin
 }
 
 // hostPaced reports whether the host record of addr in memory is paced.
-// Unlike hostFor it neither reads the record nor keeps it locked.
+// Unlike hostFor it does not read the record.
 func (e *Engine) hostPaced(s *settlement, addr string) bool {
 	if h := s.hosts[addr]; h != nil {
-		return h.rec.PaceInterval > 0 // locked for s already
+		return h.rec.PaceInterval > 0
 	}
-	e.hmu.Lock()
 	h := e.hosts[addr]
-	e.hmu.Unlock()
-	if h == nil {
-		return false
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.rec.PaceInterval > 0
+	return h != nil && h.rec.PaceInterval > 0
 }
 
 // hostGate waits, for a domain without a pace of its own, until the
@@ -363,40 +408,67 @@ func (e *Engine) hostGate(ctx context.Context, d *dest, a *attempt, addr string,
 		return true
 	}
 	a.hostStart = addr
-	d.mu.Lock()
-	own := pace(&d.rec).Paced()
-	d.mu.Unlock()
-	released := false
+	released, own, first := false, false, true
 	for {
-		now := e.now()
-		h := e.hostOf(addr, now)
-		p := pace(&h.rec)
-		if now.Sub(h.rec.Updated) > hostPaceStale && now.Sub(h.sharedPace) > hostPaceStale {
-			p = backoff.Pace{} // learned long ago: the domain learns afresh if refused
-		}
-		at := p.Start(h.lastStart, now)
-		if own || !p.Paced() || !at.After(now) {
-			h.lastStart = now
-			h.mu.Unlock()
-			if own || !p.Paced() {
+		views := e.hostViews(addr)
+		var st paceStep
+		e.call(func() {
+			if first { // whether d has a pace of its own when the wait began
+				own, first = pace(&d.rec).Paced(), false
+			}
+			e.adoptHostViews(views)
+			st = e.hostStart(addr, own)
+		})
+		if st.took {
+			if !st.paced {
 				return true
 			}
-			return e.sharedHostWait(ctx, addr, p, now, release, released)
+			return e.sharedHostWait(ctx, addr, st.p, st.now, release, released)
 		}
-		if h.wake == nil {
-			h.wake = make(chan struct{})
-		}
-		wake := h.wake
-		h.mu.Unlock()
-		wait := at.Sub(now)
+		wait := st.at.Sub(st.now)
 		if wait > paceIdle && !released {
 			release()
 			released = true
 		}
-		if !sleepCtx(ctx, wait, wake) {
+		if !sleepCtx(ctx, wait, st.wake) {
 			return false
 		}
 	}
+}
+
+// paceStep is the loop's answer to a worker waiting for a start at an MX
+// address (hostStart) or at its destination (takeStart): the start was
+// taken at now, or the next may come at at, sooner if wake is closed.
+type paceStep struct {
+	took    bool
+	paced   bool // hostStart: the start is one of the host's pace, p
+	p       backoff.Pace
+	now     time.Time
+	at      time.Time
+	wake    <-chan struct{}
+	refused int // takeStart: d.refused when the start was taken
+}
+
+// hostStart takes the next start at the MX address addr, on the loop's
+// goroutine: at once for a domain with a pace of its own (own) or an
+// address not paced (the start is only noted), else when the host's
+// pace lets it.
+func (e *Engine) hostStart(addr string, own bool) paceStep {
+	now := e.now()
+	h := e.hostOf(addr)
+	p := pace(&h.rec)
+	if now.Sub(h.rec.Updated) > hostPaceStale && now.Sub(h.sharedPace) > hostPaceStale {
+		p = backoff.Pace{} // learned long ago: the domain learns afresh if refused
+	}
+	at := p.Start(h.lastStart, now)
+	if own || !p.Paced() || !at.After(now) {
+		h.lastStart = now
+		return paceStep{took: true, paced: !own && p.Paced(), p: p, now: now}
+	}
+	if h.wake == nil {
+		h.wake = make(chan struct{})
+	}
+	return paceStep{now: now, at: at, wake: h.wake}
 }
 
 // sharedHostWait reserves the start at now under the host's pace p

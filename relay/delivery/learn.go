@@ -155,9 +155,8 @@ func learnAccepted(p backoff.Pace, n int, started, pacedSince, now time.Time) ba
 // release closes the connection open to addr, if any, before a wait
 // longer than paceIdle. It returns false if ctx ended first.
 func (e *Engine) paceGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
-	d.mu.Lock()
-	again := d.refused != a.refused && pace(&d.rec).Paced()
-	d.mu.Unlock()
+	var again bool
+	e.call(func() { again = d.refused != a.refused && pace(&d.rec).Paced() })
 	if again {
 		_, refused, ok := e.paceWait(ctx, d, release)
 		if !ok {
@@ -192,32 +191,37 @@ func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Ti
 	e.refreshShared(d) // a pace another node learned applies on an open connection too
 	released := false
 	for {
-		d.mu.Lock()
-		p := pace(&d.rec)
-		now := e.now()
-		at := p.Start(d.lastStart, now)
-		wake := d.paceWake
-		if !at.After(now) {
-			d.prevStart, d.lastStart = d.lastStart, now // also unpaced: a refusal paces from the start before it
-			e.notePace(d, d.rec)
-			refused := d.refused
-			d.mu.Unlock()
-			return now, refused, e.sharedWait(ctx, d, p, now, release, released)
+		var st paceStep
+		e.call(func() { st = e.takeStart(d) })
+		if st.took {
+			return st.now, st.refused, e.sharedWait(ctx, d, st.p, st.now, release, released)
 		}
-		if wake == nil {
-			wake = make(chan struct{})
-			d.paceWake = wake
-		}
-		d.mu.Unlock()
-		wait := at.Sub(now)
+		wait := st.at.Sub(st.now)
 		if wait > paceIdle && !released {
 			release()
 			released = true
 		}
-		if !sleepCtx(ctx, wait, wake) {
+		if !sleepCtx(ctx, wait, st.wake) {
 			return time.Time{}, 0, false
 		}
 	}
+}
+
+// takeStart takes d's next start if its pace lets it start now, on the
+// loop's goroutine; else it says when the next may come.
+func (e *Engine) takeStart(d *dest) paceStep {
+	p := pace(&d.rec)
+	now := e.now()
+	at := p.Start(d.lastStart, now)
+	if !at.After(now) {
+		d.prevStart, d.lastStart = d.lastStart, now // also unpaced: a refusal paces from the start before it
+		e.notePace(d, d.rec)
+		return paceStep{took: true, p: p, now: now, refused: d.refused}
+	}
+	if d.paceWake == nil {
+		d.paceWake = make(chan struct{})
+	}
+	return paceStep{now: now, at: at, wake: d.paceWake}
 }
 
 // sharedWait takes the start at now across the nodes too (sharedStart)
@@ -227,12 +231,12 @@ func (e *Engine) sharedWait(ctx context.Context, d *dest, p backoff.Pace, now ti
 	if !ok || !at.After(now) {
 		return true
 	}
-	d.mu.Lock()
-	if at.After(d.lastStart) {
-		d.lastStart = at // the nodes' common pace rules; the local start is the fallback
-		e.notePace(d, d.rec)
-	}
-	d.mu.Unlock()
+	e.atLoop(func() {
+		if at.After(d.lastStart) {
+			d.lastStart = at // the nodes' common pace rules; the local start is the fallback
+			e.notePace(d, d.rec)
+		}
+	}, false)
 	if wait := at.Sub(now); wait > paceIdle && !released {
 		release()
 	}
@@ -255,28 +259,27 @@ func sleepCtx(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 // giveBackStart returns the start paceWait took for a worker that then
 // found no job, unless a later one was taken meanwhile.
 func (e *Engine) giveBackStart(d *dest, taken time.Time) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.lastStart.Equal(taken) {
-		d.lastStart = d.prevStart
-		e.notePace(d, d.rec)
-	}
+	e.atLoop(func() {
+		if d.lastStart.Equal(taken) {
+			d.lastStart = d.prevStart
+			e.notePace(d, d.rec)
+		}
+	}, false)
 }
 
 // notePace sets d.paceHold from d.lastStart and rec's pace, which a
 // refusal lengthens and an acceptance shortens: until then, evict keeps d
 // with its lastStart, or the next message after an idle moment (no job,
 // no worker) would find d read again from the queue and start at once,
-// breaking the pace. Called with d.mu held.
+// breaking the pace. The loop's goroutine only.
 //
 // A pace whose next start comes sooner than before wakes the workers
 // waiting for it (paceWait), so that none sleeps through a gap that an
 // acceptance has just shortened.
 func (e *Engine) notePace(d *dest, rec queue.Destination) {
 	hold := pace(&rec).Start(d.lastStart, d.lastStart) // lastStart plus the gap; zero if never started
-	sooner := hold.Before(d.paceHeld)
-	d.paceHeld = hold
-	e.atLoop(func() { d.paceHold = hold }, false)
+	sooner := hold.Before(d.paceHold)
+	d.paceHold = hold
 	if sooner && d.paceWake != nil {
 		close(d.paceWake)
 		d.paceWake = nil
@@ -329,8 +332,8 @@ func (e *Engine) decayThrottle(rec *queue.Destination, results []queue.Result) {
 // markDead remembers that addr refused or ignored a connection, so that no
 // attempt dials it again before until (RFC 5321 §4.5.4.1: "A client SHOULD
 // keep a list of hosts it cannot reach and corresponding connection
-// timeouts, rather than just retrying queued mail items"). Called with d.mu
-// held; stored with the attempt's outcome.
+// timeouts, rather than just retrying queued mail items"). Stored with
+// the attempt's outcome.
 func markDead(rec *queue.Destination, addr string, until time.Time) {
 	if rec.DeadHosts == nil {
 		rec.DeadHosts = map[string]time.Time{}

@@ -12,40 +12,48 @@ import (
 // What the scheduler loop owns, and how others reach it.
 //
 // Run's goroutine is the only one that reads or writes the scheduling
-// state: the destinations (dest's scheduling fields: pending jobs, idle
-// connections, running workers, throttle copy, ramp, cluster slots asked
-// for), the claimed set (the recipients held in jobs), the scan's
-// position and the requests to rescan, the suspensions and the storage
-// pause; and the only one that loads a destination's record
-// (loadDests). Nothing guards that state: nobody else touches it. The
-// scan's filter runs inside a queue read transaction on that same
-// goroutine, so it reads the claimed set without any lock, and a
-// writer's transaction can never wait on it.
+// state and what was learned: the destinations (dest: pending jobs, idle
+// connections, running workers, ramp, cluster slots asked for, and the
+// learned record with its pace, greylisting window and dead hosts), the
+// MX hosts' records (host.go), the claimed set (the recipients held in
+// jobs), the scan's position and the requests to rescan, the
+// suspensions and the storage pause. Nothing guards that state: nobody
+// else touches it. The scan's filter runs inside a queue read
+// transaction on that same goroutine, so it reads the claimed set
+// without any lock, and a writer's transaction can never wait on it.
 //
-// The others reach the loop in three ways, as mox's queue workers do:
+// The others reach the loop in four ways, as mox's queue workers do:
 //
 //   - A worker asks (askLoop) whether there is a job for its connection
 //     and for the job itself, and waits for the answer: the loop alone
-//     decides which job goes to which open connection, and keeps a
-//     connection that waits for a next message with its destination's
-//     idle ones.
+//     decides which job goes to which open connection (reuse, from the
+//     policy the job carries), and keeps a connection that waits for a
+//     next message with its destination's idle ones.
+//   - A worker has the loop run a step on what was learned and waits for
+//     it (call): settling its attempt's outcomes (settle: the learning,
+//     the results, DSNs and events, and the update handed to the queue's
+//     writer, in the order learned), taking a paced start of its
+//     destination or MX host (takeStart, hostStart; the worker sleeps
+//     off the loop, on a channel the loop closes when the start comes
+//     sooner), reading the dead hosts. What may wait on the network or
+//     a disk stays on the worker's goroutine: the shared store's views
+//     (loadShared, hostViews), which the loop then adopts, and the
+//     suppression list.
 //   - Workers and the recorder leave notes in the loop's mailbox (a claim
 //     to release, a rescan, how a Begin went, a worker that ended, what
-//     an outcome taught: atLoop) and never wait for it: the loop takes
-//     them before each scan, each dispatch and each answer, in the order
-//     they were put, so a released claim is gone before the rescan that
-//     asks for it runs, and a worker's answer follows what its last
-//     outcome taught (a throttle that pauses its destination).
+//     a connection taught: atLoop) and never wait for it: the loop takes
+//     them before each scan, each dispatch, each answer and each call,
+//     in the order they were put, so a released claim is gone before
+//     the rescan that asks for it runs, and a worker's answer follows
+//     what it told the loop before.
 //   - The operator's changes (Retry, Requeue, Forget, Suspend, Resume and
 //     the cluster's suspensions) run on the loop's goroutine (inLoop), so
 //     a record the loop reads can never be adopted after the operator
 //     changed it.
 //
-// What workers learn as they settle an attempt is not the loop's: it is
-// serialised per destination by dest.mu and per MX host by host.mu,
-// because the workers of one destination (and of every domain behind one
-// MX) learn at once, and each outcome is handed to the queue's writer in
-// the order it was learned (record.go).
+// Once the loop has ended (Run's context is done), the workers still
+// finishing and the operator's changes take turns at that state instead
+// (inLoop).
 
 // note is what a worker or the recorder tells the loop.
 type note struct {
@@ -67,9 +75,12 @@ func (n note) wakes() bool { return n.rescan || n.ended != nil || n.wake }
 
 // mailbox is the loop's unbounded inbox: put never blocks, so a worker or
 // the recorder never waits for the loop, which may itself be waiting for
-// the recorder (settle of an attempt that never was). Its lock guards the
-// list of notes only, for the length of an append or a swap; it is the
-// mailbox's own, never held with any other.
+// the recorder (settle of an attempt that never was). A channel would
+// need a capacity, and a full one would make the recorder wait for the
+// loop while the loop waits for it; so the notes are a list, and its
+// lock guards that list only, for the length of an append or a swap: it
+// is the mailbox's own, never held with any other and never while
+// anything else is waited for. wake is the channel the loop sleeps on.
 type mailbox struct {
 	mu    sync.Mutex
 	notes []note
@@ -170,26 +181,33 @@ type op struct {
 }
 
 // inLoop runs fn on the loop's goroutine and returns when it has run.
-// Before Run starts it waits for it; once the loop has ended, nothing else
-// loads a destination's record, and fn runs on the caller's goroutine.
-// Never call it from the loop's goroutine.
+// Before Run starts it waits for it; once the loop has ended, fn runs on
+// the caller's goroutine, taking turns with the others that come after
+// the loop. Never call it from the loop's goroutine.
 func (e *Engine) inLoop(fn func()) {
 	o := op{fn: fn, done: make(chan struct{})}
 	select {
 	case e.ops <- o:
 		<-o.done
 	case <-e.ended:
-		// The loop's state is no one's now; those who come after it
-		// take turns (afterLoop guards nothing else).
+		// The loop's state is no one's now; those who come after it (the
+		// workers still finishing, the operator) take turns: afterLoop
+		// guards nothing while the loop runs.
 		e.afterLoop.Lock()
 		defer e.afterLoop.Unlock()
 		fn()
 	}
 }
 
-// runOp runs o on the loop's goroutine.
+// call is inLoop for a worker: it has the loop run fn on what was
+// learned (see the top of this file) and waits for it.
+func (e *Engine) call(fn func()) { e.inLoop(fn) }
+
+// runOp runs o on the loop's goroutine, after the notes put before it
+// (a worker's own among them: a dead host it found before it settles).
 func (e *Engine) runOp(o op) {
 	defer close(o.done)
+	e.readNotes()
 	o.fn()
 }
 

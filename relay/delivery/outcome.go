@@ -26,6 +26,9 @@ type outcome struct {
 	// why and until: a postponement's reason and new due time.
 	why   *postponement
 	until time.Time
+	// suppressed: the failure put the address on the suppression list;
+	// decided by settleAttempt, off the loop (suppress).
+	suppressed bool
 }
 
 // outcomeKind says where an outcome came from. Every kind is settled by
@@ -88,7 +91,7 @@ type settlement struct {
 	// the destination's pace began, lastRefused when it last refused
 	// (dest's fields).
 	started, pacedSince, lastRefused time.Time
-	hosts                            map[string]*host // MX hosts learned about, locked (host.go)
+	hosts                            map[string]*host // MX hosts learned about (host.go)
 }
 
 // logLine is one recipient's log line and metric, emitted after the commit.
@@ -125,6 +128,31 @@ type pendingOutcome struct {
 	decided chan struct{}
 }
 
+// settleAttempt is how a worker settles the outcomes of its attempt:
+// what may wait on a disk or the network happens here, on the worker's
+// goroutine (the suppression list, the shared store's view of the MX
+// hosts the outcome teaches about), and the rest on the loop's, which
+// owns what was learned about destinations and hosts (settle). The
+// worker waits for it: its attempt's body stays mapped meanwhile.
+func (e *Engine) settleAttempt(d *dest, a *attempt, outs []outcome) {
+	if len(outs) == 0 {
+		return
+	}
+	addrs := []string{a.t.addrString()}
+	at := e.now()
+	for i, o := range outs {
+		addrs = append(addrs, o.r.MXAddr)
+		if o.kind == attempted && !o.ok && o.v.Outcome == classifier.Failed {
+			outs[i].suppressed = e.suppress(a, o, at)
+		}
+	}
+	views := e.hostViews(addrs...)
+	e.call(func() {
+		e.adoptHostViews(views)
+		e.settle(d, a, outs)
+	})
+}
+
 // settle turns the outcomes of one attempt into results, DSNs and what was
 // learned about the destination, logs one line per recipient, and hands
 // them to the queue as one update (queue.ApplyAsync) and to the recorder,
@@ -133,8 +161,11 @@ type pendingOutcome struct {
 // (settleNow takes the same steps for the operator's bounce and a
 // postponement). The lines are logged before the update is
 // handed over, so whoever sees the queue change finds the attempt in the
-// log and the metrics already. It decides under d.mu, so that concurrent
-// workers of one destination never learn from stale destination state.
+// log and the metrics already. It runs on the loop's goroutine (workers
+// come through settleAttempt), so outcomes learn from the destination's
+// and the hosts' state one at a time, and their updates reach the
+// queue's writer, which commits in the order it takes them, in the order
+// they were learned.
 //
 // The worker does not wait for the commit: its next Begin commits after
 // it anyway, so a crash before that commit only means a redelivery
@@ -148,7 +179,6 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		return
 	}
 	now := e.now()
-	d.mu.Lock()
 	rec := cloneDest(d.rec)
 	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince, lastRefused: d.lastRefused}
 	for _, o := range outs {
@@ -164,7 +194,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		d.refused++
 	}
 	if n := s.accepted; n > 0 {
-		e.atLoop(func() { e.grow(d, n) }, false)
+		e.grow(d, n)
 	}
 	if s.expired {
 		e.decayThrottle(&rec, s.u.Results)
@@ -175,31 +205,22 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	po.u, po.actions = e.conclude(a, s, outs, now)
 	learned := !sameDest(rec, d.stored)
 	if learned {
-		// Stored with the outcome. It is handed to the queue under d.mu,
-		// so that the writer, which commits in the order it takes
-		// updates, never stores an older record of d after it. d.stored
-		// is what the queue holds once the updates handed over commit
-		// (hold resets it if this one fails).
+		// Stored with the outcome. d.stored is what the queue holds once
+		// the updates handed over commit (hold resets it if this one
+		// fails).
 		rec.Updated = now
 		po.u.Destinations = []queue.Destination{rec}
 		d.stored = cloneDest(rec)
-		e.atLoop(func() { d.recording++ }, false) // until the commit is decided (record.go)
+		d.recording++ // until the commit is decided (record.go)
 	}
 	// Otherwise the stored record stays as it is, so this update need not
 	// be ordered with the others of d and may share their commit (the
 	// queue group-commits concurrent updates). Updated thus tells when the
 	// record last changed.
 	e.adopt(d, rec)
-	if !learned {
-		d.mu.Unlock()
-	}
 	po.own = learned
 	po.u.Destinations = append(po.u.Destinations, hostRecords(s, now)...)
 	e.submit(po)
-	s.unlockHosts() // handed over in order, as d's record
-	if learned {
-		d.mu.Unlock()
-	}
 	if a.none {
 		<-po.decided
 	}
@@ -253,13 +274,12 @@ func (e *Engine) submit(po *pendingOutcome) {
 	e.out.hand(po)
 }
 
-// adopt makes rec d's current record, and tells the loop what it
+// adopt makes rec d's current record, and updates what the loop
 // schedules by (its throttle, how long d's run of accepted messages
-// matters). Called with d.mu held.
+// matters). The loop's goroutine only.
 func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	d.rec = rec
-	th, kept := backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}, pace(&rec).RunEnds()
-	e.atLoop(func() { d.throttle, d.runKept = th, kept }, false)
+	d.throttle, d.runKept = backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}, pace(&rec).RunEnds()
 	e.notePace(d, rec) // the pace may have changed
 }
 
@@ -371,19 +391,21 @@ func (e *Engine) failed(s *settlement, a *attempt, o outcome, res *queue.Result,
 	}
 	s.lines = append(s.lines, logLine{r: o.r, res: *res, outcome: string(queue.Failed), reason: string(o.v.Reason),
 		code: o.v.Code, enhanced: o.v.Enhanced, text: o.v.Text, expired: expired, status: status,
-		suppressed: e.suppress(a, o, res, expired)})
+		suppressed: o.suppressed && !expired})
 }
 
 // suppress hands an address failure to Options.Suppress: a 5xx reply
 // whose reason is about the mailbox (classifier.NoSuchUser: X.1.x and
 // X.2.1, "user unknown" and the like). Policy and content refusals
 // (X.7.x, "spam") say nothing about the address and are not suppressed.
-func (e *Engine) suppress(a *attempt, o outcome, res *queue.Result, expired bool) bool {
-	if e.opt.Suppress == nil || expired || o.v.Reason != classifier.NoSuchUser || o.v.Code/100 != 5 {
+// It runs on the worker's goroutine, before the outcome is settled
+// (settleAttempt): the list may wait on a disk.
+func (e *Engine) suppress(a *attempt, o outcome, at time.Time) bool {
+	if e.opt.Suppress == nil || o.v.Reason != classifier.NoSuchUser || o.v.Code/100 != 5 {
 		return false
 	}
 	reply := strconv.Itoa(o.v.Code) + " " + o.v.Enhanced + " " + o.v.Text
-	return e.opt.Suppress(a.msg.From, o.r.Addr, string(o.v.Reason), strings.TrimSpace(reply), res.End)
+	return e.opt.Suppress(a.msg.From, o.r.Addr, string(o.v.Reason), strings.TrimSpace(reply), at)
 }
 
 // deferred records a temporary failure and schedules the next attempt.

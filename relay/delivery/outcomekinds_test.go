@@ -67,7 +67,7 @@ func TestOutcomeKinds(t *testing.T) {
 		}, status: queue.Delivered, stage: "end-of-data",
 			event: "delivered", counted: "delivered none", line: "delivery attempt"},
 		{name: "expired while throttled", late: true, run: func(t *testing.T, x env) {
-			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, throttled); err != nil {
+			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, throttled, x.h.eng.settle); err != nil {
 				t.Fatal(err)
 			}
 		}, status: queue.Failed, reason: "rate-limited", stage: "dns",
@@ -100,25 +100,25 @@ func TestOutcomeKinds(t *testing.T) {
 			}
 		}, status: queue.Queued},
 		{name: "postponed while throttled", run: func(t *testing.T, x env) {
-			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, throttled); err != nil {
+			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, throttled, x.h.eng.settle); err != nil {
 				t.Fatal(err)
 			}
 		}, status: queue.Queued, stage: "throttled"},
 		{name: "postponed while suspended", run: func(t *testing.T, x env) {
-			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, suspended); err != nil {
+			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, suspended, x.h.eng.settle); err != nil {
 				t.Fatal(err)
 			}
 		}, status: queue.Queued, stage: "suspended", line: suspended.log},
 		{name: "postponed after a deferral", run: func(t *testing.T, x env) {
 			x.h.eng.settle(x.d, x.a, []outcome{{r: x.r, v: deferral}})
 			r, _ := x.h.rcpt(x.r.Key.ID, 0)
-			if err := x.h.eng.pushMessage(x.d, r.Key.ID, []queue.Recipient{r}, x.now.Add(time.Hour), x.now, throttled); err != nil {
+			if err := x.h.eng.pushMessage(x.d, r.Key.ID, []queue.Recipient{r}, x.now.Add(time.Hour), x.now, throttled, x.h.eng.settle); err != nil {
 				t.Fatal(err)
 			}
 		}, status: queue.Deferred, reason: "server-error", stage: "throttled", // only the attempt is told of
 			event: "deferred", counted: "deferred server-error", line: "delivery attempt"},
 		{name: "postponed, every address dead", run: func(t *testing.T, x env) {
-			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, unreachable); err != nil {
+			if err := x.h.eng.pushMessage(x.d, x.r.Key.ID, []queue.Recipient{x.r}, x.now.Add(time.Hour), x.now, unreachable, x.h.eng.settle); err != nil {
 				t.Fatal(err)
 			}
 		}, status: queue.Queued, reason: "connect", stage: "dead-host", line: unreachable.log},

@@ -247,6 +247,7 @@ func TestPaceGate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := recorderEngine(nil)
 		e.opt.Now = time.Now
+		playLoop(t, e)
 		t0 := time.Now()
 		d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test",
 			PaceInterval: 2 * time.Second, PaceRefusals: 1, PaceRun: 30, PaceRunStart: t0}}

@@ -16,9 +16,9 @@ import (
 // and to the recorder, and goes on: no worker waits for a commit, and
 // none holds a lock while one is made or retried. The queue's writer
 // commits the updates in the order it takes them, so ordering is its job:
-// an outcome that carries what was learned about a destination is handed
-// over under that destination's d.mu, and no other worker of it can hand
-// over an older record after it.
+// outcomes are settled and handed over on the loop's goroutine, one at a
+// time, so an outcome that carries what was learned about a destination
+// never reaches the writer before an older record of it.
 //
 // The recorder is one goroutine (collect) that waits for those commits in
 // the order they were handed over (each is usually decided already when
@@ -57,8 +57,11 @@ type recorder struct {
 	// store stores held outcomes again (the queue's Apply).
 	store func(queue.Update) error
 
-	// mu guards handed, the recorder's inbox: settling workers append,
-	// the recorder swaps it out (take). Held for that only, with no other.
+	// mu guards handed, the recorder's inbox: settle appends (on the
+	// loop's goroutine, or a worker's once the loop has ended), the
+	// recorder swaps it out (take). Held for that only, with no other.
+	// Not a channel: a full one would hold up the loop while the
+	// recorder waits for a commit or the shared store (Publish).
 	mu     sync.Mutex
 	handed []*pendingOutcome // handed to the queue, not collected yet, oldest first
 
@@ -177,14 +180,15 @@ func (e *Engine) recorded(d *dest) {
 // hold keeps po, whose commit failed, to be stored again (held.go). The
 // destination record it carried is not kept (a later outcome may carry a
 // newer one); instead the next outcome of its destination carries the
-// record then current.
+// record then current: the loop, which owns the records, is told so.
 func (e *Engine) hold(po *pendingOutcome, err error) {
-	if po.own {
-		po.d.mu.Lock()
-		po.d.stored = queue.Destination{}
-		po.d.mu.Unlock()
-	}
-	e.unstoreHosts(po.u.Destinations)
+	d, own, recs := po.d, po.own, po.u.Destinations
+	e.atLoop(func() {
+		if own {
+			d.stored = queue.Destination{}
+		}
+		e.unstoreHosts(recs)
+	}, false)
 	e.out.held.add(po)
 	e.log.Error("delivery: recording outcome failed; held, and stored again once the queue takes it",
 		zap.String("queue_id", po.a.msg.ID.String()), zap.String("domain", po.d.name), zap.Error(err))

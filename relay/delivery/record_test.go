@@ -18,6 +18,29 @@ func recorderEngine(store func(queue.Update) error) *Engine {
 	return &Engine{log: zap.NewNop(), claimed: map[queue.Key]bool{}, out: newRecorder(store)}
 }
 
+// playLoop runs, until the test ends, what a worker of e has the loop
+// run (call), as Run would: for tests that take a worker's steps without
+// running the loop. Between calls the test goroutine plays the loop.
+func playLoop(t *testing.T, e *Engine) {
+	e.ops, e.ended = make(chan op), make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case o := <-e.ops:
+				e.runOp(o)
+			case <-stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+}
+
 // handed hands over an outcome of a fresh attempt for key, claimed as
 // takeFresh claims it (the test goroutine plays the loop), carrying the destination records recs, whose commit
 // ends with what commit delivers, and returns it.
@@ -84,7 +107,7 @@ func TestRecorderStopWaitsForCommit(t *testing.T) {
 }
 
 // A failed commit is held and stored again on a backoff timer by the
-// recorder, holding no lock of the engine or the destination, while the
+// recorder, holding no lock of the engine, while the
 // outcomes handed over after it are collected at once; the destination
 // record it carried is stored again by the next outcome.
 func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
@@ -94,7 +117,7 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		var tries []time.Time
 		store := func(u queue.Update) error {
 			tries = append(tries, time.Now())
-			for name, mu := range map[string]locker{"d.mu": &d.mu, "the loop's mailbox": &e.notes.mu} {
+			for name, mu := range map[string]locker{"the recorder's inbox": &e.out.mu, "the loop's mailbox": &e.notes.mu} {
 				if !mu.TryLock() {
 					t.Errorf("held outcome stored again with %s held", name)
 					continue
@@ -120,6 +143,7 @@ func TestRecorderRetriesHeldOutsideLocks(t *testing.T) {
 		if !isClosed(first.decided) || e.out.held.len() != 1 {
 			t.Fatal("a failed commit is not held at once")
 		}
+		e.readNotes() // the test goroutine plays the loop, which owns d
 		if d.stored.Domain != "" {
 			t.Error("the destination record of a failed commit still counts as stored")
 		}
@@ -176,6 +200,7 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	now := t0
 	e := recorderEngine(nil)
 	e.opt.Now = func() time.Time { return now }
+	playLoop(t, e)
 	d := &dest{name: "paced.test", rec: queue.Destination{Domain: "paced.test", PaceInterval: time.Second, PaceRefusals: 1}}
 	e.dests = map[string]*dest{d.name: d}
 	e.order = []string{d.name}
@@ -196,10 +221,8 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	// The pace the record holds now counts: a refusal's longer gap keeps d longer.
 	d2 := &dest{name: "refused.test", lastStart: t0}
 	e.dests[d2.name], e.order = d2, append(e.order, d2.name)
-	d2.mu.Lock()
 	e.adopt(d2, queue.Destination{Domain: d2.name, PaceInterval: time.Second, PaceRefusals: 3}) // gap 4 s
-	d2.mu.Unlock()
-	e.readNotes() // the test goroutine plays the loop
+	e.readNotes()                                                                               // the test goroutine plays the loop
 	e.evict(t0.Add(3 * time.Second))
 	kept := e.dests[d2.name] == d2
 	if !kept {

@@ -47,10 +47,11 @@ const (
 	fullRescanEvery = 30 * time.Second
 )
 
-// dest is the scheduler's view of one destination domain. The fields up
-// to runKept are the loop's (loop.go): read and written on its goroutine
-// only, workers and the recorder change them with a note. The rest is
-// what workers learn about the domain, under d.mu.
+// dest is the scheduler's view of one destination domain, and what was
+// learned about it. Every field is the loop's (loop.go): read and written
+// on its goroutine only. Workers reach them by asking the loop (call:
+// their paced start, the dead hosts, the settling of their outcomes) or
+// leave it a note (atLoop); the recorder leaves notes.
 type dest struct {
 	name     string
 	pending  []*job           // claimed, waiting for a worker
@@ -90,32 +91,22 @@ type dest struct {
 	// pace from a run of one.
 	runKept time.Time
 
-	// mu serialises what workers learn about the domain and its storage
-	// through queue.Apply, so concurrent workers never lose an update. It
-	// is not the loop's: workers settle their attempts on their own
-	// goroutines, and hand each update to the queue's writer under it so
-	// that the writer never stores an older record after a newer one.
-	mu     sync.Mutex
-	rec    queue.Destination // guarded by mu
-	stored queue.Destination // what the queue holds (deep copy); guarded by mu
+	rec    queue.Destination // what was learned, stored or not
+	stored queue.Destination // what the queue holds (deep copy)
 	// lastStart is when the last transaction was allowed to start
-	// (paceWait), prevStart the one before (giveBackStart); guarded by mu.
+	// (paceWait), prevStart the one before (giveBackStart).
 	lastStart, prevStart time.Time
 	// pacedSince is when the destination's pace last began (its first
 	// refusal after an unpaced time), lastRefused when a rate-limit
-	// reply was last learned; guarded by mu.
+	// reply was last learned.
 	pacedSince, lastRefused time.Time
-	// refused counts the attempts that met a rate-limit reply (paceGate);
-	// guarded by mu.
+	// refused counts the attempts that met a rate-limit reply (paceGate).
 	refused int
-	// paceWake is closed when the next paced start comes sooner than
-	// the workers waiting for it were told (notePace); guarded by mu.
+	// paceWake is closed (by the loop) when the next paced start comes
+	// sooner than the workers waiting for it were told (notePace).
 	paceWake chan struct{}
-	// sharedAt is when the other nodes' view was last read (loadShared);
-	// guarded by mu.
+	// sharedAt is when the other nodes' view was last read (loadShared).
 	sharedAt time.Time
-	// paceHeld is paceHold as notePace last set it; guarded by mu.
-	paceHeld time.Time
 }
 
 // job is one SMTP transaction to be: due recipients of one message at one
@@ -220,8 +211,9 @@ func (e *Engine) sleep(ctx context.Context, wg *sync.WaitGroup, fresh <-chan que
 			}
 			continue
 		case o := <-e.ops:
-			e.runOp(o)
-			continue
+			if e.runOp(o); !e.rewake { // a settled outcome may ask for a schedule (grow)
+				continue
+			}
 		case a := <-e.asks:
 			if e.answerAsk(a); !e.rewake { // its notes may ask for a schedule
 				continue
@@ -403,7 +395,8 @@ func (e *Engine) scanFilter(now time.Time) (func(domain string, k queue.Key) (bo
 }
 
 // loadDests creates the scheduler state of every domain in rs it does not
-// know yet, reading what is stored about it.
+// know yet, reading what is stored about it; what the other nodes know
+// about them is read off the loop (loadSharedViews).
 func (e *Engine) loadDests(rs []queue.Recipient) error {
 	missing := map[string]bool{}
 	for _, r := range rs {
@@ -411,6 +404,7 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 			missing[name] = true
 		}
 	}
+	var loaded []*dest
 	for name := range missing {
 		rec, ok, err := e.q.Destination(name)
 		if err != nil {
@@ -420,19 +414,40 @@ func (e *Engine) loadDests(rs []queue.Recipient) error {
 		if !ok {
 			rec = queue.Destination{Domain: name}
 		}
-		if e.opt.Shared != nil {
-			if sh, ok := e.opt.Shared.Load(name); ok {
-				adoptShared(&rec, sh, e.now())
-			}
-		}
 		d := &dest{name: name, rec: rec, stored: cloneDest(stored), ramp: rampFor(e.cfg.Delivery.InitialPerDestination, 0, e.cfg.Delivery.MaxPerDestination),
 			throttle: backoff.Throttle{Level: rec.ThrottleLevel, Until: rec.ThrottledUntil}}
 		if e.dests[name] == nil {
 			e.dests[name] = d
 			e.order = append(e.order, name)
+			loaded = append(loaded, d)
 		}
 	}
+	e.loadSharedViews(loaded)
 	return nil
+}
+
+// loadSharedViews reads what the other nodes know about the newly loaded
+// destinations ds on a goroutine of its own, which hands it to the loop
+// to adopt: the loop never waits on the shared store. Until then a
+// destination goes by its own record; a worker reads the shared view
+// again before it dials (takeSlot), so none sends before it is adopted.
+func (e *Engine) loadSharedViews(ds []*dest) {
+	if e.opt.Shared == nil || len(ds) == 0 {
+		return
+	}
+	now := e.now()
+	go func() {
+		for _, d := range ds {
+			sh, ok := e.opt.Shared.Load(d.name)
+			if !ok {
+				continue
+			}
+			e.atLoop(func() {
+				adoptShared(&d.rec, sh, now)
+				e.adopt(d, d.rec)
+			}, true)
+		}
+	}()
 }
 
 // pushItem is a set of recipients of a paused destination, to move to

@@ -83,23 +83,23 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 // loadShared merges the shared view of d's domain into d.rec, the
 // scheduler's throttle copy and d.paceHold: a pace adopted from another
 // node keeps d (and its lastStart) in memory until its next start may
-// come, as one learned here does.
+// come, as one learned here does. The shared store is read on the
+// caller's goroutine (a worker's), never on the loop's, and what it said
+// is merged on the loop's.
 func (e *Engine) loadShared(d *dest) {
 	if e.opt.Shared == nil {
 		return
 	}
 	now := e.now()
-	d.mu.Lock()
-	d.sharedAt = now
-	d.mu.Unlock()
+	e.atLoop(func() { d.sharedAt = now }, false)
 	sh, ok := e.opt.Shared.Load(d.name)
 	if !ok {
 		return
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	adoptShared(&d.rec, sh, now)
-	e.adopt(d, d.rec)
+	e.call(func() {
+		adoptShared(&d.rec, sh, now)
+		e.adopt(d, d.rec)
+	})
 }
 
 // sharedRefresh is how old d's shared view may be when a transaction
@@ -118,9 +118,8 @@ func (e *Engine) refreshShared(d *dest) {
 	if e.opt.Shared == nil {
 		return
 	}
-	d.mu.Lock()
-	stale := e.now().Sub(d.sharedAt) >= sharedRefresh
-	d.mu.Unlock()
+	var stale bool
+	e.call(func() { stale = e.now().Sub(d.sharedAt) >= sharedRefresh })
 	if stale {
 		e.loadShared(d)
 	}
@@ -136,9 +135,10 @@ func (e *Engine) takeSlot(d *dest) (release func(), lost <-chan struct{}, ok boo
 		return func() {}, nil, true
 	}
 	e.loadShared(d)
-	d.mu.Lock()
-	limit := backoff.Throttle{Level: d.rec.ThrottleLevel, Until: d.rec.ThrottledUntil}.Concurrency(e.cfg.Delivery.MaxPerDestination)
-	d.mu.Unlock()
+	var limit int
+	e.call(func() {
+		limit = backoff.Throttle{Level: d.rec.ThrottleLevel, Until: d.rec.ThrottledUntil}.Concurrency(e.cfg.Delivery.MaxPerDestination)
+	})
 	release, lost, ok = e.opt.Shared.Acquire(d.name, limit)
 	granted, wait := ok, e.now().Add(leaseRetry) // copies: the closure runs on the loop
 	e.atLoop(func() { e.slotAnswered(d, granted, wait) }, granted)

@@ -132,6 +132,7 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e := recorderEngine(nil)
 			e.opt.Now = func() time.Time { return t0 }
+			playLoop(t, e)
 			tt.local.Domain, tt.sh.Domain = "paced.test", "paced.test"
 			e.opt.Shared = loadOnly{rec: tt.sh}
 			d := &dest{name: "paced.test", rec: tt.local}

@@ -52,7 +52,7 @@ func (e *Engine) bounceSuppressed(d *dest, j *job, msg queue.Message, body []byt
 	for i, r := range sj.rcpts {
 		outs[i] = outcome{r: r, v: verdicts[r.Key]}
 	}
-	e.settle(d, a, outs)
+	e.settleAttempt(d, a, outs)
 }
 
 // suppressedVerdict is the failure of a recipient on the suppression list:

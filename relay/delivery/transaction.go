@@ -39,7 +39,7 @@ func (e *Engine) transact(ctx context.Context, d *dest, a *attempt, s *session, 
 		if ctx.Err() != nil {
 			outs = definite(outs) // the rest stays Active and is recovered
 		}
-		e.settle(d, a, outs)
+		e.settleAttempt(d, a, outs)
 		if err != nil {
 			e.closeSession(ctx, s)
 			return nil, jd.rest

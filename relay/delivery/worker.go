@@ -249,7 +249,7 @@ func (e *Engine) early(d *dest, j *job, a *attempt, v classifier.Verdict) {
 	if !e.begin(j, a, target{}, 1) {
 		return
 	}
-	e.settle(d, a, outcomesOf(j.rcpts, v))
+	e.settleAttempt(d, a, outcomesOf(j.rcpts, v))
 }
 
 func outcomesOf(rs []queue.Recipient, v classifier.Verdict) []outcome {
