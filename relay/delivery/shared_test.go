@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/relaytest"
 )
 
 func TestAdoptShared(t *testing.T) {
@@ -152,4 +153,62 @@ func TestEvictKeepsSharedPacedStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// stalledShared is a shared store whose Load waits until open is closed,
+// like Redis behind a stalled network; started reports each Load.
+type stalledShared struct {
+	*memShared
+	open    chan struct{}
+	started chan string
+}
+
+func (s stalledShared) Load(name string) (queue.Destination, bool) {
+	select {
+	case s.started <- name:
+	default:
+	}
+	<-s.open
+	return s.memShared.Load(name)
+}
+
+// TestSharedStoreOffLoop: the loop never waits on the shared store. While
+// reading what the other nodes know about a newly due destination hangs,
+// the loop still answers (an operator's change runs at once); once the
+// store answers, the message is delivered.
+func TestSharedStoreOffLoop(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	ip := relaytest.Loopback(t)
+	h.dns.MX("stall.test", 10, "mx.stall.test").A("mx.stall.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{})
+	sh := stalledShared{memShared: &memShared{recs: map[string]queue.Destination{}},
+		open: make(chan struct{}), started: make(chan string, 16)}
+	opened := false
+	defer func() {
+		if !opened {
+			close(sh.open)
+		}
+	}()
+	id := h.enqueue("s@sender.test", "r@stall.test")
+	h.start(func(o *Options) { o.Shared = sh })
+	select {
+	case <-sh.started:
+	case <-time.After(wait):
+		t.Fatal("the shared store was never read")
+	}
+	answered := make(chan struct{})
+	go func() {
+		h.eng.inLoop(func() {})
+		close(answered)
+	}()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Error("the loop did not answer while the shared store hung")
+	}
+	close(sh.open)
+	opened = true
+	<-answered
+	eventually(t, wait, "delivered once the store answers", func() bool { return h.gone(id) })
 }
