@@ -283,8 +283,9 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	e.notePace(d, rec) // the pace may have changed
 }
 
-// grow widens d's ramp for n more accepted messages (rampFor), on the loop's goroutine;
-// the loop schedules again when d has jobs waiting for another worker.
+// grow widens d's ramp for n more accepted messages (rampFor), on the
+// loop's goroutine; the loop schedules again when d has jobs waiting for
+// another worker.
 func (e *Engine) grow(d *dest, n int) {
 	d.accepted += n
 	was := d.ramp
