@@ -69,6 +69,10 @@ func TestPacing_UsesAllowedRate(t *testing.T) {
 		c.Retry.GreylistFirstRetry, c.Retry.GreylistSecondRetry = 20*time.Second, 10*time.Second
 		c.Retry.HintMin, c.Retry.InitialInterval = time.Second, 10*time.Second
 	}
+	runs := paceRuns
+	if testing.Short() {
+		runs = paceRunsShort
+	}
 	for _, c := range []struct {
 		n        int
 		window   time.Duration
@@ -83,7 +87,7 @@ func TestPacing_UsesAllowedRate(t *testing.T) {
 			mod  func(*config.Config)
 		}{{"defaults", nil}, {"compressed", compressed}} {
 			t.Run(fmt.Sprintf("%d per %v, %s", c.n, c.window, set.name), func(t *testing.T) {
-				for run := range paceRuns {
+				for run := range runs {
 					t.Run(fmt.Sprint("run ", run), func(t *testing.T) {
 						synctest.Test(t, func(t *testing.T) {
 							paceRun(t, c.n, c.window, c.messages, int64(run), set.mod)
@@ -98,6 +102,12 @@ func TestPacing_UsesAllowedRate(t *testing.T) {
 // paceRuns is how many runs with other jitter TestPacing_UsesAllowedRate
 // makes of each case: the goal holds in every run, not on average.
 const paceRuns = 20
+
+// paceRunsShort is its count under -short: the inner loop keeps a few
+// seeds of every case (the 120 runs take about 35 s of CPU, over half of
+// the inner loop's minute on two slow cores); the full suite, CI's race
+// step included, runs all of them.
+const paceRunsShort = 3
 
 func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64, mod func(*config.Config)) {
 	lim := &rateWindow{n: n, window: window}
