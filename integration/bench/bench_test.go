@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"flag"
 	"os"
 	"os/exec"
@@ -527,5 +528,37 @@ func TestDebRootReused(t *testing.T) {
 	// fails for want of apt-get.
 	if _, _, err := debRoot(cache, "exim", []string{"exim4-base", "exim4-config"}); err == nil {
 		t.Fatal("incomplete root reused")
+	}
+}
+
+// TestSaveGreylistJSON: -json on the greylist scenario appends a line per
+// system run (none for one left out with -systems), with its figures.
+func TestSaveGreylistJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "g.json")
+	f := greylistFlags{delay: 25 * time.Second, thrN: 5, thrWindow: 5 * time.Second, thrMessages: 100}
+	greys := []greyResult{
+		{system: "greyrelay", attempts: []int{2, 2}, took: []time.Duration{30300 * time.Millisecond, 26200 * time.Millisecond}, rcpts: 4},
+		{system: "postfix", skipped: true},
+	}
+	thrs := []throttleResult{
+		{system: "greyrelay", delivered: 100, total: 112 * time.Second, refusals: 3, connections: 3},
+		{system: "postfix", skipped: true},
+	}
+	saveGreylistJSON(path, f, greys, thrs)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want 1 (the skipped system writes none):\n%s", len(lines), b)
+	}
+	var r greylistRecord
+	if err := json.Unmarshal([]byte(lines[0]), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.System != "greyrelay" || r.Delay != 25 || !slices.Equal(r.Attempts, []int{2, 2}) ||
+		!slices.Equal(r.Took, []float64{30.3, 26.2}) || r.Throttle.Delivered != 100 || r.Throttle.Refusals != 3 || r.Throttle.Total != 112 {
+		t.Errorf("record %+v", r)
 	}
 }

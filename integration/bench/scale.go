@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -29,6 +30,11 @@ func runScale(ctx context.Context, args []string) error {
 	idle := fs.Duration("idle", 30*time.Second, "how long to measure CPU while nothing is due")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if c.jsonPath != "" {
+		// Its figures are the printed report's; a -json that wrote
+		// nothing would be taken for an empty run.
+		return errors.New("scale: -json is not written by this scenario; its figures are the printed report")
 	}
 	e, bin, err := c.setup()
 	if err != nil {
