@@ -118,8 +118,8 @@ func TestPace_AIMDMeetsAllowedRate(t *testing.T) {
 
 // TestPace_SlowArrival sends 100 messages to a destination allowing 5
 // per 5 s, arriving one every arrive, as a client submitting one message
-// per connection does (the greylist bench's swaks takes 0.1 to 0.5 s a
-// message on a loaded machine). The run before the first refusal is then
+// per connection does (the greylist bench submits its burst with one
+// swaks process after another, and prints how long that took). The run before the first refusal is then
 // paced by the arrivals, not by the window, and the opening's estimate
 // starts the pace below the allowed rate (at 0.55 s between arrivals, a
 // pace of 1.65 s for a window allowing one a second), which the growth

@@ -541,7 +541,7 @@ func TestSaveGreylistJSON(t *testing.T) {
 		{system: "postfix", skipped: true},
 	}
 	thrs := []throttleResult{
-		{system: "greyrelay", delivered: 100, total: 112 * time.Second, refusals: 3, connections: 3},
+		{system: "greyrelay", delivered: 100, submitted: 40 * time.Second, total: 112 * time.Second, refusals: 3, connections: 3},
 		{system: "postfix", skipped: true},
 	}
 	saveGreylistJSON(path, f, greys, thrs)
@@ -558,7 +558,7 @@ func TestSaveGreylistJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	if r.System != "greyrelay" || r.Delay != 25 || !slices.Equal(r.Attempts, []int{2, 2}) ||
-		!slices.Equal(r.Took, []float64{30.3, 26.2}) || r.Throttle.Delivered != 100 || r.Throttle.Refusals != 3 || r.Throttle.Total != 112 {
+		!slices.Equal(r.Took, []float64{30.3, 26.2}) || r.Throttle.Delivered != 100 || r.Throttle.Refusals != 3 || r.Throttle.Total != 112 || r.Throttle.Submitted != 40 {
 		t.Errorf("record %+v", r)
 	}
 }

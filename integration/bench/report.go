@@ -153,6 +153,22 @@ func summaryTable(w io.Writer, rs []roundResult, label, tools string, paced bool
 // saveJSON appends the results as JSON lines (one object per phase) when
 // path is set, so that runs can be compared later.
 func saveJSON(path, command string, rs []roundResult) {
+	appendJSON(path, func(enc *json.Encoder) {
+		for _, r := range rs {
+			_ = enc.Encode(struct {
+				Command string    `json:"command"`
+				At      time.Time `json:"at"`
+				roundResult
+			}{command, time.Now(), r})
+		}
+	})
+}
+
+// appendJSON opens path for appending (nothing happens if path is empty)
+// and lets encode write its JSON lines there; a file that cannot be
+// opened is reported on stderr, as the printed tables are the run's
+// record.
+func appendJSON(path string, encode func(*json.Encoder)) {
 	if path == "" {
 		return
 	}
@@ -162,14 +178,7 @@ func saveJSON(path, command string, rs []roundResult) {
 		return
 	}
 	defer f.Close()
-	enc := json.NewEncoder(f)
-	for _, r := range rs {
-		_ = enc.Encode(struct {
-			Command string    `json:"command"`
-			At      time.Time `json:"at"`
-			roundResult
-		}{command, time.Now(), r})
-	}
+	encode(json.NewEncoder(f))
 }
 
 // machine describes where the numbers were taken.
