@@ -66,6 +66,22 @@ func TestShareRecord(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("loaded %+v\nwant   %+v", got, want)
 		}
+		// With cluster.destination_limits local each node paces on its
+		// own: the pace stays with the node that learned it.
+		local, err := New(Options{Node: Node{Name: "local"}, Registry: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t), Store: st,
+			Config: config.Cluster{Redis: config.Redis{Timeout: 5 * time.Second}, DestinationLimits: LimitsLocal, LeaseTTL: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer local.Close()
+		for !local.Up() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		got, _ = local.Load("dest.test")
+		want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("with local limits, loaded %+v\nwant   %+v", got, want)
+		}
 	})
 }
 

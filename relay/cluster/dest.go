@@ -43,7 +43,9 @@ type record struct {
 }
 
 // Load returns the shared record of domain as a queue.Destination holding
-// only the shared fields; ok is false if there is none or Redis is down.
+// only the shared fields (without the pace under
+// cluster.destination_limits local); ok is false if there is none or
+// Redis is down.
 func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	if !c.up.Load() {
 		return queue.Destination{}, false
@@ -59,11 +61,21 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	if json.Unmarshal(b, &r) != nil {
 		return queue.Destination{}, false
 	}
-	return queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
+	d := queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
 		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
 		LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
 		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated,
-		GreyLike: r.GreyLike, GreyLikePassed: r.GreyLikePassed, GreyLikeRefused: r.GreyLikeRefused}, true
+		GreyLike: r.GreyLike, GreyLikePassed: r.GreyLikePassed, GreyLikeRefused: r.GreyLikeRefused}
+	if c.cfg.DestinationLimits == LimitsLocal {
+		// Each node paces on its own: another node's pace measures what
+		// the destination allows that node, and its refusals are not
+		// this node's. Adopted, they added up: every node's refusals
+		// doubled the gap of all, and a node that was never refused
+		// since its last accepted message waited out the others' gap
+		// (minutes, where its own pace said a few seconds).
+		d.PaceInterval, d.PaceBase, d.PaceRefusals = 0, 0, 0
+	}
+	return d, true
 }
 
 // Publish stores the shared part of d, which this node just changed. The

@@ -22,9 +22,16 @@ import (
 // integration package, and so are nodes of the real binary sharing one).
 func clusterNode(t *testing.T, name string, st cluster.Store) *cluster.Cluster {
 	t.Helper()
+	return clusterNodeLimits(t, name, st, cluster.LimitsShared)
+}
+
+// clusterNodeLimits is clusterNode with cluster.destination_limits set to
+// limits.
+func clusterNodeLimits(t *testing.T, name string, st cluster.Store, limits string) *cluster.Cluster {
+	t.Helper()
 	c, err := cluster.New(cluster.Options{Node: cluster.Node{Name: name}, Registry: prometheus.NewRegistry(), Store: st,
 		Config: config.Cluster{Redis: config.Redis{Timeout: time.Second},
-			DestinationLimits: cluster.LimitsShared, LeaseTTL: 3 * time.Second}})
+			DestinationLimits: limits, LeaseTTL: 3 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +121,45 @@ func TestSharedPaceAcrossNodes(t *testing.T) {
 			t.Errorf("starts %d and %d %v apart, want at least %v", i-1, i, gap, dest.gap)
 		}
 	}
+}
+
+// TestLocalPaceOwnRefusals: with cluster.destination_limits local each
+// node paces on its own, so what another node's refusals taught it does
+// not space this node's starts. Another node published the record of an
+// opening refused eight times in a row (its gap: 2 s doubled seven times,
+// over four minutes); this node, whose own transactions the destination
+// accepts, delivers its messages one after another. Before, it adopted
+// that record: the refusals of every node added up in one count, and in
+// the integration test's three-node cluster one node, never refused
+// since its last acceptance, waited out such a gap for over 90 s.
+func TestLocalPaceOwnRefusals(t *testing.T) {
+	t.Parallel()
+	ip := relaytest.Loopback(t)
+	st := clustertest.NewMemory()
+	h := newHarness(t)
+	h.dns.MX("paced.test", 10, "mx.paced.test").A("mx.paced.test", ip)
+	startMX(t, ip, h.port, relaytest.MXOptions{})
+	first := h.enqueue("alice@sender.test", "r0@paced.test")
+	h.start(func(o *Options) { o.Shared = clusterNodeLimits(t, "a", st, cluster.LimitsLocal) })
+	eventually(t, 10*time.Second, "the first message delivered", func() bool { return h.gone(first) })
+	// This node has started a transaction (its pace counts from it); now
+	// the other node's record arrives, newer than this node's.
+	clusterNodeLimits(t, "other", st, cluster.LimitsLocal).Publish(queue.Destination{Domain: "paced.test",
+		PaceInterval: 2 * time.Second, PaceRefusals: 8, ThrottleLevel: 1, Updated: time.Now().Add(time.Second)})
+	time.Sleep(sharedRefresh + 100*time.Millisecond) // the next start reads the shared view again
+	var ids []queue.ID
+	for i := range 3 {
+		ids = append(ids, h.enqueue("alice@sender.test", fmt.Sprintf("r%d@paced.test", i+1)))
+	}
+	h.eng.Kick()
+	eventually(t, 20*time.Second, "3 more messages delivered", func() bool {
+		for _, id := range ids {
+			if !h.gone(id) {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // concurrencyMX counts transactions between MAIL and the final dot, and
