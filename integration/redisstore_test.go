@@ -446,6 +446,15 @@ func TestRedisStorePaceHoldsAcrossNodes(t *testing.T) {
 			if wait, ok := nodes[0].Pace("other.test", interval); !ok || wait != 0 {
 				t.Errorf("another domain's first start waits %v (%v), want 0", wait, ok)
 			}
+			// A start is one gap after the last, the gap being the asking
+			// node's current one: after a probe reserved with a long gap
+			// was accepted, the short pace learned from it applies at once.
+			if wait, ok := nodes[0].Pace("probe.test", time.Minute); !ok || wait != 0 {
+				t.Fatalf("the probe waits %v (%v), want 0", wait, ok)
+			}
+			if wait, _ := nodes[1].Pace("probe.test", interval); wait > interval+20*time.Millisecond {
+				t.Errorf("the start after the probe waits %v with a pace of %v: the probe's minute held it", wait, interval)
+			}
 		})
 	}
 }

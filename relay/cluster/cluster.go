@@ -41,9 +41,10 @@
 //     for a slot tries again at once. The engine's poll after a second
 //     covers what no release announces (a dead node's expired lease).
 //   - A throttled destination's learned pace holds across the nodes: each
-//     paced start reserves the next free instant of the domain on Redis's
-//     clock (a token bucket of one token, in a Lua script), so three
-//     nodes together start no faster than the pace. With Redis down each
+//     paced start is reserved one gap after the domain's last one, on
+//     Redis's clock (in a Lua script), so three nodes together start no
+//     faster than the pace; the gap is the asking node's current one, so
+//     a pace that has just become faster applies to the next start. With Redis down each
 //     node paces on its own.
 //   - Nodes register themselves (name, admin URL, version, start time) under
 //     a key with a TTL refreshed by the same background loop. Node names

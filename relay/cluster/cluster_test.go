@@ -270,6 +270,31 @@ func TestPaceHoldsAcrossNodes(t *testing.T) {
 	})
 }
 
+// TestPaceFollowsCurrentGap: a start is reserved one gap after the last
+// one, the gap being the asking node's current one. A probe of a
+// throttling destination's opening is reserved with a long gap (32 s
+// here); when the destination accepts it, the pace learned from that
+// says 2 s, and the next start, by any node, comes 2 s after the probe.
+// Before, the probe's reservation held every node back for its own 32 s
+// gap: after an opening whose probes had reached half an hour (a window
+// of an hour), the whole cluster waited that long with a pace of 36 s.
+func TestPaceFollowsCurrentGap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := clustertest.NewMemory()
+		a, b := newNode(t, "a", st), newNode(t, "b", st)
+		if wait, ok := a.Pace("paced.test", 32*time.Second); !ok || wait != 0 {
+			t.Fatalf("the probe waits %v (%v), want 0", wait, ok)
+		}
+		time.Sleep(time.Second)
+		if wait, _ := b.Pace("paced.test", 2*time.Second); wait != time.Second {
+			t.Errorf("the next start after the probe was accepted waits %v, want 1s (2s after the probe)", wait)
+		}
+		if wait, _ := a.Pace("paced.test", 2*time.Second); wait != 3*time.Second {
+			t.Errorf("the start after that waits %v, want 3s (2s after the one before)", wait)
+		}
+	})
+}
+
 // held is how many leases on domain the nodes hold between them.
 func held(domain string, nodes ...*Cluster) int {
 	n := 0

@@ -75,8 +75,9 @@ func leaseKey(domain string) string { return "greyrelay:{" + strings.ToLower(dom
 // destKey is the shared record of a domain.
 func destKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest" }
 
-// paceKey holds the next free start of a paced domain, in microseconds
-// on Redis's clock.
+// paceKey holds the last reserved start of a paced domain, in
+// microseconds on Redis's clock. (Before, it held the next free start: a
+// node of an older version reading it once waits one gap longer.)
 func paceKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:pace" }
 
 // freedChannel carries the domains whose lease was released.
@@ -135,17 +136,21 @@ end
 return 1
 `)
 
-// paceScript: KEYS[1] the domain's next free start, ARGV interval (µs).
-// A token bucket of one token on Redis's clock: returns how long the
-// caller waits for its start (µs), and moves the next free start one
-// interval past it.
+// paceScript: KEYS[1] the domain's last reserved start, ARGV the asking
+// node's current gap and how long to keep the start (µs, ms). On Redis's
+// clock: the start comes one gap after the last one, or now; the script
+// returns how long the caller waits for it (µs) and makes it the last.
+// The gap is the caller's at the moment it asks, not the one the last
+// start was reserved with: a probe reserved with a long gap and then
+// accepted teaches a short pace, which applies to the very next start.
 var paceScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local iv = tonumber(ARGV[1])
-local nxt = tonumber(redis.call('GET', KEYS[1]) or '0')
-local at = math.max(now, nxt)
-redis.call('SET', KEYS[1], string.format('%d', at + iv), 'PX', math.floor((at + iv - now) / 1000) + 1000)
+local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
+local at = now
+if last >= 0 and last + iv > now then at = last + iv end
+redis.call('SET', KEYS[1], string.format('%d', at), 'PX', math.floor((at - now) / 1000) + tonumber(ARGV[2]))
 return at - now
 `)
 
@@ -279,8 +284,13 @@ func (s *redisStore) DeleteSuspension(ctx context.Context, domain string) error 
 	return s.rdb.HDel(ctx, suspendKey, domain).Err()
 }
 
+// paceKeep is how long a domain's last reserved start is kept after it:
+// the longest gap a pace asks for (an hour, backoff's bound), so that no
+// node's next start finds it gone too early. A key per paced domain.
+const paceKeep = time.Hour
+
 func (s *redisStore) Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error) {
-	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds()).Int64()
+	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds(), paceKeep.Milliseconds()).Int64()
 	return time.Duration(us) * time.Microsecond, err
 }
 

@@ -49,8 +49,10 @@ type Store interface {
 	SetSuspension(ctx context.Context, domain string, v []byte) error
 	DeleteSuspension(ctx context.Context, domain string) error
 
-	// Pace reserves domain's next start at least interval after the one
-	// reserved before it, and returns how long from now that is.
+	// Pace reserves domain's next start interval after the one reserved
+	// before it (or now, if that is later), and returns how long from now
+	// that is. interval is the caller's current gap, not the one the
+	// start before was reserved with.
 	Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error)
 
 	// Heartbeat stores a node's registry entry for ttl and returns the

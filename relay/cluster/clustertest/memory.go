@@ -33,7 +33,7 @@ type Memory struct {
 	down    bool
 	leases  map[string]map[string]time.Time // domain → member → expiry
 	records map[string]entry
-	pace    map[string]time.Time // domain → next free start
+	pace    map[string]time.Time // domain → last start reserved
 	nodes   map[string]entry
 	susp    map[string][]byte // the operator's suspensions, by domain
 	subs    map[int]func(string)
@@ -297,10 +297,10 @@ func (m *Memory) Pace(_ context.Context, domain string, interval time.Duration) 
 	defer m.mu.Unlock()
 	now := time.Now()
 	at := now
-	if next := m.pace[domain]; next.After(now) {
-		at = next
+	if last, ok := m.pace[domain]; ok && last.Add(interval).After(now) {
+		at = last.Add(interval)
 	}
-	m.pace[domain] = at.Add(interval)
+	m.pace[domain] = at
 	return at.Sub(now), nil
 }
 
