@@ -40,6 +40,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,6 +195,38 @@ func (r *testRelay) send(m peers.SwaksMessage) string {
 		r.t.Fatalf("no \"250 2.0.0 OK queued as ID\" in swaks output:\n%s", out)
 	}
 	return mm[1]
+}
+
+// sendBurst submits ms with up to clients swaks processes at once and
+// returns their queue IDs in the order of ms: a burst that arrives as a
+// busy application submits it, not paced by one swaks process after
+// another (0.3-1 s each on a loaded two-core machine).
+func (r *testRelay) sendBurst(ms []peers.SwaksMessage, clients int) []string {
+	r.t.Helper()
+	ids, outs := make([]string, len(ms)), make([]string, len(ms))
+	codes := make([]int, len(ms))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, clients)
+	for i, m := range ms {
+		if m.Server == "" {
+			m.Server = r.SMTPAddr
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			outs[i], codes[i] = m.Send(r.t)
+		}()
+	}
+	wg.Wait()
+	for i, out := range outs {
+		mm := queuedAs.FindStringSubmatch(out)
+		if codes[i] != 0 || mm == nil {
+			r.t.Fatalf("swaks exit %d, no \"250 2.0.0 OK queued as ID\":\n%s", codes[i], out)
+		}
+		ids[i] = mm[1]
+	}
+	return ids
 }
 
 // message returns a complete RFC 5322 message with the given subject and

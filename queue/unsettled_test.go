@@ -176,7 +176,12 @@ func TestUnsettled_DeliveryGoesOnWhileInsertWaits(t *testing.T) {
 	if err := q.view(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
 		t.Fatal(err)
 	}
-	restore := fulldisk.Limit(t, uint64(used+8*int64(q.db.Info().PageSize)))
+	// 24 pages of room: a delivery's commit rewrites a few pages, and
+	// bbolt reuses a freed page only once no read transaction can still
+	// see it, so under load (a read still open) the delivery takes fresh
+	// pages. With 8 pages it found none once in CI's parallel -short run
+	// (EFBIG). The waiting message needs about 45.
+	restore := fulldisk.Limit(t, uint64(used+24*int64(q.db.Info().PageSize)))
 	defer restore()
 
 	waiting := mustEnqueue(t, q, big(180<<10, "c@c.test")) // journaled at the front; the database has no room
