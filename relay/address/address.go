@@ -177,6 +177,15 @@ func Parse(s string, opt Options) (Address, error) {
 	if strings.Contains(rest, "@") {
 		return Address{}, routingErr(opt, "More than one @ in address")
 	}
+	// "user@example.com." names the same domain as "user@example.com":
+	// the root's dot (RFC 1034 §3.1). RFC 5321's Domain has no room for
+	// it, but clients write it, and Postfix's trivial-rewrite strips it
+	// and accepts the address; so one trailing dot is dropped here, and
+	// every rule and record then sees the one spelling. Two dots, or a
+	// dot alone, are still refused.
+	if len(rest) > 1 && rest[0] != '[' && strings.HasSuffix(rest, ".") && !strings.HasSuffix(rest, "..") {
+		rest = rest[:len(rest)-1]
+	}
 	domain, err := ParseDomain(rest, opt)
 	if err != nil {
 		return Address{}, err

@@ -41,6 +41,9 @@ func TestParse_Valid(t *testing.T) {
 		{"Postmaster", pm, Address{"Postmaster", ""}, "Postmaster"},
 		{"postmaster@example.com", pm, Address{"postmaster", "example.com"}, ""},
 		{"a@b-c.d1", rcpt, Address{"a", "b-c.d1"}, ""},
+		// The root's trailing dot is dropped (Postfix's trivial-rewrite does the same).
+		{"user@Target.Example.", rcpt, Address{"user", "target.example"}, "user@target.example"},
+		{"ü@Bücher.example.", utf, Address{"ü", "bücher.example"}, "ü@bücher.example"},
 		{"#$&'*+-/=?^_`{|}~@x.example", rcpt, Address{"#$&'*+-/=?^_`{|}~", "x.example"}, ""},
 		// As go-smtp hands them over: quotes already removed (RFC 5321
 		// §4.1.2 Quoted-string), quoted again by String.
@@ -105,7 +108,9 @@ func TestParse_Refused(t *testing.T) {
 		{"spamtest", rcpt, syntax},   // MAPS: no domain
 		{"postmaster", rcpt, syntax}, // only with Options.Postmaster
 		{"postmaster", sender, ssyntax},
-		{"user@target.", rcpt, syntax},    // trailing dot
+		{"user@target..", rcpt, syntax}, // two trailing dots
+		{"user@.", rcpt, syntax},        // the root alone
+		{"user@[192.0.2.1].", rcpt, syntax},
 		{"user@0x7f000001", rcpt, syntax}, // inet_aton trick
 		{"user@127.0.0.1", rcpt, syntax},  // unbracketed IP
 		{"user@2130706433", rcpt, syntax},
@@ -295,7 +300,7 @@ func TestError_Text(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{"user@example.com", `"a b"@x.y`, "user@target@relay", "@a:b@c",
 		"a%b@c", "user@[IPv6:::1]", "user@[127.0.0.1]", "ü@bücher.de", "user@xn--bcher-kva.de",
-		"a\r\n@b", "postmaster", `"a\"b"@c.d`, "x@0x7f000001"} {
+		"a\r\n@b", "postmaster", `"a\"b"@c.d`, "x@0x7f000001", "user@example.com.", "user@x.."} {
 		f.Add(s, false, false)
 		f.Add(s, true, false)
 		f.Add(s, false, true)
@@ -328,6 +333,9 @@ func FuzzParse(f *testing.F) {
 		}
 		if a.Domain == "" && !strings.EqualFold(a.Local, "postmaster") {
 			t.Fatalf("empty domain for %q", s)
+		}
+		if strings.HasSuffix(a.Domain, ".") {
+			t.Fatalf("domain %q of %q keeps a trailing dot: a second spelling of its name", a.Domain, s)
 		}
 		if len(a.Domain) > MaxDomain || len(a.String())+2 > MaxPath {
 			t.Fatalf("limits exceeded for %q", s)

@@ -138,6 +138,24 @@ func TestSession_SMTPUTF8(t *testing.T) {
 	}
 }
 
+// TestSession_TrailingDot: "user@example.com." is the same address as
+// "user@example.com" (the root's dot), as Postfix takes it: accepted, and
+// queued in the one spelling every rule and destination record uses.
+func TestSession_TrailingDot(t *testing.T) {
+	e := startServer(t, trustedConfig(t))
+	c := dial(t, e.addr(0))
+	c.hello()
+	c.cmd("MAIL FROM:<a@X.Example.>", "250 ")
+	c.cmd("RCPT TO:<User@Target.Example.>", "250 ")
+	c.cmd("DATA", "354 ")
+	c.write("Subject: t\r\n\r\nt\r\n.\r\n")
+	c.expect("250 ")
+	m := e.q.messages()[0]
+	if m.From != "a@x.example" || m.To[0].Addr != "User@target.example" || m.To[0].Domain != "target.example" {
+		t.Errorf("queued from %q to %+v, want a@x.example to User@target.example", m.From, m.To)
+	}
+}
+
 // TestSession_AddressTricksWhenAllowedToRelay: a client that may relay
 // still cannot use routing tricks or inject control characters.
 func TestSession_AddressTricksWhenAllowedToRelay(t *testing.T) {
@@ -151,7 +169,8 @@ func TestSession_AddressTricksWhenAllowedToRelay(t *testing.T) {
 		{"<user@target.example@relay.test>", "553 5.1.3"},
 		{"<user%target.example@relay.test>", "553 5.1.3"},
 		{"<target.example!user@relay.test>", "553 5.1.3"},
-		{"<user@target.>", "501 5.1.3"},
+		{"<user@target.>", "250 "}, // the root's dot, dropped (TestSession_TrailingDot)
+		{"<user@target..>", "501 5.1.3"},
 		{"<us\rer@target.example>", "501 5.1.3"},
 		{"<user@target\x00.example>", "501 5.1.3"},
 		{`<"a\"b"@target.example>`, "250 "}, // arrives as a"b@target.example, stored quoted again
