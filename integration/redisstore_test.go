@@ -257,6 +257,19 @@ func TestRedisStoreSharesRecord(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("loaded %+v\nwant   %+v", got, want)
 			}
+			// The runs of accepted messages into an opening: each node
+			// finds the others' sum, not its own.
+			opening := queue.Destination{Domain: "runs.test", PaceInterval: 2 * time.Second, PaceRefusals: 1, Updated: now}
+			opening.PaceRun, opening.PaceRunStart = 5, now
+			a.Publish(opening)
+			opening.PaceRun, opening.PaceRunStart = 3, now.Add(time.Second)
+			b.Publish(opening)
+			if got, _ := b.Load("runs.test"); got.PaceRun != 5 {
+				t.Errorf("node b finds the others' run %d, want node a's 5", got.PaceRun)
+			}
+			if got, _ := a.Load("runs.test"); got.PaceRun != 3 {
+				t.Errorf("node a finds the others' run %d, want node b's 3", got.PaceRun)
+			}
 		})
 	}
 }
@@ -342,7 +355,7 @@ func TestRedisStoreDownGrantsAndRecovers(t *testing.T) {
 	if _, ok := c.Load("dest.test"); ok {
 		t.Fatal("a record with Redis down")
 	}
-	if _, ok := c.Pace("dest.test", time.Second); ok {
+	if _, ok := c.Pace("dest.test", time.Second, time.Hour); ok {
 		t.Fatal("a shared pace with Redis down: the node must pace on its own")
 	}
 	r.Start()
@@ -430,7 +443,7 @@ func TestRedisStorePaceHoldsAcrossNodes(t *testing.T) {
 			start := time.Now()
 			var starts []time.Duration
 			for i := range 9 { // three rounds of the three nodes, as fast as they can ask
-				wait, ok := nodes[i%3].Pace("paced.test", interval)
+				wait, ok := nodes[i%3].Pace("paced.test", interval, time.Hour)
 				if !ok {
 					t.Fatal("no shared pace with Redis up")
 				}
@@ -443,17 +456,25 @@ func TestRedisStorePaceHoldsAcrossNodes(t *testing.T) {
 					t.Errorf("starts %d and %d %v apart, want at least %v: %v", i-1, i, gap, interval, starts)
 				}
 			}
-			if wait, ok := nodes[0].Pace("other.test", interval); !ok || wait != 0 {
+			if wait, ok := nodes[0].Pace("other.test", interval, time.Hour); !ok || wait != 0 {
 				t.Errorf("another domain's first start waits %v (%v), want 0", wait, ok)
 			}
 			// A start is one gap after the last, the gap being the asking
 			// node's current one: after a probe reserved with a long gap
 			// was accepted, the short pace learned from it applies at once.
-			if wait, ok := nodes[0].Pace("probe.test", time.Minute); !ok || wait != 0 {
+			if wait, ok := nodes[0].Pace("probe.test", time.Minute, time.Hour); !ok || wait != 0 {
 				t.Fatalf("the probe waits %v (%v), want 0", wait, ok)
 			}
-			if wait, _ := nodes[1].Pace("probe.test", interval); wait > interval+20*time.Millisecond {
+			if wait, _ := nodes[1].Pace("probe.test", interval, time.Hour); wait > interval+20*time.Millisecond {
 				t.Errorf("the start after the probe waits %v with a pace of %v: the probe's minute held it", wait, interval)
+			}
+			// A start further away than the caller reserves ahead is
+			// found, not reserved.
+			if wait, _ := nodes[2].Pace("probe.test", time.Minute, time.Second); wait < 50*time.Second {
+				t.Errorf("a start a minute after the last waits %v, want about a minute", wait)
+			}
+			if wait, _ := nodes[0].Pace("probe.test", interval, time.Hour); wait > 2*interval+20*time.Millisecond {
+				t.Errorf("after a start found but not reserved, the next waits %v, want at most %v", wait, 2*interval)
 			}
 		})
 	}

@@ -66,6 +66,23 @@ func TestShareRecord(t *testing.T) {
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("loaded %+v\nwant   %+v", got, want)
 		}
+		// The runs of accepted messages into an opening: each node finds
+		// the others' sum, not its own; a run more than runSpan older
+		// than the latest (an earlier episode's) does not count.
+		opening := queue.Destination{Domain: "runs.test", PaceInterval: 2 * time.Second, PaceRefusals: 1, Updated: now}
+		c := newNode(t, "c", st)
+		opening.PaceRun, opening.PaceRunStart = 7, now.Add(-time.Hour)
+		c.Publish(opening)
+		opening.PaceRun, opening.PaceRunStart = 5, now
+		a.Publish(opening)
+		opening.PaceRun, opening.PaceRunStart = 3, now.Add(time.Second)
+		b.Publish(opening)
+		if got, _ := b.Load("runs.test"); got.PaceRun != 5 {
+			t.Errorf("node b finds the others' run %d, want node a's 5", got.PaceRun)
+		}
+		if got, _ := a.Load("runs.test"); got.PaceRun != 3 {
+			t.Errorf("node a finds the others' run %d, want node b's 3", got.PaceRun)
+		}
 		// With cluster.destination_limits local each node paces on its
 		// own: the pace stays with the node that learned it.
 		local, err := New(Options{Node: Node{Name: "local"}, Registry: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t), Store: st,
@@ -193,7 +210,7 @@ func TestStoreDownGrantsAndRecovers(t *testing.T) {
 		if _, ok := c.Load("dest.test"); ok {
 			t.Fatal("a record with the store down")
 		}
-		if _, ok := c.Pace("dest.test", time.Second); ok {
+		if _, ok := c.Pace("dest.test", time.Second, time.Hour); ok {
 			t.Fatal("a shared pace with the store down: the node must pace on its own")
 		}
 		st.SetDown(false)
@@ -251,7 +268,7 @@ func TestPaceHoldsAcrossNodes(t *testing.T) {
 		start := time.Now()
 		var starts []time.Duration
 		for i := range 9 { // three rounds of the three nodes, as fast as they can ask
-			wait, ok := nodes[i%3].Pace("Paced.test", interval)
+			wait, ok := nodes[i%3].Pace("Paced.test", interval, time.Hour)
 			if !ok {
 				t.Fatal("no shared pace with the store up")
 			}
@@ -264,7 +281,7 @@ func TestPaceHoldsAcrossNodes(t *testing.T) {
 				t.Errorf("starts %d and %d %v apart, want at least %v: %v", i-1, i, gap, interval, starts)
 			}
 		}
-		if wait, ok := nodes[0].Pace("other.test", interval); !ok || wait != 0 {
+		if wait, ok := nodes[0].Pace("other.test", interval, time.Hour); !ok || wait != 0 {
 			t.Errorf("another domain's first start waits %v (%v), want 0", wait, ok)
 		}
 	})
@@ -282,15 +299,23 @@ func TestPaceFollowsCurrentGap(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := clustertest.NewMemory()
 		a, b := newNode(t, "a", st), newNode(t, "b", st)
-		if wait, ok := a.Pace("paced.test", 32*time.Second); !ok || wait != 0 {
+		if wait, ok := a.Pace("paced.test", 32*time.Second, time.Hour); !ok || wait != 0 {
 			t.Fatalf("the probe waits %v (%v), want 0", wait, ok)
 		}
 		time.Sleep(time.Second)
-		if wait, _ := b.Pace("paced.test", 2*time.Second); wait != time.Second {
+		if wait, _ := b.Pace("paced.test", 2*time.Second, time.Hour); wait != time.Second {
 			t.Errorf("the next start after the probe was accepted waits %v, want 1s (2s after the probe)", wait)
 		}
-		if wait, _ := a.Pace("paced.test", 2*time.Second); wait != 3*time.Second {
+		if wait, _ := a.Pace("paced.test", 2*time.Second, time.Hour); wait != 3*time.Second {
 			t.Errorf("the start after that waits %v, want 3s (2s after the one before)", wait)
+		}
+		// A start further away than the caller reserves ahead is only
+		// found, not reserved: the next asks from the same last start.
+		if wait, _ := b.Pace("paced.test", 10*time.Second, time.Second); wait != 13*time.Second {
+			t.Errorf("a start 10s after the last waits %v, want 13s", wait)
+		}
+		if wait, _ := a.Pace("paced.test", 2*time.Second, time.Second); wait != 5*time.Second {
+			t.Errorf("after a start found but not reserved, the next waits %v, want 5s (2s after the last reserved)", wait)
 		}
 	})
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"time"
@@ -44,8 +45,8 @@ type record struct {
 
 // Load returns the shared record of domain as a queue.Destination holding
 // only the shared fields (without the pace under
-// cluster.destination_limits local); ok is false if there is none or
-// Redis is down.
+// cluster.destination_limits local), its PaceRun the sum of the other
+// nodes' runs (othersRun); ok is false if there is none or Redis is down.
 func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	if !c.up.Load() {
 		return queue.Destination{}, false
@@ -74,8 +75,61 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 		// since its last accepted message waited out the others' gap
 		// (minutes, where its own pace said a few seconds).
 		d.PaceInterval, d.PaceBase, d.PaceRefusals = 0, 0, 0
+	} else {
+		d.PaceRun = c.othersRun(ctx, domain)
 	}
 	return d, true
+}
+
+// runSpan is how old a run of accepted messages may be and still count
+// (backoff's paceRunSpan): an older one says little about the burst that
+// filled a destination's window.
+const runSpan = 10 * time.Minute
+
+// run is one node's run of accepted messages to a domain before it first
+// refused (queue.Destination's PaceRun and PaceRunStart).
+type run struct {
+	N     int       `json:"n"`
+	Start time.Time `json:"start"`
+}
+
+// runKeep is how long the nodes' runs to a domain are kept after the
+// last was written: an opening's probes may go on for an hour (backoff's
+// longest gap) after the runs that filled the window.
+const runKeep = time.Hour + runSpan
+
+// othersRun is the sum of the other nodes' runs to domain in the latest
+// burst: those that began within runSpan of the latest run's start (any
+// node's, this one's too), so that runs of an earlier episode still kept
+// do not count. Each node counts only the messages it sent, so the node
+// whose probe ends a throttling destination's opening, taking the rate
+// from its own run alone, took a third of the rate for three nodes that
+// filled the window together (backoff.Pace.OnAccepted).
+func (c *Cluster) othersRun(ctx context.Context, domain string) int {
+	c.count("runs")
+	m, err := c.store.Runs(ctx, strings.ToLower(domain))
+	if c.failed("runs", err) {
+		return 0
+	}
+	runs := map[string]run{}
+	var latest time.Time
+	for node, b := range m {
+		var r run
+		if json.Unmarshal(b, &r) != nil || r.N <= 0 {
+			continue
+		}
+		runs[node] = r
+		if r.Start.After(latest) {
+			latest = r.Start
+		}
+	}
+	n := 0
+	for node, r := range runs {
+		if node != c.node.Name && !r.Start.Before(latest.Add(-runSpan)) {
+			n += r.N
+		}
+	}
+	return n
 }
 
 // Publish stores the shared part of d, which this node just changed. The
@@ -98,4 +152,11 @@ func (c *Cluster) Publish(d queue.Destination) {
 	defer cancel()
 	c.count("publish")
 	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, sharedTTL))
+	if d.PaceRun > 0 && d.PaceBase <= 0 && c.cfg.DestinationLimits != LimitsLocal {
+		// A run before (or into) an opening: the others add it to theirs.
+		if b, err := json.Marshal(run{N: d.PaceRun, Start: d.PaceRunStart}); err == nil {
+			c.count("setrun")
+			c.failed("setrun", c.store.SetRun(ctx, strings.ToLower(d.Domain), c.node.Name, b, runKeep))
+		}
+	}
 }

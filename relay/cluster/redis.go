@@ -137,9 +137,11 @@ return 1
 `)
 
 // paceScript: KEYS[1] the domain's last reserved start, ARGV the asking
-// node's current gap and how long to keep the start (µs, ms). On Redis's
-// clock: the start comes one gap after the last one, or now; the script
-// returns how long the caller waits for it (µs) and makes it the last.
+// node's current gap, how long to keep the start (µs, ms) and how far
+// ahead a start may be reserved (µs). On Redis's clock: the start comes
+// one gap after the last one, or now; the script returns how long the
+// caller waits for it (µs) and, if that is at most ARGV[3], makes it the
+// last.
 // The gap is the caller's at the moment it asks, not the one the last
 // start was reserved with: a probe reserved with a long gap and then
 // accepted teaches a short pace, which applies to the very next start.
@@ -150,7 +152,9 @@ local iv = tonumber(ARGV[1])
 local last = tonumber(redis.call('GET', KEYS[1]) or '-1')
 local at = now
 if last >= 0 and last + iv > now then at = last + iv end
-redis.call('SET', KEYS[1], string.format('%d', at), 'PX', math.floor((at - now) / 1000) + tonumber(ARGV[2]))
+if at - now <= tonumber(ARGV[3]) then
+  redis.call('SET', KEYS[1], string.format('%d', at), 'PX', math.floor((at - now) / 1000) + tonumber(ARGV[2]))
+end
 return at - now
 `)
 
@@ -259,6 +263,32 @@ func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, t
 	return s.rdb.Set(ctx, destKey(domain), rec, ttl).Err()
 }
 
+// runsKey is the hash of the nodes' runs of accepted messages to a
+// domain, one field per node; the hash expires a run's span after its
+// last write, and a stale field is ignored by its start time.
+func runsKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:runs" }
+
+func (s *redisStore) Runs(ctx context.Context, domain string) (map[string][]byte, error) {
+	m, err := s.rdb.HGetAll(ctx, runsKey(domain)).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]byte, len(m))
+	for k, v := range m {
+		out[k] = []byte(v)
+	}
+	return out, nil
+}
+
+func (s *redisStore) SetRun(ctx context.Context, domain, node string, v []byte, ttl time.Duration) error {
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, runsKey(domain), node, v)
+		p.PExpire(ctx, runsKey(domain), ttl)
+		return nil
+	})
+	return err
+}
+
 // suspendKey is the hash of the operator's suspensions, one field per
 // domain: one key keeps the whole set one read (every node reads it every
 // few seconds) and in one Redis Cluster slot.
@@ -289,8 +319,8 @@ func (s *redisStore) DeleteSuspension(ctx context.Context, domain string) error 
 // node's next start finds it gone too early. A key per paced domain.
 const paceKeep = time.Hour
 
-func (s *redisStore) Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error) {
-	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds(), paceKeep.Milliseconds()).Int64()
+func (s *redisStore) Pace(ctx context.Context, domain string, interval, ahead time.Duration) (time.Duration, error) {
+	us, err := paceScript.Run(ctx, s.rdb, []string{paceKey(domain)}, interval.Microseconds(), paceKeep.Milliseconds(), ahead.Microseconds()).Int64()
 	return time.Duration(us) * time.Microsecond, err
 }
 

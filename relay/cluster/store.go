@@ -43,17 +43,24 @@ type Store interface {
 	// SetRecord stores domain's shared record for ttl.
 	SetRecord(ctx context.Context, domain string, rec []byte, ttl time.Duration) error
 
+	// Runs returns every node's run of accepted messages to domain
+	// (node → value) that has not expired; SetRun stores this node's for
+	// ttl.
+	Runs(ctx context.Context, domain string) (map[string][]byte, error)
+	SetRun(ctx context.Context, domain, node string, v []byte, ttl time.Duration) error
+
 	// Suspensions returns every suspension the operator made (domain →
 	// value); SetSuspension stores one, DeleteSuspension removes it.
 	Suspensions(ctx context.Context) (map[string][]byte, error)
 	SetSuspension(ctx context.Context, domain string, v []byte) error
 	DeleteSuspension(ctx context.Context, domain string) error
 
-	// Pace reserves domain's next start interval after the one reserved
+	// Pace finds domain's next start, interval after the one reserved
 	// before it (or now, if that is later), and returns how long from now
-	// that is. interval is the caller's current gap, not the one the
-	// start before was reserved with.
-	Pace(ctx context.Context, domain string, interval time.Duration) (time.Duration, error)
+	// that is; it reserves it only if that is at most ahead. interval is
+	// the caller's current gap, not the one the start before was reserved
+	// with.
+	Pace(ctx context.Context, domain string, interval, ahead time.Duration) (time.Duration, error)
 
 	// Heartbeat stores a node's registry entry for ttl and returns the
 	// entry it replaced (nil if none).

@@ -319,7 +319,9 @@ func (m *memShared) Publish(rec queue.Destination) {
 
 func (m *memShared) Acquire(string, int) (func(), <-chan struct{}, bool) { return func() {}, nil, true }
 func (m *memShared) Freed() <-chan string                                { return nil }
-func (m *memShared) Pace(string, time.Duration) (time.Duration, bool)    { return 0, false }
+func (m *memShared) Pace(string, time.Duration, time.Duration) (time.Duration, bool) {
+	return 0, false
+}
 
 // TestGreylistPerHostAcrossNodes: node A learns a 60 s greylister's host
 // from six messages to x1.test; node B, sharing what is learned, sends

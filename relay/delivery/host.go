@@ -471,6 +471,11 @@ func (e *Engine) hostStart(addr string, own bool) paceStep {
 	return paceStep{now: now, at: at, wake: h.wake}
 }
 
+// paceHostAhead is how far ahead a host's paced start is reserved across
+// the nodes: whatever the wait (unlike a domain's, sharedAhead), since
+// hostGate takes the host's local start before it asks.
+const paceHostAhead = time.Hour
+
 // sharedHostWait reserves the start at now under the host's pace p
 // across the nodes (Shared.Pace, keyed by the host's record name) and
 // waits for it; without a shared store, or with it away, the local start
@@ -480,7 +485,7 @@ func (e *Engine) sharedHostWait(ctx context.Context, addr string, p backoff.Pace
 		return true
 	}
 	gap := p.Start(now, now).Sub(now)
-	wait, ok := e.opt.Shared.Pace(hostKey(addr), gap)
+	wait, ok := e.opt.Shared.Pace(hostKey(addr), gap, paceHostAhead)
 	if !ok || wait <= 0 {
 		return true
 	}

@@ -114,7 +114,13 @@ func (e *Engine) learnThrottle(rec *queue.Destination, s *settlement, now time.T
 		rec.LastReply = queue.Reply{Code: s.rated.Code, Enhanced: s.rated.Enhanced, Text: s.rated.Text}
 	case s.success:
 		t = t.OnSuccess()
-		setPace(rec, learnAccepted(pace(rec), s.accepted, s.started, s.pacedSince, now))
+		p := pace(rec)
+		if p.Opening() {
+			// The window the opening probes was filled by every node
+			// together: its end takes the rate from all their runs.
+			p.Run += s.othersRun
+		}
+		setPace(rec, learnAccepted(p, s.accepted, s.started, s.pacedSince, now))
 	default:
 		return
 	}
@@ -155,6 +161,7 @@ func learnAccepted(p backoff.Pace, n int, started, pacedSince, now time.Time) ba
 // release closes the connection open to addr, if any, before a wait
 // longer than paceIdle. It returns false if ctx ended first.
 func (e *Engine) paceGate(ctx context.Context, d *dest, a *attempt, addr string, release func()) bool {
+	e.refreshShared(d) // another node's refusal since the start was taken counts too
 	var again bool
 	e.call(func() { again = d.refused != a.refused && pace(&d.rec).Paced() })
 	if again {
@@ -186,20 +193,41 @@ const paceIdle = 5 * time.Second
 // applies to it (a refusal doubles the gap, an acceptance shortens it and
 // wakes the waiting workers through d.paceWake). A pace that says N
 // seconds thus starts a due transaction within N seconds. The start is
-// given back (giveBackStart) when the worker then finds no job.
+// given back (giveBackStart) when the worker then finds no job. Across
+// the nodes a start is reserved at most sharedAhead ahead, for the same
+// reason.
 func (e *Engine) paceWait(ctx context.Context, d *dest, release func()) (time.Time, int, bool) {
-	e.refreshShared(d) // a pace another node learned applies on an open connection too
 	released := false
 	for {
+		// A pace another node learned applies on an open connection too,
+		// and to a worker already waiting: one waiting out a long gap of
+		// an opening wakes once a second to see whether another node's
+		// probe has been accepted (the opening's end shortens the gap).
+		e.refreshShared(d)
 		var st paceStep
 		e.call(func() { st = e.takeStart(d) })
+		var wait time.Duration
 		if st.took {
-			return st.now, st.refused, e.sharedWait(ctx, d, st.p, st.now, release, released)
+			at, reserved := e.sharedStart(d, st.p, st.now)
+			if reserved {
+				return st.now, st.refused, e.sharedWait(ctx, d, at, st.now, release, released)
+			}
+			// The nodes' next start is further away than sharedAhead:
+			// nothing was reserved. Give the local start back and wait
+			// for the pace again, reading the shared view anew, so that
+			// no start is held far ahead with a gap that has since
+			// become shorter (an opening ended by another node's probe).
+			e.giveBackStart(d, st.now)
+			wait = at.Sub(st.now)
+		} else {
+			wait = st.at.Sub(st.now)
 		}
-		wait := st.at.Sub(st.now)
 		if wait > paceIdle && !released {
 			release()
 			released = true
+		}
+		if e.opt.Shared != nil {
+			wait = min(wait, sharedRefresh)
 		}
 		if !sleepCtx(ctx, wait, st.wake) {
 			return time.Time{}, 0, false
@@ -224,11 +252,10 @@ func (e *Engine) takeStart(d *dest) paceStep {
 	return paceStep{now: now, at: at, wake: d.paceWake}
 }
 
-// sharedWait takes the start at now across the nodes too (sharedStart)
-// and waits for it.
-func (e *Engine) sharedWait(ctx context.Context, d *dest, p backoff.Pace, now time.Time, release func(), released bool) bool {
-	at, ok := e.sharedStart(d, p, now)
-	if !ok || !at.After(now) {
+// sharedWait waits for at, the start the nodes' pace reserved for the
+// start taken at now (sharedStart).
+func (e *Engine) sharedWait(ctx context.Context, d *dest, at, now time.Time, release func(), released bool) bool {
+	if !at.After(now) {
 		return true
 	}
 	e.atLoop(func() {
@@ -288,22 +315,32 @@ func (e *Engine) notePace(d *dest, rec queue.Destination) {
 
 // sharedStart reserves a paced start across the nodes: the pace's gap
 // (the interval, longer after refusals) holds between any two starts to
-// the domain by any node. ok is false when d is not paced or the shared
-// store is away; the local start then stands.
+// the domain by any node. It returns the start and whether it is
+// reserved: the local start at now stands (reserved, at now) when d is
+// not paced or the shared store is away, and a start further than
+// sharedAhead away is not reserved (the caller asks again).
 func (e *Engine) sharedStart(d *dest, p backoff.Pace, now time.Time) (time.Time, bool) {
 	if e.opt.Shared == nil || !p.Paced() {
-		return time.Time{}, false
+		return now, true
 	}
 	gap := p.Start(now, now).Sub(now)
 	if gap <= 0 {
-		return time.Time{}, false
+		return now, true
 	}
-	wait, ok := e.opt.Shared.Pace(d.name, gap)
+	wait, ok := e.opt.Shared.Pace(d.name, gap, sharedAhead)
 	if !ok {
-		return time.Time{}, false
+		return now, true
 	}
-	return now.Add(wait), true
+	return now.Add(wait), wait <= sharedAhead
 }
+
+// sharedAhead is how far ahead a paced start is reserved across the
+// nodes. Reserved further ahead, a start waited out the gap it was
+// reserved with: during an opening, whose gap doubles with each refused
+// probe, the nodes' starts were chained a long gap apart each, and went on
+// waiting those gaps after another node's probe was accepted and the
+// pace had become a few seconds (32 s holes in a 30-per-minute window).
+const sharedAhead = time.Second
 
 // decayThrottle ends a destination's throttling when recipients of it
 // expired (results holds this settlement's) and no other recipient of it

@@ -91,6 +91,7 @@ type settlement struct {
 	// the destination's pace began, lastRefused when it last refused
 	// (dest's fields).
 	started, pacedSince, lastRefused time.Time
+	othersRun                        int              // dest's: the other nodes' run before the opening
 	hosts                            map[string]*host // MX hosts learned about (host.go)
 }
 
@@ -180,7 +181,8 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 	}
 	now := e.now()
 	rec := cloneDest(d.rec)
-	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince, lastRefused: d.lastRefused}
+	s := &settlement{notices: map[dsn.Action][]dsn.Recipient{}, started: a.start, pacedSince: d.pacedSince, lastRefused: d.lastRefused,
+		othersRun: d.othersRun}
 	for _, o := range outs {
 		e.settleOne(s, &rec, a, o, now)
 	}

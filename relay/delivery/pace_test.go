@@ -13,6 +13,7 @@ import (
 	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/queue"
+	"github.com/greyrelay/greyrelay/relay/cluster/clustertest"
 	"github.com/greyrelay/greyrelay/relay/config"
 )
 
@@ -335,5 +336,106 @@ func TestRampFor(t *testing.T) {
 		if got := rampFor(c.start, c.accepted, c.max); got != c.want {
 			t.Errorf("rampFor(%d, %d, %d) = %d, want %d", c.start, c.accepted, c.max, got, c.want)
 		}
+	}
+}
+
+// TestPacing_ClusterUsesAllowedRate: the pacing goal with the default
+// cluster settings (cluster.destination_limits shared), where the
+// destination's window is one for all the nodes together. Three engines,
+// each with its own queue and a third of the burst, share what they
+// learn and their starts through the cluster code over an in-memory
+// store (Redis in production), on the fake clock; the destination counts
+// every node's RCPTs in one window. Every run must deliver everything at
+// 80% of the allowed rate or more, as one node does
+// (TestPacing_UsesAllowedRate), with at most 15% of the RCPTs refused.
+//
+// Measured over 360 runs of the shorter windows: 86-93% of the allowed
+// rate, 4.5-8% refused (5.7% at 30 per minute), once 13.3%; 98% with
+// 4.2% at 100 per hour. One node's 5% is not met. Before, 24-32%: the node
+// whose probe ended the opening took the rate from its own run, a third
+// of the cluster's (the nodes' runs are now shared: cluster othersRun);
+// starts reserved across the nodes during the opening were chained one
+// long gap apart each and waited those gaps out after the opening had
+// ended (a start is now reserved only within sharedAhead); a waiting
+// worker never read the shared view again, and another node's refusal
+// did not hold back a start taken before it (paceGate). The refusals
+// stay above one node's 5%: at the first refusal each node has a
+// transaction under way (three, where one node's slow start has one), and
+// a refusal's slowdown on one node can be overwritten by another node's
+// acceptance published before it adopted the refusal (the shared record
+// is last-writer-wins).
+func TestPacing_ClusterUsesAllowedRate(t *testing.T) {
+	runs := 3
+	if testing.Short() {
+		runs = 1
+	}
+	for _, c := range []struct {
+		n        int
+		window   time.Duration
+		messages int
+	}{
+		{5, 5 * time.Second, 150},
+		{30, time.Minute, 150},
+		{100, time.Hour, 300},
+	} {
+		t.Run(fmt.Sprintf("%d per %v", c.n, c.window), func(t *testing.T) {
+			for run := range runs {
+				t.Run(fmt.Sprint("run ", run), func(t *testing.T) {
+					synctest.Test(t, func(t *testing.T) {
+						clusterPaceRun(t, c.n, c.window, c.messages, int64(run))
+					})
+				})
+			}
+		})
+	}
+}
+
+func clusterPaceRun(t *testing.T, n int, window time.Duration, messages int, seed int64) {
+	lim := &rateWindow{n: n, window: window}
+	p := startPipeMX(lim.rcpt)
+	defer p.close()
+	st := clustertest.NewMemory()
+	var mu sync.Mutex
+	rnd := rand.New(rand.NewSource(seed))
+	jitter := func() float64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return rnd.Float64()
+	}
+	const nodes = 3
+	var pes []*pipeEngine
+	for i := range nodes {
+		sh := clusterNode(t, fmt.Sprint("n", i), st)
+		pe := startPipeEngine(t, p, map[string]string{"slow.test": "127.0.0.53:25"}, jitter, nil, func(o *Options) { o.Shared = sh })
+		defer pe.stop(t)
+		pes = append(pes, pe)
+	}
+	start := time.Now()
+	for i := range messages {
+		pes[i%nodes].send(t, fmt.Sprintf("n%d@src.test", i%nodes), fmt.Sprintf("t%d@slow.test", i))
+	}
+	limit := start.Add(time.Duration(3*messages/n+2) * window)
+	for time.Now().Before(limit) {
+		time.Sleep(window / 10)
+		synctest.Wait()
+		if accepted(p.rcpts()) >= messages {
+			break
+		}
+	}
+	rs := p.rcpts()
+	got := accepted(rs)
+	var last time.Time
+	for _, r := range rs {
+		if r.ok {
+			last = r.at
+		}
+	}
+	refused := len(rs) - got
+	rate := float64(got) / last.Sub(start).Seconds() / (float64(n) / window.Seconds())
+	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%)",
+		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)))
+	if got < messages || rate < 0.8 || float64(refused) > 0.15*float64(len(rs)) {
+		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused; want all, at least 80%%, at most 15%% refused",
+			seed, got, messages, 100*rate, refused, len(rs))
 	}
 }

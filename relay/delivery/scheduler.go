@@ -102,6 +102,10 @@ type dest struct {
 	pacedSince, lastRefused time.Time
 	// refused counts the attempts that met a rate-limit reply (paceGate).
 	refused int
+	// othersRun is the other nodes' run of accepted messages before the
+	// destination first refused, from the shared view (Shared.Load's
+	// PaceRun): the node that ends the opening counts it with its own.
+	othersRun int
 	// paceWake is closed (by the loop) when the next paced start comes
 	// sooner than the workers waiting for it were told (notePace).
 	paceWake chan struct{}
@@ -444,6 +448,7 @@ func (e *Engine) loadSharedViews(ds []*dest) {
 			}
 			e.atLoop(func() {
 				adoptShared(&d.rec, sh, now)
+				d.othersRun = sh.PaceRun
 				e.adopt(d, d.rec)
 			}, true)
 		}

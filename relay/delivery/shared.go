@@ -31,11 +31,12 @@ type Shared interface {
 	// domain waiting for one asks again at once. It may miss some (the
 	// engine also asks again after leaseRetry).
 	Freed() <-chan string
-	// Pace reserves the next start of a transaction to domain under a
-	// pace of one start per interval across the nodes and says how long
-	// to wait for it; false when the shared store is away (the node then
+	// Pace finds the next start of a transaction to domain under a pace
+	// of one start per interval across the nodes, reserves it if it comes
+	// within ahead, and says how long to wait for it (longer than ahead:
+	// not reserved); false when the shared store is away (the node then
 	// paces on its own).
-	Pace(domain string, interval time.Duration) (wait time.Duration, ok bool)
+	Pace(domain string, interval, ahead time.Duration) (wait time.Duration, ok bool)
 }
 
 // leaseRetry is how long a domain whose cluster-wide connection slots are
@@ -97,7 +98,15 @@ func (e *Engine) loadShared(d *dest) {
 		return
 	}
 	e.call(func() {
+		before := d.rec.PaceRefusals
 		adoptShared(&d.rec, sh, now)
+		d.othersRun = sh.PaceRun
+		if d.rec.PaceRefusals > before {
+			// Another node met a rate-limit reply: to paceGate it is one
+			// of this destination's, and a start taken before it waits
+			// for the pace again instead of probing the same full window.
+			d.refused++
+		}
 		e.adopt(d, d.rec)
 	})
 }

@@ -86,7 +86,9 @@ func (s loadOnly) Load(string) (queue.Destination, bool)             { return s.
 func (loadOnly) Publish(queue.Destination)                           {}
 func (loadOnly) Acquire(string, int) (func(), <-chan struct{}, bool) { return func() {}, nil, true }
 func (loadOnly) Freed() <-chan string                                { return nil }
-func (loadOnly) Pace(string, time.Duration) (time.Duration, bool)    { return 0, false }
+func (loadOnly) Pace(string, time.Duration, time.Duration) (time.Duration, bool) {
+	return 0, false
+}
 
 // A pace adopted from another node keeps a destination as one learned
 // here does (TestEvictKeepsPacedStart): forgotten before its next start

@@ -33,7 +33,8 @@ type Memory struct {
 	down    bool
 	leases  map[string]map[string]time.Time // domain → member → expiry
 	records map[string]entry
-	pace    map[string]time.Time // domain → last start reserved
+	pace    map[string]time.Time        // domain → last start reserved
+	runs    map[string]map[string]entry // domain → node → run
 	nodes   map[string]entry
 	susp    map[string][]byte // the operator's suspensions, by domain
 	subs    map[int]func(string)
@@ -75,6 +76,7 @@ func (m *Memory) Flush() {
 	m.leases = map[string]map[string]time.Time{}
 	m.records = map[string]entry{}
 	m.pace = map[string]time.Time{}
+	m.runs = map[string]map[string]entry{}
 	m.nodes = map[string]entry{}
 	m.susp = map[string][]byte{}
 	m.supp = suppressions{entries: map[string][]byte{}, seq: m.supp.seq}
@@ -250,6 +252,39 @@ func (m *Memory) Record(_ context.Context, domain string) ([]byte, error) {
 	return nil, nil
 }
 
+// Runs implements cluster.Store.
+func (m *Memory) Runs(_ context.Context, domain string) (map[string][]byte, error) {
+	if err := m.call(); err != nil {
+		return nil, err
+	}
+	defer m.mu.Unlock()
+	out := map[string][]byte{}
+	for node, e := range m.runs[domain] {
+		if e.live(time.Now()) {
+			out[node] = e.b
+		}
+	}
+	return out, nil
+}
+
+// SetRun implements cluster.Store. As Redis does, the ttl is the whole
+// hash's.
+func (m *Memory) SetRun(_ context.Context, domain, node string, v []byte, ttl time.Duration) error {
+	if err := m.call(); err != nil {
+		return err
+	}
+	defer m.mu.Unlock()
+	if m.runs[domain] == nil {
+		m.runs[domain] = map[string]entry{}
+	}
+	exp := time.Now().Add(ttl)
+	m.runs[domain][node] = entry{v, exp}
+	for n, e := range m.runs[domain] {
+		m.runs[domain][n] = entry{e.b, exp}
+	}
+	return nil
+}
+
 // Suspensions implements cluster.Store.
 func (m *Memory) Suspensions(context.Context) (map[string][]byte, error) {
 	if err := m.call(); err != nil {
@@ -290,7 +325,7 @@ func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, ttl tim
 }
 
 // Pace implements cluster.Store.
-func (m *Memory) Pace(_ context.Context, domain string, interval time.Duration) (time.Duration, error) {
+func (m *Memory) Pace(_ context.Context, domain string, interval, ahead time.Duration) (time.Duration, error) {
 	if err := m.call(); err != nil {
 		return 0, err
 	}
@@ -300,7 +335,9 @@ func (m *Memory) Pace(_ context.Context, domain string, interval time.Duration) 
 	if last, ok := m.pace[domain]; ok && last.Add(interval).After(now) {
 		at = last.Add(interval)
 	}
-	m.pace[domain] = at
+	if at.Sub(now) <= ahead {
+		m.pace[domain] = at
+	}
 	return at.Sub(now), nil
 }
 
