@@ -365,6 +365,7 @@ func TestRampFor(t *testing.T) {
 // acceptance published before it adopted the refusal (the shared record
 // is last-writer-wins).
 func TestPacing_ClusterUsesAllowedRate(t *testing.T) {
+	t.Parallel() // CPU on the fake clock, beside the real-time waits of the others
 	runs := 3
 	if testing.Short() {
 		runs = 1
