@@ -2,6 +2,7 @@ package relaytest
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 )
@@ -28,7 +29,16 @@ func Loopback(t testing.TB) string {
 	t.Helper()
 	loopbacks.mu.Lock()
 	defer loopbacks.mu.Unlock()
-	for x := firstLoopback; x < 255; x++ {
+	// Each test process starts at its own place in the range: go test runs
+	// several packages' processes at once, each handing out addresses on
+	// its own, and two that both began at 127.0.0.21 put their fake
+	// servers on the same addresses, where one random port in thousands
+	// sometimes matched ("address already in use" in relay/delivery while
+	// the integration and queue packages ran).
+	n := 255 - firstLoopback
+	start := os.Getpid() % n
+	for i := range n {
+		x := firstLoopback + (start+i)%n
 		if !loopbacks.used[x] {
 			loopbacks.used[x] = true
 			t.Cleanup(func() {
