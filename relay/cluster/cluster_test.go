@@ -83,6 +83,14 @@ func TestShareRecord(t *testing.T) {
 		if got, _ := a.Load("runs.test"); got.PaceRun != 3 {
 			t.Errorf("node a finds the others' run %d, want node b's 3", got.PaceRun)
 		}
+		// Once the opening has ended (a rate learned: a base), the runs
+		// are neither written nor read.
+		ended := opening
+		ended.PaceBase, ended.PaceRefusals, ended.Updated = 3*time.Second, 0, now.Add(time.Second)
+		b.Publish(ended)
+		if got, _ := a.Load("runs.test"); got.PaceRun != 0 {
+			t.Errorf("after the opening, node a finds the others' run %d, want 0 (not read)", got.PaceRun)
+		}
 		// With cluster.destination_limits local each node paces on its
 		// own: the pace stays with the node that learned it.
 		local, err := New(Options{Node: Node{Name: "local"}, Registry: prometheus.NewRegistry(), Logger: zaptest.NewLogger(t), Store: st,

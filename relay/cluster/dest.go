@@ -75,7 +75,8 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 		// since its last accepted message waited out the others' gap
 		// (minutes, where its own pace said a few seconds).
 		d.PaceInterval, d.PaceBase, d.PaceRefusals = 0, 0, 0
-	} else {
+	} else if opening(d) {
+		// Only an opening's end uses the runs: no second read otherwise.
 		d.PaceRun = c.othersRun(ctx, domain)
 	}
 	return d, true
@@ -92,6 +93,11 @@ type run struct {
 	N     int       `json:"n"`
 	Start time.Time `json:"start"`
 }
+
+// opening reports whether d's pace is in its opening: refused, with no
+// rate learned yet (backoff.Pace: an interval without a base). Only
+// then are the nodes' runs written and read.
+func opening(d queue.Destination) bool { return d.PaceInterval > 0 && d.PaceBase <= 0 }
 
 // runKeep is how long the nodes' runs to a domain are kept after the
 // last was written: an opening's probes may go on for an hour (backoff's
@@ -152,8 +158,8 @@ func (c *Cluster) Publish(d queue.Destination) {
 	defer cancel()
 	c.count("publish")
 	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, sharedTTL))
-	if d.PaceRun > 0 && d.PaceBase <= 0 && c.cfg.DestinationLimits != LimitsLocal {
-		// A run before (or into) an opening: the others add it to theirs.
+	if d.PaceRun > 0 && opening(d) && c.cfg.DestinationLimits != LimitsLocal {
+		// The run that filled the window: the others add it to theirs.
 		if b, err := json.Marshal(run{N: d.PaceRun, Start: d.PaceRunStart}); err == nil {
 			c.count("setrun")
 			c.failed("setrun", c.store.SetRun(ctx, strings.ToLower(d.Domain), c.node.Name, b, runKeep))

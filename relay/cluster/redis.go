@@ -269,7 +269,12 @@ func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, t
 func runsKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:runs" }
 
 func (s *redisStore) Runs(ctx context.Context, domain string) (map[string][]byte, error) {
-	m, err := s.rdb.HGetAll(ctx, runsKey(domain)).Result()
+	return s.hashBytes(ctx, runsKey(domain))
+}
+
+// hashBytes returns the fields of the hash at key.
+func (s *redisStore) hashBytes(ctx context.Context, key string) (map[string][]byte, error) {
+	m, err := s.rdb.HGetAll(ctx, key).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -295,15 +300,7 @@ func (s *redisStore) SetRun(ctx context.Context, domain, node string, v []byte, 
 const suspendKey = "greyrelay:suspended"
 
 func (s *redisStore) Suspensions(ctx context.Context) (map[string][]byte, error) {
-	m, err := s.rdb.HGetAll(ctx, suspendKey).Result()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string][]byte, len(m))
-	for k, v := range m {
-		out[k] = []byte(v)
-	}
-	return out, nil
+	return s.hashBytes(ctx, suspendKey)
 }
 
 func (s *redisStore) SetSuspension(ctx context.Context, domain string, v []byte) error {

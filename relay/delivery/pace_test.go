@@ -126,15 +126,7 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 	for i := range messages {
 		pe.send(t, "a@src.test", fmt.Sprintf("t%d@slow.test", i))
 	}
-	limit := start.Add(time.Duration(3*messages/n+2) * window)
-	for time.Now().Before(limit) {
-		time.Sleep(window / 10)
-		synctest.Wait()
-		if accepted(p.rcpts()) >= messages {
-			break
-		}
-	}
-	rs := p.rcpts()
+	rs := awaitBurst(p, start, messages, n, window)
 	got := accepted(rs)
 	var last time.Time
 	var longest time.Duration
@@ -159,6 +151,21 @@ func paceRun(t *testing.T, n int, window time.Duration, messages int, seed int64
 	if longest > 2*window+time.Second {
 		t.Errorf("seed %d: %v between two attempts, longer than the window (%v) needs", seed, longest, window)
 	}
+}
+
+// awaitBurst waits on the fake clock until messages RCPTs were accepted
+// or three times the time a destination allowing n per window needs, and
+// returns the RCPTs answered.
+func awaitBurst(p *pipeMX, start time.Time, messages, n int, window time.Duration) []pipeRcpt {
+	limit := start.Add(time.Duration(3*messages/n+2) * window)
+	for time.Now().Before(limit) {
+		time.Sleep(window / 10)
+		synctest.Wait()
+		if accepted(p.rcpts()) >= messages {
+			break
+		}
+	}
+	return p.rcpts()
 }
 
 // underWayAtFirstRefusal counts the refusals at the instant of the first
@@ -415,15 +422,7 @@ func clusterPaceRun(t *testing.T, n int, window time.Duration, messages int, see
 	for i := range messages {
 		pes[i%nodes].send(t, fmt.Sprintf("n%d@src.test", i%nodes), fmt.Sprintf("t%d@slow.test", i))
 	}
-	limit := start.Add(time.Duration(3*messages/n+2) * window)
-	for time.Now().Before(limit) {
-		time.Sleep(window / 10)
-		synctest.Wait()
-		if accepted(p.rcpts()) >= messages {
-			break
-		}
-	}
-	rs := p.rcpts()
+	rs := awaitBurst(p, start, messages, n, window)
 	got := accepted(rs)
 	var last time.Time
 	for _, r := range rs {
