@@ -24,6 +24,7 @@ import (
 
 	"github.com/greyrelay/greyrelay/classifier"
 	"github.com/greyrelay/greyrelay/internal/logrepeat"
+	"github.com/greyrelay/greyrelay/internal/logtime"
 	"github.com/greyrelay/greyrelay/queue"
 	"github.com/greyrelay/greyrelay/relay/admin"
 	"github.com/greyrelay/greyrelay/relay/admin/adminclient"
@@ -155,7 +156,7 @@ func newLogger(c config.Log) (*zap.Logger, error) {
 	// the same way, and the traces would fill the log's disk too.
 	zc.DisableStacktrace = true
 	zc.EncoderConfig.TimeKey = "time"
-	zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	zc.EncoderConfig.EncodeTime = logtime.ISO8601 // zapcore.ISO8601TimeEncoder's output, faster
 	if c.Format == "console" {
 		zc.EncoderConfig.EncodeLevel = zapcore.CapitalLevelEncoder
 	}

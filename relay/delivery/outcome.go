@@ -1,7 +1,7 @@
 package delivery
 
 import (
-	"reflect"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
@@ -306,11 +306,22 @@ func (e *Engine) grow(d *dest, n int) {
 // stored with the next change that counts, such as the refusal that
 // makes it useful; a restart before that only loses the estimate of the
 // opening rate.
+//
+// It compares field by field (TestSameDestEveryField fails when a field
+// is added and not compared here): it runs for every settled attempt, and
+// reflect.DeepEqual took 1% of the relay's CPU under load. Times compare
+// as instants (time.Time.Equal), and an empty dead-host map as a nil one.
 func sameDest(a, b queue.Destination) bool {
-	a.Updated, b.Updated = time.Time{}, time.Time{}
-	a.PaceRun, a.PaceRunStart = 0, time.Time{}
-	b.PaceRun, b.PaceRunStart = 0, time.Time{}
-	return reflect.DeepEqual(a, b)
+	return a.Domain == b.Domain && a.Greylists == b.Greylists &&
+		a.GreylistSeen == b.GreylistSeen && a.GreylistPassed == b.GreylistPassed &&
+		a.LearnedDelay == b.LearnedDelay && a.LastGreylisted.Equal(b.LastGreylisted) &&
+		a.ThrottleLevel == b.ThrottleLevel && a.ThrottledUntil.Equal(b.ThrottledUntil) &&
+		maps.EqualFunc(a.DeadHosts, b.DeadHosts, time.Time.Equal) && a.LastReply == b.LastReply &&
+		a.GreylistLow == b.GreylistLow && a.GreylistProbes == b.GreylistProbes &&
+		a.GreylistProbe.Equal(b.GreylistProbe) && a.PaceInterval == b.PaceInterval &&
+		a.PaceBase == b.PaceBase && a.PaceRefusals == b.PaceRefusals &&
+		a.GreylistChecked.Equal(b.GreylistChecked) && a.GreyLike == b.GreyLike &&
+		a.GreyLikePassed == b.GreyLikePassed && a.GreyLikeRefused == b.GreyLikeRefused
 }
 
 // settleOne decides one recipient's result.

@@ -3,6 +3,7 @@ package delivery
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -228,4 +229,55 @@ func TestEvictKeepsPacedStart(t *testing.T) {
 	if !kept {
 		t.Error("forgot a destination 3 s into a 4 s gap")
 	}
+}
+
+// TestSameDestEveryField sets each field of a destination record in turn
+// and checks that sameDest notices it, except the three it leaves out on
+// purpose (Updated and the run of accepted messages): a field added to
+// queue.Destination and not compared by sameDest fails here, where it
+// would otherwise go unstored.
+func TestSameDestEveryField(t *testing.T) {
+	ignored := map[string]bool{"Updated": true, "PaceRun": true, "PaceRunStart": true}
+	base := queue.Destination{Domain: "example.com"}
+	typ := reflect.TypeOf(base)
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		t.Run(f.Name, func(t *testing.T) {
+			changed := base
+			v := reflect.ValueOf(&changed).Elem().Field(i)
+			switch v.Kind() {
+			case reflect.String:
+				v.SetString("changed")
+			case reflect.Bool:
+				v.SetBool(true)
+			case reflect.Int, reflect.Int64: // ints and time.Duration
+				v.SetInt(7)
+			case reflect.Map:
+				v.Set(reflect.ValueOf(map[string]time.Time{"mx.example.com": time.Unix(1e9, 0)}))
+			case reflect.Struct:
+				switch f.Type {
+				case reflect.TypeOf(time.Time{}):
+					v.Set(reflect.ValueOf(time.Unix(1e9, 0)))
+				case reflect.TypeOf(queue.Reply{}):
+					v.Set(reflect.ValueOf(queue.Reply{Code: 451}))
+				default:
+					t.Fatalf("field %s: type %s not handled by this test", f.Name, f.Type)
+				}
+			default:
+				t.Fatalf("field %s: kind %s not handled by this test", f.Name, v.Kind())
+			}
+			if got, want := sameDest(base, changed), ignored[f.Name]; got != want {
+				t.Errorf("sameDest with %s changed = %v, want %v", f.Name, got, want)
+			}
+		})
+	}
+	t.Run("same instant, other location", func(t *testing.T) {
+		a, b := base, base
+		a.ThrottledUntil = time.Unix(1e9, 0).UTC()
+		b.ThrottledUntil = time.Unix(1e9, 0).In(time.FixedZone("x", 3600))
+		a.DeadHosts = map[string]time.Time{}
+		if !sameDest(a, b) {
+			t.Error("an instant in another location, or an empty map for nil, counted as a change")
+		}
+	})
 }
