@@ -205,6 +205,8 @@ type Engine struct {
 	// too, as the workers of every domain behind one MX learn about it
 	// through the loop.
 	hosts map[string]*host
+	// hostsSwept is when evictHosts last walked hosts.
+	hostsSwept time.Time
 
 	out *recorder // collects the commits of outcomes (record.go)
 }

@@ -51,6 +51,8 @@ type host struct {
 	// sharedPace is when the pace last read from the shared store was
 	// learned there (its record's Updated; hostPaceStale).
 	sharedPace time.Time
+	// used is when the loop last looked the address up (hostOf).
+	used time.Time
 }
 
 // hostKey is the record name of the MX address addr.
@@ -82,6 +84,7 @@ func (e *Engine) hostOf(addr string) *host {
 		h = &host{}
 		e.hosts[addr] = h
 	}
+	h.used = e.now()
 	if h.rec.Domain == "" {
 		h.rec.Domain = hostKey(addr)
 		if rec, ok, err := e.q.Destination(h.rec.Domain); err == nil && ok {
@@ -89,6 +92,53 @@ func (e *Engine) hostOf(addr string) *host {
 		}
 	}
 	return h
+}
+
+// Every MX address a transaction goes to gets an entry in Engine.hosts
+// (hostGate takes its start there), so a relay that mails many domains
+// over weeks would keep one for every address it ever reached. An entry
+// that holds nothing its stored record lacks is forgotten after hostIdle
+// without use, as a destination is (evict): its record is read again
+// from the queue the next time.
+
+// hostIdle is how long an MX address's entry stays in memory unused.
+// Longer than any transaction under way to it (a refusal it settles
+// compares the attempt's start with the host's last refusal), and long
+// enough that a busy address is read from the queue once, not per
+// message.
+const hostIdle = 15 * time.Minute
+
+// hostSweepEvery bounds how often the loop walks every entry.
+const hostSweepEvery = time.Minute
+
+// evictHosts forgets the entries that may be forgotten at now (idle),
+// at most once per hostSweepEvery. The loop's goroutine only.
+func (e *Engine) evictHosts(now time.Time) {
+	if now.Sub(e.hostsSwept) < hostSweepEvery && !now.Before(e.hostsSwept) {
+		return
+	}
+	e.hostsSwept = now
+	for addr, h := range e.hosts {
+		if h.idle(now) {
+			delete(e.hosts, addr)
+		}
+	}
+}
+
+// idle reports whether h may be forgotten at now: unused for hostIdle,
+// no shared store read of it under way, nothing learned that its stored
+// record lacks (or nothing learned at all), and no paced start to wait
+// for: a worker that waited for one asks again by address, and a fresh
+// entry starts it at once, as h would have.
+func (h *host) idle(now time.Time) bool {
+	if now.Sub(h.used) < hostIdle || h.reading != nil {
+		return false
+	}
+	if !sameDest(h.rec, h.stored) && !sameDest(h.rec, queue.Destination{Domain: h.rec.Domain}) {
+		return false
+	}
+	p := pace(&h.rec)
+	return !p.Paced() || !p.Start(h.lastStart, now).After(now)
 }
 
 // hostView is what the shared store said about an MX address: the other

@@ -651,8 +651,10 @@ func (e *Engine) startWorker(ctx context.Context, wg *sync.WaitGroup, d *dest) {
 
 // evict forgets destinations with no jobs, no workers, no record on its
 // way into the queue and no paced start still to wait for at now; their
-// state is in the queue and is read again when they have work.
+// state is in the queue and is read again when they have work. The MX
+// addresses' entries are forgotten the same way (evictHosts).
 func (e *Engine) evict(now time.Time) {
+	e.evictHosts(now)
 	keep := e.order[:0]
 	for i, name := range e.order {
 		d := e.dests[name]
