@@ -2,8 +2,12 @@ package delivery
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/emersion/go-smtp"
 
 	"github.com/greyrelay/greyrelay/queue"
 )
@@ -67,4 +71,46 @@ func TestEvictHosts(t *testing.T) {
 	if _, kept := e.hosts["192.0.2.6"]; kept {
 		t.Error("an idle host kept after the next sweep")
 	}
+}
+
+// TestGreylistPerHostAfterEviction: what a greylisting MX host taught
+// outlives its entry in memory. Six messages to x1.test teach the host
+// its window; after hostIdle without mail to it, a message to another
+// MX wakes the loop, whose sweep forgets the entry; the first message to
+// x2.test, behind the same host, then still passes within the learned
+// delay (the entry is read again from the queue), as it does with the
+// entry kept (TestGreylistPerHost).
+func TestGreylistPerHostAfterEviction(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const delay = 25 * time.Second
+		routes := map[string]string{"x1.test": "127.0.0.26:25", "x2.test": "127.0.0.26:25", "other.test": "127.0.0.27:25"}
+		g := &postgreyFake{delay: delay, first: map[string]time.Time{}}
+		p := startPipeMX(func(host, from, to string, now time.Time) *smtp.SMTPError {
+			if strings.HasPrefix(host, "127.0.0.27") {
+				return nil // no greylisting there
+			}
+			return g.rcpt(host, from, to, now)
+		})
+		t.Cleanup(p.close)
+		pe := startPipeEngine(t, p, routes, func() float64 { return 0.5 }, nil)
+		t.Cleanup(func() { pe.stop(t) })
+		known := func() bool {
+			var ok bool
+			pe.eng.inLoop(func() { _, ok = pe.eng.hosts["127.0.0.26"] })
+			return ok
+		}
+		sendOneByOne(t, pe, p, "x1.test", 1, 6)
+		if !known() {
+			t.Fatal("no entry for the greylisting host after its messages")
+		}
+		time.Sleep(hostIdle + hostSweepEvery)
+		sendOneByOne(t, pe, p, "other.test", 1, 1)
+		if known() {
+			t.Errorf("the greylisting host's entry kept after %v unused", hostIdle+hostSweepEvery)
+		}
+		goal := delay + delay/10 + 2*time.Second
+		if m := sendOneByOne(t, pe, p, "x2.test", 1, 1)[0]; m.took > goal || m.attempts > 2 {
+			t.Errorf("first message to x2.test after the entry was forgotten: %d attempts, %v; want at most 2 within %v", m.attempts, m.took, goal)
+		}
+	})
 }
