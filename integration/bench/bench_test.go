@@ -242,8 +242,10 @@ func TestParseCPUStat(t *testing.T) {
 
 func TestPerfArgs(t *testing.T) {
 	got := strings.Join(perfArgs("greyrelay-bench-1/003-exim", nil), " ")
-	want := "stat -x, -e raw_syscalls:sys_enter,context-switches,syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -a -G " +
-		"greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim,greyrelay-bench-1/003-exim"
+	events := "raw_syscalls:sys_enter,context-switches,syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync," +
+		"syscalls:sys_enter_read,syscalls:sys_enter_readv,syscalls:sys_enter_recvfrom,syscalls:sys_enter_recvmsg," +
+		"syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_sendto,syscalls:sys_enter_sendmsg"
+	want := "stat -x, -e " + events + " -a -G " + strings.TrimSuffix(strings.Repeat("greyrelay-bench-1/003-exim,", 12), ",")
 	if got != want {
 		t.Errorf("cgroup:\n got %s\nwant %s", got, want)
 	}
@@ -263,8 +265,20 @@ func TestParsePerfStatSyncs(t *testing.T) {
 		t.Fatalf("got %+v, %v", c, err)
 	}
 	c, err = parsePerfStat("5,,raw_syscalls:sys_enter,,1,100.00,,\n6,,context-switches,,1,100.00,,\n")
-	if err != nil || c.SyncsCounted {
+	if err != nil || c.SyncsCounted || c.IOCounted {
 		t.Fatalf("without the sync tracepoints: got %+v, %v", c, err)
+	}
+}
+
+func TestParsePerfStatIO(t *testing.T) {
+	text := "100,,raw_syscalls:sys_enter,g,1,100.00,,\n7,,context-switches,g,1,100.00,,\n" +
+		"30,,syscalls:sys_enter_read,g,1,100.00,,\n2,,syscalls:sys_enter_recvfrom,g,1,100.00,,\n" +
+		"20,,syscalls:sys_enter_write,g,1,100.00,,\n3,,syscalls:sys_enter_sendmsg,g,1,100.00,,\n" +
+		"9,,syscalls:sys_enter_pwrite64,g,1,100.00,,\n<not counted>,,syscalls:sys_enter_readv,g,0,100.00,,\n"
+	c, err := parsePerfStat(text)
+	want := perfCounts{Syscalls: 100, Switches: 7, Reads: 32, Writes: 23, IOCounted: true}
+	if err != nil || c != want {
+		t.Fatalf("got %+v, %v; want %+v", c, err, want)
 	}
 }
 

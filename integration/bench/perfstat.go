@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -30,10 +31,33 @@ type perfCounts struct {
 	Syscalls, Switches int64
 	Syncs              int64 // fsync + fdatasync calls
 	SyncsCounted       bool  // the syscall tracepoints were available
+	// Reads and Writes count the calls that move data through a file
+	// descriptor (readCalls, writeCalls): a socket's or a file's, a log
+	// line's or a pipe's. They tell the protocol's own exchanges from
+	// the rest of the system calls (waits, wakeups, disk).
+	Reads, Writes int64
+	IOCounted     bool
 }
 
+// readCalls and writeCalls are the system calls counted as Reads and
+// Writes (pread64 and pwrite64, a database's page I/O, are not).
+var (
+	readCalls  = []string{"read", "readv", "recvfrom", "recvmsg"}
+	writeCalls = []string{"write", "writev", "sendto", "sendmsg"}
+)
+
 // perfEvents are the events counted, in order.
-var perfEvents = []string{"raw_syscalls:sys_enter", "context-switches", "syscalls:sys_enter_fsync", "syscalls:sys_enter_fdatasync"}
+var perfEvents = append([]string{"raw_syscalls:sys_enter", "context-switches", "syscalls:sys_enter_fsync", "syscalls:sys_enter_fdatasync"},
+	append(tracepoints(readCalls), tracepoints(writeCalls)...)...)
+
+// tracepoints names the entry tracepoints of calls.
+func tracepoints(calls []string) []string {
+	out := make([]string, len(calls))
+	for i, c := range calls {
+		out[i] = "syscalls:sys_enter_" + c
+	}
+	return out
+}
 
 // perfArgs renders perf's arguments: per cgroup (-a, and -G repeating
 // the group once per event, as perf pairs them) or per process.
@@ -108,6 +132,16 @@ func parsePerfStat(text string) (perfCounts, error) {
 		case "syscalls:sys_enter_fsync", "syscalls:sys_enter_fdatasync":
 			c.Syncs += n
 			c.SyncsCounted = true
+		default:
+			call, ok := strings.CutPrefix(f[2], "syscalls:sys_enter_")
+			switch {
+			case ok && slices.Contains(readCalls, call):
+				c.Reads += n
+				c.IOCounted = true
+			case ok && slices.Contains(writeCalls, call):
+				c.Writes += n
+				c.IOCounted = true
+			}
 		}
 	}
 	if found < 2 {

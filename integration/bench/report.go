@@ -75,6 +75,15 @@ func roundsTable(w io.Writer, rs []roundResult) {
 }
 
 // syncsCell shows fsync calls per message, or – when not counted.
+// countCell is a count per message to one decimal, "–" when it was not
+// measured (negative).
+func countCell(v float64) string {
+	if v < 0 {
+		return "–"
+	}
+	return f1(v)
+}
+
 func syncsCell(v float64) string {
 	if v < 0 {
 		return "–"
@@ -104,6 +113,8 @@ var compareMetrics = []metric{
 	{"disk flushes per msg", func(r roundResult) float64 { return r.FlushPerMsg }, f2},
 	{"fsync + fdatasync calls per msg (perf stat)", func(r roundResult) float64 { return r.SyncsPerMsg }, f2},
 	{"syscalls per msg (perf stat)", func(r roundResult) float64 { return r.SyscallsPerMsg }, f1},
+	{"… of them read and receive calls", func(r roundResult) float64 { return r.ReadsPerMsg }, countCell},
+	{"… of them write and send calls", func(r roundResult) float64 { return r.WritesPerMsg }, countCell},
 	{"context switches per msg (perf stat)", func(r roundResult) float64 { return r.SwitchesPerMsg }, f1},
 }
 

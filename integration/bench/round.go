@@ -39,6 +39,8 @@ type roundResult struct {
 	SyscallsPerMsg   float64 // system calls of the system under test per accepted message (perf stat; 0: not measured)
 	SwitchesPerMsg   float64 // its context switches per accepted message
 	SyncsPerMsg      float64 // its fsync and fdatasync calls per accepted message (perf stat; -1: not measured)
+	ReadsPerMsg      float64 // its read and receive calls per accepted message (perf stat; -1: not measured)
+	WritesPerMsg     float64 // its write and send calls per accepted message (perf stat; -1: not measured)
 	ToolsCPUPer1000  float64 // CPU seconds of the load tools per 1000 accepted messages: smtp-source and smtp-sink, or this harness process for the Go tools
 }
 
@@ -70,12 +72,16 @@ func measure(ctx context.Context, s sut, sk destination, rs roundSpec) (roundRes
 	pc, perr := ps.finish()
 	u := mon.finish()
 	r := summarize(s.Name(), rs, lr, sk, tEmpty, u)
-	r.SyncsPerMsg = -1
+	r.SyncsPerMsg, r.ReadsPerMsg, r.WritesPerMsg = -1, -1, -1
 	if perr == nil && lr.Accepted > 0 {
 		r.SyscallsPerMsg = float64(pc.Syscalls) / float64(lr.Accepted)
 		r.SwitchesPerMsg = float64(pc.Switches) / float64(lr.Accepted)
 		if pc.SyncsCounted {
 			r.SyncsPerMsg = float64(pc.Syncs) / float64(lr.Accepted)
+		}
+		if pc.IOCounted {
+			r.ReadsPerMsg = float64(pc.Reads) / float64(lr.Accepted)
+			r.WritesPerMsg = float64(pc.Writes) / float64(lr.Accepted)
 		}
 	}
 	if werr != nil {
