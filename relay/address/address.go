@@ -417,15 +417,19 @@ func ParseDomain(s string, opt Options) (string, error) {
 }
 
 // checkLabel validates one label: RFC 1035 §2.3.1 LDH (letters, digits,
-// hyphens; no hyphen at either end), at most 63 octets; RFC 5891 §4.2.3.1:
-// "--" in positions 3 and 4 is reserved, and only "xn--" A-labels that
-// decode to a U-label may use it. Non-ASCII characters are left to the
+// hyphens; no hyphen at either end), at most 63 octets (for a U-label,
+// its A-label's); RFC 5891 §4.2.3.1: "--" in positions 3 and 4 is
+// reserved, and only "xn--" A-labels that decode to a U-label may use it. Non-ASCII characters are left to the
 // IDNA2008 check of the whole name (ParseDomain).
 func checkLabel(l string, opt Options) error {
 	if l == "" {
 		return syntaxErr(opt, "Bad domain: empty label")
 	}
-	if len(l) > maxLabel {
+	if len(l) > maxLabel && isASCII(l) {
+		// A U-label's limit is that of its A-label (RFC 5890 §2.3.2.1),
+		// which IDNA's registration profile checks with the whole name
+		// (ParseDomain): sixteen four-octet characters are 64 octets of
+		// UTF-8 and a 26-octet A-label.
 		return syntaxErr(opt, fmt.Sprintf("Bad domain: label longer than %d octets", maxLabel))
 	}
 	if l[0] == '-' || l[len(l)-1] == '-' {

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/net/idna"
+
 	"github.com/greyrelay/greyrelay/internal/spelling"
 )
 
@@ -72,4 +74,34 @@ func FuzzCanonicalDomain(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestLongULabel: a label's 63-octet limit is its A-label's (RFC 5890
+// §2.3.2.1). Sixteen four-octet characters and a digit are 65 octets of
+// UTF-8 but the A-label xn--0-0000aaaaaaaaaaaaaaaa: both spellings are one
+// valid name (FuzzKeysSpellings in relay/dkim found the U-label refused
+// while its A-label was accepted). A U-label whose A-label is longer than
+// 63 octets stays refused.
+func TestLongULabel(t *testing.T) {
+	u := strings.Repeat("\U0002AE9B", 16) + "0"
+	for _, d := range []string{u + ".test", "Xn--0-0000AAAAAAAAAAAAAAAA.test"} {
+		got, err := CanonicalDomain(d)
+		if err != nil || got != "xn--0-0000aaaaaaaaaaaaaaaa.test" {
+			t.Errorf("CanonicalDomain(%q) = %q, %v; want xn--0-0000aaaaaaaaaaaaaaaa.test", d, got, err)
+		}
+		if _, err := ParseDomain(d, Options{SMTPUTF8: true}); err != nil {
+			t.Errorf("ParseDomain(%q): %v", d, err)
+		}
+	}
+	var b strings.Builder
+	for i := range 30 {
+		b.WriteRune(rune(0x4E00 + 97*i)) // distinct: Punycode spends several octets on each
+	}
+	long := b.String() + ".test"
+	if a, _ := idna.Punycode.ToASCII(b.String()); len(a) <= 63 {
+		t.Fatalf("%q's A-label %q is not over 63 octets", b.String(), a)
+	}
+	if got, err := CanonicalDomain(long); err == nil {
+		t.Errorf("CanonicalDomain of a U-label whose A-label is over 63 octets = %q, want an error", got)
+	}
 }
