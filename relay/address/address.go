@@ -373,7 +373,10 @@ func ParseDomain(s string, opt Options) (string, error) {
 	if err := checkBytes(s, opt); err != nil {
 		return "", err
 	}
-	if len(s) > MaxDomain {
+	if len(s) > MaxDomain && (isASCII(s) || len(s) > 4*MaxDomain) {
+		// A name with U-labels is held to the limit in its A-label form,
+		// as its labels are (checkLabel), by IDNA's registration profile
+		// below; a command line's own limits bound it on the wire.
 		return "", tooLongErr(fmt.Sprintf("Domain too long (max %d octets)", MaxDomain))
 	}
 	if s == "" {

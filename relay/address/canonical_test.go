@@ -93,6 +93,11 @@ func TestLongULabel(t *testing.T) {
 			t.Errorf("ParseDomain(%q): %v", d, err)
 		}
 	}
+	// Four such labels: 277 octets of UTF-8, 113 as A-labels.
+	four := strings.Repeat(u+".", 4) + "test"
+	if got, err := CanonicalDomain(four); err != nil || got != strings.Repeat("xn--0-0000aaaaaaaaaaaaaaaa.", 4)+"test" {
+		t.Errorf("CanonicalDomain of %d octets of U-labels = %q, %v; want its A-labels", len(four), got, err)
+	}
 	var b strings.Builder
 	for i := range 30 {
 		b.WriteRune(rune(0x4E00 + 97*i)) // distinct: Punycode spends several octets on each
@@ -103,5 +108,18 @@ func TestLongULabel(t *testing.T) {
 	}
 	if got, err := CanonicalDomain(long); err == nil {
 		t.Errorf("CanonicalDomain of a U-label whose A-label is over 63 octets = %q, want an error", got)
+	}
+	// And the whole name: five labels whose A-labels are over 50 octets
+	// each pass 255 octets as A-labels.
+	var l strings.Builder
+	for i := range 19 {
+		l.WriteRune(rune(0x4E00 + 97*i))
+	}
+	a, _ := idna.Punycode.ToASCII(l.String())
+	if len(a) < 52 || len(a) > 63 {
+		t.Fatalf("%q's A-label %q is not 52 to 63 octets", l.String(), a)
+	}
+	if got, err := CanonicalDomain(strings.Repeat(l.String()+".", 5) + "test"); err == nil {
+		t.Errorf("CanonicalDomain of a name over 255 octets as A-labels = %q, want an error", got)
 	}
 }
