@@ -47,7 +47,9 @@ func TestCanonicalDomain(t *testing.T) {
 // has the same DomainKey.
 func FuzzCanonicalDomain(f *testing.F) {
 	for _, s := range []string{"example.com", "bücher.test", "xn--bcher-kva.test", "Straße.test", "ñandú.test",
-		"العربية.test", "日本語.jp", "a.xn--fiqs8s", "[192.0.2.1]", "x.test."} {
+		"العربية.test", "日本語.jp", "a.xn--fiqs8s", "[192.0.2.1]", "x.test.",
+		"Xn--0-0000AAAAAAAAAAAAAAAA.test", // a 26-octet A-label whose U-label is 65 octets
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -314,7 +314,9 @@ func TestPrivate(t *testing.T) {
 // as relay/config writes them) is taken for every spelling of the domain,
 // and an MX lookup is made for the A-label form only.
 func FuzzRouteSpellings(f *testing.F) {
-	for _, s := range []string{"example.test", "bücher.test", "xn--mnchen-3ya.test", "日本語.jp"} {
+	for _, s := range []string{"example.test", "bücher.test", "xn--mnchen-3ya.test", "日本語.jp",
+		"Xn--0-0000AAAAAAAAAAAAAAAA.test", // a 26-octet A-label whose U-label is 65 octets
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, d string) {

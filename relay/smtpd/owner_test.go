@@ -229,7 +229,9 @@ func FuzzOwnerSpellings(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	for _, s := range []string{"example.com", "bücher.test", "XN--MNCHEN-3YA.test.", "日本語.jp", "Straße.test"} {
+	for _, s := range []string{"example.com", "bücher.test", "XN--MNCHEN-3YA.test.", "日本語.jp", "Straße.test",
+		"Xn--0-0000AAAAAAAAAAAAAAAA.test", // a 26-octet A-label whose U-label is 65 octets
+	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, d string) {
