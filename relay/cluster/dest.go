@@ -157,7 +157,7 @@ func (c *Cluster) Publish(d queue.Destination) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("publish")
-	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, sharedTTL))
+	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, d.Updated, sharedTTL))
 	if d.PaceRun > 0 && opening(d) && c.cfg.DestinationLimits != LimitsLocal {
 		// The run that filled the window: the others add it to theirs.
 		if b, err := json.Marshal(run{N: d.PaceRun, Start: d.PaceRunStart}); err == nil {
