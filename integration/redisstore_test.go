@@ -257,6 +257,17 @@ func TestRedisStoreSharesRecord(t *testing.T) {
 			if fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("loaded %+v\nwant   %+v", got, want)
 			}
+			// A late publish of an older record keeps the newer one
+			// (relay/cluster's TestLatePublishKeepsNewerRecord, here on
+			// the script).
+			a.Publish(queue.Destination{Domain: "dest.test", Updated: now.Add(-time.Second)})
+			if got, _ := b.Load("dest.test"); got.PaceInterval != rec.PaceInterval {
+				t.Errorf("after a late older publish: %+v, want the newer record", got)
+			}
+			b.Publish(queue.Destination{Domain: "dest.test", GreylistLow: time.Minute, Updated: now.Add(time.Second)})
+			if got, _ := a.Load("dest.test"); got.GreylistLow != time.Minute || got.PaceInterval != 0 {
+				t.Errorf("after a newer publish: %+v, want it", got)
+			}
 			// The runs of accepted messages into an opening: each node
 			// finds the others' sum, not its own.
 			opening := queue.Destination{Domain: "runs.test", PaceInterval: 2 * time.Second, PaceRefusals: 1, Updated: now}

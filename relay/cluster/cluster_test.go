@@ -435,3 +435,32 @@ func TestLostLeasesRefilled(t *testing.T) {
 		}
 	})
 }
+
+// TestLatePublishKeepsNewerRecord: a node publishes its record once the
+// commit that stores it is decided, which may come after another node
+// published what it learned later. The older record must not replace
+// the newer one (it did: the last writer won, and a pace another node
+// had just learned was gone from the store, so no node ever loaded it).
+// A newer record still replaces an older one, and the same version may
+// be published again.
+func TestLatePublishKeepsNewerRecord(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := clustertest.NewMemory()
+		a, b, c := newNode(t, "a", st), newNode(t, "b", st), newNode(t, "c", st)
+		t0 := time.Now().UTC()
+		b.Publish(queue.Destination{Domain: "dest.test", PaceInterval: 400 * time.Millisecond,
+			PaceBase: 400 * time.Millisecond, Updated: t0.Add(time.Second)})
+		a.Publish(queue.Destination{Domain: "dest.test", LastReply: queue.Reply{Code: 250}, Updated: t0}) // late, older
+		if got, _ := c.Load("dest.test"); got.PaceInterval != 400*time.Millisecond {
+			t.Errorf("after a late older publish: %+v, want the newer record's pace", got)
+		}
+		a.Publish(queue.Destination{Domain: "dest.test", GreylistLow: time.Minute, Updated: t0.Add(2 * time.Second)})
+		if got, _ := c.Load("dest.test"); got.GreylistLow != time.Minute || got.PaceInterval != 0 {
+			t.Errorf("after a newer publish: %+v, want it", got)
+		}
+		a.Publish(queue.Destination{Domain: "dest.test", GreylistLow: 2 * time.Minute, Updated: t0.Add(2 * time.Second)})
+		if got, _ := c.Load("dest.test"); got.GreylistLow != 2*time.Minute {
+			t.Errorf("the same version published again: %+v, want it", got)
+		}
+	})
+}

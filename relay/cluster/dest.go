@@ -138,9 +138,13 @@ func (c *Cluster) othersRun(ctx context.Context, domain string) int {
 	return n
 }
 
-// Publish stores the shared part of d, which this node just changed. The
-// last writer wins: every writer merged the shared record when it loaded
-// the domain, so it rarely drops anything another node learned.
+// Publish stores the shared part of d, which this node just changed,
+// unless the store holds a record learned later (Store.SetRecord compares
+// their Updated): a node publishes once its commit is decided, which may
+// come after another node published something newer. Otherwise the later
+// record replaces the earlier one whole; every writer merged the shared
+// record when it loaded the domain, so it rarely drops anything another
+// node learned.
 func (c *Cluster) Publish(d queue.Destination) {
 	if !c.up.Load() {
 		return
@@ -157,7 +161,7 @@ func (c *Cluster) Publish(d queue.Destination) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("publish")
-	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, sharedTTL))
+	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, d.Updated, sharedTTL))
 	if d.PaceRun > 0 && opening(d) && c.cfg.DestinationLimits != LimitsLocal {
 		// The run that filled the window: the others add it to theirs.
 		if b, err := json.Marshal(run{N: d.PaceRun, Start: d.PaceRunStart}); err == nil {

@@ -259,9 +259,25 @@ func (s *redisStore) Record(ctx context.Context, domain string) ([]byte, error) 
 	return b, err
 }
 
-func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, ttl time.Duration) error {
-	return s.rdb.Set(ctx, destKey(domain), rec, ttl).Err()
+func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, version time.Time, ttl time.Duration) error {
+	return setRecordScript.Run(ctx, s.rdb, []string{destKey(domain), versionKey(domain)},
+		rec, version.UnixMicro(), ttl.Milliseconds()).Err()
 }
+
+// versionKey holds the version of domain's shared record (its Updated,
+// in microseconds), beside the record.
+func versionKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest:v" }
+
+// setRecordScript: KEYS[1] the record, KEYS[2] its version; ARGV the
+// record, its version (µs) and the TTL (ms). A stored later version
+// stands; an equal one is replaced (the same node publishing again).
+var setRecordScript = redis.NewScript(`
+local v = tonumber(redis.call('GET', KEYS[2]))
+if v and v > tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+`)
 
 // runsKey is the hash of the nodes' runs of accepted messages to a
 // domain, one field per node; the hash expires a run's span after its

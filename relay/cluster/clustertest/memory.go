@@ -47,8 +47,9 @@ type Memory struct {
 }
 
 type entry struct {
-	b   []byte
-	exp time.Time
+	b       []byte
+	exp     time.Time
+	version time.Time // a record's (SetRecord)
 }
 
 func (e entry) live(now time.Time) bool { return e.b != nil && now.Before(e.exp) }
@@ -113,7 +114,7 @@ func (m *Memory) Entry(name string) []byte {
 func (m *Memory) SetEntry(name string, b []byte, ttl time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.nodes[name] = entry{b, time.Now().Add(ttl)}
+	m.nodes[name] = entry{b: b, exp: time.Now().Add(ttl)}
 }
 
 // call takes the lock for one operation, or fails while down.
@@ -278,9 +279,9 @@ func (m *Memory) SetRun(_ context.Context, domain, node string, v []byte, ttl ti
 		m.runs[domain] = map[string]entry{}
 	}
 	exp := time.Now().Add(ttl)
-	m.runs[domain][node] = entry{v, exp}
+	m.runs[domain][node] = entry{b: v, exp: exp}
 	for n, e := range m.runs[domain] {
-		m.runs[domain][n] = entry{e.b, exp}
+		m.runs[domain][n] = entry{b: e.b, exp: exp}
 	}
 	return nil
 }
@@ -315,12 +316,15 @@ func (m *Memory) DeleteSuspension(_ context.Context, domain string) error {
 }
 
 // SetRecord implements cluster.Store.
-func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, ttl time.Duration) error {
+func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, version time.Time, ttl time.Duration) error {
 	if err := m.call(); err != nil {
 		return err
 	}
 	defer m.mu.Unlock()
-	m.records[domain] = entry{rec, time.Now().Add(ttl)}
+	if e := m.records[domain]; e.live(time.Now()) && e.version.After(version) {
+		return nil // a later version stands, as in the Redis script
+	}
+	m.records[domain] = entry{b: rec, exp: time.Now().Add(ttl), version: version}
 	return nil
 }
 
@@ -352,7 +356,7 @@ func (m *Memory) Heartbeat(_ context.Context, name string, b []byte, ttl time.Du
 	if e := m.nodes[name]; e.live(now) {
 		prev = e.b
 	}
-	m.nodes[name] = entry{b, now.Add(ttl)}
+	m.nodes[name] = entry{b: b, exp: now.Add(ttl)}
 	return prev, nil
 }
 
