@@ -268,6 +268,18 @@ func TestRedisStoreSharesRecord(t *testing.T) {
 			if got, _ := a.Load("dest.test"); got.GreylistLow != time.Minute || got.PaceInterval != 0 {
 				t.Errorf("after a newer publish: %+v, want it", got)
 			}
+			// A refusal that slowed the pace outranks a later record
+			// unaware of it; one that knows it and is later replaces it.
+			refused := now.Add(2 * time.Second)
+			a.Publish(queue.Destination{Domain: "dest.test", PaceInterval: time.Second, PaceRefused: refused, Updated: refused})
+			b.Publish(queue.Destination{Domain: "dest.test", PaceInterval: time.Second / 2, Updated: now.Add(3 * time.Second)})
+			if got, _ := a.Load("dest.test"); got.PaceInterval != time.Second || !got.PaceRefused.Equal(refused) {
+				t.Errorf("after a later publish unaware of a refusal: %+v, want the refused record", got)
+			}
+			b.Publish(queue.Destination{Domain: "dest.test", PaceInterval: time.Second / 2, PaceRefused: refused, Updated: now.Add(4 * time.Second)})
+			if got, _ := a.Load("dest.test"); got.PaceInterval != time.Second/2 {
+				t.Errorf("after a later publish that knew the refusal: %+v, want it", got)
+			}
 			// The runs of accepted messages into an opening: each node
 			// finds the others' sum, not its own.
 			opening := queue.Destination{Domain: "runs.test", PaceInterval: 2 * time.Second, PaceRefusals: 1, Updated: now}

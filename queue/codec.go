@@ -652,6 +652,7 @@ func encodeDestination(x *Destination) []byte {
 	e.s(x.GreyLike)
 	e.i(int64(x.GreyLikePassed))
 	e.i(int64(x.GreyLikeRefused))
+	e.t(x.PaceRefused)
 	return e.b
 }
 
@@ -679,6 +680,9 @@ func decodeDestination(b []byte) (Destination, error) {
 	}
 	if len(d.b) > 0 {
 		x.GreyLike, x.GreyLikePassed, x.GreyLikeRefused = d.s(), d.int(), d.int()
+	}
+	if len(d.b) > 0 {
+		x.PaceRefused = d.t()
 	}
 	return x, d.done()
 }

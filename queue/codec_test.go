@@ -28,7 +28,8 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 		DeadHosts: map[string]time.Time{"mx1": at, "127.0.0.9": at.Add(time.Hour)},
 		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistProbes: 2,
 		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2,
-		GreylistChecked: at.Add(-time.Hour), PaceRun: 5, PaceRunStart: at.Add(-time.Minute)}
+		GreylistChecked: at.Add(-time.Hour), PaceRun: 5, PaceRunStart: at.Add(-time.Minute),
+		PaceRefused: at.Add(-time.Second)}
 	return m, r, h, d
 }
 
@@ -62,13 +63,20 @@ func TestDestinationOldRecord(t *testing.T) {
 	_, _, _, d := sampleRecords()
 	d.GreyLike, d.GreyLikePassed, d.GreyLikeRefused = "Temporary local problem - please try later", 3, 1
 	latest := encodeDestination(&d)
+	if got, err := decodeDestination(latest); err != nil || !reflect.DeepEqual(got, d) {
+		t.Errorf("latest record: %+v, %v; want %+v", got, err, d)
+	}
+	refused := newEnc()
+	refused.t(d.PaceRefused)
+	latest = latest[:len(latest)-(len(refused.b)-len(newEnc().b))] // before PaceRefused
+	d.PaceRefused = time.Time{}
 	grey := newEnc()
 	grey.s(d.GreyLike)
 	grey.i(int64(d.GreyLikePassed))
 	grey.i(int64(d.GreyLikeRefused))
 	full := latest[:len(latest)-(len(grey.b)-len(newEnc().b))] // before GreyLike
 	if got, err := decodeDestination(latest); err != nil || !reflect.DeepEqual(got, d) {
-		t.Errorf("latest record: %+v, %v; want %+v", got, err, d)
+		t.Errorf("record without PaceRefused: %+v, %v; want %+v", got, err, d)
 	}
 	d.GreyLike, d.GreyLikePassed, d.GreyLikeRefused = "", 0, 0
 	if got, err := decodeDestination(full); err != nil || !reflect.DeepEqual(got, d) {

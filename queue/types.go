@@ -430,4 +430,10 @@ type Destination struct {
 	GreyLike        string
 	GreyLikePassed  int
 	GreyLikeRefused int
+	// PaceRefused is when a rate-limit reply last slowed the pace. Nodes
+	// sharing a destination order what they know of its pace by it first
+	// and by Updated second: an acceptance learned later, by a node that
+	// had not yet heard of another node's refusal, must not undo the
+	// slowdown.
+	PaceRefused time.Time
 }

@@ -256,7 +256,9 @@ func TestStatsAndDestinations(t *testing.T) {
 	var one Destinations
 	f.getJSON(t, "GET", "/api/destinations/SLOW.test", http.StatusOK, &one)
 	if len(one.Destinations) != 1 || one.Destinations[0].ThrottleLevel != 2 ||
-		len(one.Destinations[0].DeadHosts) != 1 || one.Destinations[0].DeadHosts[0].Host != "mx1.slow.test" {
+		len(one.Destinations[0].DeadHosts) != 1 || one.Destinations[0].DeadHosts[0].Host != "mx1.slow.test" ||
+		one.Destinations[0].PaceSeconds != 2 || one.Destinations[0].PaceRefused == nil ||
+		!one.Destinations[0].PaceRefused.Equal(testNow.Add(-time.Minute)) {
 		t.Errorf("slow.test %+v", one)
 	}
 	f.getJSON(t, "GET", "/api/destinations/unknown.test", http.StatusNotFound, nil)

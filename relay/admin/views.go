@@ -250,7 +250,8 @@ type Destination struct {
 	GreylistLowSeconds  float64    `json:"greylist_low_seconds"`  // its lower bound (0: none)
 	LastGreylisted      *time.Time `json:"last_greylisted,omitempty"`
 	ThrottleLevel       int        `json:"throttle_level"`
-	PaceSeconds         float64    `json:"pace_seconds"` // learned interval between transactions (0: not paced)
+	PaceSeconds         float64    `json:"pace_seconds"`           // learned interval between transactions (0: not paced)
+	PaceRefused         *time.Time `json:"pace_refused,omitempty"` // when a rate-limit reply last slowed the pace
 	ThrottledUntil      *time.Time `json:"throttled_until,omitempty"`
 	DeadHosts           []DeadHost `json:"dead_hosts"` // sorted by host
 	// GreyLike is a temporary reply without a greylisting text that this
@@ -364,6 +365,7 @@ func destinationOf(d *queue.Destination) Destination {
 	out := Destination{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
 		GreylistPassed: d.GreylistPassed, LearnedDelaySeconds: d.LearnedDelay.Seconds(),
 		GreylistLowSeconds: d.GreylistLow.Seconds(), PaceSeconds: d.PaceInterval.Seconds(),
+		PaceRefused:    ts(d.PaceRefused),
 		LastGreylisted: ts(d.LastGreylisted), ThrottleLevel: d.ThrottleLevel,
 		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]DeadHost, 0, len(d.DeadHosts)),
 		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated),

@@ -462,5 +462,20 @@ func TestLatePublishKeepsNewerRecord(t *testing.T) {
 		if got, _ := c.Load("dest.test"); got.GreylistLow != 2*time.Minute {
 			t.Errorf("the same version published again: %+v, want it", got)
 		}
+		// A refusal that slowed the pace outranks a later record by a
+		// node that had not heard of it; a record that knows it and is
+		// later replaces it.
+		refused := t0.Add(3 * time.Second)
+		b.Publish(queue.Destination{Domain: "dest.test", PaceInterval: time.Second, PaceRefusals: 1,
+			PaceRefused: refused, Updated: refused})
+		a.Publish(queue.Destination{Domain: "dest.test", PaceInterval: 500 * time.Millisecond, Updated: t0.Add(4 * time.Second)})
+		if got, _ := c.Load("dest.test"); got.PaceInterval != time.Second || !got.PaceRefused.Equal(refused) {
+			t.Errorf("after a later publish unaware of a refusal: %+v, want the refused record", got)
+		}
+		a.Publish(queue.Destination{Domain: "dest.test", PaceInterval: 900 * time.Millisecond,
+			PaceRefused: refused, Updated: t0.Add(5 * time.Second)})
+		if got, _ := c.Load("dest.test"); got.PaceInterval != 900*time.Millisecond {
+			t.Errorf("after a later publish that knew the refusal: %+v, want it", got)
+		}
 	})
 }

@@ -29,6 +29,7 @@ type record struct {
 	PaceInterval   time.Duration        `json:"pace_interval,omitempty"`
 	PaceBase       time.Duration        `json:"pace_base,omitempty"`
 	PaceRefusals   int                  `json:"pace_refusals,omitempty"`
+	PaceRefused    time.Time            `json:"pace_refused,omitzero"`
 	LastGreylisted time.Time            `json:"last_greylisted,omitzero"`
 	ThrottleLevel  int                  `json:"throttle_level,omitempty"`
 	ThrottledUntil time.Time            `json:"throttled_until,omitzero"`
@@ -64,7 +65,7 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 	}
 	d := queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
 		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
-		LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
+		PaceRefused: r.PaceRefused, LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
 		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated,
 		GreyLike: r.GreyLike, GreyLikePassed: r.GreyLikePassed, GreyLikeRefused: r.GreyLikeRefused}
 	if c.cfg.DestinationLimits == LimitsLocal {
@@ -74,7 +75,7 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 		// doubled the gap of all, and a node that was never refused
 		// since its last accepted message waited out the others' gap
 		// (minutes, where its own pace said a few seconds).
-		d.PaceInterval, d.PaceBase, d.PaceRefusals = 0, 0, 0
+		d.PaceInterval, d.PaceBase, d.PaceRefusals, d.PaceRefused = 0, 0, 0, time.Time{}
 	} else if opening(d) {
 		// Only an opening's end uses the runs: no second read otherwise.
 		d.PaceRun = c.othersRun(ctx, domain)
@@ -140,18 +141,20 @@ func (c *Cluster) othersRun(ctx context.Context, domain string) int {
 
 // Publish stores the shared part of d, which this node just changed,
 // unless the store holds a record learned later (Store.SetRecord compares
-// their Updated): a node publishes once its commit is decided, which may
-// come after another node published something newer. Otherwise the later
-// record replaces the earlier one whole; every writer merged the shared
-// record when it loaded the domain, so it rarely drops anything another
-// node learned.
+// their versions: the later refusal that slowed the pace first, Updated
+// second): a node publishes once its commit is decided, which may come
+// after another node published something newer, and a node that has not
+// heard of another's refusal yet learns nothing that should undo it.
+// Otherwise the later record replaces the earlier one whole; every writer
+// merged the shared record when it loaded the domain, so it rarely drops
+// anything another node learned.
 func (c *Cluster) Publish(d queue.Destination) {
 	if !c.up.Load() {
 		return
 	}
 	r := record{Greylists: d.Greylists, LearnedDelay: d.LearnedDelay, LastGreylisted: d.LastGreylisted,
 		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase, PaceRefusals: d.PaceRefusals,
-		ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
+		PaceRefused: d.PaceRefused, ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
 		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name,
 		GreyLike: d.GreyLike, GreyLikePassed: d.GreyLikePassed, GreyLikeRefused: d.GreyLikeRefused}
 	b, err := json.Marshal(r)
@@ -161,7 +164,8 @@ func (c *Cluster) Publish(d queue.Destination) {
 	ctx, cancel := c.ctx()
 	defer cancel()
 	c.count("publish")
-	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b, d.Updated, sharedTTL))
+	c.failed("publish", c.store.SetRecord(ctx, strings.ToLower(d.Domain), b,
+		d.PaceRefused, d.Updated, sharedTTL))
 	if d.PaceRun > 0 && opening(d) && c.cfg.DestinationLimits != LimitsLocal {
 		// The run that filled the window: the others add it to theirs.
 		if b, err := json.Marshal(run{N: d.PaceRun, Start: d.PaceRunStart}); err == nil {

@@ -259,23 +259,40 @@ func (s *redisStore) Record(ctx context.Context, domain string) ([]byte, error) 
 	return b, err
 }
 
-func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, version time.Time, ttl time.Duration) error {
+func (s *redisStore) SetRecord(ctx context.Context, domain string, rec []byte, refused, updated time.Time, ttl time.Duration) error {
 	return setRecordScript.Run(ctx, s.rdb, []string{destKey(domain), versionKey(domain)},
-		rec, version.UnixMicro(), ttl.Milliseconds()).Err()
+		rec, micros(refused), micros(updated), ttl.Milliseconds()).Err()
 }
 
-// versionKey holds the version of domain's shared record (its Updated,
-// in microseconds), beside the record.
+// micros is t in microseconds since 1970, 0 for the zero time.
+func micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+// versionKey holds the version of domain's shared record beside it: a
+// hash of its PaceRefused (r) and Updated (u), in microseconds.
 func versionKey(domain string) string { return "greyrelay:{" + strings.ToLower(domain) + "}:dest:v" }
 
 // setRecordScript: KEYS[1] the record, KEYS[2] its version; ARGV the
-// record, its version (µs) and the TTL (ms). A stored later version
-// stands; an equal one is replaced (the same node publishing again).
+// record, its version (refused and updated, µs) and the TTL (ms). A
+// stored later version (Store.SetRecord) stands; an equal one is replaced
+// (the same node publishing again). A version key of another type (a
+// plain number, written before the refusal was part of it) is replaced.
 var setRecordScript = redis.NewScript(`
-local v = tonumber(redis.call('GET', KEYS[2]))
-if v and v > tonumber(ARGV[2]) then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+if redis.call('TYPE', KEYS[2]).ok == 'hash' then
+  local r = tonumber(redis.call('HGET', KEYS[2], 'r')) or 0
+  local u = tonumber(redis.call('HGET', KEYS[2], 'u')) or 0
+  local nr, nu = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if r > nr or (r == nr and u > nu) then return 0 end
+else
+  redis.call('DEL', KEYS[2])
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
+redis.call('HSET', KEYS[2], 'r', ARGV[2], 'u', ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
 return 1
 `)
 

@@ -41,11 +41,14 @@ type Store interface {
 	// Record returns domain's shared record, nil if there is none.
 	Record(ctx context.Context, domain string) ([]byte, error)
 	// SetRecord stores domain's shared record for ttl, unless the one
-	// stored has a later version (the time it was learned, Updated): a
-	// node publishes after its commit, which may come after another
-	// node published what it learned later, and a late older record must
-	// not replace it.
-	SetRecord(ctx context.Context, domain string, rec []byte, version time.Time, ttl time.Duration) error
+	// stored is later: records are ordered by refused (when a rate-limit
+	// reply last slowed the pace), then by updated (when the record last
+	// changed). A node publishes after its commit, which may come after
+	// another node published what it learned later, and a late older
+	// record must not replace it; and a node that learned from
+	// acceptances after another node's refusal, before it heard of it,
+	// must not undo the refusal's slowdown.
+	SetRecord(ctx context.Context, domain string, rec []byte, refused, updated time.Time, ttl time.Duration) error
 
 	// Runs returns every node's run of accepted messages to domain
 	// (node → value) that has not expired; SetRun stores this node's for

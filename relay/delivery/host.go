@@ -214,7 +214,16 @@ func (e *Engine) adoptHostViews(r hostReads) {
 		if !v.ok {
 			continue
 		}
+		was := h.rec.PaceRefused
 		adoptShared(&h.rec, v.rec, v.at)
+		if at := h.rec.PaceRefused; at.After(was) && at.After(h.lastRefused) {
+			// As for a domain (loadShared): a transaction under way when
+			// another node was refused teaches nothing more.
+			if at.After(v.at) {
+				at = v.at
+			}
+			h.lastRefused = at
+		}
 		if v.rec.PaceInterval > 0 && v.rec.Updated.After(h.sharedPace) {
 			h.sharedPace = v.rec.Updated
 		}
@@ -416,6 +425,7 @@ func (e *Engine) learnHostPace(s *settlement, rec *queue.Destination, addr strin
 	if s.limited {
 		if s.started.After(h.lastRefused) {
 			p = p.OnRefused() // as for a domain: one under way says nothing new
+			h.rec.PaceRefused = now
 		}
 		if !was && p.Run == 0 {
 			// The host counted no run: the domain's, which met the

@@ -321,7 +321,8 @@ func sameDest(a, b queue.Destination) bool {
 		a.GreylistProbe.Equal(b.GreylistProbe) && a.PaceInterval == b.PaceInterval &&
 		a.PaceBase == b.PaceBase && a.PaceRefusals == b.PaceRefusals &&
 		a.GreylistChecked.Equal(b.GreylistChecked) && a.GreyLike == b.GreyLike &&
-		a.GreyLikePassed == b.GreyLikePassed && a.GreyLikeRefused == b.GreyLikeRefused
+		a.GreyLikePassed == b.GreyLikePassed && a.GreyLikeRefused == b.GreyLikeRefused &&
+		a.PaceRefused.Equal(b.PaceRefused)
 }
 
 // settleOne decides one recipient's result.
@@ -447,6 +448,7 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 			// would stretch the opening by a factor of 2 per
 			// transaction under way.
 			setPace(rec, pace(rec).OnRefused())
+			rec.PaceRefused = now
 		}
 		s.rated, s.limited = o.v, true
 		if o.v.Hint <= 0 {

@@ -354,23 +354,27 @@ func TestRampFor(t *testing.T) {
 // store (Redis in production), on the fake clock; the destination counts
 // every node's RCPTs in one window. Every run must deliver everything at
 // 80% of the allowed rate or more, as one node does
-// (TestPacing_UsesAllowedRate), with at most 15% of the RCPTs refused.
+// (TestPacing_UsesAllowedRate), with at most maxRefused of the RCPTs
+// refused.
 //
-// Measured over 360 runs of the shorter windows: 86-93% of the allowed
-// rate, 4.5-8% refused (5.7% at 30 per minute), once 13.3%; 98% with
-// 4.2% at 100 per hour. One node's 5% is not met. Before, 24-32%: the node
+// Measured over 150 runs of each window: 86-90% of the allowed rate with
+// 3.8-5.1% refused at 5 per 5 s, 91-94% with 5.7-6.2% at 30 per minute,
+// 94-99% with 4.2-4.8% at 100 per hour (once 9.9%, in 350 runs). Before
+// the shared records were ordered by the refusal that last slowed the
+// pace (newerPace), 5 per 5 s had 5.1-12.8% refused (7.4% by the median),
+// which maxRefused catches: a node's acceptances, learned after another
+// node's refusal but before it read it, were published later and undid the
+// slowdown, and one node was refused every sixth message while the
+// cluster kept the rate. One node's 5% is not met at 30 per minute: at the
+// first refusal each node has a transaction under way (three, where one
+// node's slow start has one). Before, 24-32%: the node
 // whose probe ended the opening took the rate from its own run, a third
 // of the cluster's (the nodes' runs are now shared: cluster othersRun);
 // starts reserved across the nodes during the opening were chained one
 // long gap apart each and waited those gaps out after the opening had
 // ended (a start is now reserved only within sharedAhead); a waiting
 // worker never read the shared view again, and another node's refusal
-// did not hold back a start taken before it (paceGate). The refusals
-// stay above one node's 5%: at the first refusal each node has a
-// transaction under way (three, where one node's slow start has one), and
-// a refusal's slowdown on one node can be overwritten by another node's
-// acceptance published before it adopted the refusal (the shared record
-// is last-writer-wins).
+// did not hold back a start taken before it (paceGate).
 func TestPacing_ClusterUsesAllowedRate(t *testing.T) {
 	t.Parallel() // CPU on the fake clock, beside the real-time waits of the others
 	runs := 3
@@ -378,19 +382,20 @@ func TestPacing_ClusterUsesAllowedRate(t *testing.T) {
 		runs = 1
 	}
 	for _, c := range []struct {
-		n        int
-		window   time.Duration
-		messages int
+		n          int
+		window     time.Duration
+		messages   int
+		maxRefused float64
 	}{
-		{5, 5 * time.Second, 150},
-		{30, time.Minute, 150},
-		{100, time.Hour, 300},
+		{5, 5 * time.Second, 150, 0.065},
+		{30, time.Minute, 150, 0.08},
+		{100, time.Hour, 300, 0.15},
 	} {
 		t.Run(fmt.Sprintf("%d per %v", c.n, c.window), func(t *testing.T) {
 			for run := range runs {
 				t.Run(fmt.Sprint("run ", run), func(t *testing.T) {
 					synctest.Test(t, func(t *testing.T) {
-						clusterPaceRun(t, c.n, c.window, c.messages, int64(run))
+						clusterPaceRun(t, c.n, c.window, c.messages, c.maxRefused, int64(run))
 					})
 				})
 			}
@@ -398,7 +403,7 @@ func TestPacing_ClusterUsesAllowedRate(t *testing.T) {
 	}
 }
 
-func clusterPaceRun(t *testing.T, n int, window time.Duration, messages int, seed int64) {
+func clusterPaceRun(t *testing.T, n int, window time.Duration, messages int, maxRefused float64, seed int64) {
 	lim := &rateWindow{n: n, window: window}
 	p := startPipeMX(lim.rcpt)
 	defer p.close()
@@ -434,8 +439,8 @@ func clusterPaceRun(t *testing.T, n int, window time.Duration, messages int, see
 	rate := float64(got) / last.Sub(start).Seconds() / (float64(n) / window.Seconds())
 	t.Logf("seed %d: %d of %d delivered in %v, %.0f%% of the allowed rate, %d of %d RCPTs refused (%.1f%%)",
 		seed, got, messages, last.Sub(start).Round(time.Second), 100*rate, refused, len(rs), 100*float64(refused)/float64(len(rs)))
-	if got < messages || rate < 0.8 || float64(refused) > 0.15*float64(len(rs)) {
-		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused; want all, at least 80%%, at most 15%% refused",
-			seed, got, messages, 100*rate, refused, len(rs))
+	if got < messages || rate < 0.8 || float64(refused) > maxRefused*float64(len(rs)) {
+		t.Errorf("seed %d: %d of %d delivered at %.0f%% of the allowed rate with %d of %d RCPTs refused; want all, at least 80%%, at most %.1f%% refused",
+			seed, got, messages, 100*rate, refused, len(rs), 100*maxRefused)
 	}
 }

@@ -45,17 +45,19 @@ type Shared interface {
 const leaseRetry = time.Second
 
 // adoptShared merges another node's view of a destination into rec: what
-// it learned later than rec wins. The learned greylisting window, the
-// throttle level and the learned pace come from the newer record, dead hosts are the union (the
-// later time for each), and per-node counters stay rec's own.
+// it learned later than rec wins. The learned greylisting window and the
+// throttle level come from the newer record, the learned pace from the
+// one that knows the later refusal (newerPace), dead hosts are the union
+// (the later time for each), and per-node counters stay rec's own.
 func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
+	if newerPace(sh, *rec) {
+		// The refusals too: they double the gap (backoff.Pace).
+		rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = sh.PaceInterval, sh.PaceBase, sh.PaceRefusals
+		rec.PaceRefused = sh.PaceRefused
+	}
 	if sh.Updated.After(rec.Updated) {
 		if sh.LearnedDelay > 0 {
 			rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
-		}
-		if sh.PaceInterval > 0 {
-			// The refusals too: they double the gap (backoff.Pace).
-			rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = sh.PaceInterval, sh.PaceBase, sh.PaceRefusals
 		}
 		rec.Greylists = rec.Greylists || sh.Greylists
 		if sh.LastGreylisted.After(rec.LastGreylisted) {
@@ -81,6 +83,22 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 	}
 }
 
+// newerPace reports whether sh's pace should replace rec's: it knows a
+// later refusal, or the same one and was updated later. By Updated alone,
+// a node's acceptances, learned after another node's refusal but before
+// it heard of it, undid the refusal's slowdown: in a cluster paced at the
+// destination's rate, one node was refused every sixth message and kept
+// the rate (TestPacing_ClusterUsesAllowedRate).
+func newerPace(sh, rec queue.Destination) bool {
+	if sh.PaceInterval <= 0 {
+		return false
+	}
+	if !sh.PaceRefused.Equal(rec.PaceRefused) {
+		return sh.PaceRefused.After(rec.PaceRefused)
+	}
+	return sh.Updated.After(rec.Updated)
+}
+
 // loadShared merges the shared view of d's domain into d.rec, the
 // scheduler's throttle copy and d.paceHold: a pace adopted from another
 // node keeps d (and its lastStart) in memory until its next start may
@@ -98,14 +116,23 @@ func (e *Engine) loadShared(d *dest) {
 		return
 	}
 	e.call(func() {
-		before := d.rec.PaceRefusals
+		before, beforeAt := d.rec.PaceRefusals, d.rec.PaceRefused
 		adoptShared(&d.rec, sh, now)
 		d.othersRun = sh.PaceRun
-		if d.rec.PaceRefusals > before {
+		if d.rec.PaceRefusals > before || d.rec.PaceRefused.After(beforeAt) {
 			// Another node met a rate-limit reply: to paceGate it is one
 			// of this destination's, and a start taken before it waits
-			// for the pace again instead of probing the same full window.
+			// for the pace again instead of probing the same full window;
+			// a transaction that started before it was under way when
+			// the window filled, and its refusal teaches nothing more
+			// (deferred). Not later than now: the nodes' clocks differ.
 			d.refused++
+			if at := d.rec.PaceRefused; at.After(d.lastRefused) {
+				if at.After(now) {
+					at = now
+				}
+				d.lastRefused = at
+			}
 		}
 		e.adopt(d, d.rec)
 	})

@@ -47,9 +47,11 @@ type Memory struct {
 }
 
 type entry struct {
-	b       []byte
-	exp     time.Time
-	version time.Time // a record's (SetRecord)
+	b   []byte
+	exp time.Time
+	// A record's version (SetRecord): when a refusal last slowed its
+	// pace, then when it last changed.
+	refused, updated time.Time
 }
 
 func (e entry) live(now time.Time) bool { return e.b != nil && now.Before(e.exp) }
@@ -316,15 +318,16 @@ func (m *Memory) DeleteSuspension(_ context.Context, domain string) error {
 }
 
 // SetRecord implements cluster.Store.
-func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, version time.Time, ttl time.Duration) error {
+func (m *Memory) SetRecord(_ context.Context, domain string, rec []byte, refused, updated time.Time, ttl time.Duration) error {
 	if err := m.call(); err != nil {
 		return err
 	}
 	defer m.mu.Unlock()
-	if e := m.records[domain]; e.live(time.Now()) && e.version.After(version) {
+	if e := m.records[domain]; e.live(time.Now()) &&
+		(e.refused.After(refused) || e.refused.Equal(refused) && e.updated.After(updated)) {
 		return nil // a later version stands, as in the Redis script
 	}
-	m.records[domain] = entry{b: rec, exp: time.Now().Add(ttl), version: version}
+	m.records[domain] = entry{b: rec, exp: time.Now().Add(ttl), refused: refused, updated: updated}
 	return nil
 }
 
