@@ -350,7 +350,7 @@ type Delivery struct {
 	MaxConnections              int               `yaml:"max_connections"`
 	MaxPerDestination           int               `yaml:"max_per_destination"`
 	MaxPerDestinationLocal      int               `yaml:"max_per_destination_local"` // one node's cap under a shared max_per_destination; 0: none
-	InitialPerDestination       int               `yaml:"initial_per_destination"`   // connections before a destination accepted a message (slow start)
+	InitialPerDestination       int               `yaml:"initial_per_destination"`   // connections before a destination accepted or greylisted a message (slow start)
 	MaxMessagesPerConnection    int               `yaml:"max_messages_per_connection"`
 	ConnectionCacheTime         time.Duration     `yaml:"connection_cache_time"` // keep an idle connection this long for the destination's next message
 	MaxRecipientsPerTransaction int               `yaml:"max_recipients_per_transaction"`

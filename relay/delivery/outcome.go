@@ -85,8 +85,11 @@ type settlement struct {
 	rated    classifier.Verdict // a rate-limit verdict seen in this attempt
 	limited  bool
 	success  bool
-	accepted int  // recipients accepted
-	expired  bool // some recipient's lifetime ran out
+	accepted int // recipients accepted
+	// greylisted counts the recipients deferred as greylisted: to the
+	// slow start (grow) they are answered as accepted ones are.
+	greylisted int
+	expired    bool // some recipient's lifetime ran out
 	// started is when the attempt's transaction started, pacedSince when
 	// the destination's pace began, lastRefused when it last refused
 	// (dest's fields).
@@ -195,7 +198,7 @@ func (e *Engine) settle(d *dest, a *attempt, outs []outcome) {
 		d.lastRefused = now
 		d.refused++
 	}
-	if n := s.accepted; n > 0 {
+	if n := s.accepted + s.greylisted; n > 0 {
 		e.grow(d, n)
 	}
 	if s.expired {
@@ -285,13 +288,17 @@ func (e *Engine) adopt(d *dest, rec queue.Destination) {
 	e.notePace(d, rec) // the pace may have changed
 }
 
-// grow widens d's ramp for n more accepted messages (rampFor), on the
-// loop's goroutine; the loop schedules again when d has jobs waiting for
-// another worker.
+// grow widens d's ramp for n more recipients accepted or greylisted
+// (rampFor), on the loop's goroutine; the loop schedules again when d has
+// jobs waiting for another worker. A greylisting reply says nothing of
+// what the destination can take (as Postfix's concurrency feedback counts
+// only failed sessions against it), and the first attempts of a burst to
+// a new greylisting domain start every triplet's delay: held to one
+// connection until a message passed, they took a round trip or more each.
 func (e *Engine) grow(d *dest, n int) {
-	d.accepted += n
+	d.answered += n
 	was := d.ramp
-	d.ramp = rampFor(e.cfg.Delivery.InitialPerDestination, d.accepted, e.cfg.Delivery.MaxPerDestination)
+	d.ramp = rampFor(e.cfg.Delivery.InitialPerDestination, d.answered, e.cfg.Delivery.MaxPerDestination)
 	if d.ramp > was && len(d.pending) > 0 {
 		e.rewake = true
 	}
@@ -434,6 +441,7 @@ func (e *Engine) deferred(s *settlement, rec *queue.Destination, a *attempt, o o
 	switch o.v.Reason {
 	case classifier.Greylisted:
 		in.Kind = backoff.Greylisted
+		s.greylisted++
 		in.GreylistTries++
 		res.GreylistTries = in.GreylistTries
 		if res.FirstGreylisted.IsZero() {

@@ -45,6 +45,9 @@ type pipeMX struct {
 	// before the first connection): a transaction's length on the fake
 	// clock, where the rest takes no time.
 	dataDelay time.Duration
+	// rcptDelay is how long it takes over each RCPT before answering
+	// (set before the first connection), outside the server's lock.
+	rcptDelay time.Duration
 }
 
 // pipeRcpt is one RCPT the server answered.
@@ -129,6 +132,7 @@ type pipeSession struct {
 func (s *pipeSession) Mail(from string, _ *smtp.MailOptions) error { s.from = from; return nil }
 
 func (s *pipeSession) Rcpt(to string, _ *smtp.RcptOptions) error {
+	time.Sleep(s.p.rcptDelay)
 	s.p.mu.Lock()
 	defer s.p.mu.Unlock()
 	now := time.Now()

@@ -35,9 +35,9 @@ const (
 	// domain: two messages for one domain share a connection, a burst of
 	// hundreds spreads over up to delivery.max_per_destination connections.
 	reuseShare = 8
-	// rampRun is how many accepted messages add one connection while a
-	// destination's run is shorter than rampSlow; past it, each accepted
-	// message adds one, up to delivery.max_per_destination.
+	// rampRun is how many accepted (or greylisted) messages add one
+	// connection while a destination's run is shorter than rampSlow; past
+	// it, each adds one, up to delivery.max_per_destination.
 	rampRun  = 32
 	rampSlow = 128
 	// errorPause paces the loop after a queue error.
@@ -81,9 +81,9 @@ type dest struct {
 	// again from the queue would start its next transaction at once.
 	paceHold time.Time
 	// ramp caps d's connections while it has shown little yet:
-	// rampFor of accepted, counting d's accepted messages since
-	// it was read from the queue (see wantsWorker).
-	ramp, accepted int
+	// rampFor of answered, counting d's recipients accepted or
+	// greylisted since it was read from the queue (see wantsWorker).
+	ramp, answered int
 	// runKept is when the run of accepted messages d's record counts in
 	// memory only (backoff.Pace.Run, see sameDest) stops mattering: d is
 	// not forgotten before then either, or a destination that
@@ -585,7 +585,7 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // rampFor returns how many connections a destination gets after
-// accepted messages, from start (delivery.initial_per_destination, as
+// accepted messages (greylisted ones count as accepted: grow), from start (delivery.initial_per_destination, as
 // Postfix's initial_destination_concurrency) up to max. A destination that rate-limits us refuses
 // every RCPT already sent when its window fills, and nothing learned can
 // recall them: the first rampSlow messages thus go over few connections
