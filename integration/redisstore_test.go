@@ -244,7 +244,7 @@ func TestRedisStoreSharesRecord(t *testing.T) {
 			}
 			now := time.Now().UTC().Truncate(time.Second)
 			rec := queue.Destination{Domain: "Dest.Test", Greylists: true, GreylistSeen: 7, LearnedDelay: 5 * time.Minute,
-				GreylistLow: 4 * time.Minute, PaceInterval: 2 * time.Second, PaceBase: time.Second, PaceRefusals: 3,
+				GreylistLow: 4 * time.Minute, GreylistLearned: now.Add(-time.Minute), PaceInterval: 2 * time.Second, PaceBase: time.Second, PaceRefusals: 3,
 				ThrottleLevel: 2, ThrottledUntil: now.Add(time.Minute), DeadHosts: map[string]time.Time{"192.0.2.1": now.Add(time.Hour)},
 				LastReply: queue.Reply{Code: 421, Enhanced: "4.7.0", Text: "slow down"}, Updated: now}
 			a.Publish(rec)

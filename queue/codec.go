@@ -653,6 +653,7 @@ func encodeDestination(x *Destination) []byte {
 	e.i(int64(x.GreyLikePassed))
 	e.i(int64(x.GreyLikeRefused))
 	e.t(x.PaceRefused)
+	e.t(x.GreylistLearned)
 	return e.b
 }
 
@@ -683,6 +684,9 @@ func decodeDestination(b []byte) (Destination, error) {
 	}
 	if len(d.b) > 0 {
 		x.PaceRefused = d.t()
+	}
+	if len(d.b) > 0 {
+		x.GreylistLearned = d.t()
 	}
 	return x, d.done()
 }

@@ -29,7 +29,7 @@ func sampleRecords() (Message, Recipient, []Attempt, Destination) {
 		LastReply: Reply{421, "4.7.0", "busy"}, Updated: at, GreylistLow: 6 * time.Minute, GreylistProbes: 2,
 		GreylistProbe: at.Add(time.Minute), PaceInterval: 1500 * time.Millisecond, PaceBase: time.Second, PaceRefusals: 2,
 		GreylistChecked: at.Add(-time.Hour), PaceRun: 5, PaceRunStart: at.Add(-time.Minute),
-		PaceRefused: at.Add(-time.Second)}
+		PaceRefused: at.Add(-time.Second), GreylistLearned: at.Add(-2 * time.Second)}
 	return m, r, h, d
 }
 
@@ -65,6 +65,13 @@ func TestDestinationOldRecord(t *testing.T) {
 	latest := encodeDestination(&d)
 	if got, err := decodeDestination(latest); err != nil || !reflect.DeepEqual(got, d) {
 		t.Errorf("latest record: %+v, %v; want %+v", got, err, d)
+	}
+	learned := newEnc()
+	learned.t(d.GreylistLearned)
+	latest = latest[:len(latest)-(len(learned.b)-len(newEnc().b))] // before GreylistLearned
+	d.GreylistLearned = time.Time{}
+	if got, err := decodeDestination(latest); err != nil || !reflect.DeepEqual(got, d) {
+		t.Errorf("record without GreylistLearned: %+v, %v; want %+v", got, err, d)
 	}
 	refused := newEnc()
 	refused.t(d.PaceRefused)

@@ -436,4 +436,9 @@ type Destination struct {
 	// had not yet heard of another node's refusal, must not undo the
 	// slowdown.
 	PaceRefused time.Time
+	// GreylistLearned is when the greylisting window (GreylistLow,
+	// LearnedDelay) last changed: nodes sharing a destination take the
+	// window learned last, not the one in the record written last, which
+	// may come from a node that had not read it yet.
+	GreylistLearned time.Time
 }

@@ -53,7 +53,8 @@ func TestShareRecord(t *testing.T) {
 		}
 		now := time.Now().UTC().Truncate(time.Second)
 		rec := queue.Destination{Domain: "Dest.Test", Greylists: true, GreylistSeen: 7, LearnedDelay: 5 * time.Minute,
-			GreylistLow: 4 * time.Minute, PaceInterval: 2 * time.Second, PaceBase: time.Second, PaceRefusals: 3,
+			GreylistLow: 4 * time.Minute, GreylistLearned: now.Add(-time.Minute), PaceInterval: 2 * time.Second, PaceBase: time.Second, PaceRefusals: 3,
+			PaceRefused:   now.Add(-2 * time.Minute),
 			ThrottleLevel: 2, ThrottledUntil: now.Add(time.Minute), DeadHosts: map[string]time.Time{"192.0.2.1": now.Add(time.Hour)},
 			LastReply: queue.Reply{Code: 421, Enhanced: "4.7.0", Text: "slow down"}, Updated: now}
 		a.Publish(rec)
@@ -103,7 +104,7 @@ func TestShareRecord(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		got, _ = local.Load("dest.test")
-		want.PaceInterval, want.PaceBase, want.PaceRefusals = 0, 0, 0
+		want.PaceInterval, want.PaceBase, want.PaceRefusals, want.PaceRefused = 0, 0, 0, time.Time{}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("with local limits, loaded %+v\nwant   %+v", got, want)
 		}

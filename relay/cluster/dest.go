@@ -23,18 +23,21 @@ const sharedTTL = 30 * 24 * time.Hour
 // given the interval without the refusals would start faster than the
 // node that was refused.
 type record struct {
-	Greylists      bool                 `json:"greylists,omitempty"`
-	LearnedDelay   time.Duration        `json:"learned_delay,omitempty"`
-	GreylistLow    time.Duration        `json:"greylist_low,omitempty"`
-	PaceInterval   time.Duration        `json:"pace_interval,omitempty"`
-	PaceBase       time.Duration        `json:"pace_base,omitempty"`
-	PaceRefusals   int                  `json:"pace_refusals,omitempty"`
-	PaceRefused    time.Time            `json:"pace_refused,omitzero"`
-	LastGreylisted time.Time            `json:"last_greylisted,omitzero"`
-	ThrottleLevel  int                  `json:"throttle_level,omitempty"`
-	ThrottledUntil time.Time            `json:"throttled_until,omitzero"`
-	DeadHosts      map[string]time.Time `json:"dead_hosts,omitempty"`
-	LastReply      queue.Reply          `json:"last_reply,omitzero"`
+	Greylists    bool          `json:"greylists,omitempty"`
+	LearnedDelay time.Duration `json:"learned_delay,omitempty"`
+	GreylistLow  time.Duration `json:"greylist_low,omitempty"`
+	// GreylistLearned: when the window (GreylistLow, LearnedDelay) last
+	// changed; the window learned last wins (delivery's adoptShared).
+	GreylistLearned time.Time            `json:"greylist_learned,omitzero"`
+	PaceInterval    time.Duration        `json:"pace_interval,omitempty"`
+	PaceBase        time.Duration        `json:"pace_base,omitempty"`
+	PaceRefusals    int                  `json:"pace_refusals,omitempty"`
+	PaceRefused     time.Time            `json:"pace_refused,omitzero"`
+	LastGreylisted  time.Time            `json:"last_greylisted,omitzero"`
+	ThrottleLevel   int                  `json:"throttle_level,omitempty"`
+	ThrottledUntil  time.Time            `json:"throttled_until,omitzero"`
+	DeadHosts       map[string]time.Time `json:"dead_hosts,omitempty"`
+	LastReply       queue.Reply          `json:"last_reply,omitzero"`
 	// An MX host's record ("[address]"): a reply without a greylisting
 	// text that behaved like greylisting there, with its evidence.
 	GreyLike        string    `json:"grey_like,omitempty"`
@@ -64,7 +67,7 @@ func (c *Cluster) Load(domain string) (queue.Destination, bool) {
 		return queue.Destination{}, false
 	}
 	d := queue.Destination{Domain: domain, Greylists: r.Greylists, LearnedDelay: r.LearnedDelay,
-		GreylistLow: r.GreylistLow, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
+		GreylistLow: r.GreylistLow, GreylistLearned: r.GreylistLearned, PaceInterval: r.PaceInterval, PaceBase: r.PaceBase, PaceRefusals: r.PaceRefusals,
 		PaceRefused: r.PaceRefused, LastGreylisted: r.LastGreylisted, ThrottleLevel: r.ThrottleLevel, ThrottledUntil: r.ThrottledUntil,
 		DeadHosts: r.DeadHosts, LastReply: r.LastReply, Updated: r.Updated,
 		GreyLike: r.GreyLike, GreyLikePassed: r.GreyLikePassed, GreyLikeRefused: r.GreyLikeRefused}
@@ -153,7 +156,7 @@ func (c *Cluster) Publish(d queue.Destination) {
 		return
 	}
 	r := record{Greylists: d.Greylists, LearnedDelay: d.LearnedDelay, LastGreylisted: d.LastGreylisted,
-		GreylistLow: d.GreylistLow, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase, PaceRefusals: d.PaceRefusals,
+		GreylistLow: d.GreylistLow, GreylistLearned: d.GreylistLearned, PaceInterval: d.PaceInterval, PaceBase: d.PaceBase, PaceRefusals: d.PaceRefusals,
 		PaceRefused: d.PaceRefused, ThrottleLevel: d.ThrottleLevel, ThrottledUntil: d.ThrottledUntil, DeadHosts: d.DeadHosts,
 		LastReply: d.LastReply, Updated: d.Updated, Node: c.node.Name,
 		GreyLike: d.GreyLike, GreyLikePassed: d.GreyLikePassed, GreyLikeRefused: d.GreyLikeRefused}

@@ -272,9 +272,9 @@ func (e *Engine) greylistWaitAt(s *settlement, rec *queue.Destination, addr stri
 // much later than the one that taught it.
 func (e *Engine) learnPassAt(s *settlement, rec *queue.Destination, addr string, passed time.Duration, now time.Time) {
 	passed = toStart(passed, s.started, now)
-	learnGreylistPass(rec, passed)
+	learnGreylistPass(rec, passed, now)
 	if h := e.hostFor(s, addr, now); h != nil {
-		learnGreylistPass(&h.rec, passed)
+		learnGreylistPass(&h.rec, passed, now)
 	}
 }
 
@@ -296,7 +296,7 @@ func observeGreylisted(rec *queue.Destination, tries int, elapsed time.Duration,
 	rec.GreylistSeen++
 	rec.LastGreylisted = now
 	if tries > 1 {
-		setWindow(rec, window(rec).Refused(elapsed))
+		setWindow(rec, window(rec).Refused(elapsed), now)
 	}
 }
 

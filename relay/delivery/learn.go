@@ -44,19 +44,22 @@ func window(rec *queue.Destination) backoff.Window {
 	return backoff.Window{Low: rec.GreylistLow, High: rec.LearnedDelay, Probes: rec.GreylistProbes, ProbeUntil: rec.GreylistProbe, Checked: rec.GreylistChecked}
 }
 
-// setWindow stores w in rec.
-func setWindow(rec *queue.Destination, w backoff.Window) {
+// setWindow stores w in rec, learned at now if its bounds changed.
+func setWindow(rec *queue.Destination, w backoff.Window, now time.Time) {
+	if w.Low != rec.GreylistLow || w.High != rec.LearnedDelay {
+		rec.GreylistLearned = now
+	}
 	rec.GreylistLow, rec.LearnedDelay, rec.GreylistProbes = w.Low, w.High, w.Probes
 	rec.GreylistProbe, rec.GreylistChecked = w.ProbeUntil, w.Checked
 }
 
 // learnGreylistPass records that a recipient first greylisted passed after
-// passed (measured from its first greylisting reply).
-func learnGreylistPass(rec *queue.Destination, passed time.Duration) {
+// passed (measured from its first greylisting reply), learned at now.
+func learnGreylistPass(rec *queue.Destination, passed time.Duration, now time.Time) {
 	if passed <= 0 {
 		return
 	}
-	setWindow(rec, window(rec).Passed(passed))
+	setWindow(rec, window(rec).Passed(passed), now)
 	rec.Greylists = true
 	rec.GreylistPassed++
 }
@@ -78,7 +81,7 @@ func learnGreylisted(rec *queue.Destination, in *backoff.Input, elapsed time.Dur
 	case in.GreylistTries > 1:
 		w = w.Refused(elapsed)
 	}
-	setWindow(rec, w)
+	setWindow(rec, w, now)
 }
 
 // greylistWait learns from a greylisting reply at now (in.GreylistTries

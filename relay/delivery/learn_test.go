@@ -56,7 +56,7 @@ func deliverOne(p backoff.Policy, rec *queue.Destination, g *greylister, triplet
 		now := time.Now()
 		if ok {
 			if !first.IsZero() {
-				learnGreylistPass(rec, now.Sub(first))
+				learnGreylistPass(rec, now.Sub(first), now)
 			}
 			return delivery{attempts: n, took: now.Sub(start), check: check}
 		}
@@ -183,7 +183,7 @@ func TestLearnGreylistPass(t *testing.T) {
 		{"a pass below the lower bound: the delay shrank", 2 * m, 6 * m, m, 0, m},
 	} {
 		rec := queue.Destination{GreylistLow: c.low, LearnedDelay: c.high}
-		learnGreylistPass(&rec, c.seen)
+		learnGreylistPass(&rec, c.seen, time.Time{})
 		if rec.GreylistLow != c.wantLow || rec.LearnedDelay != c.wantHigh || !rec.Greylists || rec.GreylistPassed != 1 {
 			t.Errorf("%s: %+v, want window %v..%v", c.name, rec, c.wantLow, c.wantHigh)
 		}

@@ -329,7 +329,7 @@ func sameDest(a, b queue.Destination) bool {
 		a.PaceBase == b.PaceBase && a.PaceRefusals == b.PaceRefusals &&
 		a.GreylistChecked.Equal(b.GreylistChecked) && a.GreyLike == b.GreyLike &&
 		a.GreyLikePassed == b.GreyLikePassed && a.GreyLikeRefused == b.GreyLikeRefused &&
-		a.PaceRefused.Equal(b.PaceRefused)
+		a.PaceRefused.Equal(b.PaceRefused) && a.GreylistLearned.Equal(b.GreylistLearned)
 }
 
 // settleOne decides one recipient's result.

@@ -45,20 +45,22 @@ type Shared interface {
 const leaseRetry = time.Second
 
 // adoptShared merges another node's view of a destination into rec: what
-// it learned later than rec wins. The learned greylisting window and the
-// throttle level come from the newer record, the learned pace from the
-// one that knows the later refusal (newerPace), dead hosts are the union
-// (the later time for each), and per-node counters stay rec's own.
+// it learned later than rec wins. The throttle level comes from the newer
+// record, the greylisting window from the one that learned it later
+// (newerWindow), the learned pace from the one that knows the later
+// refusal (newerPace), dead hosts are the union (the later time for
+// each), and per-node counters stay rec's own.
 func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
+	if newerWindow(sh, *rec) {
+		rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
+		rec.GreylistLearned = sh.GreylistLearned
+	}
 	if newerPace(sh, *rec) {
 		// The refusals too: they double the gap (backoff.Pace).
 		rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = sh.PaceInterval, sh.PaceBase, sh.PaceRefusals
 		rec.PaceRefused = sh.PaceRefused
 	}
 	if sh.Updated.After(rec.Updated) {
-		if sh.LearnedDelay > 0 {
-			rec.LearnedDelay, rec.GreylistLow = sh.LearnedDelay, min(sh.GreylistLow, sh.LearnedDelay)
-		}
 		rec.Greylists = rec.Greylists || sh.Greylists
 		if sh.LastGreylisted.After(rec.LastGreylisted) {
 			rec.LastGreylisted = sh.LastGreylisted
@@ -95,6 +97,22 @@ func newerPace(sh, rec queue.Destination) bool {
 	}
 	if !sh.PaceRefused.Equal(rec.PaceRefused) {
 		return sh.PaceRefused.After(rec.PaceRefused)
+	}
+	return sh.Updated.After(rec.Updated)
+}
+
+// newerWindow reports whether sh's greylisting window should replace
+// rec's: sh knows a pass, and learned its window later (by the record's
+// Updated when both learned it at the same time, or neither says when).
+// By Updated alone, a node greylisted again before it read another
+// node's narrower window published its own older one later, and the
+// other node adopted that, forgetting what it had learned.
+func newerWindow(sh, rec queue.Destination) bool {
+	if sh.LearnedDelay <= 0 {
+		return false
+	}
+	if !sh.GreylistLearned.Equal(rec.GreylistLearned) {
+		return sh.GreylistLearned.After(rec.GreylistLearned)
 	}
 	return sh.Updated.After(rec.Updated)
 }

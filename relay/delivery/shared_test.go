@@ -45,6 +45,23 @@ func TestAdoptShared(t *testing.T) {
 				PaceInterval: 2 * time.Second, PaceBase: time.Second, Updated: old},
 		},
 		{
+			name: "a window learned here later stays against a newer record unaware of it",
+			local: queue.Destination{Domain: "d", Greylists: true, LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				GreylistLearned: recent, Updated: recent},
+			sh: queue.Destination{Greylists: true, LearnedDelay: 10 * time.Minute, GreylistLearned: old, Updated: now},
+			want: queue.Destination{Domain: "d", Greylists: true, LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				GreylistLearned: recent, Updated: recent},
+		},
+		{
+			name: "a window learned later elsewhere wins, whatever the record's age",
+			local: queue.Destination{Domain: "d", Greylists: true, LearnedDelay: 10 * time.Minute,
+				GreylistLearned: old, Updated: recent},
+			sh: queue.Destination{Greylists: true, LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				GreylistLearned: old.Add(time.Second), Updated: old.Add(time.Second)},
+			want: queue.Destination{Domain: "d", Greylists: true, LearnedDelay: 5 * time.Minute, GreylistLow: 4 * time.Minute,
+				GreylistLearned: old.Add(time.Second), Updated: recent},
+		},
+		{
 			name: "a pace slowed by a later refusal wins over a newer record unaware of it",
 			local: queue.Destination{Domain: "d", PaceInterval: 900 * time.Millisecond, PaceBase: time.Second,
 				PaceRefused: old, Updated: recent},
