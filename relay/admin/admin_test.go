@@ -250,7 +250,8 @@ func TestStatsAndDestinations(t *testing.T) {
 		t.Fatalf("destinations %+v", ds)
 	}
 	g := ds.Destinations[0]
-	if g.Domain != "greylist.test" || !g.Greylists || g.LearnedDelaySeconds != 300 || g.GreylistSeen != 3 {
+	if g.Domain != "greylist.test" || !g.Greylists || g.LearnedDelaySeconds != 300 || g.GreylistSeen != 3 ||
+		g.GreylistLearned == nil || !g.GreylistLearned.Equal(testNow.Add(-2*time.Hour)) {
 		t.Errorf("greylist.test %+v", g)
 	}
 	var one Destinations

@@ -246,8 +246,9 @@ type Destination struct {
 	Greylists           bool       `json:"greylists"`
 	GreylistSeen        int        `json:"greylist_seen"`
 	GreylistPassed      int        `json:"greylist_passed"`
-	LearnedDelaySeconds float64    `json:"learned_delay_seconds"` // upper bound of the greylisting delay
-	GreylistLowSeconds  float64    `json:"greylist_low_seconds"`  // its lower bound (0: none)
+	LearnedDelaySeconds float64    `json:"learned_delay_seconds"`      // upper bound of the greylisting delay
+	GreylistLowSeconds  float64    `json:"greylist_low_seconds"`       // its lower bound (0: none)
+	GreylistLearned     *time.Time `json:"greylist_learned,omitempty"` // when those bounds last changed
 	LastGreylisted      *time.Time `json:"last_greylisted,omitempty"`
 	ThrottleLevel       int        `json:"throttle_level"`
 	PaceSeconds         float64    `json:"pace_seconds"`           // learned interval between transactions (0: not paced)
@@ -365,7 +366,7 @@ func destinationOf(d *queue.Destination) Destination {
 	out := Destination{Domain: d.Domain, Greylists: d.Greylists, GreylistSeen: d.GreylistSeen,
 		GreylistPassed: d.GreylistPassed, LearnedDelaySeconds: d.LearnedDelay.Seconds(),
 		GreylistLowSeconds: d.GreylistLow.Seconds(), PaceSeconds: d.PaceInterval.Seconds(),
-		PaceRefused:    ts(d.PaceRefused),
+		PaceRefused: ts(d.PaceRefused), GreylistLearned: ts(d.GreylistLearned),
 		LastGreylisted: ts(d.LastGreylisted), ThrottleLevel: d.ThrottleLevel,
 		ThrottledUntil: ts(d.ThrottledUntil), DeadHosts: make([]DeadHost, 0, len(d.DeadHosts)),
 		LastReply: replyOf(d.LastReply), Updated: ts(d.Updated),

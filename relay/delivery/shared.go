@@ -92,13 +92,7 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 // destination's rate, one node was refused every sixth message and kept
 // the rate (TestPacing_ClusterUsesAllowedRate).
 func newerPace(sh, rec queue.Destination) bool {
-	if sh.PaceInterval <= 0 {
-		return false
-	}
-	if !sh.PaceRefused.Equal(rec.PaceRefused) {
-		return sh.PaceRefused.After(rec.PaceRefused)
-	}
-	return sh.Updated.After(rec.Updated)
+	return sh.PaceInterval > 0 && learnedLater(sh, rec, sh.PaceRefused, rec.PaceRefused)
 }
 
 // newerWindow reports whether sh's greylisting window should replace
@@ -108,11 +102,15 @@ func newerPace(sh, rec queue.Destination) bool {
 // node's narrower window published its own older one later, and the
 // other node adopted that, forgetting what it had learned.
 func newerWindow(sh, rec queue.Destination) bool {
-	if sh.LearnedDelay <= 0 {
-		return false
-	}
-	if !sh.GreylistLearned.Equal(rec.GreylistLearned) {
-		return sh.GreylistLearned.After(rec.GreylistLearned)
+	return sh.LearnedDelay > 0 && learnedLater(sh, rec, sh.GreylistLearned, rec.GreylistLearned)
+}
+
+// learnedLater reports whether sh learned something later than rec did,
+// shAt and recAt being when each learned it: by those times, then by
+// when each record last changed.
+func learnedLater(sh, rec queue.Destination, shAt, recAt time.Time) bool {
+	if !shAt.Equal(recAt) {
+		return shAt.After(recAt)
 	}
 	return sh.Updated.After(rec.Updated)
 }

@@ -72,7 +72,7 @@ func New(t testing.TB) *Fixture {
 	}
 	_, err = q.Apply(queue.Update{Destinations: []queue.Destination{
 		{Domain: "greylist.test", Greylists: true, GreylistSeen: 3, GreylistPassed: 1, LearnedDelay: 5 * time.Minute,
-			LastGreylisted: Now.Add(-time.Hour), LastReply: GreylistReply, Updated: Now.Add(-time.Hour)},
+			GreylistLearned: Now.Add(-2 * time.Hour), LastGreylisted: Now.Add(-time.Hour), LastReply: GreylistReply, Updated: Now.Add(-time.Hour)},
 		{Domain: "slow.test", ThrottleLevel: 2, ThrottledUntil: Now.Add(10 * time.Minute),
 			DeadHosts:    map[string]time.Time{"mx1.slow.test": Now.Add(30 * time.Minute)},
 			PaceInterval: 2 * time.Second, PaceRefused: Now.Add(-time.Minute), Updated: Now},
