@@ -45,10 +45,11 @@ type Shared interface {
 const leaseRetry = time.Second
 
 // adoptShared merges another node's view of a destination into rec: what
-// it learned later than rec wins. The throttle level comes from the newer
-// record, the greylisting window from the one that learned it later
-// (newerWindow), the learned pace from the one that knows the later
-// refusal (newerPace), dead hosts are the union (the later time for
+// it learned later than rec wins. The greylisting window comes from the
+// record that learned it later (newerWindow), the learned pace from the
+// one that knows the later refusal (newerPace), the throttle level, which
+// the same rate-limit replies raise, likewise even when the pace has
+// ended (learnedLater), dead hosts are the union (the later time for
 // each), and per-node counters stay rec's own.
 func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 	if newerWindow(sh, *rec) {
@@ -60,12 +61,16 @@ func adoptShared(rec *queue.Destination, sh queue.Destination, now time.Time) {
 		rec.PaceInterval, rec.PaceBase, rec.PaceRefusals = sh.PaceInterval, sh.PaceBase, sh.PaceRefusals
 		rec.PaceRefused = sh.PaceRefused
 	}
+	if learnedLater(sh, *rec, sh.PaceRefused, rec.PaceRefused) {
+		// A node that had not heard of a rate-limit reply elsewhere
+		// relaxed the level it learned from it: not here.
+		rec.ThrottleLevel = sh.ThrottleLevel
+	}
 	if sh.Updated.After(rec.Updated) {
 		rec.Greylists = rec.Greylists || sh.Greylists
 		if sh.LastGreylisted.After(rec.LastGreylisted) {
 			rec.LastGreylisted = sh.LastGreylisted
 		}
-		rec.ThrottleLevel = sh.ThrottleLevel
 		if sh.LastReply.Code != 0 {
 			rec.LastReply = sh.LastReply
 		}

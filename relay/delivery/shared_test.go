@@ -87,6 +87,21 @@ func TestAdoptShared(t *testing.T) {
 				PaceRefused: old, Updated: old},
 		},
 		{
+			name: "a throttle level raised by a later refusal stays against a newer record unaware of it",
+			local: queue.Destination{Domain: "d", ThrottleLevel: 1, PaceInterval: time.Second, PaceBase: time.Second,
+				PaceRefusals: 1, PaceRefused: recent, Updated: recent},
+			sh:   queue.Destination{PaceInterval: 800 * time.Millisecond, PaceBase: time.Second, PaceRefused: old, Updated: now},
+			want: queue.Destination{Domain: "d", ThrottleLevel: 1, PaceInterval: time.Second, PaceBase: time.Second, PaceRefusals: 1, PaceRefused: recent, Updated: recent},
+		},
+		{
+			name: "a throttle level relaxed by a record that knew the refusal is adopted",
+			local: queue.Destination{Domain: "d", ThrottleLevel: 1, PaceInterval: time.Second, PaceBase: time.Second,
+				PaceRefusals: 1, PaceRefused: old, Updated: old},
+			sh: queue.Destination{PaceInterval: 900 * time.Millisecond, PaceBase: time.Second, PaceRefused: old, Updated: recent},
+			want: queue.Destination{Domain: "d", PaceInterval: 900 * time.Millisecond, PaceBase: time.Second,
+				PaceRefused: old, Updated: old},
+		},
+		{
 			name:  "a running pause elsewhere pauses here, whatever the age",
 			local: queue.Destination{Domain: "d", Updated: recent},
 			sh:    queue.Destination{ThrottleLevel: 2, ThrottledUntil: now.Add(time.Minute), Updated: old},
