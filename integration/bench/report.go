@@ -74,22 +74,20 @@ func roundsTable(w io.Writer, rs []roundResult) {
 	}
 }
 
-// syncsCell shows fsync calls per message, or – when not counted.
-// countCell is a count per message to one decimal, "–" when it was not
-// measured (negative).
-func countCell(v float64) string {
-	if v < 0 {
-		return "–"
+// orDash formats a count per message with format, or shows "–" when it
+// was not measured (negative).
+func orDash(format func(float64) string) func(float64) string {
+	return func(v float64) string {
+		if v < 0 {
+			return "–"
+		}
+		return format(v)
 	}
-	return f1(v)
 }
 
-func syncsCell(v float64) string {
-	if v < 0 {
-		return "–"
-	}
-	return f2(v)
-}
+// syncsCell shows fsync calls per message; countCell a count of other
+// calls per message, to one decimal.
+var syncsCell, countCell = orDash(f2), orDash(f1)
 
 // metric is one line of the side-by-side summary.
 type metric struct {
@@ -111,7 +109,7 @@ var compareMetrics = []metric{
 	{"peak PSS, MB (Σ over processes)", func(r roundResult) float64 { return r.Usage.PeakPSSMB }, f1},
 	{"CPU s per 1000 msgs", func(r roundResult) float64 { return r.CPUPer1000 }, f3},
 	{"disk flushes per msg", func(r roundResult) float64 { return r.FlushPerMsg }, f2},
-	{"fsync + fdatasync calls per msg (perf stat)", func(r roundResult) float64 { return r.SyncsPerMsg }, f2},
+	{"fsync + fdatasync calls per msg (perf stat)", func(r roundResult) float64 { return r.SyncsPerMsg }, syncsCell},
 	{"syscalls per msg (perf stat)", func(r roundResult) float64 { return r.SyscallsPerMsg }, f1},
 	{"… of them read and receive calls", func(r roundResult) float64 { return r.ReadsPerMsg }, countCell},
 	{"… of them write and send calls", func(r roundResult) float64 { return r.WritesPerMsg }, countCell},

@@ -422,8 +422,9 @@ func ParseDomain(s string, opt Options) (string, error) {
 // checkLabel validates one label: RFC 1035 §2.3.1 LDH (letters, digits,
 // hyphens; no hyphen at either end), at most 63 octets (for a U-label,
 // its A-label's); RFC 5891 §4.2.3.1: "--" in positions 3 and 4 is
-// reserved, and only "xn--" A-labels that decode to a U-label may use it. Non-ASCII characters are left to the
-// IDNA2008 check of the whole name (ParseDomain).
+// reserved, and only "xn--" A-labels that decode to a U-label may use it.
+// Non-ASCII characters are left to the IDNA2008 check of the whole name
+// (ParseDomain).
 func checkLabel(l string, opt Options) error {
 	if l == "" {
 		return syntaxErr(opt, "Bad domain: empty label")

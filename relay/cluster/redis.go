@@ -279,17 +279,13 @@ func versionKey(domain string) string { return "greyrelay:{" + strings.ToLower(d
 // setRecordScript: KEYS[1] the record, KEYS[2] its version; ARGV the
 // record, its version (refused and updated, µs) and the TTL (ms). A
 // stored later version (Store.SetRecord) stands; an equal one is replaced
-// (the same node publishing again). A version key of another type (a
-// plain number, written before the refusal was part of it) is replaced.
+// (the same node publishing again); none (a record written before
+// versions were kept) counts as the oldest.
 var setRecordScript = redis.NewScript(`
-if redis.call('TYPE', KEYS[2]).ok == 'hash' then
-  local r = tonumber(redis.call('HGET', KEYS[2], 'r')) or 0
-  local u = tonumber(redis.call('HGET', KEYS[2], 'u')) or 0
-  local nr, nu = tonumber(ARGV[2]), tonumber(ARGV[3])
-  if r > nr or (r == nr and u > nu) then return 0 end
-else
-  redis.call('DEL', KEYS[2])
-end
+local v = redis.call('HMGET', KEYS[2], 'r', 'u')
+local r, u = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+local nr, nu = tonumber(ARGV[2]), tonumber(ARGV[3])
+if r > nr or (r == nr and u > nu) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4])
 redis.call('HSET', KEYS[2], 'r', ARGV[2], 'u', ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[4])

@@ -214,16 +214,10 @@ func (e *Engine) adoptHostViews(r hostReads) {
 		if !v.ok {
 			continue
 		}
-		was := h.rec.PaceRefused
 		adoptShared(&h.rec, v.rec, v.at)
-		if at := h.rec.PaceRefused; at.After(was) && at.After(h.lastRefused) {
-			// As for a domain (loadShared): a transaction under way when
-			// another node was refused teaches nothing more.
-			if at.After(v.at) {
-				at = v.at
-			}
-			h.lastRefused = at
-		}
+		// As for a domain (loadShared): a transaction under way when
+		// another node was refused teaches nothing more.
+		h.lastRefused = laterRefusal(h.lastRefused, h.rec.PaceRefused, v.at)
 		if v.rec.PaceInterval > 0 && v.rec.Updated.After(h.sharedPace) {
 			h.sharedPace = v.rec.Updated
 		}

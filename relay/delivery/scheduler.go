@@ -585,9 +585,10 @@ func (e *Engine) dispatch(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // rampFor returns how many connections a destination gets after
-// accepted messages (greylisted ones count as accepted: grow), from start (delivery.initial_per_destination, as
-// Postfix's initial_destination_concurrency) up to max. A destination that rate-limits us refuses
-// every RCPT already sent when its window fills, and nothing learned can
+// accepted messages (greylisted ones count as accepted: grow), from start
+// (delivery.initial_per_destination, as Postfix's
+// initial_destination_concurrency) up to max. A destination that
+// rate-limits us refuses every RCPT already sent when its window fills, and nothing learned can
 // recall them: the first rampSlow messages thus go over few connections
 // (one per rampRun accepted), so that a window of up to about a hundred
 // messages fills with at most three other transactions under way (one

@@ -120,6 +120,19 @@ func learnedLater(sh, rec queue.Destination, shAt, recAt time.Time) bool {
 	return sh.Updated.After(rec.Updated)
 }
 
+// laterRefusal returns when the last rate-limit reply was learned, last
+// being this node's and at another node's (the nodes' clocks differ:
+// never later than now).
+func laterRefusal(last, at, now time.Time) time.Time {
+	if at.After(now) {
+		at = now
+	}
+	if at.After(last) {
+		return at
+	}
+	return last
+}
+
 // loadShared merges the shared view of d's domain into d.rec, the
 // scheduler's throttle copy and d.paceHold: a pace adopted from another
 // node keeps d (and its lastStart) in memory until its next start may
@@ -148,12 +161,7 @@ func (e *Engine) loadShared(d *dest) {
 			// the window filled, and its refusal teaches nothing more
 			// (deferred). Not later than now: the nodes' clocks differ.
 			d.refused++
-			if at := d.rec.PaceRefused; at.After(d.lastRefused) {
-				if at.After(now) {
-					at = now
-				}
-				d.lastRefused = at
-			}
+			d.lastRefused = laterRefusal(d.lastRefused, d.rec.PaceRefused, now)
 		}
 		e.adopt(d, d.rec)
 	})

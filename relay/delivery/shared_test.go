@@ -271,3 +271,23 @@ func TestSharedStoreOffLoop(t *testing.T) {
 	<-answered
 	eventually(t, wait, "delivered once the store answers", func() bool { return h.gone(id) })
 }
+
+// TestLaterRefusal: another node's refusal moves this node's last one
+// forward, never back, and never past now (the nodes' clocks differ).
+func TestLaterRefusal(t *testing.T) {
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	last := now.Add(-time.Minute)
+	for _, c := range []struct {
+		name     string
+		at, want time.Time
+	}{
+		{"another node's later refusal", now.Add(-time.Second), now.Add(-time.Second)},
+		{"an older one", now.Add(-time.Hour), last},
+		{"none", time.Time{}, last},
+		{"ahead of this node's clock", now.Add(time.Second), now},
+	} {
+		if got := laterRefusal(last, c.at, now); !got.Equal(c.want) {
+			t.Errorf("%s: laterRefusal = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
